@@ -1,0 +1,1 @@
+"""Verifiers and datasets: build the tiny verifier, prepare speculators-format data, read it back."""

@@ -1,0 +1,24 @@
+"""The one entry point: compose the run config with Hydra and hand it to eagle3.launch.
+
+    python launch.py                                 # tiny default, CPU
+    python launch.py optim.lr=3e-4 optim.epochs=2    # overrides
+    python launch.py --cfg job                       # print the composed config
+"""
+
+import hydra
+from omegaconf import DictConfig
+
+from eagle3.config import register_configs
+
+register_configs()
+
+
+@hydra.main(version_base="1.3", config_path="conf", config_name="train")
+def main(cfg: DictConfig) -> float | None:
+    from eagle3.launch import launch
+
+    return launch(cfg)
+
+
+if __name__ == "__main__":
+    main()

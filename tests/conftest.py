@@ -1,0 +1,55 @@
+"""Shared fixtures: Hydra composition of conf/, a small cache, and one short real training run."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from hydra import compose, initialize_config_dir
+from hydra.core.global_hydra import GlobalHydra
+
+ROOT = Path(__file__).resolve().parents[1]
+CONF = ROOT / "conf"
+
+# A smaller dataset than the default run's, so that the suite stays within minutes on 2 cores.
+SMALL_DATA = ["data.synth.num_samples=128", "data.synth.response_len=48", "data.total_seq_len=512"]
+
+
+def compose_cfg(overrides: list[str] | None = None, return_hydra_config: bool = False):
+    from eagle3.config import register_configs
+
+    register_configs()
+    GlobalHydra.instance().clear()
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+        return compose(config_name="train", overrides=overrides or [], return_hydra_config=return_hydra_config)
+
+
+def launch(args: list[str], cache_dir: Path, timeout: int = 600, **env) -> subprocess.CompletedProcess:
+    """Runs `python launch.py ARGS` as a user would, with its own cache and no wandb account."""
+    full_env = {**os.environ, "EAGLE3_CACHE": str(cache_dir), "WANDB_SILENT": "true", **env}
+    full_env.pop("HYDRA_FULL_ERROR", None)
+    return subprocess.run([sys.executable, str(ROOT / "launch.py"), *args], cwd=ROOT, env=full_env,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+@pytest.fixture(scope="session")
+def cache_dir(tmp_path_factory) -> Path:
+    return tmp_path_factory.mktemp("eagle3-cache")
+
+
+@pytest.fixture(scope="session")
+def trained_run(cache_dir, tmp_path_factory) -> Path:
+    """One short real run of the tiny default (offline wandb), shared by the tests that read its run dir."""
+    run_dir = tmp_path_factory.mktemp("runs") / "trained"
+    proc = launch([f"hydra.run.dir={run_dir}", "optim.epochs=2", *SMALL_DATA], cache_dir,
+                  WANDB_MODE="offline")
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    return run_dir
+
+
+def read_rows(run_dir: Path) -> list[dict]:
+    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]

@@ -1,0 +1,66 @@
+"""Data preparation: the tiny verifier is deterministic and the written hidden states are the right layers."""
+
+from __future__ import annotations
+
+import torch
+from safetensors.torch import load_file
+
+from eagle3.data.prepare import load_causal_lm, sample_rows, synthetic_dataset_dir, write_dataset
+from eagle3.data.verifier import tiny_verifier_dir
+
+TINY = dict(hidden_size=64, num_layers=4, num_heads=4, intermediate_size=128, vocab_size=256,
+            max_position_embeddings=128, init_std=0.02, logit_scale=40.0, seed=0)
+SYNTH = dict(num_samples=6, prompt_len=4, response_len=12, temperature=1.0, batch_size=4, seed=0)
+
+
+def test_tiny_verifier_is_deterministic_and_peaked(tmp_path):
+    a = load_causal_lm(tiny_verifier_dir(TINY, str(tmp_path / "a")))
+    b = load_causal_lm(tiny_verifier_dir(TINY, str(tmp_path / "b")))
+    for (name, pa), (_, pb) in zip(a.state_dict().items(), b.state_dict().items()):
+        assert torch.equal(pa, pb), name
+    with torch.no_grad():
+        probs = torch.softmax(a(torch.randint(0, 256, (4, 32))).logits, -1)
+    assert probs.max(-1).values.mean() > 0.3  # far from uniform (1/256)
+
+
+def test_sampling_is_seeded_and_masks_the_prompt(tmp_path):
+    model = load_causal_lm(tiny_verifier_dir(TINY, str(tmp_path)))
+    rows = sample_rows(model, SYNTH)
+    assert rows == sample_rows(model, SYNTH)
+    assert len(rows) == 6
+    for ids, mask in rows:
+        assert len(ids) == len(mask) == 16 and mask == [0] * 4 + [1] * 12
+
+
+def test_hidden_states_are_the_configured_layers(tmp_path):
+    model = load_causal_lm(tiny_verifier_dir(TINY, str(tmp_path)))
+    rows = [([1, 2, 3, 4, 5, 6, 7], [0, 0, 1, 1, 1, 1, 1]), ([9, 8, 7], [0, 1, 1])]  # uneven: padding must not leak
+    out = tmp_path / "data"
+    write_dataset(model, rows, out, aux_layer_ids=[1, 2, 3], batch_size=2, dtype=torch.float32)
+    for i, (ids, _) in enumerate(rows):
+        saved = load_file(str(out / "hidden_states" / f"hs_{i}.safetensors"))
+        assert saved["token_ids"].tolist() == ids
+        with torch.no_grad():
+            ref = model(torch.tensor([ids]), output_hidden_states=True).hidden_states
+        hs = saved["hidden_states"]
+        assert hs.shape == (len(ids), 4, 64)
+        for slot, layer in enumerate([1, 2, 3]):
+            torch.testing.assert_close(hs[:, slot], ref[layer][0], rtol=1e-4, atol=1e-5)
+        # The last slot is the final layer's output before the final norm (HF's last hidden state is after it).
+        with torch.no_grad():
+            torch.testing.assert_close(model.model.norm(hs[:, 3]), ref[-1][0], rtol=1e-4, atol=1e-5)
+        assert not torch.allclose(hs[:, 3], ref[-1][0])
+    assert (out / "token_freq.pt").is_file()
+    freq = torch.load(out / "token_freq.pt", weights_only=True)
+    assert sum(freq.values()) == 5 + 2  # loss-masked tokens only
+
+
+def test_synthetic_dataset_is_cached_by_its_parameters(tmp_path):
+    verifier = tiny_verifier_dir(TINY, str(tmp_path))
+    first = synthetic_dataset_dir(verifier, SYNTH, [1, 2, 3], str(tmp_path))
+    stamp = (first / "state.json").stat().st_mtime_ns
+    assert synthetic_dataset_dir(verifier, SYNTH, [1, 2, 3], str(tmp_path)) == first
+    assert (first / "state.json").stat().st_mtime_ns == stamp
+    other = synthetic_dataset_dir(verifier, {**SYNTH, "seed": 1}, [1, 2, 3], str(tmp_path))
+    assert other != first
+    assert len(list((first / "hidden_states").glob("hs_*.safetensors"))) == 6
