@@ -52,7 +52,9 @@ class TinyVerifierConfig:
 
 @dataclass
 class VerifierConfig:
-    path: Optional[str] = None
+    # MISSING, not None: a YAML `???` merged onto a default keeps the default, so options that need a
+    # user-given path would silently get null.
+    path: Optional[str] = MISSING
     tiny: Optional[TinyVerifierConfig] = None
 
 
@@ -101,7 +103,7 @@ class SynthConfig:
 @dataclass
 class DataConfig:
     name: str = MISSING
-    path: Optional[str] = None
+    path: Optional[str] = MISSING
     synth: Optional[SynthConfig] = None
     total_seq_len: int = 1024
     train_ratio: float = 0.9
