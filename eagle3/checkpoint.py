@@ -1,6 +1,7 @@
 """Checkpoints in speculators' format (config.json + model.safetensors), which vLLM serves.
 
-A checkpoint is written to a temporary sibling and renamed into place, so a crash during a save
+`checkpoints/last` also holds `trainer_state.pt` (optimizer, scheduler, step, data position, RNG) for
+resume. A checkpoint is written to a temporary sibling and renamed into place, so a kill during a save
 never leaves a directory that fails to load.
 """
 
@@ -9,20 +10,41 @@ from __future__ import annotations
 import os
 import shutil
 from pathlib import Path
+from typing import Any
 
 import torch
 
+TRAINER_STATE = "trainer_state.pt"
 
-def save_draft(model: torch.nn.Module, target: Path) -> Path:
+
+def save_checkpoint(model: torch.nn.Module, state_dict: dict[str, torch.Tensor], target: Path,
+                    trainer_state: dict[str, Any] | None = None) -> Path:
+    """Writes `state_dict` through `model.save_pretrained` (plus the trainer state, if given) atomically."""
     tmp = target.with_name(f".{target.name}.tmp")
     old = target.with_name(f".{target.name}.old")
     shutil.rmtree(tmp, ignore_errors=True)
-    model.save_pretrained(str(tmp))
+    model.save_pretrained(str(tmp), state_dict=state_dict)
+    if trainer_state is not None:
+        torch.save(trainer_state, tmp / TRAINER_STATE)
     if target.exists():
         os.replace(target, old)
     os.replace(tmp, target)
     shutil.rmtree(old, ignore_errors=True)
     return target
+
+
+def load_weights(model: torch.nn.Module, checkpoint: Path) -> None:
+    """Loads a checkpoint's tensors into an unwrapped model; only the never-saved verifier tensors may be absent."""
+    from safetensors.torch import load_file
+
+    missing, unexpected = model.load_state_dict(load_file(str(checkpoint / "model.safetensors")), strict=False)
+    missing = [k for k in missing if not k.startswith("verifier_")]
+    if missing or unexpected:
+        raise ValueError(f"{checkpoint}: missing {missing}, unexpected {unexpected}")
+
+
+def load_trainer_state(checkpoint: Path) -> dict[str, Any]:
+    return torch.load(checkpoint / TRAINER_STATE, map_location="cpu", weights_only=True)
 
 
 def load_draft(path: str | Path, attn_impl: str = "sdpa", device: str | torch.device = "cpu"):

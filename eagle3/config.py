@@ -126,16 +126,25 @@ class OptimConfig:
     betas: list[float] = field(default_factory=lambda: [0.9, 0.95])
     grad_clip: float = 0.5
     scheduler: Scheduler = Scheduler.cosine
+    grad_accum: int = 1
+    checkpoint_every: Optional[int] = None
+
+
+class Strategy(str, Enum):
+    ddp = "ddp"
+    fsdp = "fsdp"
 
 
 @dataclass
 class DistributedConfig:
     name: str = MISSING
+    strategy: Strategy = Strategy.ddp
     nproc_per_node: int = 1
     nnodes: int = 1
-    node_rank: int = 0
-    rdzv_endpoint: Optional[str] = None
+    node_rank: int = MISSING                # MISSING, not 0: multinode must not default it silently
+    rdzv_endpoint: Optional[str] = MISSING
     backend: str = "auto"
+    max_restarts: int = 0
 
 
 @dataclass
@@ -158,6 +167,7 @@ class TrainConfig:
     seed: int = 0
     cache_dir: str = MISSING
     device: str = "auto"
+    resume: Optional[str] = None
 
 
 def register_configs() -> None:
@@ -194,8 +204,18 @@ def validate(cfg: dict[str, Any]) -> None:
     _require(draft["attn_impl"] in ("auto", "sdpa", "eager", "simple_flex_attention"), "model.draft.attn_impl",
              "must be auto, sdpa, eager or simple_flex_attention")
     _require(cfg["device"] in ("auto", "cpu", "cuda"), "device", "must be auto, cpu or cuda")
-    _require(cfg["distributed"]["nproc_per_node"] == 1 and cfg["distributed"]["nnodes"] == 1, "distributed",
-             "only single-process training is available so far")
+    _require(optim["grad_accum"] >= 1, "optim.grad_accum", f"must be at least 1, got {optim['grad_accum']}")
+    _require(optim["checkpoint_every"] is None or optim["checkpoint_every"] >= 1, "optim.checkpoint_every",
+             "must be null or >= 1")
+    dist = cfg["distributed"]
+    _require(dist["nproc_per_node"] >= 1, "distributed.nproc_per_node", "must be >= 1")
+    _require(dist["nnodes"] >= 1, "distributed.nnodes", "must be >= 1")
+    _require(0 <= dist["node_rank"] < dist["nnodes"], "distributed.node_rank",
+             f"must be in [0, distributed.nnodes={dist['nnodes']})")
+    _require(dist["nnodes"] == 1 or bool(dist["rdzv_endpoint"]), "distributed.rdzv_endpoint",
+             "is required with more than one node: host:port of node 0, reachable from every node")
+    _require(dist["backend"] in ("auto", "nccl", "gloo"), "distributed.backend", "must be auto, nccl or gloo")
+    _require(dist["max_restarts"] >= 0, "distributed.max_restarts", "must be >= 0")
     verifier = cfg["model"]["verifier"]
     _require((verifier["path"] is None) != (verifier["tiny"] is None), "model.verifier",
              "set exactly one of model.verifier.path (a local Hugging Face model dir) and model.verifier.tiny")

@@ -1,16 +1,23 @@
-"""What launch.py does with a composed config: resolve and validate it once, write the run dir,
-materialize the verifier and data, then run the rank.
+"""What launch.py does with a composed config: resolve and validate it once, write the run dir, build the
+verifier and data, then run the rank in this process or start the ranks with torch's elastic launcher.
 
+In a multirun each job passes through here in turn (Hydra's basic launcher), so each job gets fresh rank
+processes, its own run dir and its own wandb run, and a failed job is recorded and the sweep goes on.
 Nothing here imports torch or speculators before the config is known to be good.
 """
 
 from __future__ import annotations
 
+import json
 import logging
+import os
 import time
+import traceback
+import uuid
 from pathlib import Path
 from typing import Any
 
+import yaml
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import MissingMandatoryValue
@@ -22,70 +29,87 @@ log = logging.getLogger(__name__)
 
 def launch(cfg: DictConfig) -> float | None:
     """Runs one job; returns its best val tau_sim (the objective a sweeper would maximise)."""
-    try:
-        resolved = resolve(cfg)
-        run_dir = Path(resolved["run"]["dir"])
-        refuse_to_overwrite(run_dir)
-        validate(resolved)
-    except ConfigError as e:
-        raise SystemExit(f"error: {e}") from None
-    run_dir.mkdir(parents=True, exist_ok=True)
-    (run_dir / "resolved_config.yaml").write_text(OmegaConf.to_yaml(resolved))
-
+    hydra = HydraConfig.get()
+    multirun = hydra.mode is not None and hydra.mode.name == "MULTIRUN"
+    run_dir = Path(cfg.resume if cfg.resume else hydra.runtime.output_dir).resolve()
     start = time.perf_counter()
-    quiet_libraries()
-    verifier_dir, data_dir = materialize_inputs(resolved)
-    from eagle3.rank import run_rank
-
-    summary = run_rank(resolved, verifier_dir, data_dir)
+    try:
+        resolved = load_for_resume(run_dir, hydra) if cfg.resume else fresh_run(cfg, hydra, run_dir)
+        verifier_dir, data_dir = materialize_inputs(resolved)
+        summary = run_job(resolved, verifier_dir, data_dir)
+    except Exception as e:
+        if isinstance(e, ConfigError) and not multirun:  # the console says it; the run dir may be another run's
+            raise SystemExit(f"error: {e}") from None
+        record_failure(run_dir, e, hydra if multirun else None)
+        raise
+    if summary is None:  # a node other than node 0 of a multi-node job: node 0 writes the results
+        return None
+    if multirun:
+        update_sweep_index(hydra, run_dir, "completed", summary)
     log.info("done in %.1f s", time.perf_counter() - start)
     return summary["best"]["tau_sim"]
 
 
-def resolve(cfg: DictConfig) -> dict[str, Any]:
+def fresh_run(cfg: DictConfig, hydra, run_dir: Path) -> dict[str, Any]:
+    resolved = resolve(cfg, hydra, run_dir)
+    validate(resolved)
+    if resolved["distributed"]["node_rank"] == 0:
+        refuse_to_overwrite(run_dir)
+        run_dir.mkdir(parents=True, exist_ok=True)
+        (run_dir / "resolved_config.yaml").write_text(OmegaConf.to_yaml(resolved))
+    return resolved
+
+
+def resolve(cfg: DictConfig, hydra, run_dir: Path) -> dict[str, Any]:
     """The plain, fully resolved config plus what Hydra knows about this job (group choices, overrides)."""
     try:
         resolved = OmegaConf.to_container(cfg, resolve=True, throw_on_missing=True, enum_to_str=True)
     except MissingMandatoryValue as e:
         raise ConfigError(f"{e.full_key} is required and has no value: set it, e.g. `{e.full_key}=...`") from None
-    hydra = HydraConfig.get()
     choices = {g: c for g, c in hydra.runtime.choices.items() if not g.startswith("hydra") and c is not None}
-    run_dir = Path(hydra.runtime.output_dir)
     multirun = hydra.mode is not None and hydra.mode.name == "MULTIRUN"
     name = hydra.job.override_dirname or run_dir.name
     resolved["run"] = {
-        "dir": str(run_dir.resolve()),
+        "dir": str(run_dir),
         "name": name,
-        "group": str(Path(hydra.sweep.dir).name) if multirun else name,
+        # Every job of a sweep shares its group in wandb: the sweep dir, unique per sweep.
+        "group": f"{Path(hydra.sweep.dir).parent.name}_{Path(hydra.sweep.dir).name}" if multirun else name,
         "choices": choices,
         "overrides": list(hydra.overrides.task),
     }
     return resolved
 
 
+def load_for_resume(run_dir: Path, hydra) -> dict[str, Any]:
+    """The run's own resolved config; resuming changes nothing about the run."""
+    others = [o for o in hydra.overrides.task if not o.startswith(("resume=", "hydra."))]
+    if others:
+        raise ConfigError(f"resume continues a run with its own resolved_config.yaml and takes no other "
+                          f"overrides; remove: {' '.join(others)}")
+    config_file, state = run_dir / "resolved_config.yaml", run_dir / "checkpoints" / "last" / "trainer_state.pt"
+    if not config_file.is_file():
+        raise ConfigError(f"resume: {run_dir} is not a run dir (no resolved_config.yaml)")
+    if not state.is_file():
+        raise ConfigError(f"resume: {run_dir} has no resumable checkpoint ({state} is missing)")
+    resolved = yaml.safe_load(config_file.read_text())
+    resolved["resume"] = str(run_dir)
+    log.info("resuming %s", run_dir)
+    return resolved
+
+
 def refuse_to_overwrite(run_dir: Path) -> None:
     if (run_dir / "checkpoints").exists() or (run_dir / "metrics.jsonl").exists():
-        raise ConfigError(f"{run_dir} already holds a run (checkpoints or metrics.jsonl); "
-                          "choose a new hydra.run.dir, nothing was overwritten")
-
-
-def quiet_libraries() -> None:
-    """Keeps the console to our progress bars and results: per-file save/load bars and notices go."""
-    import warnings
-
-    import transformers
-    from loguru import logger
-
-    transformers.utils.logging.disable_progress_bar()
-    logger.disable("speculators.utils.loading")  # "Loading from local directory ..." once per tensor group
-    warnings.filterwarnings("ignore", message=".*pin_memory.*no accelerator.*")
+        raise ConfigError(f"{run_dir} already holds a run (checkpoints or metrics.jsonl); nothing was "
+                          f"overwritten: continue it with resume={run_dir}, or choose another hydra.run.dir")
 
 
 def materialize_inputs(cfg: dict[str, Any]) -> tuple[Path, Path]:
     """The verifier dir and data dir this run reads, building the tiny verifier and synthetic data if asked."""
+    from eagle3.console import quiet_libraries
     from eagle3.data.prepare import synthetic_dataset_dir
     from eagle3.data.verifier import tiny_verifier_dir
 
+    quiet_libraries()
     verifier, data = cfg["model"]["verifier"], cfg["data"]
     verifier_dir = (Path(verifier["path"]) if verifier["path"] is not None
                     else tiny_verifier_dir(verifier["tiny"], cfg["cache_dir"]))
@@ -94,3 +118,57 @@ def materialize_inputs(cfg: dict[str, Any]) -> tuple[Path, Path]:
     data_dir = synthetic_dataset_dir(verifier_dir, data["synth"], cfg["model"]["draft"]["aux_layer_ids"],
                                      cfg["cache_dir"], data["hidden_states_dtype"])
     return verifier_dir, data_dir
+
+
+def run_job(cfg: dict[str, Any], verifier_dir: Path, data_dir: Path) -> dict[str, Any] | None:
+    """In this process for one rank; otherwise rank processes from torch's elastic launcher (torchrun's engine)."""
+    dist = cfg["distributed"]
+    if dist["nproc_per_node"] * dist["nnodes"] == 1:
+        from eagle3.rank import run_rank
+
+        return run_rank(cfg, verifier_dir, data_dir)
+
+    from torch.distributed.launcher.api import LaunchConfig, elastic_launch
+
+    from eagle3.rank import worker
+
+    if dist["nnodes"] == 1:  # torchrun --standalone: c10d rendezvous on a free local port
+        rdzv = {"rdzv_backend": "c10d", "rdzv_endpoint": dist["rdzv_endpoint"] or "localhost:0",
+                "run_id": str(uuid.uuid4())}
+    else:  # torchrun --node-rank: static ranks, so global rank 0 (the writer) is on node 0
+        rdzv = {"rdzv_backend": "static", "rdzv_endpoint": dist["rdzv_endpoint"],
+                "rdzv_configs": {"rank": dist["node_rank"]}, "run_id": "eagle3"}
+    launch_config = LaunchConfig(min_nodes=dist["nnodes"], max_nodes=dist["nnodes"],
+                                 nproc_per_node=dist["nproc_per_node"], max_restarts=dist["max_restarts"],
+                                 start_method="spawn", **rdzv)
+    os.environ.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // dist["nproc_per_node"])))
+    results = elastic_launch(launch_config, worker)(cfg, verifier_dir, data_dir)
+    return results.get(0)
+
+
+def record_failure(run_dir: Path, error: BaseException, hydra) -> None:
+    """A failed job says why in its run dir (and in the sweep index), so a sweep's survivors stay readable."""
+    if not run_dir.is_dir():
+        return
+    failure = {"error": f"{type(error).__name__}: {error}", "traceback": traceback.format_exc()}
+    (run_dir / "failure.json").write_text(json.dumps(failure, indent=2) + "\n")
+    if hydra is not None:
+        update_sweep_index(hydra, run_dir, "failed", None, failure["error"])
+
+
+def update_sweep_index(hydra, run_dir: Path, status: str, summary: dict[str, Any] | None,
+                       error: str | None = None) -> None:
+    """`<sweep_dir>/index.json`: one entry per job with its overrides, status and headline results."""
+    index_file = Path(hydra.sweep.dir) / "index.json"
+    jobs = json.loads(index_file.read_text())["jobs"] if index_file.exists() else []
+    entry = {"num": hydra.job.num, "name": hydra.job.override_dirname, "run_dir": str(run_dir),
+             "overrides": list(hydra.overrides.task), "status": status, "error": error}
+    if summary is not None:
+        entry.update(steps=summary["steps"], best_tau_sim=summary["best"]["tau_sim"],
+                     best_step=summary["best"]["step"], final_loss=summary["final"]["loss"],
+                     final_tau_sim=summary["final"]["tau_sim"])
+    jobs = [j for j in jobs if j["num"] != entry["num"]] + [entry]
+    tmp = index_file.with_suffix(".tmp")
+    tmp.write_text(json.dumps({"sweep_dir": str(Path(hydra.sweep.dir).resolve()),
+                               "jobs": sorted(jobs, key=lambda j: j["num"])}, indent=2) + "\n")
+    os.replace(tmp, index_file)

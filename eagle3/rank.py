@@ -1,4 +1,8 @@
-"""One rank of a run: device, seed, data, draft model from the initializer, then the training loop."""
+"""One rank of a run: device, process group, seed, data, draft model, then the training loop.
+
+`run_rank` runs in the launcher's process for a single-process run; `worker` is what the elastic
+launcher starts in each rank's process.
+"""
 
 from __future__ import annotations
 
@@ -9,26 +13,49 @@ from typing import Any
 
 import torch
 
+from eagle3.checkpoint import load_draft, load_trainer_state
+from eagle3.console import format_result_table, quiet_libraries, setup_rank_logging
 from eagle3.data.loader import build_loaders
+from eagle3.distributed import World, close_world, init_world, wrap_model
 from eagle3.init import InitContext, build_draft
-from eagle3.track import Tracker, format_result_table
+from eagle3.track import Tracker
 from eagle3.train import train
 
 log = logging.getLogger(__name__)
 
 
-def pick_device(choice: str) -> torch.device:
-    if choice == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if choice == "cuda" and not torch.cuda.is_available():
+def worker(cfg: dict[str, Any], verifier_dir: Path, data_dir: Path) -> dict[str, Any] | None:
+    import os
+
+    setup_rank_logging(Path(cfg["run"]["dir"]), int(os.environ["RANK"]))
+    return run_rank(cfg, verifier_dir, data_dir)
+
+
+def pick_device(choice: str, local_rank: int) -> torch.device:
+    if choice == "cpu" or (choice == "auto" and not torch.cuda.is_available()):
+        return torch.device("cpu")
+    if not torch.cuda.is_available():
         raise RuntimeError("device=cuda but no CUDA device is available")
-    return torch.device(choice)
+    return torch.device("cuda", local_rank)
 
 
-def run_rank(cfg: dict[str, Any], verifier_dir: Path, data_dir: Path) -> dict[str, Any]:
-    """Trains one draft as `cfg` (the resolved run config) says; returns the run summary."""
+def run_rank(cfg: dict[str, Any], verifier_dir: Path, data_dir: Path) -> dict[str, Any] | None:
+    """Trains one draft as `cfg` (the resolved run config) says; rank 0 returns the run summary."""
+    quiet_libraries()
+    import os
+
     run_dir = Path(cfg["run"]["dir"])
-    device = pick_device(cfg["device"])
+    device = pick_device(cfg["device"], int(os.environ.get("LOCAL_RANK", 0)))
+    dist_cfg = cfg["distributed"]
+    world = init_world(dist_cfg["strategy"], dist_cfg["backend"], device.type)
+    try:
+        return _train_on(world, device, cfg, run_dir, verifier_dir, data_dir)
+    finally:
+        close_world(world)
+
+
+def _train_on(world: World, device: torch.device, cfg: dict[str, Any], run_dir: Path, verifier_dir: Path,
+              data_dir: Path) -> dict[str, Any] | None:
     torch.manual_seed(cfg["seed"])
     draft = cfg["model"]["draft"]
     attn_impl = draft["attn_impl"]
@@ -45,16 +72,31 @@ def run_rank(cfg: dict[str, Any], verifier_dir: Path, data_dir: Path) -> dict[st
         # CPU computes in fp32 without autocast; on CUDA bf16 halves the host-to-device traffic.
         hidden_states_dtype=torch.bfloat16 if device.type == "cuda" else torch.float32,
         seed=cfg["seed"],
+        world_size=world.size,
+        rank=world.rank,
+        grad_accum=cfg["optim"]["grad_accum"],
     )
-    ctx = InitContext(draft=draft, init=cfg["init"], verifier_dir=verifier_dir, data_dir=data_dir, attn_impl=attn_impl)
-    model, init_report = build_draft(ctx)
-    model.to(device)
-    (run_dir / "init_report.json").write_text(json.dumps(init_report, indent=2) + "\n")
+    last = run_dir / "checkpoints" / "last"
+    resume_state = None
+    if cfg["resume"]:
+        model = load_draft(last, attn_impl)
+        resume_state = load_trainer_state(last)
+    else:
+        ctx = InitContext(draft=draft, init=cfg["init"], verifier_dir=verifier_dir, data_dir=data_dir,
+                          attn_impl=attn_impl)
+        model, init_report = build_draft(ctx)
+        if world.is_main:
+            (run_dir / "init_report.json").write_text(json.dumps(init_report, indent=2) + "\n")
+    model = wrap_model(model.to(device), world, device)
 
-    with Tracker(run_dir, cfg) as tracker:
-        summary = train(model, train_loader, val_loader, cfg, device, tracker, run_dir)
-        summary.update(verifier_dir=str(verifier_dir), data_dir=str(data_dir), device=str(device))
+    resume_step = resume_state["progress"]["step"] if resume_state else None
+    with Tracker(run_dir, cfg, enabled=world.is_main, resume_step=resume_step) as tracker:
+        summary = train(model, train_loader, val_loader, cfg, device, world, tracker, run_dir, resume_state)
+        summary.update(verifier_dir=str(verifier_dir), data_dir=str(data_dir), device=str(device),
+                       world_size=world.size)
         tracker.finish(summary)
+    if not world.is_main:
+        return None
     log.info("results (val)\n%s", format_result_table(summary, draft["ttt_steps"]))
     log.info("run dir: %s", run_dir)
     return summary

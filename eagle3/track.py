@@ -1,8 +1,9 @@
-"""Run tracking on rank 0: `metrics.jsonl` always, wandb as `logger.mode` says, a summary at the end.
+"""Run tracking on rank 0: `metrics.jsonl` always, wandb as `logger.mode` says, `summary.json` at the end.
 
 Rows are flat: {"step", "split", "epoch", "loss", "loss_0", "full_acc_0", ...}; wandb gets the same
 numbers as `<split>/<name>` at the same step. The wandb run is finished on exit, also on error, so a
-multirun never leaks one job's run into the next.
+multirun never leaks one job's run into the next. Its id is kept in `<run_dir>/wandb_run_id`, so a resumed
+run continues the same wandb run.
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -17,35 +19,50 @@ log = logging.getLogger(__name__)
 
 
 class Tracker:
-    def __init__(self, run_dir: Path, cfg: dict[str, Any], enabled: bool = True):
+    def __init__(self, run_dir: Path, cfg: dict[str, Any], enabled: bool = True, resume_step: int | None = None):
         self.run_dir = run_dir
         self.cfg = cfg
         self.enabled = enabled
+        self.resume_step = resume_step
         self._file = None
         self._wandb = None
 
     def __enter__(self) -> "Tracker":
         if not self.enabled:
             return self
-        self._file = open(self.run_dir / "metrics.jsonl", "a", encoding="utf-8")
+        metrics = self.run_dir / "metrics.jsonl"
+        if self.resume_step is not None and metrics.exists():
+            # Rows logged after the checkpoint we resume from are replayed by the resumed run.
+            kept = [line for line in metrics.read_text().splitlines()
+                    if line.strip() and json.loads(line)["step"] <= self.resume_step]
+            metrics.write_text("".join(line + "\n" for line in kept))
+        self._file = open(metrics, "a", encoding="utf-8")
         logger = self.cfg["logger"]
         if logger["mode"] != "disabled":
-            import wandb
-
-            run = self.cfg["run"]
-            os.environ.setdefault("WANDB_SILENT", "true")
-            self._wandb = wandb.init(
-                project=logger["project"],
-                entity=logger["entity"],
-                mode=logger["mode"],
-                dir=str(self.run_dir),
-                name=run["name"],
-                group=run["group"],
-                job_type="train",
-                tags=[f"{g}:{c}" for g, c in run["choices"].items()] + list(logger["tags"]),
-                config=self.cfg,
-            )
+            self._wandb = self._init_wandb(logger)
         return self
+
+    def _init_wandb(self, logger: dict[str, Any]):
+        import wandb
+
+        run = self.cfg["run"]
+        id_file = self.run_dir / "wandb_run_id"
+        run_id = id_file.read_text().strip() if id_file.exists() else uuid.uuid4().hex[:12]
+        id_file.write_text(run_id + "\n")
+        os.environ.setdefault("WANDB_SILENT", "true")
+        return wandb.init(
+            id=run_id,
+            resume="allow",
+            project=logger["project"],
+            entity=logger["entity"],
+            mode=logger["mode"],
+            dir=str(self.run_dir),
+            name=run["name"],
+            group=run["group"],
+            job_type="train",
+            tags=[f"{g}:{c}" for g, c in run["choices"].items()] + list(logger["tags"]),
+            config=self.cfg,
+        )
 
     def log(self, row: dict[str, Any]) -> None:
         if not self.enabled:
@@ -71,17 +88,3 @@ class Tracker:
             self._file.close()
         if self._wandb is not None:
             self._wandb.finish(exit_code=0 if exc_type is None else 1)
-
-
-def format_result_table(summary: dict[str, Any], ttt_steps: int) -> str:
-    """Step 0 against final against best: the numbers a user looks at after a run."""
-    cols = [("step 0", summary["step0"]), ("final", summary["final"]), ("best", summary["best"])]
-    keys = ["step", "loss", "tau_sim"] + [f"full_acc_{k}" for k in range(ttt_steps)]
-    lines = [f"{'val':<12}" + "".join(f"{name:>12}" for name, _ in cols)]
-    for key in keys:
-        cells = []
-        for _, row in cols:
-            v = row.get(key)
-            cells.append(f"{v:>12}" if isinstance(v, int) else f"{v:>12.4f}" if v is not None else f"{'-':>12}")
-        lines.append(f"{key:<12}" + "".join(cells))
-    return "\n".join(lines)

@@ -1,6 +1,6 @@
-"""The training loop: AdamW, warmup + decay, clipping, a val pass before any update and after each epoch,
-checkpoints `last` and `best` (highest val tau_sim). Runs on CPU or one GPU; speculators' own Trainer is
-CUDA-only.
+"""The training loop: AdamW, warmup + decay, clipping, gradient accumulation, a val pass before any update
+and after each epoch, checkpoints `last` (resumable) and `best` (highest val tau_sim). Runs on CPU or GPU,
+in one process or many; speculators' own Trainer is CUDA-only.
 """
 
 from __future__ import annotations
@@ -17,28 +17,32 @@ import torch
 from torch.utils.data import DataLoader
 from tqdm import tqdm
 
-from eagle3.checkpoint import save_draft
+from eagle3.checkpoint import save_checkpoint
+from eagle3.distributed import (World, barrier, full_model_state, full_optimizer_state, grad_sync,
+                                load_optimizer_state, reduce_sums, unwrap)
 from eagle3.track import Tracker
 
 log = logging.getLogger(__name__)
 
 
 def train(model: torch.nn.Module, train_loader: DataLoader, val_loader: DataLoader, cfg: dict[str, Any],
-          device: torch.device, tracker: Tracker, run_dir: Path) -> dict[str, Any]:
-    """Trains `model` as `cfg` says and returns the run summary (also written by the tracker)."""
+          device: torch.device, world: World, tracker: Tracker, run_dir: Path,
+          resume_state: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Trains `model` (already wrapped for `world`) as `cfg` says; returns the run summary."""
     from speculators.losses import resolve_loss_config
 
     optim_cfg, draft_cfg = cfg["optim"], cfg["model"]["draft"]
-    is_rank0 = tracker.enabled
     call_kwargs = {
         "ttt_steps": draft_cfg["ttt_steps"],
         "ttt_step_loss_decay": draft_cfg["ttt_step_loss_decay"],
         # The fused loss is Triton: CUDA only.
         "loss_config": resolve_loss_config(draft_cfg["loss"], "fused" if device.type == "cuda" else "eager"),
     }
-    autocast = (torch.autocast("cuda", dtype=torch.bfloat16) if device.type == "cuda" else nullcontext())
+    autocast = torch.autocast("cuda", dtype=torch.bfloat16) if device.type == "cuda" else nullcontext()
+    sampler = train_loader.batch_sampler
+    accum = optim_cfg["grad_accum"]
 
-    steps_per_epoch = len(train_loader)
+    steps_per_epoch = sampler.steps
     total_steps = optim_cfg["epochs"] * steps_per_epoch
     if optim_cfg["max_steps"] is not None:
         total_steps = min(total_steps, optim_cfg["max_steps"])
@@ -48,70 +52,115 @@ def train(model: torch.nn.Module, train_loader: DataLoader, val_loader: DataLoad
     scheduler = make_scheduler(optimizer, optim_cfg["scheduler"], math.ceil(optim_cfg["warmup_ratio"] * total_steps),
                                total_steps)
     ckpt_dir = run_dir / "checkpoints"
-    log.info("training %s parameters for %d steps (%d per epoch), lr %.2g", f"{sum(p.numel() for p in trainable):,}",
-             total_steps, steps_per_epoch, optim_cfg["lr"])
 
     def evaluate(step: int, epoch: int) -> dict[str, Any]:
-        metrics = run_validation(model, val_loader, device, autocast, call_kwargs)
+        metrics = run_validation(model, val_loader, device, autocast, call_kwargs, world)
         row = {"step": step, "split": "val", "epoch": epoch, **metrics}
         tracker.log(row)
         return row
 
-    # Step 0: the drafter as initialized, before any update. For a pretrained init this is its probe.
-    step0 = best = evaluate(0, 0)
-    if is_rank0:
-        save_draft(model, ckpt_dir / "best")
-    final, step, tokens, start = step0, 0, 0, time.perf_counter()
-    window: dict[str, float] = {}
-    progress = tqdm(total=total_steps, desc="train", unit="step", disable=not is_rank0, dynamic_ncols=True)
+    def save(which: str, progress: dict[str, Any] | None = None) -> None:
+        """Every rank joins (gathering shards is a collective); rank 0 writes."""
+        state = full_model_state(model, world)
+        trainer_state = None
+        if progress is not None:
+            trainer_state = {"progress": progress, "optimizer": full_optimizer_state(model, optimizer, world),
+                             "scheduler": scheduler.state_dict(), "rng": torch.get_rng_state()}
+        if world.is_main:
+            save_checkpoint(unwrap(model), state, ckpt_dir / which, trainer_state)
+        barrier(world)
+
+    if resume_state is None:
+        # Step 0: the drafter as initialized, before any update. For a pretrained init this is its probe.
+        step0 = evaluate(0, 0)
+        progress = {"step": 0, "epoch": 0, "step_in_epoch": 0, "tokens": 0, "train_wall_s": 0.0,
+                    "step0": step0, "best": step0, "final": step0}
+        save("best")
+    else:
+        progress = resume_state["progress"]
+        load_optimizer_state(model, optimizer, resume_state["optimizer"], world)
+        scheduler.load_state_dict(resume_state["scheduler"])
+        torch.set_rng_state(resume_state["rng"])
+        log.info("resuming at step %d (epoch %d, step %d of it)", progress["step"], progress["epoch"],
+                 progress["step_in_epoch"])
+
+    log.info("training %s parameters for %d steps (%d per epoch, %d micro-batches each on %d ranks), lr %.2g",
+             f"{sum(p.numel() for p in trainable):,}", total_steps, steps_per_epoch, accum, world.size,
+             optim_cfg["lr"])
+    bar = tqdm(total=total_steps, initial=progress["step"], desc="train", unit="step", disable=not world.is_main,
+               dynamic_ncols=True)
+    start, window = time.perf_counter() - progress["train_wall_s"], {}
     model.train()
-    for epoch in range(optim_cfg["epochs"]):
-        if step >= total_steps:
+    for epoch in range(progress["epoch"], optim_cfg["epochs"]):
+        if progress["step"] >= total_steps:
             break
-        train_loader.batch_sampler.set_epoch(epoch)
-        for batch in train_loader:
-            if step >= total_steps:
-                break
-            batch = to_device(batch, device)
-            with autocast:
-                _, loss, metrics = model(**batch, **call_kwargs)
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            grad_norm = torch.nn.utils.clip_grad_norm_(trainable, optim_cfg["grad_clip"])
-            optimizer.step()
-            scheduler.step()
-            step += 1
-            tokens += int((batch["document_ids"] >= 0).sum())
-            accumulate(window, metrics)
-            progress.update()
+        sampler.set_epoch(epoch, skip_steps=progress["step_in_epoch"])
+        micro_batches = iter(train_loader)
+        while progress["step_in_epoch"] < steps_per_epoch and progress["step"] < total_steps:
+            grad_norm = train_step(model, micro_batches, accum, optimizer, scheduler, trainable, optim_cfg["grad_clip"],
+                                   device, autocast, call_kwargs, world, window)
+            progress["step"] += 1
+            progress["step_in_epoch"] += 1
+            bar.update()
+            step = progress["step"]
             if step % cfg["logger"]["log_every"] == 0 or step == total_steps:
-                row = {"step": step, "split": "train", "epoch": epoch, **summarize(window),
-                       "lr": scheduler.get_last_lr()[0], "grad_norm": float(grad_norm),
-                       "tokens_per_s": tokens / (time.perf_counter() - start)}
+                sums = reduce_sums(window, world)
+                tokens = sums.pop("tokens")
+                progress["tokens"] += tokens
+                progress["train_wall_s"] = time.perf_counter() - start
+                row = {"step": step, "split": "train", "epoch": epoch, **summarize(sums),
+                       "lr": scheduler.get_last_lr()[0], "grad_norm": grad_norm,
+                       "tokens_per_s": progress["tokens"] / progress["train_wall_s"]}
                 tracker.log(row)
-                progress.set_postfix(loss=f"{row['loss']:.3f}", acc0=f"{row.get('full_acc_0', 0):.3f}")
+                bar.set_postfix(loss=f"{row['loss']:.3f}", acc0=f"{row.get('full_acc_0', 0):.3f}")
                 window = {}
-        final = evaluate(step, epoch + 1)
+            every = optim_cfg["checkpoint_every"]
+            if every and step % every == 0 and progress["step_in_epoch"] < steps_per_epoch:
+                save("last", progress)
+        # End of an epoch (or of max_steps): evaluate, then checkpoint.
+        progress["final"] = evaluate(progress["step"], epoch + 1)
         model.train()
-        if is_rank0:
-            save_draft(model, ckpt_dir / "last")
-            if final["tau_sim"] > best["tau_sim"]:
-                best = final
-                save_draft(model, ckpt_dir / "best")
-    progress.close()
-    wall = time.perf_counter() - start
-    if is_rank0 and not (ckpt_dir / "last").exists():  # max_steps=0: the probe alone
-        save_draft(model, ckpt_dir / "last")
+        if progress["step_in_epoch"] >= steps_per_epoch:
+            progress.update(epoch=epoch + 1, step_in_epoch=0)
+        progress["train_wall_s"] = time.perf_counter() - start
+        if progress["final"]["tau_sim"] > progress["best"]["tau_sim"]:
+            progress["best"] = progress["final"]
+            save("best")
+        save("last", progress)
+    bar.close()
+    if total_steps == 0:  # max_steps=0: the probe alone
+        save("last", progress)
+    wall = progress["train_wall_s"]
     return {
-        "steps": step,
-        "tokens": tokens,
-        "tokens_per_s": tokens / wall if wall > 0 else None,
+        "steps": progress["step"],
+        "tokens": progress["tokens"],
+        "tokens_per_s": progress["tokens"] / wall if wall > 0 else None,
         "train_wall_s": wall,
-        "step0": step0,
-        "final": final,
-        "best": best,
+        "step0": progress["step0"],
+        "final": progress["final"],
+        "best": progress["best"],
         "checkpoints": {"last": str(ckpt_dir / "last"), "best": str(ckpt_dir / "best")},
     }
+
+
+def train_step(model, micro_batches, accum: int, optimizer, scheduler, trainable, grad_clip: float,
+               device: torch.device, autocast, call_kwargs: dict[str, Any], world: World,
+               window: dict[str, float]) -> float:
+    """One optimizer step over `accum` micro-batches; adds their counted metrics to `window`."""
+    optimizer.zero_grad(set_to_none=True)
+    for i in range(accum):
+        batch = to_device(next(micro_batches), device)
+        with grad_sync(model, world, sync=i == accum - 1), autocast:
+            _, loss, metrics = model(**batch, **call_kwargs)
+            (loss / accum).backward()
+        accumulate(window, metrics)
+        window["tokens"] = window.get("tokens", 0.0) + float((batch["document_ids"] >= 0).sum())
+    grad_norm = torch.nn.utils.clip_grad_norm_(trainable, grad_clip)
+    optimizer.step()
+    scheduler.step()
+    if hasattr(grad_norm, "full_tensor"):  # FSDP2: a DTensor
+        grad_norm = grad_norm.full_tensor()
+    return float(grad_norm)
 
 
 def make_scheduler(optimizer: torch.optim.Optimizer, kind: str, warmup_steps: int,
@@ -125,15 +174,15 @@ def make_scheduler(optimizer: torch.optim.Optimizer, kind: str, warmup_steps: in
 
 @torch.no_grad()
 def run_validation(model: torch.nn.Module, loader: Iterable, device: torch.device, autocast,
-                   call_kwargs: dict[str, Any]) -> dict[str, float]:
-    """Token-weighted val metrics over the whole loader, plus tau_sim."""
+                   call_kwargs: dict[str, Any], world: World = World()) -> dict[str, float]:
+    """Token-weighted val metrics over the whole val split (all ranks' shards), plus tau_sim."""
     model.eval()
     sums: dict[str, float] = {}
     for batch in loader:
         with autocast:
             _, _, metrics = model(**to_device(batch, device), **call_kwargs)
         accumulate(sums, metrics)
-    return summarize(sums)
+    return summarize(reduce_sums(sums, world))
 
 
 def to_device(batch: dict[str, Any], device: torch.device) -> dict[str, torch.Tensor]:

@@ -1,0 +1,56 @@
+"""What a person sees: our progress bars and results, library chatter off, one log file per extra rank."""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+import warnings
+from pathlib import Path
+
+
+def quiet_libraries() -> None:
+    """Per-file save/load bars and notices of transformers and speculators go; warnings that matter stay."""
+    import transformers
+    from loguru import logger
+
+    transformers.utils.logging.disable_progress_bar()
+    logger.disable("speculators.utils.loading")  # "Loading from local directory ..." once per tensor group
+    warnings.filterwarnings("ignore", message=".*pin_memory.*no accelerator.*")
+
+
+def setup_rank_logging(run_dir: Path, rank: int) -> None:
+    """Logging for a rank started by the elastic launcher (Hydra configured only the launching process).
+
+    Rank 0 prints to the console and appends to the run's launch.log; every other rank writes everything,
+    including what C code prints, to `<run_dir>/rank_<N>.log`.
+    """
+    fmt = logging.Formatter(f"[%(asctime)s][%(name)s][%(levelname)s][rank {rank}] - %(message)s")
+    root = logging.getLogger()
+    root.handlers.clear()
+    root.setLevel(logging.INFO)
+    if rank == 0:
+        handlers = [logging.StreamHandler(sys.stdout), logging.FileHandler(run_dir / "launch.log")]
+    else:
+        log_file = open(run_dir / f"rank_{rank}.log", "a", buffering=1, encoding="utf-8")
+        os.dup2(log_file.fileno(), 1)
+        os.dup2(log_file.fileno(), 2)
+        sys.stdout = sys.stderr = log_file
+        handlers = [logging.StreamHandler(log_file)]
+    for handler in handlers:
+        handler.setFormatter(fmt)
+        root.addHandler(handler)
+
+
+def format_result_table(summary: dict, ttt_steps: int) -> str:
+    """Step 0 against final against best: the numbers a user looks at after a run."""
+    cols = [("step 0", summary["step0"]), ("final", summary["final"]), ("best", summary["best"])]
+    keys = ["step", "loss", "tau_sim"] + [f"full_acc_{k}" for k in range(ttt_steps)]
+    lines = [f"{'val':<12}" + "".join(f"{name:>12}" for name, _ in cols)]
+    for key in keys:
+        cells = []
+        for _, row in cols:
+            v = row.get(key)
+            cells.append(f"{v:>12}" if isinstance(v, int) else f"{v:>12.4f}" if v is not None else f"{'-':>12}")
+        lines.append(f"{key:<12}" + "".join(cells))
+    return "\n".join(lines)
