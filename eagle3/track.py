@@ -60,7 +60,7 @@ class Tracker:
             name=run["name"],
             group=run["group"],
             job_type="train",
-            tags=[f"{g}:{c}" for g, c in run["choices"].items()] + list(logger["tags"]),
+            tags=[f"{g}:{run['choices'][g]}" for g in ("model", "data", "init", "optim")] + list(logger["tags"]),
             config=self.cfg,
         )
 

@@ -51,5 +51,15 @@ def trained_run(cache_dir, tmp_path_factory) -> Path:
     return run_dir
 
 
+@pytest.fixture(scope="session")
+def sweep_2x2(cache_dir, tmp_path_factory) -> Path:
+    """A 2x2 multirun over optim.lr and optim.epochs with offline wandb, as a user would run one."""
+    sweep = tmp_path_factory.mktemp("sweeps") / "lr_epochs"
+    proc = launch(["-m", "optim.lr=1e-3,3e-3", "optim.epochs=1,2", f"hydra.sweep.dir={sweep}", "optim.max_steps=6",
+                   *SMALL_DATA], cache_dir, WANDB_MODE="offline")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return sweep
+
+
 def read_rows(run_dir: Path) -> list[dict]:
     return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]

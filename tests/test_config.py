@@ -13,16 +13,18 @@ from eagle3.config import ConfigError, validate
 
 GROUPS = ["model", "data", "init", "optim", "distributed", "logger"]
 OPTIONS = [(g, p.stem) for g in GROUPS for p in sorted((CONF / g).glob("*.yaml"))]
-REQUIRED = {("model", "kimi_k25"): "model.verifier.path", ("data", "offline"): "data.path"}
+# Values only the user can give: they must be marked required, never defaulted.
+REQUIRED = {("model", "kimi_k25"): ["model.verifier.path"], ("data", "offline"): ["data.path"],
+            ("distributed", "multinode"): ["distributed.node_rank", "distributed.rdzv_endpoint"]}
 
 
 @pytest.mark.parametrize("group,option", OPTIONS, ids=[f"{g}={o}" for g, o in OPTIONS])
 def test_every_option_composes(group, option):
     cfg = compose_cfg([f"{group}={option}"])
-    required = REQUIRED.get((group, option))
-    if required:  # a path only the user can give: it must be marked required, not defaulted
-        assert OmegaConf.is_missing(OmegaConf.select(cfg, required.rsplit(".", 1)[0]), required.rsplit(".", 1)[1])
-        return
+    for key in REQUIRED.get((group, option), []):
+        parent, leaf = key.rsplit(".", 1)
+        assert OmegaConf.is_missing(OmegaConf.select(cfg, parent), leaf), key
+        OmegaConf.update(cfg, key, "/somewhere" if "path" in key else ("h:1" if "endpoint" in key else 1))
     resolved = OmegaConf.to_container(cfg, resolve=True, throw_on_missing=True, enum_to_str=True)
     assert "${" not in OmegaConf.to_yaml(resolved)
 

@@ -1,0 +1,109 @@
+"""Comparing runs: wandb runs grouped by sweep (read back from wandb's offline files), the table, the plot."""
+
+from __future__ import annotations
+
+import json
+import struct
+import subprocess
+import sys
+from pathlib import Path
+
+from conftest import ROOT
+
+
+def wandb_records(run_file: Path):
+    """The protobuf records of an offline `.wandb` file (a LevelDB-style log: 32 KiB blocks, 7-byte headers)."""
+    from wandb.proto import wandb_internal_pb2 as pb
+
+    data = run_file.read_bytes()
+    ident, magic, _ = struct.unpack("<4sHB", data[:7])
+    assert ident == b":W&B" and magic == 0xBEE1
+    pos, pending, block = 7, b"", 32768
+    while pos + 7 <= len(data):
+        left = block - pos % block
+        if left < 7:
+            pos += left
+            continue
+        _, length, kind = struct.unpack("<IHB", data[pos:pos + 7])
+        if length == 0 and kind == 0:
+            pos += left
+            continue
+        chunk, pos = data[pos + 7:pos + 7 + length], pos + 7 + length
+        pending = chunk if kind in (1, 2) else pending + chunk
+        if kind in (1, 4):
+            record = pb.Record()
+            record.ParseFromString(pending)
+            yield record
+
+
+def test_offline_wandb_runs_carry_the_sweep_group_config_and_step0(sweep_2x2):
+    jobs = json.loads((sweep_2x2 / "index.json").read_text())["jobs"]
+    groups = set()
+    for job in jobs:
+        (run_file,) = Path(job["run_dir"]).glob("wandb/offline-run-*/run-*.wandb")
+        run, config, tau_by_step, tags = None, {}, {}, []
+        for record in wandb_records(run_file):
+            kind = record.WhichOneof("record_type")
+            if kind == "run":
+                run = record.run
+                tags = list(run.tags)
+                config.update({item.key: item.value_json for item in run.config.update})
+            elif kind == "config":
+                config.update({item.key: item.value_json for item in record.config.update})
+            elif kind == "history":
+                items = {item.key or "/".join(item.nested_key): item.value_json for item in record.history.item}
+                if "val/tau_sim" in items:
+                    tau_by_step[int(items["_step"])] = float(items["val/tau_sim"])
+        groups.add(run.run_group)
+        assert "${" not in json.dumps(config)
+        assert json.loads(config["optim"])["value"]["lr"] in (1e-3, 3e-3)
+        assert "model:tiny" in tags and "init:scratch" in tags
+        assert 0 in tau_by_step and tau_by_step[0] >= 1.0
+    assert len(groups) == 1 and sweep_2x2.name in groups.pop()
+
+
+def test_compare_prints_one_row_per_job_with_the_swept_keys_and_plots(sweep_2x2, tmp_path):
+    png = tmp_path / "sweep.png"
+    proc = subprocess.run([sys.executable, "-m", "eagle3.compare", str(sweep_2x2), "--plot", str(png)], cwd=ROOT,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    header, _, *rows = proc.stdout.strip().splitlines()
+    assert len(rows) == 4
+    columns = header.split()
+    assert "optim.lr" in columns and "optim.epochs" in columns and "optim.max_steps" not in columns
+
+
+
+    from matplotlib import image
+
+    pixels = image.imread(png)
+    assert pixels.shape[0] > 300 and pixels.shape[1] > 2 * pixels.shape[0]  # side-by-side panels
+
+
+def test_compare_formats_and_ranking(sweep_2x2):
+    from eagle3.compare import find_runs, rank, render, table
+
+    runs = find_runs([sweep_2x2])
+    ranked = [r.best_tau for r in rank(runs)]
+    assert ranked == sorted(ranked, reverse=True)
+    header, body = table(runs)
+    csv_text = render(header, body, "csv")
+    assert csv_text.splitlines()[0].startswith("run,status,")
+    assert render(header, body, "markdown").splitlines()[1].startswith("|---")
+
+
+def test_compare_lists_failed_runs(tmp_path):
+    from eagle3.compare import find_runs, table
+
+    ok, bad = tmp_path / "0_optim.lr=0.001", tmp_path / "1_optim.lr=-1"
+    ok.mkdir()
+    (ok / "resolved_config.yaml").write_text("optim:\n  lr: 0.001\n")
+    row = {"step": 0, "split": "val", "loss": 2.0, "tau_sim": 1.0}
+    (ok / "metrics.jsonl").write_text(json.dumps(row) + "\n")
+    (ok / "summary.json").write_text(json.dumps({"step0": row, "best": row, "final": row}))
+    (bad / ".hydra").mkdir(parents=True)
+    (bad / ".hydra" / "overrides.yaml").write_text("- optim.lr=-1\n")
+    (bad / "failure.json").write_text(json.dumps({"error": "ConfigError: optim.lr: must be a positive number"}))
+    header, body = table(find_runs([tmp_path]))
+    assert header[:3] == ["run", "status", "optim.lr"]
+    assert [r[:3] for r in body] == [["#0", "completed", "0.001"], ["#1", "failed", "-1"]]
