@@ -76,9 +76,12 @@ class DraftConfig:
     ttt_step_loss_decay: float = 1.0
     loss: str = "kl_div"
     attn_impl: str = "auto"
-    norm_before_residual: bool = True
-    norm_before_fc: bool = True
-    norm_output: bool = True
+    # Architecture flags; null = as the initializer says (scratch: speculators' defaults; pretrained: the
+    # checkpoint's, or its layout's known defaults).
+    norm_before_residual: Optional[bool] = None
+    norm_before_fc: Optional[bool] = None
+    norm_output: Optional[bool] = None
+    fc_norm: Optional[bool] = None
 
 
 @dataclass
@@ -111,9 +114,26 @@ class DataConfig:
     hidden_states_dtype: str = "bfloat16"
 
 
+class VocabPolicy(str, Enum):
+    keep = "keep"
+    rebuild = "rebuild"
+    remap = "remap"
+
+
 @dataclass
 class ScratchInitConfig:
     name: str = "scratch"
+    recommended_lr: list[float] = field(default_factory=lambda: [1e-5, 3e-3])
+
+
+@dataclass
+class PretrainedInitConfig:
+    name: str = "pretrained"
+    path: str = MISSING
+    key_map: dict[str, str] = field(default_factory=lambda: {"midlayer.": "layers.0."})
+    vocab: VocabPolicy = VocabPolicy.remap
+    train_lm_head: bool = False
+    recommended_lr: list[float] = field(default_factory=lambda: [1e-6, 3e-5])
 
 
 @dataclass
@@ -176,6 +196,7 @@ def register_configs() -> None:
     cs.store(group="model", name="base_model", node=ModelConfig)
     cs.store(group="data", name="base_data", node=DataConfig)
     cs.store(group="init", name="base_scratch", node=ScratchInitConfig)
+    cs.store(group="init", name="base_pretrained", node=PretrainedInitConfig)
     cs.store(group="optim", name="base_optim", node=OptimConfig)
     cs.store(group="distributed", name="base_distributed", node=DistributedConfig)
     cs.store(group="logger", name="base_logger", node=LoggerConfig)
@@ -228,6 +249,17 @@ def validate(cfg: dict[str, Any]) -> None:
         _require_dir(data["path"], "data.path", ["hidden_states"],
                      "a speculators-format dataset: Arrow rows (input_ids, loss_mask, seq_len) saved with "
                      "datasets.save_to_disk, hidden_states/hs_<i>.safetensors and token_freq.pt")
+
+
+def lr_advice(cfg: dict[str, Any]) -> tuple[str, bool]:
+    """The lr next to the initializer's recommended range, and whether it lies outside it."""
+    lr, (low, high) = cfg["optim"]["lr"], cfg["init"]["recommended_lr"]
+    outside = not low <= lr <= high
+    text = f"optim.lr={lr:g}; init={cfg['init']['name']} recommends {low:g} .. {high:g}"
+    if outside:
+        text += (" (above: a pretrained drafter's representations are easily destroyed; a finetune lr should be "
+                 "below the scratch lr)" if lr > high else " (below: training will barely move)")
+    return text, outside
 
 
 def _require_dir(path: str, key: str, entries: list[str], what: str) -> None:

@@ -22,7 +22,7 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import MissingMandatoryValue
 
-from eagle3.config import ConfigError, validate
+from eagle3.config import ConfigError, lr_advice, validate
 
 log = logging.getLogger(__name__)
 
@@ -36,6 +36,8 @@ def launch(cfg: DictConfig) -> float | None:
     try:
         resolved = load_for_resume(run_dir, hydra) if cfg.resume else fresh_run(cfg, hydra, run_dir)
         verifier_dir, data_dir = materialize_inputs(resolved)
+        if not cfg.resume:
+            preflight(resolved, verifier_dir, data_dir)
         summary = run_job(resolved, verifier_dir, data_dir)
     except Exception as e:
         if isinstance(e, ConfigError) and not multirun:  # the console says it; the run dir may be another run's
@@ -53,6 +55,8 @@ def launch(cfg: DictConfig) -> float | None:
 def fresh_run(cfg: DictConfig, hydra, run_dir: Path) -> dict[str, Any]:
     resolved = resolve(cfg, hydra, run_dir)
     validate(resolved)
+    advice, outside = lr_advice(resolved)
+    (log.warning if outside else log.info)(advice)
     if resolved["distributed"]["node_rank"] == 0:
         refuse_to_overwrite(run_dir)
         run_dir.mkdir(parents=True, exist_ok=True)
@@ -118,6 +122,14 @@ def materialize_inputs(cfg: dict[str, Any]) -> tuple[Path, Path]:
     data_dir = synthetic_dataset_dir(verifier_dir, data["synth"], cfg["model"]["draft"]["aux_layer_ids"],
                                      cfg["cache_dir"], data["hidden_states_dtype"])
     return verifier_dir, data_dir
+
+
+def preflight(cfg: dict[str, Any], verifier_dir: Path, data_dir: Path) -> None:
+    """The initializer's checks that need no weights (a checkpoint's files, keys, shapes), before any rank starts."""
+    from eagle3.init import InitContext, preflight_draft
+
+    preflight_draft(InitContext(draft=cfg["model"]["draft"], init=cfg["init"], verifier_dir=verifier_dir,
+                                data_dir=data_dir, attn_impl="sdpa", overrides=cfg["run"]["overrides"]))
 
 
 def run_job(cfg: dict[str, Any], verifier_dir: Path, data_dir: Path) -> dict[str, Any] | None:

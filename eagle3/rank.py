@@ -83,7 +83,7 @@ def _train_on(world: World, device: torch.device, cfg: dict[str, Any], run_dir: 
         resume_state = load_trainer_state(last)
     else:
         ctx = InitContext(draft=draft, init=cfg["init"], verifier_dir=verifier_dir, data_dir=data_dir,
-                          attn_impl=attn_impl)
+                          attn_impl=attn_impl, overrides=cfg["run"]["overrides"])
         model, init_report = build_draft(ctx)
         if world.is_main:
             (run_dir / "init_report.json").write_text(json.dumps(init_report, indent=2) + "\n")

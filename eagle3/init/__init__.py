@@ -22,24 +22,36 @@ class InitContext:
     verifier_dir: Path
     data_dir: Path
     attn_impl: str             # resolved: sdpa | eager | simple_flex_attention
+    overrides: list[str]       # the command line's overrides: a value set there is the user's explicit choice
 
 
 Initializer = Callable[[InitContext], "tuple[Eagle3DraftModel, dict[str, Any]]"]
-_REGISTRY: dict[str, Initializer] = {}
+Preflight = Callable[[InitContext], Any]
+_REGISTRY: dict[str, tuple[Initializer, Preflight | None]] = {}
 
 
-def register(name: str) -> Callable[[Initializer], Initializer]:
+def register(name: str, preflight: Preflight | None = None) -> Callable[[Initializer], Initializer]:
+    """Registers an initializer; `preflight` runs its weight-free checks in the launcher, before any rank starts."""
     def add(fn: Initializer) -> Initializer:
-        _REGISTRY[name] = fn
+        _REGISTRY[name] = (fn, preflight)
         return fn
     return add
 
 
-def build_draft(ctx: InitContext) -> "tuple[Eagle3DraftModel, dict[str, Any]]":
-    name = ctx.init["name"]
+def _lookup(name: str) -> tuple[Initializer, Preflight | None]:
     if name not in _REGISTRY:
         raise KeyError(f"init.name={name!r} has no initializer; known: {', '.join(sorted(_REGISTRY))}")
-    return _REGISTRY[name](ctx)
+    return _REGISTRY[name]
 
 
-from eagle3.init import scratch  # noqa: E402,F401  (registers itself)
+def preflight_draft(ctx: InitContext) -> None:
+    check = _lookup(ctx.init["name"])[1]
+    if check is not None:
+        check(ctx)
+
+
+def build_draft(ctx: InitContext) -> "tuple[Eagle3DraftModel, dict[str, Any]]":
+    return _lookup(ctx.init["name"])[0](ctx)
+
+
+from eagle3.init import pretrained, scratch  # noqa: E402,F401  (they register themselves)

@@ -1,0 +1,251 @@
+"""Initialize from a trained draft: speculators' layout (`layers.0.*`) or SpecForge/EAGLE's (`midlayer.*`).
+
+Loading is strict: every tensor of the checkpoint is loaded with its shape checked, or skipped for a stated
+reason, or the run stops with the full list of missing, unexpected and mismatched keys.
+
+The vocabulary is where finetuning goes wrong silently. A draft's lm_head row i predicts target token
+i + d2t[i]; a mapping rebuilt from new data moves most slots, and rows left in place then predict the
+wrong tokens. `init.vocab`:
+  keep     the checkpoint's d2t/t2d; the data's mapping is ignored
+  rebuild  the data's mapping with the lm_head rows left where they were (the seed runs' failure: a baseline)
+  remap    the data's mapping; row j of the new head is the old row of the same target token, and rows of
+           tokens the old draft vocabulary lacked come from the verifier's lm_head (speculators' fresh init)
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from eagle3.init import InitContext, register
+from eagle3.init.build import FLAGS, SPECULATORS_FLAGS, meta_draft, new_draft
+from eagle3.init.files import CheckpointError, checkpoint_files, load_tensors, read_config, tensor_shapes
+
+log = logging.getLogger(__name__)
+
+SKIPPED = {
+    "embed_tokens.weight": "taken from the verifier, frozen (speculators' draft never trains it)",
+    "verifier_lm_head.weight": "the verifier's own head: taken from the verifier",
+    "verifier_norm.weight": "the verifier's own final norm: taken from the verifier",
+}
+VOCAB_KEYS = ("d2t", "t2d", "lm_head.weight")
+# SpecForge/EAGLE drafters: the residual is the un-normalized hidden state, fc sees the raw aux states, and
+# the pre-norm output is fed to the next TTT step (speculators' converter defaults agree).
+SPECFORGE_FLAGS = {"norm_before_residual": False, "norm_before_fc": False, "norm_output": False, "fc_norm": False}
+
+
+@dataclass
+class Source:
+    path: Path
+    files: list[Path]
+    layout: str                               # speculators | specforge
+    shapes: dict[str, tuple[int, ...]]        # after init.key_map
+    keys: dict[str, str]                      # key in the file -> key after init.key_map
+    stated_flags: dict[str, bool]
+    stated_aux_ids: list[int] | None          # in Hugging Face output_hidden_states indexing
+    defaults_note: list[str] = field(default_factory=list)
+
+
+def read_source(path: Path, key_map: dict[str, str]) -> Source:
+    files = checkpoint_files(path)
+    config = read_config(path)
+    raw = tensor_shapes(files)
+    keys = {key: next((to + key[len(frm):] for frm, to in key_map.items() if key.startswith(frm)), key)
+            for key in raw}
+    shapes = {keys[k]: shape for k, shape in raw.items()}
+    layout = "specforge" if any(k.startswith("midlayer.") for k in raw) else "speculators"
+    stated = {k: bool(config[k]) for k in FLAGS if k in config}
+    if layout == "specforge" and any(k.startswith("fc_norm.") for k in shapes):
+        stated.setdefault("fc_norm", True)  # EAGLE 3.1 drafters carry per-aux norms
+    ids = config.get("eagle_aux_hidden_state_layer_ids") or (config.get("eagle_config") or {}).get(
+        "eagle_aux_hidden_state_layer_ids")
+    if ids is not None and layout == "specforge":
+        ids = [i + 1 for i in ids]  # SpecForge counts layer outputs: output of layer k = hidden_states[k + 1]
+    return Source(path, files, layout, shapes, keys, stated, ids)
+
+
+def is_explicit(overrides: list[str], key: str) -> bool:
+    return any(o.lstrip("+").startswith(f"{key}=") for o in overrides)
+
+
+def resolve_architecture(ctx: InitContext, source: Source) -> tuple[dict[str, bool], list[str]]:
+    """The norm flags to build with, after comparing the run's model config with what the checkpoint says."""
+    layout_defaults = SPECULATORS_FLAGS if source.layout == "speculators" else SPECFORGE_FLAGS
+    checkpoint = {**layout_defaults, **source.stated_flags}
+    notes = [f"{k}={layout_defaults[k]} (the {source.layout} layout's default: the checkpoint does not state it)"
+             for k in FLAGS if k not in source.stated_flags]
+    flags, conflicts = {}, []
+    for k in FLAGS:
+        run_value = ctx.draft.get(k)
+        if run_value is None or run_value == checkpoint[k]:
+            flags[k] = checkpoint[k]
+        elif is_explicit(ctx.overrides, f"model.draft.{k}"):
+            flags[k] = run_value
+            notes.append(f"{k}={run_value} set on the command line; the checkpoint has {checkpoint[k]}")
+        else:
+            conflicts.append(f"model.draft.{k}: the run says {run_value}, the checkpoint {checkpoint[k]}")
+    run_ids = list(ctx.draft["aux_layer_ids"])
+    if source.stated_aux_ids is not None and source.stated_aux_ids != run_ids:
+        if is_explicit(ctx.overrides, "model.draft.aux_layer_ids"):
+            notes.append(f"aux_layer_ids={run_ids} set on the command line; the checkpoint has "
+                         f"{source.stated_aux_ids}")
+        else:
+            conflicts.append(f"model.draft.aux_layer_ids: the run says {run_ids}, the checkpoint "
+                             f"{source.stated_aux_ids} (Hugging Face hidden_states indexing)")
+    if source.stated_aux_ids is None:
+        notes.append(f"aux_layer_ids: the checkpoint does not state them; using the run's {run_ids}")
+    if conflicts:
+        raise CheckpointError(f"{source.path} was trained with another architecture than this run's model config:\n  "
+                              + "\n  ".join(conflicts)
+                              + "\nset the run's values to the checkpoint's, or set them on the command line to "
+                                "override the checkpoint")
+    return flags, notes
+
+
+def plan_load(shapes: dict[str, tuple[int, ...]], model_shapes: dict[str, tuple[int, ...]]) -> dict[str, Any]:
+    """Which checkpoint tensor goes where. Raises with every missing, unexpected and mismatched key."""
+    loaded, skipped, unexpected, mismatched = [], {}, [], []
+    for key, shape in sorted(shapes.items()):
+        if key in SKIPPED:
+            skipped[key] = SKIPPED[key]
+        elif key in ("d2t", "t2d"):
+            continue
+        elif key not in model_shapes:
+            unexpected.append(f"{key} {list(shape)}")
+        elif key == "lm_head.weight" and shape[1:] == model_shapes[key][1:]:
+            continue  # rows are the vocabulary policy's business
+        elif shape != model_shapes[key]:
+            mismatched.append(f"{key}: checkpoint {list(shape)}, model {list(model_shapes[key])}")
+        else:
+            loaded.append(key)
+    missing = [f"{k} {list(s)}" for k, s in sorted(model_shapes.items())
+               if k not in shapes and k not in SKIPPED and k not in ("d2t", "t2d")]
+    return {"loaded": loaded, "skipped": skipped, "missing": missing, "unexpected": unexpected,
+            "mismatched": mismatched}
+
+
+def check_plan(plan: dict[str, Any], source: Source) -> None:
+    problems = [(name, plan[name]) for name in ("missing", "unexpected", "mismatched") if plan[name]]
+    if problems:
+        lines = [f"{name} ({len(items)}):\n    " + "\n    ".join(items) for name, items in problems]
+        raise CheckpointError(f"{source.path} does not fit the run's draft (model.draft):\n  " + "\n  ".join(lines))
+
+
+def check_vocab(ctx: InitContext, source: Source) -> None:
+    policy, draft, shapes = ctx.init["vocab"], ctx.draft, source.shapes
+    if "t2d" in shapes and shapes["t2d"][0] != draft["vocab_size"]:
+        raise CheckpointError(f"{source.path}: the checkpoint's target vocabulary has {shapes['t2d'][0]} tokens "
+                              f"(t2d), the verifier {draft['vocab_size']} (model.draft.vocab_size)")
+    rows = shapes.get("lm_head.weight", (0,))[0]
+    if "d2t" not in shapes and rows != draft["vocab_size"]:
+        raise CheckpointError(f"{source.path}: lm_head has {rows} rows but no d2t/t2d mapping, and the verifier "
+                              f"vocabulary has {draft['vocab_size']} tokens")
+    if policy in ("keep", "rebuild") and rows != draft["draft_vocab_size"]:
+        raise CheckpointError(f"init.vocab={policy} keeps the checkpoint's {rows} lm_head rows, but "
+                              f"model.draft.draft_vocab_size is {draft['draft_vocab_size']}: set it to {rows} "
+                              "(or use init.vocab=remap)")
+
+
+def preflight(ctx: InitContext) -> Source:
+    """Every check that needs no weights, at full size on the meta device: run before any rank starts."""
+    source = read_source(Path(ctx.init["path"]), dict(ctx.init["key_map"]))
+    flags, _ = resolve_architecture(ctx, source)
+    check_vocab(ctx, source)
+    model_shapes = {k: tuple(v.shape) for k, v in meta_draft(ctx.draft, flags).state_dict().items()}
+    check_plan(plan_load(source.shapes, model_shapes), source)
+    return source
+
+
+def target_ids(d2t: torch.Tensor) -> torch.Tensor:
+    """Target token id of each draft slot: i + d2t[i]."""
+    return torch.arange(len(d2t)) + d2t
+
+
+@register("pretrained", preflight=preflight)
+def init_pretrained(ctx: InitContext):
+    from eagle3.data.loader import vocab_mapping
+
+    source = read_source(Path(ctx.init["path"]), dict(ctx.init["key_map"]))
+    flags, notes = resolve_architecture(ctx, source)
+    check_vocab(ctx, source)
+    wanted = {raw for raw, key in source.keys.items() if key not in SKIPPED}  # embed_tokens can be GBs
+    weights = {source.keys[k]: v for k, v in load_tensors(source.files, wanted).items()}
+
+    draft, policy = ctx.draft, ctx.init["vocab"]
+    old_lm_head = weights["lm_head.weight"]
+    old_d2t = weights["d2t"].long() if "d2t" in weights else torch.zeros(old_lm_head.shape[0], dtype=torch.long)
+    old_t2d = weights["t2d"].bool() if "t2d" in weights else torch.ones(draft["vocab_size"], dtype=torch.bool)
+    old_ids = target_ids(old_d2t)
+    if not torch.equal(torch.nonzero(old_t2d).flatten(), old_ids):
+        raise CheckpointError(f"{source.path}: d2t and t2d disagree (t2d's tokens are not i + d2t[i])")
+    data_d2t, data_t2d = vocab_mapping(ctx.data_dir, draft["draft_vocab_size"], draft["vocab_size"])
+    d2t, t2d = (old_d2t, old_t2d) if policy == "keep" else (data_d2t, data_t2d)
+    model = new_draft(draft, flags, ctx.attn_impl, str(ctx.verifier_dir), t2d, d2t)
+
+    model_state = model.state_dict()
+    plan = plan_load(source.shapes, {k: tuple(v.shape) for k, v in model_state.items()})
+    check_plan(plan, source)
+    new_ids = target_ids(d2t)
+    with torch.no_grad():
+        for key in plan["loaded"]:
+            model_state[key].copy_(weights[key].to(model_state[key].dtype))
+        head = model.lm_head.weight  # the verifier's rows of the new vocabulary, as speculators initializes it
+        if policy in ("keep", "rebuild"):
+            head.copy_(old_lm_head.to(head.dtype))
+            copied = head.shape[0]
+        else:
+            position = torch.full((draft["vocab_size"],), -1, dtype=torch.long)
+            position[old_ids] = torch.arange(len(old_ids))
+            source_row = position[new_ids]
+            kept = source_row >= 0
+            head[kept] = old_lm_head[source_row[kept]].to(head.dtype)
+            copied = int(kept.sum())
+    model.lm_head.weight.requires_grad_(bool(ctx.init["train_lm_head"]))
+
+    freq = torch.load(Path(ctx.data_dir) / "token_freq.pt", weights_only=True)
+    total = sum(freq.values()) or 1
+    overlap = set(old_ids.tolist()) & set(target_ids(data_d2t).tolist())
+    report = {
+        "initializer": "pretrained",
+        "path": str(source.path),
+        "layout": source.layout,
+        "files": [str(f) for f in source.files],
+        "keys": {"loaded": plan["loaded"] + ["lm_head.weight"],
+                 "renamed": {k: v for k, v in source.keys.items() if k != v}, "skipped": plan["skipped"]},
+        "renamed_prefixes": dict(ctx.init["key_map"]),
+        "architecture": {"flags": flags, "aux_layer_ids": list(draft["aux_layer_ids"]), "notes": notes},
+        "vocab": {
+            "policy": policy,
+            "draft_vocab_size": len(d2t),
+            # Slots whose offset moved: the seed run's "31,748 of 32,000". It overstates the damage a remap
+            # repairs; the overlap of target ids below is what a remap keeps.
+            "d2t_positional_differences": (int((old_d2t != data_d2t).sum()) if len(old_d2t) == len(data_d2t)
+                                           else None),
+            "target_id_overlap": len(overlap),
+            "data_token_share_covered_by_overlap": sum(freq.get(i, 0) for i in overlap) / total,
+            "data_token_share_covered_by_draft_vocab": sum(freq.get(i, 0) for i in new_ids.tolist()) / total,
+            "lm_head_rows_from_checkpoint": copied,
+            "lm_head_rows_from_verifier": len(d2t) - copied,
+            "lm_head_trainable": bool(ctx.init["train_lm_head"]),
+        },
+    }
+    log_report(report)
+    return model, report
+
+
+def log_report(report: dict[str, Any]) -> None:
+    v, keys = report["vocab"], report["keys"]
+    log.info("init=pretrained from %s (%s layout): %d tensors loaded, %d renamed, %d skipped (%s)", report["path"],
+             report["layout"], len(keys["loaded"]), len(keys["renamed"]), len(keys["skipped"]),
+             ", ".join(keys["skipped"]) or "none")
+    for note in report["architecture"]["notes"]:
+        log.info("  %s", note)
+    log.info("  vocab=%s: d2t differs from this data's mapping at %s of %d slots; %d target ids in common, "
+             "covering %.1f%% of this data's tokens; lm_head rows: %d from the checkpoint, %d from the verifier",
+             v["policy"], v["d2t_positional_differences"], v["draft_vocab_size"], v["target_id_overlap"],
+             100 * v["data_token_share_covered_by_overlap"], v["lm_head_rows_from_checkpoint"],
+             v["lm_head_rows_from_verifier"])
