@@ -35,6 +35,11 @@ class LoggerMode(str, Enum):
     disabled = "disabled"
 
 
+class Strategy(str, Enum):
+    ddp = "ddp"
+    fsdp = "fsdp"
+
+
 @dataclass
 class TinyVerifierConfig:
     """A small Llama built from a seed, used when no verifier path is given."""
@@ -148,11 +153,6 @@ class OptimConfig:
     scheduler: Scheduler = Scheduler.cosine
     grad_accum: int = 1
     checkpoint_every: Optional[int] = None
-
-
-class Strategy(str, Enum):
-    ddp = "ddp"
-    fsdp = "fsdp"
 
 
 @dataclass

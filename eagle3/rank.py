@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 from pathlib import Path
 from typing import Any
 
@@ -25,8 +26,6 @@ log = logging.getLogger(__name__)
 
 
 def worker(cfg: dict[str, Any], verifier_dir: Path, data_dir: Path) -> dict[str, Any] | None:
-    import os
-
     setup_rank_logging(Path(cfg["run"]["dir"]), int(os.environ["RANK"]))
     return run_rank(cfg, verifier_dir, data_dir)
 
@@ -42,8 +41,6 @@ def pick_device(choice: str, local_rank: int) -> torch.device:
 def run_rank(cfg: dict[str, Any], verifier_dir: Path, data_dir: Path) -> dict[str, Any] | None:
     """Trains one draft as `cfg` (the resolved run config) says; rank 0 returns the run summary."""
     quiet_libraries()
-    import os
-
     run_dir = Path(cfg["run"]["dir"])
     device = pick_device(cfg["device"], int(os.environ.get("LOCAL_RANK", 0)))
     dist_cfg = cfg["distributed"]

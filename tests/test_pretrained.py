@@ -222,3 +222,22 @@ def test_lr_outside_the_initializers_range_is_flagged():
     assert outside and "recommends 1e-06 .. 3e-05" in text and "above" in text
     resolved["optim"]["lr"] = 2e-5
     assert not lr_advice(resolved)[1]
+
+
+def test_sharded_checkpoint_loads_like_a_single_file(specforge_export, run_inputs, tmp_path):
+    tensors = load_file(str(specforge_export / "model.safetensors"))
+    keys = sorted(tensors)
+    shards = {"model-00001-of-00002.safetensors": keys[: len(keys) // 2],
+              "model-00002-of-00002.safetensors": keys[len(keys) // 2:]}
+    sharded = tmp_path / "sharded"
+    sharded.mkdir()
+    shutil.copy(specforge_export / "config.json", sharded / "config.json")
+    for name, names in shards.items():
+        save_file({k: tensors[k] for k in names}, str(sharded / name))
+    index = {"metadata": {}, "weight_map": {k: name for name, names in shards.items() for k in names}}
+    (sharded / "model.safetensors.index.json").write_text(json.dumps(index))
+    single, _ = build_draft(context(run_inputs, path=str(specforge_export), vocab="keep"))
+    split, report = build_draft(context(run_inputs, path=str(sharded), vocab="keep"))
+    assert len(report["files"]) == 2
+    for key, value in single.state_dict().items():
+        assert torch.equal(value, split.state_dict()[key]), key
