@@ -56,7 +56,7 @@ def test_offline_wandb_runs_carry_the_sweep_group_config_and_step0(sweep_2x2):
                     tau_by_step[int(items["_step"])] = float(items["val/tau_sim"])
         groups.add(run.run_group)
         assert "${" not in json.dumps(config)
-        assert json.loads(config["optim"])["value"]["lr"] in (1e-3, 3e-3)
+        assert json.loads(config["optim"])["lr"] in (1e-3, 3e-3)
         assert "model:tiny" in tags and "init:scratch" in tags
         assert 0 in tau_by_step and tau_by_step[0] >= 1.0
     assert len(groups) == 1 and sweep_2x2.name in groups.pop()
