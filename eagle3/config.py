@@ -53,6 +53,11 @@ class TinyVerifierConfig:
     init_std: float = 0.02
     logit_scale: float = 40.0
     seed: int = 0
+    # A "next version" of the same model (e.g. K2 -> K2.5): relative noise on every weight, and a share of
+    # the vocabulary whose lm_head rows trade places, so that other tokens become frequent.
+    perturb_std: float = 0.0
+    token_shift: float = 0.0
+    perturb_seed: int = 1
 
 
 @dataclass

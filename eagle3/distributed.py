@@ -89,16 +89,17 @@ def grad_sync(model: torch.nn.Module, world: World, sync: bool):
     return model.no_sync()
 
 
-def reduce_sums(sums: dict[str, float], world: World) -> dict[str, float]:
-    """Sums each value over all ranks (one collective). Every rank must hold the same keys."""
-    if not world.distributed or not sums:
-        return dict(sums)
+def reduce_sums(sums: dict[str, Any], world: World) -> dict[str, float]:
+    """Sums each value (a number or a 0-d tensor) over all ranks, with one collective and one device sync.
+    Every rank must hold the same keys."""
+    if not sums:
+        return {}
     keys = sorted(sums)
-    values = torch.tensor([sums[k] for k in keys], dtype=torch.float64)
-    if dist.get_backend() == "nccl":
-        values = values.cuda()
-    dist.all_reduce(values)
-    return dict(zip(keys, values.cpu().tolist()))
+    device = next((v.device for v in sums.values() if isinstance(v, torch.Tensor)), torch.device("cpu"))
+    values = torch.stack([torch.as_tensor(sums[k], dtype=torch.float64, device=device).reshape(()) for k in keys])
+    if world.distributed:
+        dist.all_reduce(values)
+    return dict(zip(keys, values.tolist()))
 
 
 def barrier(world: World) -> None:

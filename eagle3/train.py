@@ -87,9 +87,7 @@ def train(model: torch.nn.Module, train_loader: DataLoader, val_loader: DataLoad
     log.info("training %s parameters for %d steps (%d per epoch, %d micro-batches each on %d ranks), lr %.2g",
              f"{sum(p.numel() for p in trainable):,}", total_steps, steps_per_epoch, accum, world.size,
              optim_cfg["lr"])
-    bar = tqdm(total=total_steps, initial=progress["step"], desc="train", unit="step", disable=not world.is_main,
-               dynamic_ncols=True)
-    start, window = time.perf_counter() - progress["train_wall_s"], {}
+    steps = StepLog(tracker, world, scheduler, progress, cfg["logger"]["log_every"], total_steps)
     model.train()
     for epoch in range(progress["epoch"], optim_cfg["epochs"]):
         if progress["step"] >= total_steps:
@@ -98,36 +96,22 @@ def train(model: torch.nn.Module, train_loader: DataLoader, val_loader: DataLoad
         micro_batches = iter(train_loader)
         while progress["step_in_epoch"] < steps_per_epoch and progress["step"] < total_steps:
             grad_norm = train_step(model, micro_batches, accum, optimizer, scheduler, trainable, optim_cfg["grad_clip"],
-                                   device, autocast, call_kwargs, world, window)
-            progress["step"] += 1
-            progress["step_in_epoch"] += 1
-            bar.update()
-            step = progress["step"]
-            if step % cfg["logger"]["log_every"] == 0 or step == total_steps:
-                sums = reduce_sums(window, world)
-                tokens = sums.pop("tokens")
-                progress["tokens"] += tokens
-                progress["train_wall_s"] = time.perf_counter() - start
-                row = {"step": step, "split": "train", "epoch": epoch, **summarize(sums),
-                       "lr": scheduler.get_last_lr()[0], "grad_norm": grad_norm,
-                       "tokens_per_s": progress["tokens"] / progress["train_wall_s"]}
-                tracker.log(row)
-                bar.set_postfix(loss=f"{row['loss']:.3f}", acc0=f"{row.get('full_acc_0', 0):.3f}")
-                window = {}
+                                   device, autocast, call_kwargs, world, steps.window)
+            steps.after_step(epoch, grad_norm)
             every = optim_cfg["checkpoint_every"]
-            if every and step % every == 0 and progress["step_in_epoch"] < steps_per_epoch:
+            if every and progress["step"] % every == 0 and progress["step_in_epoch"] < steps_per_epoch:
                 save("last", progress)
         # End of an epoch (or of max_steps): evaluate, then checkpoint.
         progress["final"] = evaluate(progress["step"], epoch + 1)
         model.train()
         if progress["step_in_epoch"] >= steps_per_epoch:
             progress.update(epoch=epoch + 1, step_in_epoch=0)
-        progress["train_wall_s"] = time.perf_counter() - start
+        progress["train_wall_s"] = steps.wall()
         if progress["final"]["tau_sim"] > progress["best"]["tau_sim"]:
             progress["best"] = progress["final"]
             save("best")
         save("last", progress)
-    bar.close()
+    steps.close()
     if total_steps == 0:  # max_steps=0: the probe alone
         save("last", progress)
     wall = progress["train_wall_s"]
@@ -143,24 +127,62 @@ def train(model: torch.nn.Module, train_loader: DataLoader, val_loader: DataLoad
     }
 
 
+class StepLog:
+    """What follows each optimizer step besides checkpoints: the progress bar, and every `log_every` steps a
+    train row (metrics summed over the window and over ranks) in metrics.jsonl and wandb."""
+
+    def __init__(self, tracker: Tracker, world: World, scheduler, progress: dict[str, Any], log_every: int,
+                 total_steps: int):
+        self.tracker, self.world, self.scheduler, self.progress = tracker, world, scheduler, progress
+        self.log_every, self.total_steps = log_every, total_steps
+        self.window: dict[str, Any] = {}
+        self.start = time.perf_counter() - progress["train_wall_s"]
+        self.bar = tqdm(total=total_steps, initial=progress["step"], desc="train", unit="step",
+                        disable=not world.is_main, dynamic_ncols=True)
+
+    def wall(self) -> float:
+        return time.perf_counter() - self.start
+
+    def after_step(self, epoch: int, grad_norm: torch.Tensor) -> None:
+        progress = self.progress
+        progress["step"] += 1
+        progress["step_in_epoch"] += 1
+        self.bar.update()
+        step = progress["step"]
+        if step % self.log_every and step != self.total_steps:
+            return
+        sums = reduce_sums(self.window, self.world)
+        progress["tokens"] += sums.pop("tokens")
+        progress["train_wall_s"] = self.wall()
+        row = {"step": step, "split": "train", "epoch": epoch, **summarize(sums),
+               "lr": self.scheduler.get_last_lr()[0], "grad_norm": float(grad_norm),
+               "tokens_per_s": progress["tokens"] / progress["train_wall_s"]}
+        self.tracker.log(row)
+        self.bar.set_postfix(loss=f"{row['loss']:.3f}", acc0=f"{row.get('full_acc_0', 0):.3f}")
+        self.window = {}
+
+    def close(self) -> None:
+        self.bar.close()
+
+
 def train_step(model, micro_batches, accum: int, optimizer, scheduler, trainable, grad_clip: float,
                device: torch.device, autocast, call_kwargs: dict[str, Any], world: World,
-               window: dict[str, float]) -> float:
-    """One optimizer step over `accum` micro-batches; adds their counted metrics to `window`."""
+               window: dict[str, Any]) -> torch.Tensor:
+    """One optimizer step over `accum` micro-batches; adds their counted metrics to `window`; returns the
+    gradient norm before clipping (a tensor: nothing here waits for the device)."""
     optimizer.zero_grad(set_to_none=True)
     for i in range(accum):
         batch = to_device(next(micro_batches), device)
         with grad_sync(model, world, sync=i == accum - 1), autocast:
             _, loss, metrics = model(**batch, **call_kwargs)
             (loss / accum).backward()
-        accumulate(window, metrics)
-        window["tokens"] = window.get("tokens", 0.0) + float((batch["document_ids"] >= 0).sum())
+        accumulate(window, {**metrics, "tokens": (batch["document_ids"] >= 0).sum()})
     grad_norm = torch.nn.utils.clip_grad_norm_(trainable, grad_clip)
     optimizer.step()
     scheduler.step()
     if hasattr(grad_norm, "full_tensor"):  # FSDP2: a DTensor
         grad_norm = grad_norm.full_tensor()
-    return float(grad_norm)
+    return grad_norm
 
 
 def make_scheduler(optimizer: torch.optim.Optimizer, kind: str, warmup_steps: int,
@@ -177,7 +199,7 @@ def run_validation(model: torch.nn.Module, loader: Iterable, device: torch.devic
                    call_kwargs: dict[str, Any], world: World = World()) -> dict[str, float]:
     """Token-weighted val metrics over the whole val split (all ranks' shards), plus tau_sim."""
     model.eval()
-    sums: dict[str, float] = {}
+    sums: dict[str, Any] = {}
     for batch in loader:
         with autocast:
             _, _, metrics = model(**to_device(batch, device), **call_kwargs)
@@ -189,10 +211,11 @@ def to_device(batch: dict[str, Any], device: torch.device) -> dict[str, torch.Te
     return {k: v.to(device, non_blocking=True) for k, v in batch.items() if isinstance(v, torch.Tensor)}
 
 
-def accumulate(into: dict[str, float], metrics: dict[str, torch.Tensor]) -> None:
-    """Adds speculators' counted metrics (`<name>_sum`, `<name>_total`) into running sums."""
+def accumulate(into: dict[str, Any], metrics: dict[str, torch.Tensor]) -> None:
+    """Adds speculators' counted metrics (`<name>_sum`, `<name>_total`) into running sums. They stay tensors
+    on the device: reading one would wait for the GPU at every step."""
     for k, v in metrics.items():
-        into[k] = into.get(k, 0.0) + float(v)
+        into[k] = into.get(k, 0.0) + v.detach()
 
 
 def summarize(sums: dict[str, float]) -> dict[str, float]:

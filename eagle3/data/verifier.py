@@ -44,4 +44,18 @@ def _build(tiny: dict[str, Any], out_dir: Path) -> None:
     model = LlamaForCausalLM(config)
     with torch.no_grad():
         model.lm_head.weight.mul_(tiny["logit_scale"])
+        derive(model, tiny["perturb_std"], tiny["token_shift"], tiny["perturb_seed"])
     model.save_pretrained(out_dir)
+
+
+def derive(model: torch.nn.Module, perturb_std: float, token_shift: float, seed: int) -> None:
+    """Turns `model` into a related but different one: noise of `perturb_std` times each tensor's std on every
+    weight, and a random `token_shift` share of the lm_head rows rotated among themselves."""
+    gen = torch.Generator().manual_seed(seed)
+    if perturb_std > 0:
+        for param in model.parameters():
+            param.add_(torch.randn(param.shape, generator=gen) * param.std() * perturb_std)
+    rows = int(token_shift * model.lm_head.weight.shape[0])
+    if rows > 1:
+        chosen = torch.randperm(model.lm_head.weight.shape[0], generator=gen)[:rows]
+        model.lm_head.weight[chosen] = model.lm_head.weight[chosen.roll(1)].clone()

@@ -59,12 +59,17 @@ def new_draft(draft: dict[str, Any], flags: dict[str, bool], attn_impl: str, ver
 
 def meta_draft(draft: dict[str, Any], flags: dict[str, bool]):
     """The draft at full size on the meta device: shapes and parameter counts without allocating weights."""
+    return bare_draft(draft, flags, "meta")
+
+
+def bare_draft(draft: dict[str, Any], flags: dict[str, bool], device: str | torch.device, attn_impl: str = "sdpa"):
+    """The draft with no verifier attached: embed_tokens and the heads are left for the caller to fill."""
     from speculators import SpeculatorsConfig, VerifierConfig
     from speculators.models.eagle3 import Eagle3DraftModel, Eagle3SpeculatorConfig
     from speculators.proposals.greedy import GreedyTokenProposalConfig
 
     config = Eagle3SpeculatorConfig(
-        transformer_layer_config=draft_layer_config(draft, "sdpa"),
+        transformer_layer_config=draft_layer_config(draft, attn_impl),
         draft_vocab_size=draft["draft_vocab_size"],
         eagle_aux_hidden_state_layer_ids=list(draft["aux_layer_ids"]),
         speculators_config=SpeculatorsConfig(
@@ -73,5 +78,5 @@ def meta_draft(draft: dict[str, Any], flags: dict[str, bool]):
             verifier=VerifierConfig(name_or_path=None, architectures=["LlamaForCausalLM"])),
         **flags,
     )
-    with torch.device("meta"):
+    with torch.device(device):
         return Eagle3DraftModel(config)

@@ -1,0 +1,110 @@
+"""What the framework costs per training step: this project's step against a bare loop, in one process.
+
+    python bench/overhead.py [--steps 20] [--reps 5] [--warmup 3]
+
+Both loops train the same draft (two copies of one initialization) on the same pre-built batches with the
+same optimizer settings. The bare loop is zero_grad, forward, backward, clip, step. The project's step is what the
+trainer runs (eagle3.train.train_step + StepLog): metric accumulation and reduction, the scheduler, the
+progress bar, and a train row in metrics.jsonl every `logger.log_every` steps; evaluation and checkpoints
+are excluded. The two alternate rep by rep; the ratio printed is the median over reps of project / bare
+within a rep, which cancels slow drift in the machine's speed; the medians of their tokens/s come with it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import statistics
+import tempfile
+import time
+from contextlib import nullcontext
+from pathlib import Path
+
+from common import tiny_run_config
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--steps", type=int, default=20, help="optimizer steps per timed rep")
+    parser.add_argument("--reps", type=int, default=9, help="timed reps of each loop")
+    parser.add_argument("--warmup", type=int, default=3, help="untimed steps of each loop first")
+    args = parser.parse_args()
+
+    import torch
+    from speculators.losses import resolve_loss_config
+
+    from eagle3.console import quiet_libraries
+    from eagle3.data.loader import build_loaders
+    from eagle3.distributed import World
+    from eagle3.init import InitContext, build_draft
+    from eagle3.launch import materialize_inputs
+    from eagle3.track import Tracker
+    from eagle3.train import StepLog, make_scheduler, to_device, train_step
+
+    quiet_libraries()
+    cfg = tiny_run_config()
+    verifier_dir, data_dir = materialize_inputs(cfg)
+    draft, optim = cfg["model"]["draft"], cfg["optim"]
+    loader, _ = build_loaders(data_dir, cfg["data"]["total_seq_len"], draft["hidden_size"], len(draft["aux_layer_ids"]),
+                              cfg["data"]["train_ratio"], 0, torch.float32, cfg["seed"])
+    batches = [to_device(b, torch.device("cpu")) for _, b in zip(range(args.steps), loader)]
+    tokens = sum(int((b["document_ids"] >= 0).sum()) for b in batches)
+    torch.manual_seed(0)
+    model, _ = build_draft(InitContext(draft, cfg["init"], verifier_dir, data_dir, "sdpa", []))
+    kwargs = {"ttt_steps": draft["ttt_steps"], "ttt_step_loss_decay": draft["ttt_step_loss_decay"],
+              "loss_config": resolve_loss_config(draft["loss"], "eager")}
+
+    def optimizer_for(m):
+        params = [p for p in m.parameters() if p.requires_grad]
+        return params, torch.optim.AdamW(params, lr=optim["lr"], betas=tuple(optim["betas"]),
+                                         weight_decay=optim["weight_decay"])
+
+    bare_model, project_model = copy.deepcopy(model), copy.deepcopy(model)
+    bare_params, bare_opt = optimizer_for(bare_model)
+    project_params, project_opt = optimizer_for(project_model)
+    scheduler = make_scheduler(project_opt, optim["scheduler"], 0, 10**9)
+    run_dir = Path(tempfile.mkdtemp(prefix="eagle3-bench-"))
+    tracker = Tracker(run_dir, cfg).__enter__()
+    progress = {"step": 0, "step_in_epoch": 0, "tokens": 0, "train_wall_s": 0.0}
+    log = StepLog(tracker, World(), scheduler, progress, cfg["logger"]["log_every"], 10**9)
+
+    def bare(batch):
+        bare_opt.zero_grad(set_to_none=True)
+        _, loss, _ = bare_model(**batch, **kwargs)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(bare_params, optim["grad_clip"])
+        bare_opt.step()
+
+    def project(batch):
+        grad_norm = train_step(project_model, iter([batch]), 1, project_opt, scheduler, project_params,
+                               optim["grad_clip"], torch.device("cpu"), nullcontext(), kwargs, World(), log.window)
+        log.after_step(0, grad_norm)
+
+    def timed(step_fn) -> float:
+        start = time.perf_counter()
+        for batch in batches:
+            step_fn(batch)
+        return tokens / (time.perf_counter() - start)
+
+    for step_fn in (bare, project):
+        for batch in batches[: args.warmup]:
+            step_fn(batch)
+    rates = {"bare": [], "project": []}
+    for rep in range(args.reps):
+        order = (("bare", bare), ("project", project)) if rep % 2 == 0 else (("project", project), ("bare", bare))
+        for name, step_fn in order:
+            rates[name].append(timed(step_fn))
+    log.close()
+    tracker.__exit__(None, None, None)
+    bare_rate, project_rate = statistics.median(rates["bare"]), statistics.median(rates["project"])
+    # Each rep's two timings are adjacent in time: their ratio cancels the machine's slow drifts.
+    paired = statistics.median(p / b for p, b in zip(rates["project"], rates["bare"]))
+    print(f"batches: {len(batches)} x {cfg['data']['total_seq_len']} tokens ({tokens} real), "
+          f"{args.reps} reps, torch threads {torch.get_num_threads()}")
+    print(f"bare loop      {bare_rate:10.0f} tokens/s   (reps: {', '.join(f'{r:.0f}' for r in rates['bare'])})")
+    print(f"project step   {project_rate:10.0f} tokens/s   (reps: {', '.join(f'{r:.0f}' for r in rates['project'])})")
+    print(f"ratio project / bare: {paired:.3f} (median of per-rep ratios; ratio of medians {project_rate / bare_rate:.3f})")
+
+
+if __name__ == "__main__":
+    main()
