@@ -109,10 +109,23 @@ def rank(runs: list[Run]) -> list[Run]:
     return sorted(runs, key=lambda r: (r.best_tau is None, -(r.best_tau or 0.0)))
 
 
-def table(runs: list[Run]) -> tuple[list[str], list[list[str]]]:
+def steps_to_reach(run: Run, target: float) -> int | None:
+    """The first val step at which `run` reached `target` tau_sim, if it did."""
+    return next((r["step"] for r in run.val_rows if r["tau_sim"] >= target), None)
+
+
+def table(runs: list[Run], baseline: str | None = None) -> tuple[list[str], list[list[str]]]:
     keys = differing_keys(runs)
     header = ["run", "status", *keys, "tau_sim@0", "best tau_sim", "best step", "final tau_sim", "loss@0",
               "final loss"]
+    target = None
+    if baseline is not None:
+        base = next((r for r in runs if r.label == baseline), None)
+        if base is None or base.best_tau is None:
+            raise SystemExit(f"error: --baseline {baseline}: no completed run with that label "
+                             f"(labels: {', '.join(r.label for r in runs)})")
+        target = base.best_tau
+        header.append(f"steps to {baseline}'s best")
     body = []
     for run in rank(runs):
         cells = [run.label, run.status, *(_fmt(run.config.get(k)) for k in keys)]
@@ -122,6 +135,8 @@ def table(runs: list[Run]) -> tuple[list[str], list[list[str]]]:
                       _fmt(s["final"]["tau_sim"]), _fmt(s["step0"]["loss"]), _fmt(s["final"]["loss"])]
         else:
             cells += ["-"] * 6
+        if target is not None:
+            cells.append(_fmt(steps_to_reach(run, target)) if run.val_rows else "-")
         body.append(cells)
     return header, body
 
@@ -188,9 +203,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("paths", nargs="+", type=Path, help="run dirs or sweep dirs")
     parser.add_argument("--format", choices=["plain", "markdown", "csv"], default="plain")
     parser.add_argument("--plot", type=Path, help="write a PNG of the val curves here")
+    parser.add_argument("--baseline", help="a run's label (first column, e.g. '#0'): adds the step at which each "
+                                           "run first reached that run's best tau_sim")
     args = parser.parse_args(argv)
     runs = find_runs(args.paths)
-    sys.stdout.write(render(*table(runs), args.format))
+    sys.stdout.write(render(*table(runs, args.baseline), args.format))
     if args.plot:
         plot(runs, args.plot)
         print(f"plot: {args.plot}", file=sys.stderr)

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from hydra.core.config_store import ConfigStore
-from omegaconf import MISSING
+from omegaconf import MISSING, OmegaConf
 
 
 class ConfigError(ValueError):
@@ -158,6 +158,7 @@ class OptimConfig:
     scheduler: Scheduler = Scheduler.cosine
     grad_accum: int = 1
     checkpoint_every: Optional[int] = None
+    eval_every: Optional[int] = None
 
 
 @dataclass
@@ -196,6 +197,9 @@ class TrainConfig:
 
 
 def register_configs() -> None:
+    # Sweep sub-dir names come from the overrides; `experiment=k2_to_k25/remap` must not nest a directory.
+    if not OmegaConf.has_resolver("dirname_safe"):
+        OmegaConf.register_new_resolver("dirname_safe", lambda s: str(s).replace("/", "-"))
     cs = ConfigStore.instance()
     cs.store(name="base_train", node=TrainConfig)
     cs.store(group="model", name="base_model", node=ModelConfig)
@@ -231,8 +235,8 @@ def validate(cfg: dict[str, Any]) -> None:
              "must be auto, sdpa, eager or simple_flex_attention")
     _require(cfg["device"] in ("auto", "cpu", "cuda"), "device", "must be auto, cpu or cuda")
     _require(optim["grad_accum"] >= 1, "optim.grad_accum", f"must be at least 1, got {optim['grad_accum']}")
-    _require(optim["checkpoint_every"] is None or optim["checkpoint_every"] >= 1, "optim.checkpoint_every",
-             "must be null or >= 1")
+    for key in ("checkpoint_every", "eval_every"):
+        _require(optim[key] is None or optim[key] >= 1, f"optim.{key}", "must be null or >= 1")
     dist = cfg["distributed"]
     _require(dist["nproc_per_node"] >= 1, "distributed.nproc_per_node", "must be >= 1")
     _require(dist["nnodes"] >= 1, "distributed.nnodes", "must be >= 1")

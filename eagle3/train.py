@@ -70,6 +70,13 @@ def train(model: torch.nn.Module, train_loader: DataLoader, val_loader: DataLoad
             save_checkpoint(unwrap(model), state, ckpt_dir / which, trainer_state)
         barrier(world)
 
+    def evaluate_and_keep_best(epoch: int) -> None:
+        progress["final"] = evaluate(progress["step"], epoch)
+        model.train()
+        if progress["final"]["tau_sim"] > progress["best"]["tau_sim"]:
+            progress["best"] = progress["final"]
+            save("best")
+
     if resume_state is None:
         # Step 0: the drafter as initialized, before any update. For a pretrained init this is its probe.
         step0 = evaluate(0, 0)
@@ -98,18 +105,16 @@ def train(model: torch.nn.Module, train_loader: DataLoader, val_loader: DataLoad
             grad_norm = train_step(model, micro_batches, accum, optimizer, scheduler, trainable, optim_cfg["grad_clip"],
                                    device, autocast, call_kwargs, world, steps.window)
             steps.after_step(epoch, grad_norm)
-            every = optim_cfg["checkpoint_every"]
-            if every and progress["step"] % every == 0 and progress["step_in_epoch"] < steps_per_epoch:
+            step, mid_epoch = progress["step"], progress["step_in_epoch"] < steps_per_epoch
+            if optim_cfg["eval_every"] and step % optim_cfg["eval_every"] == 0 and mid_epoch and step < total_steps:
+                evaluate_and_keep_best(epoch)
+            if optim_cfg["checkpoint_every"] and step % optim_cfg["checkpoint_every"] == 0 and mid_epoch:
                 save("last", progress)
         # End of an epoch (or of max_steps): evaluate, then checkpoint.
-        progress["final"] = evaluate(progress["step"], epoch + 1)
-        model.train()
         if progress["step_in_epoch"] >= steps_per_epoch:
             progress.update(epoch=epoch + 1, step_in_epoch=0)
+        evaluate_and_keep_best(epoch + 1)
         progress["train_wall_s"] = steps.wall()
-        if progress["final"]["tau_sim"] > progress["best"]["tau_sim"]:
-            progress["best"] = progress["final"]
-            save("best")
         save("last", progress)
     steps.close()
     if total_steps == 0:  # max_steps=0: the probe alone

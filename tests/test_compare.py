@@ -107,3 +107,19 @@ def test_compare_lists_failed_runs(tmp_path):
     header, body = table(find_runs([tmp_path]))
     assert header[:3] == ["run", "status", "optim.lr"]
     assert [r[:3] for r in body] == [["#0", "completed", "0.001"], ["#1", "failed", "-1"]]
+
+
+def test_steps_to_reach_a_baselines_best(tmp_path):
+    from eagle3.compare import find_runs, table
+
+    for name, taus in {"0_scratch": [1.0, 1.2, 1.3], "1_remap": [1.1, 1.3, 1.4], "2_rebuild": [1.0, 1.05, 1.1]}.items():
+        run = tmp_path / name
+        run.mkdir()
+        (run / "resolved_config.yaml").write_text(f"init:\n  name: {name.split('_')[1]}\n")
+        rows = [{"step": 10 * i, "split": "val", "loss": 1.0, "tau_sim": t} for i, t in enumerate(taus)]
+        (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+        best = max(rows, key=lambda r: r["tau_sim"])
+        (run / "summary.json").write_text(json.dumps({"step0": rows[0], "best": best, "final": rows[-1]}))
+    header, body = table(find_runs([tmp_path]), baseline="#0")
+    assert header[-1] == "steps to #0's best"
+    assert {row[0]: row[-1] for row in body} == {"#1": "10", "#0": "20", "#2": "-"}
