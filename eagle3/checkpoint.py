@@ -33,16 +33,6 @@ def save_checkpoint(model: torch.nn.Module, state_dict: dict[str, torch.Tensor],
     return target
 
 
-def load_weights(model: torch.nn.Module, checkpoint: Path) -> None:
-    """Loads a checkpoint's tensors into an unwrapped model; only the never-saved verifier tensors may be absent."""
-    from safetensors.torch import load_file
-
-    missing, unexpected = model.load_state_dict(load_file(str(checkpoint / "model.safetensors")), strict=False)
-    missing = [k for k in missing if not k.startswith("verifier_")]
-    if missing or unexpected:
-        raise ValueError(f"{checkpoint}: missing {missing}, unexpected {unexpected}")
-
-
 def load_trainer_state(checkpoint: Path) -> dict[str, Any]:
     return torch.load(checkpoint / TRAINER_STATE, map_location="cpu", weights_only=True)
 

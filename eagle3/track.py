@@ -9,13 +9,10 @@ run continues the same wandb run.
 from __future__ import annotations
 
 import json
-import logging
 import os
 import uuid
 from pathlib import Path
 from typing import Any
-
-log = logging.getLogger(__name__)
 
 
 class Tracker:
