@@ -33,6 +33,21 @@ def save_checkpoint(model: torch.nn.Module, state_dict: dict[str, torch.Tensor],
     return target
 
 
+def check_disk(run_dir: Path, model: torch.nn.Module) -> None:
+    """Refuses to start when the run dir's filesystem cannot hold two checkpoints (`last` with its optimizer
+    state, and `best`), so that a long run does not die at its first save."""
+    from eagle3.config import ConfigError
+
+    weights = sum(t.numel() * t.element_size() for t in model.state_dict().values())
+    optimizer = sum(2 * p.numel() * 4 for p in model.parameters() if p.requires_grad)  # AdamW's two fp32 moments
+    needed = 2 * (2 * weights + optimizer)
+    free = shutil.disk_usage(run_dir).free
+    if free < needed:
+        raise ConfigError(f"{run_dir}: {free / 2**30:.2f} GiB free, but the checkpoints of this run need about "
+                          f"{needed / 2**30:.2f} GiB (last with optimizer state, and best, each written beside "
+                          "the previous one before it is replaced); free space or choose another hydra.run.dir")
+
+
 def load_trainer_state(checkpoint: Path) -> dict[str, Any]:
     return torch.load(checkpoint / TRAINER_STATE, map_location="cpu", weights_only=True)
 

@@ -159,6 +159,7 @@ class OptimConfig:
     grad_accum: int = 1
     checkpoint_every: Optional[int] = None
     eval_every: Optional[int] = None
+    max_skipped_steps: int = 10
 
 
 @dataclass
@@ -235,6 +236,7 @@ def validate(cfg: dict[str, Any]) -> None:
              "must be auto, sdpa, eager or simple_flex_attention")
     _require(cfg["device"] in ("auto", "cpu", "cuda"), "device", "must be auto, cpu or cuda")
     _require(optim["grad_accum"] >= 1, "optim.grad_accum", f"must be at least 1, got {optim['grad_accum']}")
+    _require(optim["max_skipped_steps"] >= 1, "optim.max_skipped_steps", "must be at least 1")
     for key in ("checkpoint_every", "eval_every"):
         _require(optim[key] is None or optim[key] >= 1, f"optim.{key}", "must be null or >= 1")
     dist = cfg["distributed"]

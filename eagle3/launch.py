@@ -40,8 +40,8 @@ def launch(cfg: DictConfig) -> float | None:
             preflight(resolved, verifier_dir, data_dir)
         summary = run_job(resolved, verifier_dir, data_dir)
     except Exception as e:
-        if isinstance(e, ConfigError) and not multirun:  # the console says it; the run dir may be another run's
-            raise SystemExit(f"error: {e}") from None
+        if isinstance(e, ConfigError) and not multirun and os.environ.get("HYDRA_FULL_ERROR") != "1":
+            raise SystemExit(f"error: {e}") from None  # the console says it; the run dir may be another run's
         record_failure(run_dir, e, hydra if multirun else None)
         raise
     if summary is None:  # a node other than node 0 of a multi-node job: node 0 writes the results
@@ -118,10 +118,25 @@ def materialize_inputs(cfg: dict[str, Any]) -> tuple[Path, Path]:
     verifier_dir = (Path(verifier["path"]) if verifier["path"] is not None
                     else tiny_verifier_dir(verifier["tiny"], cfg["cache_dir"]))
     if data["path"] is not None:
+        check_dataset(Path(data["path"]))
         return verifier_dir, Path(data["path"])
     data_dir = synthetic_dataset_dir(verifier_dir, data["synth"], cfg["model"]["draft"]["aux_layer_ids"],
                                      cfg["cache_dir"], data["hidden_states_dtype"])
     return verifier_dir, data_dir
+
+
+def check_dataset(path: Path) -> None:
+    """The cheap part of a dataset check, before any rank starts: its rows load and each has its hidden states."""
+    from datasets import load_from_disk
+
+    try:
+        rows = len(load_from_disk(str(path)))
+    except Exception as e:  # noqa: BLE001  (datasets raises several types for a dir it cannot read)
+        raise ConfigError(f"data.path: {path} is not a dataset saved with datasets.save_to_disk ({e})") from None
+    missing = [i for i in range(rows) if not (path / "hidden_states" / f"hs_{i}.safetensors").is_file()]
+    if missing:
+        raise ConfigError(f"data.path: {len(missing)} of {rows} rows have no hidden states, e.g. "
+                          + ", ".join(f"hidden_states/hs_{i}.safetensors" for i in missing[:3]))
 
 
 def preflight(cfg: dict[str, Any], verifier_dir: Path, data_dir: Path) -> None:

@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from eagle3.checkpoint import load_draft, load_trainer_state
+from eagle3.checkpoint import check_disk, load_draft, load_trainer_state
 from eagle3.console import format_result_table, quiet_libraries, setup_rank_logging
 from eagle3.data.loader import build_loaders
 from eagle3.distributed import World, close_world, init_world, wrap_model
@@ -84,6 +84,8 @@ def _train_on(world: World, device: torch.device, cfg: dict[str, Any], run_dir: 
         model, init_report = build_draft(ctx)
         if world.is_main:
             (run_dir / "init_report.json").write_text(json.dumps(init_report, indent=2) + "\n")
+    if world.is_main:
+        check_disk(run_dir, model)
     model = wrap_model(model.to(device), world, device)
 
     resume_step = resume_state["progress"]["step"] if resume_state else None

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import logging
 import math
+import signal
+import threading
 import time
 from collections.abc import Iterable
 from contextlib import nullcontext
@@ -18,6 +20,7 @@ from torch.utils.data import DataLoader
 from tqdm import tqdm
 
 from eagle3.checkpoint import save_checkpoint
+from eagle3.config import ConfigError
 from eagle3.distributed import (World, barrier, full_model_state, full_optimizer_state, grad_sync,
                                 load_optimizer_state, reduce_sums, unwrap)
 from eagle3.track import Tracker
@@ -81,7 +84,7 @@ def train(model: torch.nn.Module, train_loader: DataLoader, val_loader: DataLoad
         # Step 0: the drafter as initialized, before any update. For a pretrained init this is its probe.
         step0 = evaluate(0, 0)
         progress = {"step": 0, "epoch": 0, "step_in_epoch": 0, "tokens": 0, "train_wall_s": 0.0,
-                    "step0": step0, "best": step0, "final": step0}
+                    "skipped_steps": 0, "step0": step0, "best": step0, "final": step0}
         save("best")
     else:
         progress = resume_state["progress"]
@@ -95,6 +98,7 @@ def train(model: torch.nn.Module, train_loader: DataLoader, val_loader: DataLoad
              f"{sum(p.numel() for p in trainable):,}", total_steps, steps_per_epoch, accum, world.size,
              optim_cfg["lr"])
     steps = StepLog(tracker, world, scheduler, progress, cfg["logger"]["log_every"], total_steps)
+    skipped_in_a_row, stop = 0, StopRequest()
     model.train()
     for epoch in range(progress["epoch"], optim_cfg["epochs"]):
         if progress["step"] >= total_steps:
@@ -104,8 +108,19 @@ def train(model: torch.nn.Module, train_loader: DataLoader, val_loader: DataLoad
         while progress["step_in_epoch"] < steps_per_epoch and progress["step"] < total_steps:
             grad_norm = train_step(model, micro_batches, accum, optimizer, scheduler, trainable, optim_cfg["grad_clip"],
                                    device, autocast, call_kwargs, world, steps.window)
+            skipped_in_a_row = skipped_in_a_row + 1 if grad_norm is None else 0
+            progress["skipped_steps"] += grad_norm is None
             steps.after_step(epoch, grad_norm)
             step, mid_epoch = progress["step"], progress["step_in_epoch"] < steps_per_epoch
+            if skipped_in_a_row >= optim_cfg["max_skipped_steps"]:
+                save("last", progress)  # skipped steps changed no weight: this is the last good state
+                raise RunStopped(f"{skipped_in_a_row} optimizer steps in a row had a non-finite loss or gradient "
+                                 f"(steps {step - skipped_in_a_row + 1}..{step}), so the run stopped; "
+                                 f"checkpoints/last holds the weights from before them. Lower optim.lr or check "
+                                 f"the data; optim.max_skipped_steps sets how many are tolerated")
+            if stop.requested(world):
+                save("last", progress)
+                stop.exit(run_dir, step)
             if optim_cfg["eval_every"] and step % optim_cfg["eval_every"] == 0 and mid_epoch and step < total_steps:
                 evaluate_and_keep_best(epoch)
             if optim_cfg["checkpoint_every"] and step % optim_cfg["checkpoint_every"] == 0 and mid_epoch:
@@ -117,6 +132,7 @@ def train(model: torch.nn.Module, train_loader: DataLoader, val_loader: DataLoad
         progress["train_wall_s"] = steps.wall()
         save("last", progress)
     steps.close()
+    stop.restore()
     if total_steps == 0:  # max_steps=0: the probe alone
         save("last", progress)
     wall = progress["train_wall_s"]
@@ -132,6 +148,49 @@ def train(model: torch.nn.Module, train_loader: DataLoader, val_loader: DataLoad
     }
 
 
+class RunStopped(ConfigError):
+    """Training cannot go on as configured; the message says why and what was kept."""
+
+
+class StopRequest:
+    """SIGTERM (preemption) or Ctrl-C: the current step finishes, `last` is saved, the run exits resumably.
+    A second Ctrl-C exits at once."""
+
+    SIGNALS = (signal.SIGTERM, signal.SIGINT)
+
+    def __init__(self) -> None:
+        self.signum: int | None = None
+        self.previous = {}
+        if threading.current_thread() is threading.main_thread():
+            self.previous = {s: signal.signal(s, self._handle) for s in self.SIGNALS}
+
+    def _handle(self, signum: int, frame) -> None:
+        if self.signum is not None and signum == signal.SIGINT:
+            raise KeyboardInterrupt
+        self.signum = signum
+        log.warning("%s received: finishing this step, then saving checkpoints/last (Ctrl-C again exits at once)",
+                    signal.Signals(signum).name)
+
+    def requested(self, world: World) -> bool:
+        """Whether any rank was signalled (a collective when distributed, so all ranks stop at the same step)."""
+        flag = float(self.signum is not None)
+        if world.distributed:
+            flag = reduce_sums({"stop": flag}, world)["stop"]
+        return flag > 0
+
+    def exit(self, run_dir: Path, step: int) -> None:
+        signum = self.signum or signal.SIGTERM
+        self.restore()
+        log.warning("interrupted at step %d; checkpoints/last holds it. Continue with: python launch.py resume=%s",
+                    step, run_dir)
+        raise SystemExit(128 + signum)
+
+    def restore(self) -> None:
+        for s, handler in self.previous.items():
+            signal.signal(s, handler)
+        self.previous = {}
+
+
 class StepLog:
     """What follows each optimizer step besides checkpoints: the progress bar, and every `log_every` steps a
     train row (metrics summed over the window and over ranks) in metrics.jsonl and wandb."""
@@ -140,7 +199,9 @@ class StepLog:
                  total_steps: int):
         self.tracker, self.world, self.scheduler, self.progress = tracker, world, scheduler, progress
         self.log_every, self.total_steps = log_every, total_steps
+        progress.setdefault("skipped_steps", 0)  # also for progress saved before it was counted
         self.window: dict[str, Any] = {}
+        self.grad_norm: torch.Tensor | float = float("nan")
         self.start = time.perf_counter() - progress["train_wall_s"]
         self.bar = tqdm(total=total_steps, initial=progress["step"], desc="train", unit="step",
                         disable=not world.is_main, dynamic_ncols=True)
@@ -148,20 +209,25 @@ class StepLog:
     def wall(self) -> float:
         return time.perf_counter() - self.start
 
-    def after_step(self, epoch: int, grad_norm: torch.Tensor) -> None:
+    def after_step(self, epoch: int, grad_norm: torch.Tensor | None) -> None:
         progress = self.progress
         progress["step"] += 1
+        if grad_norm is not None:
+            self.grad_norm = grad_norm
         progress["step_in_epoch"] += 1
         self.bar.update()
         step = progress["step"]
         if step % self.log_every and step != self.total_steps:
             return
         sums = reduce_sums(self.window, self.world)
+        if not sums:  # every step of the window was skipped
+            return
         progress["tokens"] += sums.pop("tokens")
         progress["train_wall_s"] = self.wall()
         row = {"step": step, "split": "train", "epoch": epoch, **summarize(sums),
-               "lr": self.scheduler.get_last_lr()[0], "grad_norm": float(grad_norm),
-               "tokens_per_s": progress["tokens"] / progress["train_wall_s"]}
+               "lr": self.scheduler.get_last_lr()[0], "grad_norm": float(self.grad_norm),
+               "tokens_per_s": progress["tokens"] / progress["train_wall_s"],
+               "skipped_steps": progress["skipped_steps"]}
         self.tracker.log(row)
         self.bar.set_postfix(loss=f"{row['loss']:.3f}", acc0=f"{row.get('full_acc_0', 0):.3f}")
         self.window = {}
@@ -172,21 +238,30 @@ class StepLog:
 
 def train_step(model, micro_batches, accum: int, optimizer, scheduler, trainable, grad_clip: float,
                device: torch.device, autocast, call_kwargs: dict[str, Any], world: World,
-               window: dict[str, Any]) -> torch.Tensor:
+               window: dict[str, Any]) -> torch.Tensor | None:
     """One optimizer step over `accum` micro-batches; adds their counted metrics to `window`; returns the
-    gradient norm before clipping (a tensor: nothing here waits for the device)."""
+    gradient norm before clipping, or None when the loss or a gradient was not finite and the step was skipped
+    (nothing applied, nothing counted)."""
     optimizer.zero_grad(set_to_none=True)
+    step_metrics: dict[str, Any] = {}
     for i in range(accum):
         batch = to_device(next(micro_batches), device)
         with grad_sync(model, world, sync=i == accum - 1), autocast:
             _, loss, metrics = model(**batch, **call_kwargs)
             (loss / accum).backward()
-        accumulate(window, {**metrics, "tokens": (batch["document_ids"] >= 0).sum()})
+        accumulate(step_metrics, {**metrics, "tokens": (batch["document_ids"] >= 0).sum()})
     grad_norm = torch.nn.utils.clip_grad_norm_(trainable, grad_clip)
-    optimizer.step()
-    scheduler.step()
     if hasattr(grad_norm, "full_tensor"):  # FSDP2: a DTensor
         grad_norm = grad_norm.full_tensor()
+    # The one read of a device value per step: a NaN loss gives a NaN norm, and AdamW would spread it to every
+    # weight. The norm is already reduced across ranks, so all ranks decide alike.
+    if not torch.isfinite(grad_norm):
+        optimizer.zero_grad(set_to_none=True)
+        return None
+    optimizer.step()
+    scheduler.step()
+    for k, v in step_metrics.items():
+        window[k] = window.get(k, 0.0) + v
     return grad_norm
 
 
