@@ -260,8 +260,7 @@ def train_step(model, micro_batches, accum: int, optimizer, scheduler, trainable
         return None
     optimizer.step()
     scheduler.step()
-    for k, v in step_metrics.items():
-        window[k] = window.get(k, 0.0) + v
+    accumulate(window, step_metrics)
     return grad_norm
 
 
