@@ -35,6 +35,11 @@ class LoggerMode(str, Enum):
     disabled = "disabled"
 
 
+class BadSamplePolicy(str, Enum):
+    error = "error"
+    skip = "skip"
+
+
 class Strategy(str, Enum):
     ddp = "ddp"
     fsdp = "fsdp"
@@ -122,6 +127,7 @@ class DataConfig:
     train_ratio: float = 0.9
     num_workers: int = 0
     hidden_states_dtype: str = "bfloat16"
+    on_bad_sample: BadSamplePolicy = BadSamplePolicy.error
 
 
 class VocabPolicy(str, Enum):

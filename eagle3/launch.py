@@ -36,9 +36,10 @@ def launch(cfg: DictConfig) -> float | None:
     try:
         resolved = load_for_resume(run_dir, hydra) if cfg.resume else fresh_run(cfg, hydra, run_dir)
         verifier_dir, data_dir = materialize_inputs(resolved)
+        rows = check_data(resolved, verifier_dir, data_dir)
         if not cfg.resume:
             preflight(resolved, verifier_dir, data_dir)
-        summary = run_job(resolved, verifier_dir, data_dir)
+        summary = run_job(resolved, verifier_dir, data_dir, rows)
     except Exception as e:
         if isinstance(e, ConfigError) and not multirun and os.environ.get("HYDRA_FULL_ERROR") != "1":
             raise SystemExit(f"error: {e}") from None  # the console says it; the run dir may be another run's
@@ -118,25 +119,36 @@ def materialize_inputs(cfg: dict[str, Any]) -> tuple[Path, Path]:
     verifier_dir = (Path(verifier["path"]) if verifier["path"] is not None
                     else tiny_verifier_dir(verifier["tiny"], cfg["cache_dir"]))
     if data["path"] is not None:
-        check_dataset(Path(data["path"]))
         return verifier_dir, Path(data["path"])
     data_dir = synthetic_dataset_dir(verifier_dir, data["synth"], cfg["model"]["draft"]["aux_layer_ids"],
                                      cfg["cache_dir"], data["hidden_states_dtype"])
     return verifier_dir, data_dir
 
 
-def check_dataset(path: Path) -> None:
-    """The cheap part of a dataset check, before any rank starts: its rows load and each has its hidden states."""
-    from datasets import load_from_disk
+def check_data(cfg: dict[str, Any], verifier_dir: Path, data_dir: Path) -> list[int] | None:
+    """The start-up data check, once before any rank starts: the data's record against the model config, then
+    every row's hidden-state file header and token ids (eagle3.data.check's quick part). Returns the rows to
+    train on when bad ones are skipped, None for all; writes `data_check.json` into a fresh run dir."""
+    from eagle3.data.check import check_dataset
+    from eagle3.data.record import check_record
+    from eagle3.data.vocab import vocab_mapping
 
-    try:
-        rows = len(load_from_disk(str(path)))
-    except Exception as e:  # noqa: BLE001  (datasets raises several types for a dir it cannot read)
-        raise ConfigError(f"data.path: {path} is not a dataset saved with datasets.save_to_disk ({e})") from None
-    missing = [i for i in range(rows) if not (path / "hidden_states" / f"hs_{i}.safetensors").is_file()]
-    if missing:
-        raise ConfigError(f"data.path: {len(missing)} of {rows} rows have no hidden states, e.g. "
-                          + ", ".join(f"hidden_states/hs_{i}.safetensors" for i in missing[:3]))
+    draft, data = cfg["model"]["draft"], cfg["data"]
+    check_record(data_dir, verifier_dir, draft)
+    report = check_dataset(data_dir, num_slots=len(draft["aux_layer_ids"]) + 1, hidden_size=draft["hidden_size"],
+                           vocab_size=draft["vocab_size"])
+    run_dir = Path(cfg["run"]["dir"])
+    if not cfg["resume"] and cfg["distributed"]["node_rank"] == 0:
+        (run_dir / "data_check.json").write_text(json.dumps({**report.as_dict(), "policy": data["on_bad_sample"],
+                                                             "skipped_rows": sorted(report.bad)}, indent=2) + "\n")
+    if report.bad and data["on_bad_sample"] == "error":
+        raise ConfigError(f"{report.summary()}\ndata.on_bad_sample=skip trains without them (counted in "
+                          f"data_check.json); python -m eagle3.data.check {data_dir} checks everything, NaN included")
+    if report.bad:
+        log.warning("%s\nskipping them (data.on_bad_sample=skip)", report.summary())
+    # Built once here, so that ranks only read the cached d2t/t2d files.
+    vocab_mapping(data_dir, draft["draft_vocab_size"], draft["vocab_size"])
+    return report.good_rows if report.bad else None
 
 
 def preflight(cfg: dict[str, Any], verifier_dir: Path, data_dir: Path) -> None:
@@ -147,13 +159,14 @@ def preflight(cfg: dict[str, Any], verifier_dir: Path, data_dir: Path) -> None:
                                 data_dir=data_dir, attn_impl="sdpa", overrides=cfg["run"]["overrides"]))
 
 
-def run_job(cfg: dict[str, Any], verifier_dir: Path, data_dir: Path) -> dict[str, Any] | None:
+def run_job(cfg: dict[str, Any], verifier_dir: Path, data_dir: Path,
+            rows: list[int] | None = None) -> dict[str, Any] | None:
     """In this process for one rank; otherwise rank processes from torch's elastic launcher (torchrun's engine)."""
     dist = cfg["distributed"]
     if dist["nproc_per_node"] * dist["nnodes"] == 1:
         from eagle3.rank import run_rank
 
-        return run_rank(cfg, verifier_dir, data_dir)
+        return run_rank(cfg, verifier_dir, data_dir, rows)
 
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
@@ -169,7 +182,7 @@ def run_job(cfg: dict[str, Any], verifier_dir: Path, data_dir: Path) -> dict[str
                                  nproc_per_node=dist["nproc_per_node"], max_restarts=dist["max_restarts"],
                                  start_method="spawn", **rdzv)
     os.environ.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // dist["nproc_per_node"])))
-    results = elastic_launch(launch_config, worker)(cfg, verifier_dir, data_dir)
+    results = elastic_launch(launch_config, worker)(cfg, verifier_dir, data_dir, rows)
     return results.get(0)
 
 

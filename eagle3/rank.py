@@ -25,9 +25,10 @@ from eagle3.train import train
 log = logging.getLogger(__name__)
 
 
-def worker(cfg: dict[str, Any], verifier_dir: Path, data_dir: Path) -> dict[str, Any] | None:
+def worker(cfg: dict[str, Any], verifier_dir: Path, data_dir: Path,
+           rows: list[int] | None = None) -> dict[str, Any] | None:
     setup_rank_logging(Path(cfg["run"]["dir"]), int(os.environ["RANK"]))
-    return run_rank(cfg, verifier_dir, data_dir)
+    return run_rank(cfg, verifier_dir, data_dir, rows)
 
 
 def pick_device(choice: str, local_rank: int) -> torch.device:
@@ -38,21 +39,23 @@ def pick_device(choice: str, local_rank: int) -> torch.device:
     return torch.device("cuda", local_rank)
 
 
-def run_rank(cfg: dict[str, Any], verifier_dir: Path, data_dir: Path) -> dict[str, Any] | None:
-    """Trains one draft as `cfg` (the resolved run config) says; rank 0 returns the run summary."""
+def run_rank(cfg: dict[str, Any], verifier_dir: Path, data_dir: Path,
+             rows: list[int] | None = None) -> dict[str, Any] | None:
+    """Trains one draft as `cfg` (the resolved run config) says, on `rows` of the data (None: all of them);
+    rank 0 returns the run summary."""
     quiet_libraries()
     run_dir = Path(cfg["run"]["dir"])
     device = pick_device(cfg["device"], int(os.environ.get("LOCAL_RANK", 0)))
     dist_cfg = cfg["distributed"]
     world = init_world(dist_cfg["strategy"], dist_cfg["backend"], device.type)
     try:
-        return _train_on(world, device, cfg, run_dir, verifier_dir, data_dir)
+        return _train_on(world, device, cfg, run_dir, verifier_dir, data_dir, rows)
     finally:
         close_world(world)
 
 
 def _train_on(world: World, device: torch.device, cfg: dict[str, Any], run_dir: Path, verifier_dir: Path,
-              data_dir: Path) -> dict[str, Any] | None:
+              data_dir: Path, rows: list[int] | None) -> dict[str, Any] | None:
     torch.manual_seed(cfg["seed"])
     draft = cfg["model"]["draft"]
     attn_impl = draft["attn_impl"]
@@ -72,6 +75,7 @@ def _train_on(world: World, device: torch.device, cfg: dict[str, Any], run_dir: 
         world_size=world.size,
         rank=world.rank,
         grad_accum=cfg["optim"]["grad_accum"],
+        rows=rows,
     )
     last = run_dir / "checkpoints" / "last"
     resume_state = None

@@ -37,7 +37,8 @@ def test_hidden_states_are_the_configured_layers(tmp_path):
     model = load_causal_lm(tiny_verifier_dir(TINY, str(tmp_path)))
     rows = [([1, 2, 3, 4, 5, 6, 7], [0, 0, 1, 1, 1, 1, 1]), ([9, 8, 7], [0, 1, 1])]  # uneven: padding must not leak
     out = tmp_path / "data"
-    write_dataset(model, rows, out, aux_layer_ids=[1, 2, 3], batch_size=2, dtype=torch.float32)
+    write_dataset(model, tiny_verifier_dir(TINY, str(tmp_path)), rows, out, aux_layer_ids=[1, 2, 3], batch_tokens=14,
+                  dtype=torch.float32)
     for i, (ids, _) in enumerate(rows):
         saved = load_file(str(out / "hidden_states" / f"hs_{i}.safetensors"))
         assert saved["token_ids"].tolist() == ids

@@ -51,7 +51,8 @@ class ShardedBatchSampler(Sampler):
 
 def build_loaders(data_dir: str | Path, total_seq_len: int, hidden_size: int, num_aux_layers: int,
                   train_ratio: float, num_workers: int, hidden_states_dtype: torch.dtype, seed: int,
-                  world_size: int = 1, rank: int = 0, grad_accum: int = 1) -> tuple[DataLoader, DataLoader]:
+                  world_size: int = 1, rank: int = 0, grad_accum: int = 1,
+                  rows: list[int] | None = None) -> tuple[DataLoader, DataLoader]:
     """Train and val loaders of packed, EAGLE-3-shifted micro-batches `[1, total_seq_len, ...]` for this rank."""
     from speculators.models.eagle3.data import shift_batch
     from speculators.train.data import ArrowDataset, CollateFn
@@ -60,6 +61,8 @@ def build_loaders(data_dir: str | Path, total_seq_len: int, hidden_size: int, nu
         # Offline data only: a missing hidden-state file is an error, never a request to a vLLM server.
         dataset = ArrowDataset(max_len=total_seq_len, datapath=str(data_dir), on_missing="raise",
                                train_ratio=train_ratio, split=split, hidden_states_dtype=hidden_states_dtype)
+        if rows is not None:
+            dataset = _Rows(dataset, rows)
         sampler = ShardedBatchSampler(dataset.approx_lengths, total_seq_len, world_size, rank, grad_accum,
                                       sampler_seed)
         workers = num_workers > 0
@@ -79,9 +82,16 @@ def build_loaders(data_dir: str | Path, total_seq_len: int, hidden_size: int, nu
     return loader("train", seed), loader("val", 0)
 
 
-def vocab_mapping(data_dir: Path, draft_vocab_size: int, target_vocab_size: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """(d2t, t2d) from the data's token frequencies: the draft vocabulary is the most frequent loss tokens."""
-    from speculators.train.vocab_mapping import build_vocab_mappings_from_distribution
+class _Rows(torch.utils.data.Dataset):
+    """The listed full-dataset rows of one split of an ArrowDataset."""
 
-    freq = torch.load(Path(data_dir) / "token_freq.pt", weights_only=True)
-    return build_vocab_mappings_from_distribution(freq, draft_vocab_size, target_vocab_size)
+    def __init__(self, dataset, rows: list[int]):
+        start, stop = dataset.start_file_idx, dataset.start_file_idx + len(dataset)
+        self.dataset, self.keep = dataset, [r - start for r in rows if start <= r < stop]
+        self.approx_lengths = [dataset.approx_lengths[i] for i in self.keep]
+
+    def __len__(self) -> int:
+        return len(self.keep)
+
+    def __getitem__(self, index: int):
+        return self.dataset[self.keep[index]]

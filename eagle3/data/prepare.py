@@ -1,17 +1,21 @@
 """Prepare EAGLE-3 training data from a local Hugging Face causal LM, in speculators' on-disk format.
 
+    python -m eagle3.data.prepare --model /models/verifier --data rows.jsonl --out /data/ds [--aux-layer-ids 2 16 29]
+
     <out>/data-*.arrow + dataset_info.json + state.json    rows: input_ids, loss_mask, seq_len (torch format)
     <out>/hidden_states/hs_<i>.safetensors                  hidden_states [seq, n_aux + 1, H], token_ids [seq]
     <out>/token_freq.pt                                     {token_id: count} over loss-masked tokens
 
 The aux slots are Hugging Face `output_hidden_states[i]` (the residual stream entering decoder layer i,
 which is what vLLM's extract_hidden_states captures); the last slot is the final layer's output before
-the final norm, because speculators applies the verifier's norm itself.
+the final norm, because speculators applies the verifier's norm itself. `<out>/eagle3_data.json` records
+which verifier, aux layers and hidden size the hidden states hold (eagle3/data/record.py).
 """
 
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -19,17 +23,18 @@ from typing import Any
 import torch
 from tqdm import tqdm
 
+from eagle3.config import ConfigError
 from eagle3.data.cache import build_once, cache_key
+from eagle3.data.record import read_record, verifier_fingerprint, write_record
+from eagle3.data.rows import Row
 
 log = logging.getLogger(__name__)
 
-Row = tuple[list[int], list[int]]  # (input_ids, loss_mask)
 
-
-def load_causal_lm(model_dir: str | Path, device: str = "cpu") -> torch.nn.Module:
+def load_causal_lm(model_dir: str | Path, device: str = "cpu", dtype: torch.dtype = torch.float32) -> torch.nn.Module:
     from transformers import AutoModelForCausalLM
 
-    model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32)
+    model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=dtype)
     return model.to(device).eval()
 
 
@@ -61,49 +66,150 @@ def _sample(model: torch.nn.Module, prompt: torch.Tensor, new_tokens: int, tempe
     return torch.cat(tokens, dim=1)
 
 
-@torch.no_grad()
-def write_dataset(model: torch.nn.Module, rows: Sequence[Row], out_dir: Path, aux_layer_ids: Sequence[int],
-                  batch_size: int = 16, dtype: torch.dtype = torch.bfloat16) -> None:
-    """Runs `model` over `rows` and writes them with their hidden states in speculators' format."""
-    from datasets import Dataset
-    from safetensors.torch import save_file
-    from speculators.train.vocab_mapping import save_token_frequency_distribution
-
+def write_dataset(model: torch.nn.Module, verifier_dir: Path, rows: Sequence[Row], out_dir: Path,
+                  aux_layer_ids: Sequence[int], batch_tokens: int = 8192, dtype: torch.dtype = torch.bfloat16,
+                  notes: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Writes `rows` with `model`'s hidden states into `out_dir` in speculators' format, with the record of what
+    they hold; returns the record. Resumable: a dir holding the same preparation keeps its valid hidden-state
+    files and gets only the missing ones; a dir holding anything else is refused, nothing overwritten."""
     num_layers = model.config.num_hidden_layers
     bad = [i for i in aux_layer_ids if not 0 <= i < num_layers]
     if bad:
-        raise ValueError(f"aux layer ids {bad} are outside the verifier's {num_layers} layers")
-    hs_dir = out_dir / "hidden_states"
-    hs_dir.mkdir(parents=True, exist_ok=True)
-    pre_norm: list[torch.Tensor] = []
-    hook = model.model.norm.register_forward_pre_hook(lambda _m, args: pre_norm.append(args[0]))
-    device = next(model.parameters()).device
+        raise ConfigError(f"aux layer ids {bad} are outside the verifier's {num_layers} layers "
+                          f"(Hugging Face output_hidden_states indexing: 0 is the embeddings)")
+    record = {
+        "format": 1,
+        "verifier": verifier_fingerprint(verifier_dir),
+        "aux_layer_ids": list(aux_layer_ids),
+        "last_slot": "output of the final decoder layer, before the final norm",
+        "hidden_size": model.config.hidden_size,
+        "dtype": str(dtype).removeprefix("torch."),
+        "rows": len(rows),
+        "rows_sha256": cache_key([list(r) for r in rows]),
+        **(notes or {}),
+    }
+    _claim(out_dir, record)
+    if not _rows_saved(out_dir, len(rows)):
+        _save_rows(rows, out_dir)
+    written = write_hidden_states(model, rows, out_dir / "hidden_states", aux_layer_ids, batch_tokens, dtype)
+    record.update(complete=True, hidden_state_files_written=written)
+    write_record(out_dir, record)
+    return record
+
+
+IDENTITY = ("format", "aux_layer_ids", "hidden_size", "dtype", "rows", "rows_sha256")
+
+
+def _claim(out_dir: Path, record: dict[str, Any]) -> None:
+    """Marks `out_dir` as this preparation's (incomplete until the end), unless it holds something else."""
+    existing = read_record(out_dir) if out_dir.is_dir() else None
+    if existing is not None:
+        differs = [k for k in IDENTITY if existing.get(k) != record[k]]
+        if existing["verifier"]["config_hash"] != record["verifier"]["config_hash"]:
+            differs.insert(0, "verifier")
+        if differs:
+            raise ConfigError(f"{out_dir} holds another preparation (its {', '.join(differs)} differ from this "
+                              f"one's); nothing was overwritten: choose another output dir")
+        log.info("%s holds this preparation%s: resuming", out_dir, "" if existing.get("complete") else ", unfinished")
+    elif out_dir.is_dir() and any(out_dir.iterdir()):
+        raise ConfigError(f"{out_dir} is not empty and was not written by python -m eagle3.data.prepare; nothing "
+                          f"was overwritten: choose another output dir")
+    out_dir.mkdir(parents=True, exist_ok=True)
+    write_record(out_dir, {**record, "complete": False})
+
+
+def _rows_saved(out_dir: Path, count: int) -> bool:
+    from datasets import load_from_disk
+
     try:
-        for start in tqdm(range(0, len(rows), batch_size), desc="verifier hidden states", unit="batch", leave=False):
-            chunk = rows[start:start + batch_size]
-            lengths = [len(ids) for ids, _ in chunk]
-            width = max(lengths)
-            ids = torch.zeros(len(chunk), width, dtype=torch.long)
-            attn = torch.zeros(len(chunk), width, dtype=torch.long)
-            for b, (seq, _) in enumerate(chunk):  # right padding: causal attention keeps real positions exact
-                ids[b, :len(seq)] = torch.tensor(seq)
-                attn[b, :len(seq)] = 1
-            pre_norm.clear()
-            out = model(input_ids=ids.to(device), attention_mask=attn.to(device), output_hidden_states=True)
-            layers = [out.hidden_states[i] for i in aux_layer_ids] + [pre_norm[-1]]
-            stacked = torch.stack(layers, dim=2).to("cpu", dtype)  # [B, T, n_aux + 1, H]
-            for b, n in enumerate(lengths):
-                save_file({"hidden_states": stacked[b, :n].contiguous(), "token_ids": ids[b, :n].clone()},
-                          str(hs_dir / f"hs_{start + b}.safetensors"))
-    finally:
-        hook.remove()
+        return len(load_from_disk(str(out_dir))) == count and (out_dir / "token_freq.pt").is_file()
+    except Exception:  # noqa: BLE001  (not there yet, or half written by an interrupted run)
+        return False
+
+
+def _save_rows(rows: Sequence[Row], out_dir: Path) -> None:
+    from datasets import Dataset
+    from speculators.train.vocab_mapping import save_token_frequency_distribution
+
     dataset = Dataset.from_dict({
         "input_ids": [ids for ids, _ in rows],
         "loss_mask": [mask for _, mask in rows],
         "seq_len": [len(ids) for ids, _ in rows],
     }).with_format("torch")
     dataset.save_to_disk(str(out_dir))
+    (out_dir / "token_freq.pt").unlink(missing_ok=True)  # speculators keeps an existing one
     save_token_frequency_distribution(dataset, str(out_dir / "token_freq.pt"))
+
+
+def batch_plan(lengths: Sequence[int], batch_tokens: int) -> list[list[int]]:
+    """Row indices grouped into forward batches of at most `batch_tokens` padded tokens, longest rows first.
+    It depends only on the lengths, so a resumed preparation recomputes each row in the same batch as the
+    first attempt did, and its files come out bit-identical."""
+    order = sorted(range(len(lengths)), key=lambda i: (-lengths[i], i))
+    batches: list[list[int]] = []
+    for i in order:
+        if batches and (len(batches[-1]) + 1) * lengths[batches[-1][0]] <= batch_tokens:
+            batches[-1].append(i)
+        else:
+            batches.append([i])
+    return batches
+
+
+@torch.no_grad()
+def write_hidden_states(model: torch.nn.Module, rows: Sequence[Row], hs_dir: Path, aux_layer_ids: Sequence[int],
+                        batch_tokens: int, dtype: torch.dtype) -> int:
+    """`hs_<i>.safetensors` for every row whose file is missing or unusable; returns how many were written."""
+    import numpy as np
+    from safetensors.torch import save_file
+
+    from eagle3.data.check import hidden_state_problem
+
+    hs_dir.mkdir(parents=True, exist_ok=True)
+    slots, hidden, dtype_name = len(aux_layer_ids) + 1, model.config.hidden_size, str(dtype).removeprefix("torch.")
+    todo = {i for i, (ids, _) in enumerate(tqdm(rows, desc="checking existing hidden states", unit="row",
+                                                leave=False, mininterval=1.0))
+            if hidden_state_problem(hs_dir / f"hs_{i}.safetensors", np.asarray(ids, dtype=np.int64), slots,
+                                    hidden, dtype_name)}
+    batches = [b for b in batch_plan([len(ids) for ids, _ in rows], batch_tokens) if todo.intersection(b)]
+    if len(todo) < len(rows):
+        log.info("%d of %d hidden-state files are already there and valid: kept", len(rows) - len(todo), len(rows))
+    final_norm = _final_norm(model)
+    pre_norm: list[torch.Tensor] = []
+    hook = final_norm.register_forward_pre_hook(lambda _m, args: pre_norm.append(args[0]))
+    device = next(model.parameters()).device
+    try:
+        with tqdm(total=len(todo), desc="verifier hidden states", unit="row", dynamic_ncols=True) as bar:
+            for batch in batches:
+                lengths = [len(rows[i][0]) for i in batch]
+                ids = torch.zeros(len(batch), max(lengths), dtype=torch.long)
+                attn = torch.zeros_like(ids)
+                for b, i in enumerate(batch):  # right padding: causal attention keeps real positions exact
+                    ids[b, :lengths[b]] = torch.tensor(rows[i][0])
+                    attn[b, :lengths[b]] = 1
+                pre_norm.clear()
+                out = model(input_ids=ids.to(device), attention_mask=attn.to(device), output_hidden_states=True)
+                layers = [out.hidden_states[i] for i in aux_layer_ids] + [pre_norm[-1]]
+                stacked = torch.stack(layers, dim=2).to("cpu", dtype)  # [B, T, n_aux + 1, H]
+                for b, i in enumerate(batch):
+                    if i in todo:
+                        file = hs_dir / f"hs_{i}.safetensors"
+                        tmp = file.with_name(f".{file.name}.tmp")  # renamed into place: never half a file
+                        save_file({"hidden_states": stacked[b, :lengths[b]].contiguous(),
+                                   "token_ids": ids[b, :lengths[b]].clone()}, str(tmp))
+                        os.replace(tmp, file)
+                        bar.update()
+    finally:
+        hook.remove()
+    return len(todo)
+
+
+def _final_norm(model: torch.nn.Module) -> torch.nn.Module:
+    decoder = model.get_decoder() if hasattr(model, "get_decoder") else None
+    norm = getattr(decoder, "norm", None)
+    if norm is None:
+        raise ConfigError(f"{type(model).__name__}: no final norm found at model.get_decoder().norm, so the last "
+                          f"layer's pre-norm output cannot be captured (Llama-style decoders have one)")
+    return norm
 
 
 def synthetic_dataset_dir(verifier_dir: Path, synth: dict[str, Any], aux_layer_ids: Sequence[int],
@@ -115,6 +221,88 @@ def synthetic_dataset_dir(verifier_dir: Path, synth: dict[str, Any], aux_layer_i
     def build(tmp: Path) -> None:
         model = load_causal_lm(verifier_dir)
         rows = sample_rows(model, synth)
-        write_dataset(model, rows, tmp, aux_layer_ids, batch_size=synth["batch_size"], dtype=getattr(torch, dtype))
+        write_dataset(model, verifier_dir, rows, tmp, aux_layer_ids, dtype=getattr(torch, dtype),
+                      batch_tokens=synth["batch_size"] * (synth["prompt_len"] + synth["response_len"]))
 
     return build_once(target, build, what="synthetic dataset")
+
+
+def default_aux_layer_ids(num_layers: int) -> list[int]:
+    """EAGLE-3's choice, low, middle and high: [2, N//2, N-3] in output_hidden_states indexing (SpecForge counts
+    layer outputs and writes [1, N//2-1, N-4] for the same layers)."""
+    ids = [2, num_layers // 2, num_layers - 3]
+    if len(set(ids)) < 3 or min(ids) < 1:
+        raise ConfigError(f"the verifier has {num_layers} layers, too few for the default aux layers "
+                          f"[2, N//2, N-3] = {ids}: give --aux-layer-ids")
+    return ids
+
+
+def main(argv: list[str] | None = None) -> int:
+    import argparse
+    import sys
+
+    parser = argparse.ArgumentParser(prog="python -m eagle3.data.prepare",
+                                     description="Runs a local Hugging Face causal LM over a JSONL of rows and writes "
+                                                 "them with its hidden states in speculators' format.")
+    parser.add_argument("--model", type=Path, required=True, help="local Hugging Face causal-LM dir (the verifier)")
+    parser.add_argument("--data", type=Path, required=True,
+                        help='JSONL: {"input_ids": [...], "loss_mask": [...]} or {"messages": [...]} per line '
+                             "(messages use the model dir's tokenizer and chat template; assistant turns are trained)")
+    parser.add_argument("--out", type=Path, required=True, help="output dataset dir (resumed if it holds this preparation)")
+    parser.add_argument("--aux-layer-ids", type=int, nargs="+",
+                        help="verifier layers fed to the draft, output_hidden_states indexing (default [2, N//2, N-3])")
+    parser.add_argument("--max-len", type=int, default=8192, help="tokens per row; longer rows are truncated and counted")
+    parser.add_argument("--batch-tokens", type=int, default=16384, help="padded tokens per verifier forward")
+    parser.add_argument("--device", default="auto", choices=["auto", "cuda", "cpu"])
+    parser.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"],
+                        help="dtype the hidden states are stored in")
+    parser.add_argument("--on-bad-sample", default="error", choices=["error", "skip"],
+                        help="a row that cannot be used: stop with its line number, or leave it out and count it")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    try:
+        prepare(args)
+    except ConfigError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def prepare(args) -> dict[str, Any]:
+    from eagle3.console import quiet_libraries
+    from eagle3.data.rows import BadSamples, ChatTokenizer, read_rows
+
+    quiet_libraries()
+    if not (args.model / "config.json").is_file():
+        raise ConfigError(f"--model {args.model}: not a Hugging Face model dir (no config.json)")
+    verifier = verifier_fingerprint(args.model)
+    aux = args.aux_layer_ids or default_aux_layer_ids(verifier["num_hidden_layers"])
+    if args.max_len < 2 or args.batch_tokens < 1:
+        raise ConfigError("--max-len must be at least 2 and --batch-tokens at least 1")
+    chat: list[ChatTokenizer] = []  # built on the first messages row: input_ids data needs no tokenizer
+
+    def tokenize_chat(messages):
+        chat or chat.append(ChatTokenizer(args.model))
+        return chat[0](messages)
+
+    bad = BadSamples(args.on_bad_sample)
+    rows = read_rows(args.data, args.max_len, verifier["vocab_size"], bad, tokenize_chat)
+    log.info("%s: %d rows (%d truncated to %d tokens, %d skipped%s)", args.data, len(rows), bad.truncated,
+             args.max_len, sum(bad.skipped.values()), f": {dict(bad.skipped)}" if bad.skipped else "")
+    device = "cuda" if args.device == "auto" and torch.cuda.is_available() else args.device.replace("auto", "cpu")
+    # bf16 on a GPU, as the verifier is served; fp32 on a CPU, which has no fast bf16 matmul.
+    model = load_causal_lm(args.model, device, torch.bfloat16 if device == "cuda" else torch.float32)
+    notes = {"source": str(args.data), "max_len": args.max_len, "on_bad_sample": args.on_bad_sample,
+             **bad.as_dict()}
+    record = write_dataset(model, args.model, rows, args.out, aux, args.batch_tokens, getattr(torch, args.dtype),
+                           notes)
+    tokens = sum(len(ids) for ids, _ in rows)
+    log.info("wrote %s: %d rows, %d tokens, %d hidden-state files (%d kept from before)\ntrain on it with:\n"
+             "  python launch.py data=offline data.path=%s model.verifier.path=%s 'model.draft.aux_layer_ids=%s'",
+             args.out, len(rows), tokens, record["hidden_state_files_written"],
+             len(rows) - record["hidden_state_files_written"], args.out, args.model, aux)
+    return record
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

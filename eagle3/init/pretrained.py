@@ -167,7 +167,7 @@ def target_ids(d2t: torch.Tensor) -> torch.Tensor:
 
 @register("pretrained", preflight=preflight)
 def init_pretrained(ctx: InitContext):
-    from eagle3.data.loader import vocab_mapping
+    from eagle3.data.vocab import vocab_mapping
 
     source = read_source(Path(ctx.init["path"]), dict(ctx.init["key_map"]))
     flags, notes = resolve_architecture(ctx, source)

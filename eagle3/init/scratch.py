@@ -8,7 +8,7 @@ from eagle3.init.build import SPECULATORS_FLAGS, new_draft, resolved_flags
 
 @register("scratch")
 def init_scratch(ctx: InitContext):
-    from eagle3.data.loader import vocab_mapping
+    from eagle3.data.vocab import vocab_mapping
 
     draft = ctx.draft
     d2t, t2d = vocab_mapping(ctx.data_dir, draft["draft_vocab_size"], draft["vocab_size"])

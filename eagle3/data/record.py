@@ -1,0 +1,84 @@
+"""What a prepared dataset holds, recorded next to it, and the trainer's comparison with the run's model config.
+
+`<data_dir>/eagle3_data.json` says which verifier produced the hidden states (a hash of its config.json),
+which aux layer ids they hold (Hugging Face `output_hidden_states` indexing) and their hidden size. An
+off-by-one in the aux layer ids trains a draft that loads and runs fine and then accepts fewer tokens in
+serving; this is where it is caught. Imports neither torch nor speculators: the launcher runs it first.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+from pathlib import Path
+from typing import Any
+
+from eagle3.config import ConfigError
+
+log = logging.getLogger(__name__)
+
+RECORD = "eagle3_data.json"
+# Keys of config.json that differ between copies of the same weights (saved by another transformers version, in
+# another dtype, from another path): the hash must not.
+VOLATILE_KEYS = {"transformers_version", "_name_or_path", "torch_dtype", "dtype", "use_cache"}
+
+
+def verifier_fingerprint(verifier_dir: str | Path) -> dict[str, Any]:
+    """The verifier's identity as recorded with the data: a hash of its config.json and the sizes that matter."""
+    file = Path(verifier_dir) / "config.json"
+    try:
+        config = json.loads(file.read_text())
+    except (OSError, ValueError) as e:
+        raise ConfigError(f"{file}: cannot read the verifier's config ({e})") from None
+    stable = {k: v for k, v in config.items() if k not in VOLATILE_KEYS}
+    digest = hashlib.sha256(json.dumps(stable, sort_keys=True).encode()).hexdigest()[:16]
+    text = config.get("text_config", config)  # multimodal configs nest the language model's
+    return {"path": str(verifier_dir), "config_hash": digest, "model_type": config.get("model_type"),
+            "num_hidden_layers": text.get("num_hidden_layers"), "hidden_size": text.get("hidden_size"),
+            "vocab_size": text.get("vocab_size")}
+
+
+def write_record(data_dir: Path, record: dict[str, Any]) -> None:
+    tmp = data_dir / f".{RECORD}.tmp"
+    tmp.write_text(json.dumps(record, indent=2) + "\n")
+    os.replace(tmp, data_dir / RECORD)
+
+
+def read_record(data_dir: Path) -> dict[str, Any] | None:
+    file = Path(data_dir) / RECORD
+    if not file.is_file():
+        return None
+    try:
+        return json.loads(file.read_text())
+    except ValueError as e:
+        raise ConfigError(f"{file}: not JSON ({e}); it is written by python -m eagle3.data.prepare") from None
+
+
+def check_record(data_dir: Path, verifier_dir: Path, draft: dict[str, Any]) -> dict[str, Any] | None:
+    """Refuses data whose hidden states came from another verifier, other aux layers or another hidden size
+    than the run's; warns when the data carries no record (speculators' own pipeline writes none)."""
+    record = read_record(data_dir)
+    if record is None:
+        log.warning("%s has no %s (not written by python -m eagle3.data.prepare): cannot check that its hidden "
+                    "states come from %s at aux layers %s", data_dir, RECORD, verifier_dir, draft["aux_layer_ids"])
+        return None
+    if not record.get("complete", False):
+        raise ConfigError(f"{data_dir}: its preparation did not finish ({RECORD} says complete: false); run the "
+                          f"same python -m eagle3.data.prepare command again, it resumes")
+    ours = verifier_fingerprint(verifier_dir)
+    theirs = record["verifier"]
+    if theirs["config_hash"] != ours["config_hash"]:
+        raise ConfigError(f"the data's hidden states come from another verifier: {data_dir} was prepared from "
+                          f"{theirs['path']} (config hash {theirs['config_hash']}), this run's verifier is "
+                          f"{verifier_dir} (config hash {ours['config_hash']})")
+    if list(record["aux_layer_ids"]) != list(draft["aux_layer_ids"]):
+        raise ConfigError(f"model.draft.aux_layer_ids={list(draft['aux_layer_ids'])} but {data_dir} holds the "
+                          f"hidden states of layers {record['aux_layer_ids']} (Hugging Face output_hidden_states "
+                          f"indexing); set model.draft.aux_layer_ids={record['aux_layer_ids']} or prepare the data "
+                          f"again")
+    if record["hidden_size"] != draft["hidden_size"]:
+        raise ConfigError(f"model.draft.hidden_size={draft['hidden_size']} but {data_dir} holds hidden states of "
+                          f"size {record['hidden_size']}")
+    return record

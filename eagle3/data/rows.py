@@ -1,0 +1,140 @@
+"""Training rows from a JSONL file: `{"input_ids", "loss_mask"}` rows as they are, or chat `messages`
+tokenized with the verifier's tokenizer and chat template (the assistant turns are the loss mask).
+
+A bad row is never passed on silently: under `on_bad_sample=error` it stops the preparation with its line
+number, under `skip` it is left out and counted. Rows longer than `max_len` are truncated and counted.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from eagle3.config import ConfigError
+
+Row = tuple[list[int], list[int]]  # (input_ids, loss_mask)
+
+
+class BadSamples:
+    """What happened to rows that could not be used as they were: an error, or counted skips."""
+
+    def __init__(self, policy: str):
+        if policy not in ("error", "skip"):
+            raise ConfigError(f"on_bad_sample must be error or skip, got {policy}")
+        self.policy = policy
+        self.skipped: Counter[str] = Counter()
+        self.examples: list[str] = []
+        self.truncated = 0
+
+    def bad(self, where: str, kind: str, detail: str) -> None:
+        if self.policy == "error":
+            raise ConfigError(f"{where}: {detail} (on_bad_sample=skip leaves such rows out and counts them)")
+        self.skipped[kind] += 1
+        if len(self.examples) < 5:
+            self.examples.append(f"{where}: {detail}")
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"skipped": dict(self.skipped), "skipped_examples": self.examples, "truncated": self.truncated}
+
+
+def read_rows(path: Path, max_len: int, vocab_size: int, bad: BadSamples,
+              tokenize_chat: Callable[[list[dict[str, Any]]], Row] | None = None) -> list[Row]:
+    """The usable rows of a JSONL file, in file order. `tokenize_chat` is needed only for `messages` rows."""
+    if not path.is_file():
+        raise ConfigError(f"{path} does not exist; expected a JSONL file of {{\"input_ids\", \"loss_mask\"}} or "
+                          f"{{\"messages\"}} rows")
+    rows: list[Row] = []
+    with open(path) as f:
+        for number, line in enumerate(f, start=1):
+            if not line.strip():
+                continue
+            where = f"{path}:{number}"
+            row = _parse(line, where, bad, tokenize_chat)
+            if row is None:
+                continue
+            ids, mask = row
+            if len(ids) > max_len:
+                ids, mask = ids[:max_len], mask[:max_len]
+                bad.truncated += 1
+            out_of_vocab = [t for t in ids if not 0 <= t < vocab_size]
+            if out_of_vocab:
+                bad.bad(where, "token_out_of_vocab", f"token id {out_of_vocab[0]} is outside the verifier's "
+                                                     f"vocabulary of {vocab_size}")
+            elif not any(mask):
+                bad.bad(where, "empty_loss_mask", "no token to train on (loss_mask is all 0"
+                                                  + (" after truncation to max_len)" if len(row[0]) > max_len else ")"))
+            else:
+                rows.append((ids, mask))
+    if not rows:
+        skipped = f" ({sum(bad.skipped.values())} rows skipped: {dict(bad.skipped)})" if bad.skipped else ""
+        raise ConfigError(f"{path} holds no usable rows{skipped}")
+    return rows
+
+
+def _parse(line: str, where: str, bad: BadSamples, tokenize_chat) -> Row | None:
+    try:
+        item = json.loads(line)
+    except ValueError as e:
+        bad.bad(where, "not_json", f"not a JSON object ({e})")
+        return None
+    if isinstance(item, dict) and "input_ids" in item:
+        ids, mask = item["input_ids"], item.get("loss_mask")
+        if not (_ints(ids) and _ints(mask) and len(ids) == len(mask) and ids):
+            bad.bad(where, "malformed", "input_ids and loss_mask must be non-empty lists of integers of equal length")
+            return None
+        return list(ids), [int(m != 0) for m in mask]
+    if isinstance(item, dict) and isinstance(item.get("messages"), list):
+        if tokenize_chat is None:
+            raise ConfigError(f"{where}: a messages row, but the verifier has no tokenizer with a chat template; "
+                              f"give input_ids and loss_mask instead")
+        try:
+            return tokenize_chat(item["messages"])
+        except ValueError as e:
+            bad.bad(where, "chat_template", str(e))
+            return None
+    bad.bad(where, "malformed", "expected {\"input_ids\": [...], \"loss_mask\": [...]} or {\"messages\": [...]}")
+    return None
+
+
+def _ints(values: Any) -> bool:
+    return isinstance(values, list) and all(isinstance(v, int) and not isinstance(v, bool) for v in values)
+
+
+class ChatTokenizer:
+    """Tokenizes a conversation with the model's chat template; the loss mask covers what each assistant turn
+    adds to the rendered conversation (its content and end-of-turn tokens), found by rendering the prefix up
+    to the turn with the generation prompt and the prefix including it."""
+
+    def __init__(self, model_dir: Path):
+        from transformers import AutoTokenizer
+
+        try:
+            self.tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
+        except (OSError, ValueError) as e:
+            raise ConfigError(f"{model_dir}: messages rows need the model's tokenizer, which did not load ({e})") from None
+        if not self.tokenizer.chat_template:
+            raise ConfigError(f"{model_dir}: its tokenizer has no chat template, so messages rows cannot be "
+                              f"rendered; give input_ids and loss_mask rows instead")
+
+    def _ids(self, messages: list[dict[str, Any]], generation_prompt: bool) -> list[int]:
+        text = self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=generation_prompt)
+        return self.tokenizer(text, add_special_tokens=False)["input_ids"]
+
+    def __call__(self, messages: list[dict[str, Any]]) -> Row:
+        if not all(isinstance(m, dict) and "role" in m and "content" in m for m in messages):
+            raise ValueError("every message needs a role and a content")
+        ids = self._ids(messages, False)
+        mask = [0] * len(ids)
+        for i, message in enumerate(messages):
+            if message["role"] != "assistant":
+                continue
+            before = self._ids(messages[:i], True) if i else []
+            through = self._ids(messages[:i + 1], False)
+            if ids[:len(before)] != before or ids[:len(through)] != through:
+                raise ValueError(f"the chat template renders turn {i} differently once later turns follow, so its "
+                                 f"tokens cannot be located")
+            mask[len(before):len(through)] = [1] * (len(through) - len(before))
+        return ids, mask

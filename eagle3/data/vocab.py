@@ -1,0 +1,41 @@
+"""The draft vocabulary of a dataset: d2t/t2d built from its token frequencies, cached next to it under
+speculators' names (`d2t-<V>.npy`, `t2d-<V>.npy`, V = draft vocabulary size) so every run and rank reuses them."""
+
+from __future__ import annotations
+
+import logging
+import os
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from eagle3.config import ConfigError
+
+log = logging.getLogger(__name__)
+
+
+def vocab_mapping(data_dir: Path, draft_vocab_size: int, target_vocab_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(d2t, t2d): the draft vocabulary is the most frequent loss tokens of the data (speculators' rule)."""
+    data_dir = Path(data_dir)
+    d2t_file, t2d_file = data_dir / f"d2t-{draft_vocab_size}.npy", data_dir / f"t2d-{draft_vocab_size}.npy"
+    if d2t_file.is_file() and t2d_file.is_file():
+        d2t, t2d = torch.from_numpy(np.load(d2t_file)), torch.from_numpy(np.load(t2d_file))
+        if d2t.shape != (draft_vocab_size,) or t2d.shape != (target_vocab_size,):
+            raise ConfigError(f"{d2t_file.name}/{t2d_file.name} in {data_dir} map {d2t.shape[0]} draft tokens onto a "
+                              f"vocabulary of {t2d.shape[0]}, but the run has {draft_vocab_size} and "
+                              f"{target_vocab_size}: they belong to another verifier; remove them to rebuild")
+        return d2t, t2d
+    from speculators.train.vocab_mapping import build_vocab_mappings_from_distribution
+
+    freq = torch.load(data_dir / "token_freq.pt", weights_only=True)
+    d2t, t2d = build_vocab_mappings_from_distribution(freq, draft_vocab_size, target_vocab_size)
+    try:
+        for file, tensor in ((d2t_file, d2t), (t2d_file, t2d)):
+            tmp = file.with_name(f".{file.stem}.{os.getpid()}.npy")  # renamed into place: ranks never read half
+            np.save(tmp, tensor.cpu().numpy())
+            os.replace(tmp, file)
+        log.info("cached the draft vocabulary in %s and %s", d2t_file, t2d_file)
+    except OSError as e:  # a read-only dataset: build it again next time
+        log.warning("could not cache the draft vocabulary in %s (%s)", data_dir, e)
+    return d2t, t2d
