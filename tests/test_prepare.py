@@ -264,3 +264,15 @@ def test_data_without_a_record_is_accepted_with_a_warning(prepared, cache_dir, t
     stamp = (data / "d2t-512.npy").stat().st_mtime_ns
     proc, _ = train_on(data, cache_dir, tmp_path / "again", "optim.max_steps=0")
     assert proc.returncode == 0 and (data / "d2t-512.npy").stat().st_mtime_ns == stamp  # reused, not rebuilt
+
+
+def test_check_flags_out_of_vocabulary_ids_and_empty_loss_masks(verifier, tmp_path):
+    from eagle3.data.check import check_dataset
+    from eagle3.data.prepare import write_dataset
+
+    rows = [([1, 2, 3, 4], [0, 1, 1, 1]), ([5, 6, 7], [0, 0, 0]), ([8, 900, 9], [0, 1, 1])]
+    write_dataset(load_causal_lm(verifier), verifier, rows, tmp_path / "d", AUX, dtype=torch.float32)
+    report = check_dataset(tmp_path / "d", vocab_size=512)
+    assert report.good_rows == [0]
+    assert report.bad[1][0] == "empty_loss_mask"
+    assert report.bad[2] == ("token_out_of_vocab", "token id 900 is outside the vocabulary of 512")
