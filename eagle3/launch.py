@@ -111,7 +111,7 @@ def refuse_to_overwrite(run_dir: Path) -> None:
 def materialize_inputs(cfg: dict[str, Any]) -> tuple[Path, Path]:
     """The verifier dir and data dir this run reads, building the tiny verifier and synthetic data if asked."""
     from eagle3.console import quiet_libraries
-    from eagle3.data.prepare import synthetic_dataset_dir
+    from eagle3.data.synthetic import synthetic_dataset_dir
     from eagle3.data.verifier import tiny_verifier_dir
 
     quiet_libraries()

@@ -5,7 +5,8 @@ from __future__ import annotations
 import torch
 from safetensors.torch import load_file
 
-from eagle3.data.prepare import load_causal_lm, sample_rows, synthetic_dataset_dir, write_dataset
+from eagle3.data.prepare import load_causal_lm, write_dataset
+from eagle3.data.synthetic import sample_rows, synthetic_dataset_dir
 from eagle3.data.verifier import tiny_verifier_dir
 
 TINY = dict(hidden_size=64, num_layers=4, num_heads=4, intermediate_size=128, vocab_size=256,

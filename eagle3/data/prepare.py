@@ -24,7 +24,7 @@ import torch
 from tqdm import tqdm
 
 from eagle3.config import ConfigError
-from eagle3.data.cache import build_once, cache_key
+from eagle3.data.cache import cache_key
 from eagle3.data.record import read_record, verifier_fingerprint, write_record
 from eagle3.data.rows import Row
 
@@ -36,34 +36,6 @@ def load_causal_lm(model_dir: str | Path, device: str = "cpu", dtype: torch.dtyp
 
     model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=dtype)
     return model.to(device).eval()
-
-
-@torch.no_grad()
-def sample_rows(model: torch.nn.Module, synth: dict[str, Any]) -> list[Row]:
-    """Random prompts (masked out of the loss) continued by sampling from `model` itself."""
-    vocab = model.config.vocab_size
-    gen = torch.Generator().manual_seed(synth["seed"])
-    rows: list[Row] = []
-    n, bs = synth["num_samples"], synth["batch_size"]
-    for start in tqdm(range(0, n, bs), desc="sampling sequences", unit="batch", leave=False):
-        prompt = torch.randint(0, vocab, (min(bs, n - start), synth["prompt_len"]), generator=gen)
-        ids = _sample(model, prompt, synth["response_len"], synth["temperature"], gen)
-        mask = [0] * synth["prompt_len"] + [1] * synth["response_len"]
-        rows.extend((seq, mask) for seq in ids.tolist())
-    return rows
-
-
-def _sample(model: torch.nn.Module, prompt: torch.Tensor, new_tokens: int, temperature: float,
-            gen: torch.Generator) -> torch.Tensor:
-    device = next(model.parameters()).device
-    out = model(input_ids=prompt.to(device), use_cache=True)
-    tokens = [prompt]
-    for _ in range(new_tokens):
-        probs = torch.softmax(out.logits[:, -1].float().cpu() / temperature, dim=-1)
-        nxt = torch.multinomial(probs, 1, generator=gen)
-        tokens.append(nxt)
-        out = model(input_ids=nxt.to(device), past_key_values=out.past_key_values, use_cache=True)
-    return torch.cat(tokens, dim=1)
 
 
 def write_dataset(model: torch.nn.Module, verifier_dir: Path, rows: Sequence[Row], out_dir: Path,
@@ -210,21 +182,6 @@ def _final_norm(model: torch.nn.Module) -> torch.nn.Module:
         raise ConfigError(f"{type(model).__name__}: no final norm found at model.get_decoder().norm, so the last "
                           f"layer's pre-norm output cannot be captured (Llama-style decoders have one)")
     return norm
-
-
-def synthetic_dataset_dir(verifier_dir: Path, synth: dict[str, Any], aux_layer_ids: Sequence[int],
-                          cache_dir: str, dtype: str = "bfloat16") -> Path:
-    """The dataset sampled from `verifier_dir` as `synth` says, built on first use and cached by its parameters."""
-    params = {"verifier": str(verifier_dir), "synth": synth, "aux_layer_ids": list(aux_layer_ids), "dtype": dtype}
-    target = Path(cache_dir) / "datasets" / f"synth-{cache_key(params)}"
-
-    def build(tmp: Path) -> None:
-        model = load_causal_lm(verifier_dir)
-        rows = sample_rows(model, synth)
-        write_dataset(model, verifier_dir, rows, tmp, aux_layer_ids, dtype=getattr(torch, dtype),
-                      batch_tokens=synth["batch_size"] * (synth["prompt_len"] + synth["response_len"]))
-
-    return build_once(target, build, what="synthetic dataset")
 
 
 def default_aux_layer_ids(num_layers: int) -> list[int]:
