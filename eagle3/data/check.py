@@ -68,9 +68,10 @@ def hidden_state_problem(file: Path, ids: np.ndarray, num_slots: int | None, hid
     hs, tok = header.get("hidden_states"), header.get("token_ids")
     if hs is None or tok is None:
         return "unreadable_file", f"{file.name} lacks hidden_states or token_ids"
-    expected = (len(ids), num_slots or hs["shape"][1], hidden_size or hs["shape"][-1])
-    if tuple(hs["shape"]) != expected:
-        return "wrong_shape", (f"{file.name}: hidden_states {tuple(hs['shape'])}, expected {expected} "
+    shape = tuple(hs["shape"])
+    expected = (len(ids), num_slots or shape[1:2] and shape[1], hidden_size or shape[-1:] and shape[-1])
+    if shape != expected:
+        return "wrong_shape", (f"{file.name}: hidden_states {shape}, expected {expected} "
                                f"(seq_len, aux layers + 1, hidden size)")
     if dtype is not None and SAFETENSORS_DTYPES.get(hs["dtype"]) != dtype:
         return "wrong_dtype", f"{file.name}: hidden_states are {hs['dtype']}, expected {dtype}"
