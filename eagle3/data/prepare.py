@@ -26,7 +26,7 @@ from tqdm import tqdm
 from eagle3.config import ConfigError
 from eagle3.data.cache import cache_key
 from eagle3.data.record import read_record, verifier_fingerprint, write_record
-from eagle3.data.rows import Row
+from eagle3.data.jsonl import Row
 
 log = logging.getLogger(__name__)
 
@@ -227,7 +227,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def prepare(args) -> dict[str, Any]:
     from eagle3.console import quiet_libraries
-    from eagle3.data.rows import BadSamples, ChatTokenizer, read_rows
+    from eagle3.data.jsonl import BadSamples, ChatTokenizer, read_rows
 
     quiet_libraries()
     if not (args.model / "config.json").is_file():

@@ -12,7 +12,7 @@ from tqdm import tqdm
 
 from eagle3.data.cache import build_once, cache_key
 from eagle3.data.prepare import load_causal_lm, write_dataset
-from eagle3.data.rows import Row
+from eagle3.data.jsonl import Row
 
 
 @torch.no_grad()
