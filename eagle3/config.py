@@ -120,7 +120,7 @@ class DataConfig:
     synth: Optional[SynthConfig] = None
     total_seq_len: int = 1024
     train_ratio: float = 0.9
-    num_workers: int = 0
+    prefetch: int = 2
     hidden_states_dtype: str = "bfloat16"
 
 
