@@ -125,7 +125,7 @@ class DataConfig:
     synth: Optional[SynthConfig] = None
     total_seq_len: int = 1024
     train_ratio: float = 0.9
-    num_workers: int = 0
+    prefetch: int = 2
     hidden_states_dtype: str = "bfloat16"
     on_bad_sample: BadSamplePolicy = BadSamplePolicy.error
 
@@ -235,6 +235,7 @@ def validate(cfg: dict[str, Any]) -> None:
     _require(len(optim["betas"]) == 2 and all(0 <= b < 1 for b in optim["betas"]), "optim.betas", "must be two numbers in [0, 1)")
     _require(0 < data["train_ratio"] < 1, "data.train_ratio", f"must be in (0, 1), got {data['train_ratio']}")
     _require(data["total_seq_len"] > 0, "data.total_seq_len", "must be > 0")
+    _require(data["prefetch"] >= 0, "data.prefetch", f"must be >= 0, got {data['prefetch']}")
     _require(draft["ttt_steps"] >= 1, "model.draft.ttt_steps", "must be >= 1")
     _require(0 < draft["draft_vocab_size"] <= draft["vocab_size"], "model.draft.draft_vocab_size",
              f"must be in (0, model.draft.vocab_size={draft['vocab_size']}]")

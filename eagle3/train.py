@@ -16,11 +16,11 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from torch.utils.data import DataLoader
 from tqdm import tqdm
 
 from eagle3.checkpoint import save_checkpoint
 from eagle3.config import ConfigError
+from eagle3.data.reader import PackedLoader, split_hidden
 from eagle3.distributed import (World, barrier, full_model_state, full_optimizer_state, grad_sync,
                                 load_optimizer_state, reduce_sums, unwrap)
 from eagle3.track import Tracker
@@ -28,7 +28,7 @@ from eagle3.track import Tracker
 log = logging.getLogger(__name__)
 
 
-def train(model: torch.nn.Module, train_loader: DataLoader, val_loader: DataLoader, cfg: dict[str, Any],
+def train(model: torch.nn.Module, train_loader: PackedLoader, val_loader: PackedLoader, cfg: dict[str, Any],
           device: torch.device, world: World, tracker: Tracker, run_dir: Path,
           resume_state: dict[str, Any] | None = None) -> dict[str, Any]:
     """Trains `model` (already wrapped for `world`) as `cfg` says; returns the run summary."""
@@ -287,7 +287,16 @@ def run_validation(model: torch.nn.Module, loader: Iterable, device: torch.devic
 
 
 def to_device(batch: dict[str, Any], device: torch.device) -> dict[str, torch.Tensor]:
-    return {k: v.to(device, non_blocking=True) for k, v in batch.items() if isinstance(v, torch.Tensor)}
+    """The model's inputs from a micro-batch: its tensors on `device`; the reader's hidden-state buffer goes in
+    one copy and is split there into hidden_states and verifier_last_hidden_states (views), in the compute
+    dtype: float32 on CPU (no autocast there), the files' bf16 on CUDA (under bf16 autocast)."""
+    out = {k: v.to(device, non_blocking=True) for k, v in batch.items()
+           if isinstance(v, torch.Tensor) and k != "hidden_buffer"}
+    if "hidden_buffer" in batch:
+        dtype = torch.float32 if device.type == "cpu" else torch.bfloat16
+        views = split_hidden(batch["hidden_buffer"].to(device, non_blocking=True))
+        out.update({k: v.to(dtype) for k, v in views.items()})
+    return out
 
 
 def accumulate(into: dict[str, Any], metrics: dict[str, torch.Tensor]) -> None:

@@ -1,4 +1,4 @@
-"""The GPU benchmark runs everywhere: at a CPU-sized shape here, so it cannot rot between GPU sessions."""
+"""The benchmarks run at small shapes here, so that they cannot rot between the sessions that measure with them."""
 
 from __future__ import annotations
 
@@ -17,3 +17,14 @@ def test_gpu_benchmark_runs_at_a_cpu_shape(tmp_path):
     assert "eagle3 trainer:" in proc.stdout
     result = json.loads(out.read_text())
     assert result["eagle3_tokens_per_s"] > 0 and result["shape"]["hidden"] == 64
+
+
+def test_loader_benchmark_runs_at_a_tiny_shape(tmp_path):
+    out = tmp_path / "loader.json"
+    proc = subprocess.run([sys.executable, str(ROOT / "bench" / "loader.py"), "--small", "--passes", "1",
+                           "--dir", str(tmp_path / "data"), "--json", str(out)], cwd=ROOT, capture_output=True,
+                          text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "ratio data path / raw:" in proc.stdout
+    result = json.loads(out.read_text())
+    assert result["loader_tokens_per_s"] > 0 and result["raw_tokens_per_s"] > 0 and result["shape"]["hidden"] == 64

@@ -218,7 +218,7 @@ def train_on(data: Path, cache_dir: Path, tmp_path: Path, *overrides) -> tuple[s
     from conftest import launch
 
     run_dir = tmp_path / "run"
-    proc = launch([f"hydra.run.dir={run_dir}", "data=offline", f"data.path={data}", "data.num_workers=0",
+    proc = launch([f"hydra.run.dir={run_dir}", "data=offline", f"data.path={data}",
                    "logger.mode=disabled", *overrides], cache_dir)
     return proc, run_dir
 

@@ -48,7 +48,7 @@ def probe_loss(run_inputs, ctx: InitContext) -> float:
     model, _ = build_draft(ctx)
     draft, data = resolved["model"]["draft"], resolved["data"]
     _, val = build_loaders(data_dir, data["total_seq_len"], draft["hidden_size"], len(draft["aux_layer_ids"]),
-                           data["train_ratio"], 0, torch.float32, resolved["seed"])
+                           data["train_ratio"], resolved["seed"])
     kwargs = {"ttt_steps": draft["ttt_steps"], "ttt_step_loss_decay": draft["ttt_step_loss_decay"],
               "loss_config": resolve_loss_config(draft["loss"], "eager")}
     return run_validation(model, val, torch.device("cpu"), nullcontext(), kwargs)["loss"]

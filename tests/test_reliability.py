@@ -32,7 +32,7 @@ def small_run(cache_dir: Path, run_dir: Path, overrides: list[str]):
     verifier_dir, data_dir = materialize_inputs(cfg)
     draft = cfg["model"]["draft"]
     loaders = build_loaders(data_dir, cfg["data"]["total_seq_len"], draft["hidden_size"], len(draft["aux_layer_ids"]),
-                            cfg["data"]["train_ratio"], 0, torch.float32, cfg["seed"])
+                            cfg["data"]["train_ratio"], cfg["seed"])
     model, _ = build_draft(InitContext(draft, cfg["init"], verifier_dir, data_dir, "sdpa", []))
     return cfg, model, loaders
 

@@ -67,7 +67,7 @@ def test_best_checkpoint_loads_with_speculators_and_reproduces_val_loss(trained_
     model = load_draft(trained_run / "checkpoints" / "best", attn_impl="sdpa")
     assert isinstance(model, Eagle3DraftModel)
     _, val_loader = build_loaders(summary["data_dir"], cfg["data"]["total_seq_len"], draft["hidden_size"],
-                                  len(draft["aux_layer_ids"]), cfg["data"]["train_ratio"], 0, torch.float32, cfg["seed"])
+                                  len(draft["aux_layer_ids"]), cfg["data"]["train_ratio"], cfg["seed"])
     kwargs = {"ttt_steps": draft["ttt_steps"], "ttt_step_loss_decay": draft["ttt_step_loss_decay"],
               "loss_config": resolve_loss_config(draft["loss"], "eager")}
     from contextlib import nullcontext

@@ -1,4 +1,5 @@
-"""Reading a speculators-format dataset: speculators' reader, collate and packing sampler, plus the vocab map.
+"""Reading a speculators-format dataset: the split, speculators' packing sampler and this project's reader
+(eagle3.data.reader).
 
 Sharding: a step consumes `world_size * grad_accum` packed micro-batches, and speculators' packing sampler
 is asked for exactly that many replicas; rank r takes micro-replicas r*A .. r*A+A-1. So a 2-rank job and a
@@ -8,11 +9,17 @@ stays fixed when the world size changes with grad_accum.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
+import numpy as np
 import torch
-from torch.utils.data import DataLoader, Sampler
+from torch.utils.data import Sampler
+
+from eagle3.config import ConfigError
+from eagle3.data.hsfiles import file_dtype
+from eagle3.data.reader import PackedLoader
+from eagle3.data.rows import ArrowRows
 
 
 class ShardedBatchSampler(Sampler):
@@ -50,48 +57,37 @@ class ShardedBatchSampler(Sampler):
 
 
 def build_loaders(data_dir: str | Path, total_seq_len: int, hidden_size: int, num_aux_layers: int,
-                  train_ratio: float, num_workers: int, hidden_states_dtype: torch.dtype, seed: int,
-                  world_size: int = 1, rank: int = 0, grad_accum: int = 1,
-                  rows: list[int] | None = None) -> tuple[DataLoader, DataLoader]:
-    """Train and val loaders of packed, EAGLE-3-shifted micro-batches `[1, total_seq_len, ...]` for this rank."""
-    from speculators.models.eagle3.data import shift_batch
-    from speculators.train.data import ArrowDataset, CollateFn
+                  train_ratio: float, seed: int, *, world_size: int = 1, rank: int = 0, grad_accum: int = 1,
+                  prefetch: int = 2, rows: Sequence[int] | None = None,
+                  device: torch.device = torch.device("cpu")) -> tuple[PackedLoader, PackedLoader]:
+    """Train and val loaders of this rank's packed, EAGLE-3-shifted micro-batches (see eagle3.data.reader).
 
-    def loader(split: str, sampler_seed: int) -> DataLoader:
-        # Offline data only: a missing hidden-state file is an error, never a request to a vLLM server.
-        dataset = ArrowDataset(max_len=total_seq_len, datapath=str(data_dir), on_missing="raise",
-                               train_ratio=train_ratio, split=split, hidden_states_dtype=hidden_states_dtype)
-        if rows is not None:
-            dataset = _Rows(dataset, rows)
-        sampler = ShardedBatchSampler(dataset.approx_lengths, total_seq_len, world_size, rank, grad_accum,
-                                      sampler_seed)
-        workers = num_workers > 0
-        return DataLoader(
-            dataset,
-            batch_sampler=sampler,
-            num_workers=num_workers,
-            collate_fn=CollateFn(total_seq_len, hidden_size, num_target_layers=num_aux_layers,
-                                 dtype=hidden_states_dtype, preprocess=shift_batch),
-            pin_memory=torch.cuda.is_available(),
-            persistent_workers=workers,
-            prefetch_factor=2 if workers else None,
-            multiprocessing_context="spawn" if workers else None,
-        )
+    The split is speculators' ArrowDataset's: the first int(len(dataset) * train_ratio) rows train, the rest
+    validate, and row i's hidden states are hidden_states/hs_<i>.safetensors. `rows` (indices into the whole
+    dataset) keeps only those rows in either split, without moving the boundary: a start-up check drops bad
+    rows this way. `prefetch`: micro-batches read ahead; `device`: where they go (CUDA: page-locked buffers).
+    """
+    arrow = ArrowRows(data_dir)
+    split_idx = int(len(arrow) * train_ratio)
+    kept = np.arange(len(arrow)) if rows is None else np.unique(np.asarray(rows, dtype=np.int64))
+    if len(kept) and not 0 <= kept[0] <= kept[-1] < len(arrow):
+        raise ValueError(f"rows: indices must be in [0, {len(arrow)}), got {kept[0]} .. {kept[-1]}")
+    splits = {"train": kept[kept < split_idx], "val": kept[kept >= split_idx]}
+    for split, split_rows in splits.items():
+        if not len(split_rows):
+            raise ConfigError(f"{data_dir}: the {split} split is empty ({len(arrow)} rows, train_ratio "
+                              f"{train_ratio}, {len(kept)} rows kept)")
+    dtype = file_dtype(Path(data_dir), int(kept[0]))
+
+    def loader(split: str, sampler_seed: int) -> PackedLoader:
+        split_rows = splits[split]
+        sampler = ShardedBatchSampler(arrow.seq_len[split_rows].tolist(), total_seq_len, world_size, rank,
+                                      grad_accum, sampler_seed)
+        return PackedLoader(Path(data_dir), arrow, split_rows, sampler, total_seq_len, hidden_size, num_aux_layers,
+                            dtype, prefetch, torch.device(device))
 
     # Validation keeps one fixed order, so that runs with different seeds are compared on the same batches.
-    return loader("train", seed), loader("val", 0)
+    train, val = loader("train", seed), loader("val", 0)
+    train.check_row(int(kept[0]))  # a draft shape that does not fit the data stops the run here, not mid-step
+    return train, val
 
-
-class _Rows(torch.utils.data.Dataset):
-    """The listed full-dataset rows of one split of an ArrowDataset."""
-
-    def __init__(self, dataset, rows: list[int]):
-        start, stop = dataset.start_file_idx, dataset.start_file_idx + len(dataset)
-        self.dataset, self.keep = dataset, [r - start for r in rows if start <= r < stop]
-        self.approx_lengths = [dataset.approx_lengths[i] for i in self.keep]
-
-    def __len__(self) -> int:
-        return len(self.keep)
-
-    def __getitem__(self, index: int):
-        return self.dataset[self.keep[index]]

@@ -135,9 +135,10 @@ def write_hidden_states(model: torch.nn.Module, rows: Sequence[Row], hs_dir: Pat
     from safetensors.torch import save_file
 
     from eagle3.data.check import hidden_state_problem
+    from eagle3.data.hsfiles import DTYPE_NAMES
 
     hs_dir.mkdir(parents=True, exist_ok=True)
-    slots, hidden, dtype_name = len(aux_layer_ids) + 1, model.config.hidden_size, str(dtype).removeprefix("torch.")
+    slots, hidden, dtype_name = len(aux_layer_ids) + 1, model.config.hidden_size, DTYPE_NAMES[dtype]
     todo = {i for i, (ids, _) in enumerate(tqdm(rows, desc="checking existing hidden states", unit="row",
                                                 leave=False, mininterval=1.0))
             if hidden_state_problem(hs_dir / f"hs_{i}.safetensors", np.asarray(ids, dtype=np.int64), slots,

@@ -1,0 +1,243 @@
+"""The reader (eagle3.data.reader) gives exactly speculators' micro-batches (ArrowDataset + CollateFn with
+shift_batch), and the same loss, from its one-copy buffers; bad files stop it with their names."""
+
+from __future__ import annotations
+
+import shutil
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+from eagle3.data.loader import build_loaders
+from eagle3.data.hsfiles import DataError
+from eagle3.data.reader import split_hidden
+from eagle3.train import to_device
+
+T, H, AUX, VOCAB = 48, 32, 3, 64
+# Packs of several documents, documents of one token (nothing left after the shift), and two longer than a
+# micro-batch (the sampler packs them alone and CollateFn cuts them at T).
+LENGTHS = [1, 2, 5, 9, 12, 17, 20, 23, 30, 40, 60, 100, 3, 1, 7, 11, 14, 19, 25, 31, 36, 8, 6, 4, 13, 2, 16, 21]
+RATIO = 0.75
+
+
+def write_dataset(out: Path, dtype: torch.dtype, seed: int = 0) -> Path:
+    from datasets import Dataset
+
+    gen = torch.Generator().manual_seed(seed)
+    ids = [torch.randint(0, VOCAB, (n,), generator=gen) for n in LENGTHS]
+    masks = [(torch.rand(n, generator=gen) > 0.3).long() for n in LENGTHS]
+    (out / "hidden_states").mkdir(parents=True)
+    for i, n in enumerate(LENGTHS):
+        save_file({"hidden_states": torch.randn(n, AUX + 1, H, generator=gen).to(dtype), "token_ids": ids[i]},
+                  str(out / "hidden_states" / f"hs_{i}.safetensors"))
+    Dataset.from_dict({"input_ids": [t.tolist() for t in ids], "loss_mask": [m.tolist() for m in masks],
+                       "seq_len": LENGTHS}).with_format("torch").save_to_disk(str(out))
+    return out
+
+
+@pytest.fixture(scope="module")
+def data_bf16(tmp_path_factory) -> Path:
+    return write_dataset(tmp_path_factory.mktemp("data") / "bf16", torch.bfloat16)
+
+
+@pytest.fixture(scope="module")
+def data_fp32(tmp_path_factory) -> Path:
+    return write_dataset(tmp_path_factory.mktemp("data") / "fp32", torch.float32, seed=1)
+
+
+class Speculators:
+    """speculators' own path: ArrowDataset items through CollateFn(shift_batch), for any rows of the dataset."""
+
+    def __init__(self, data_dir: Path, dtype: torch.dtype):
+        from speculators.models.eagle3.data import shift_batch
+        from speculators.train.data import ArrowDataset, CollateFn
+
+        # train_ratio=1: item i is row i of the whole dataset.
+        self.items = ArrowDataset(max_len=T, datapath=str(data_dir), on_missing="raise", train_ratio=1.0,
+                                  split="train", hidden_states_dtype=dtype)
+        self.collate = CollateFn(T, H, num_target_layers=AUX, dtype=dtype, preprocess=shift_batch)
+
+    def batch(self, rows) -> dict:
+        out = self.collate([self.items[int(r)] for r in rows])
+        return {k: v for k, v in out.items() if isinstance(v, torch.Tensor)}
+
+
+def passes(loader, epochs=(0, 1)):
+    """(full-dataset rows, micro-batch) over whole passes of `loader`."""
+    for epoch in epochs:
+        loader.batch_sampler.set_epoch(epoch)
+        plan = list(loader.batch_sampler)
+        for docs, batch in zip(plan, loader, strict=True):
+            yield [int(loader.split_rows[i]) for i in docs], batch
+
+
+def assert_same(ours: dict, ref: dict) -> None:
+    assert sorted(ours) == sorted(ref)
+    for k, v in ref.items():
+        assert ours[k].dtype == v.dtype and ours[k].shape == v.shape, k
+        assert torch.equal(ours[k], v), k
+
+
+@pytest.mark.parametrize("sharding", [dict(), dict(world_size=2, rank=1, grad_accum=2)], ids=["1-rank", "rank1-of-2x2"])
+def test_micro_batches_equal_speculators_field_by_field(data_bf16, sharding):
+    loaders = build_loaders(data_bf16, T, H, AUX, RATIO, seed=3, **sharding)
+    in_files_dtype, trainer_dtype = Speculators(data_bf16, torch.bfloat16), Speculators(data_bf16, torch.float32)
+    seen = {"several documents": 0, "padding": 0, "cut at T": 0}
+    for loader in loaders:
+        for rows, batch in passes(loader):
+            small = {k: v for k, v in batch.items() if k != "hidden_buffer"}
+            # The views in the files' dtype, and what the CPU trainer feeds the model (float32).
+            assert_same({**small, **split_hidden(batch["hidden_buffer"])}, in_files_dtype.batch(rows))
+            assert_same(to_device(batch, torch.device("cpu")), trainer_dtype.batch(rows))
+            seen["several documents"] += len(rows) > 1
+            seen["padding"] += bool((batch["document_ids"] < 0).any())
+            seen["cut at T"] += any(LENGTHS[r] - 1 > T for r in rows)
+    assert all(seen.values()), seen
+
+
+def tiny_draft(flags: dict):
+    from eagle3.init.build import SPECULATORS_FLAGS, bare_draft
+
+    draft = {"vocab_size": VOCAB, "hidden_size": H, "intermediate_size": 64, "num_attention_heads": 2,
+             "num_key_value_heads": 2, "head_dim": 16, "max_position_embeddings": 2 * T, "rope_theta": 10000.0,
+             "rms_norm_eps": 1e-6, "hidden_act": "silu", "draft_vocab_size": 32, "aux_layer_ids": [1, 2, 3],
+             "ttt_steps": 3}
+    torch.manual_seed(0)
+    model = bare_draft(draft, {**SPECULATORS_FLAGS, **flags}, "cpu", attn_impl="sdpa")
+    ids = torch.arange(0, VOCAB, 2)
+    t2d = torch.zeros(VOCAB, dtype=torch.bool)
+    t2d[ids] = True
+    model.load_vocab_mappings(t2d, ids - torch.arange(len(ids)))
+    with torch.no_grad():
+        for p in (model.embed_tokens.weight, model.lm_head.weight, model.verifier_lm_head.weight):
+            p.normal_(0, 0.5)
+    return model.eval()
+
+
+@pytest.mark.parametrize("flags", [{}, {"fc_norm": True, "norm_before_fc": False}], ids=["speculators", "fc_norm"])
+def test_the_model_gives_the_same_loss_and_metrics(data_bf16, data_fp32, flags):
+    from speculators.losses import resolve_loss_config
+
+    model = tiny_draft(flags)
+    kwargs = {"ttt_steps": 3, "loss_config": resolve_loss_config("kl_div", "eager")}
+
+    def run(m, inputs):
+        with torch.no_grad():
+            _, loss, metrics = m(**inputs, **kwargs)
+        return loss, metrics
+
+    def assert_equal(ours, ref):
+        assert torch.equal(ours[0], ref[0])
+        assert ours[1].keys() == ref[1].keys()
+        for k in ref[1]:
+            assert torch.equal(ours[1][k], ref[1][k]), k
+
+    # bf16 files: the CPU trainer's float32 inputs; fp32 files: the views themselves (strided) reach the model.
+    for data_dir in (data_bf16, data_fp32):
+        train, _ = build_loaders(data_dir, T, H, AUX, RATIO, seed=0)
+        ref = Speculators(data_dir, torch.float32)
+        for rows, batch in passes(train, epochs=[0]):
+            inputs = to_device(batch, torch.device("cpu"))
+            if data_dir == data_fp32:
+                assert not inputs["hidden_states"].is_contiguous()
+            assert_equal(run(model, inputs), run(model, ref.batch(rows)))
+    # As on CUDA: bf16 views (strided) into a bf16 model, against speculators' contiguous bf16 batch.
+    bf16_model, ref = model.to(torch.bfloat16), Speculators(data_bf16, torch.bfloat16)
+    train, _ = build_loaders(data_bf16, T, H, AUX, RATIO, seed=0)
+    for rows, batch in passes(train, epochs=[0]):
+        views = split_hidden(batch["hidden_buffer"])
+        assert not views["hidden_states"].is_contiguous()
+        small = {k: v for k, v in batch.items() if k != "hidden_buffer"}
+        assert_equal(run(bf16_model, {**small, **views}), run(bf16_model, ref.batch(rows)))
+
+
+def test_rows_leave_out_exactly_those_rows_and_keep_the_split(data_bf16):
+    split_idx = int(len(LENGTHS) * RATIO)
+    dropped = {0, 4, split_idx - 1, split_idx, len(LENGTHS) - 1}
+    kept = [r for r in range(len(LENGTHS)) if r not in dropped]
+    train, val = build_loaders(data_bf16, T, H, AUX, RATIO, seed=0, rows=kept)
+    ref = Speculators(data_bf16, torch.bfloat16)
+    for loader, expected in ((train, [r for r in kept if r < split_idx]), (val, [r for r in kept if r >= split_idx])):
+        read = []
+        for rows, batch in passes(loader, epochs=[0]):
+            read += rows
+            assert_same({**{k: v for k, v in batch.items() if k != "hidden_buffer"},
+                         **split_hidden(batch["hidden_buffer"])}, ref.batch(rows))
+        assert sorted(read) == expected
+    with pytest.raises(ValueError, match="rows"):
+        build_loaders(data_bf16, T, H, AUX, RATIO, seed=0, rows=[len(LENGTHS)])
+
+
+@pytest.fixture
+def broken(data_bf16, tmp_path) -> Path:
+    copy = tmp_path / "data"
+    shutil.copytree(data_bf16, copy)
+    return copy
+
+
+def read_all(data_dir: Path, **kwargs) -> None:
+    for loader in build_loaders(data_dir, T, H, AUX, RATIO, seed=0, **kwargs):
+        for _ in loader:
+            pass
+
+
+def test_changed_token_ids_stop_the_reader_naming_the_file_and_row(broken):
+    path = broken / "hidden_states" / "hs_5.safetensors"
+    tensors = load_file(str(path))
+    tensors["token_ids"][3] = (tensors["token_ids"][3] + 1) % VOCAB
+    save_file(tensors, str(path))
+    with pytest.raises(DataError, match=r"hs_5\.safetensors: token_ids differ from the row's input_ids .* \(row 5;"):
+        read_all(broken)
+
+
+def test_a_missing_file_stops_the_reader_with_its_path(broken):
+    path = broken / "hidden_states" / "hs_7.safetensors"
+    path.unlink()
+    with pytest.raises(DataError, match=f"{path}: missing"):
+        read_all(broken)
+
+
+def test_wrong_shapes_dtypes_and_truncated_files_are_refused(broken):
+    with pytest.raises(DataError, match=r"hs_0\.safetensors: hidden_states is BF16 \[1, 4, 32\], expected BF16 \[1, 4, 16\]"):
+        build_loaders(broken, T, 16, AUX, RATIO, seed=0)  # the first file is checked at once
+    path = broken / "hidden_states" / "hs_3.safetensors"
+    tensors = load_file(str(path))
+    save_file({**tensors, "hidden_states": tensors["hidden_states"].float()}, str(path))
+    with pytest.raises(DataError, match=r"hs_3\.safetensors: hidden_states is F32 \[9, 4, 32\], expected BF16"):
+        read_all(broken)
+    save_file(tensors, str(path))
+    path.write_bytes(path.read_bytes()[:-100])
+    with pytest.raises(DataError, match=r"hs_3\.safetensors: truncated"):
+        read_all(broken)
+
+
+@pytest.mark.parametrize("prefetch", [0, 2])
+def test_a_held_batch_is_never_refilled_while_the_reader_runs_ahead(data_bf16, prefetch):
+    train, _ = build_loaders(data_bf16, T, H, AUX, RATIO, seed=0, prefetch=prefetch)
+    assert len(train.ring) == 0
+    ref = Speculators(data_bf16, torch.bfloat16)
+    count = 0
+    for rows, batch in passes(train):
+        time.sleep(0.02)  # the reader fills every other buffer meanwhile
+        assert_same({**{k: v for k, v in batch.items() if k != "hidden_buffer"},
+                     **split_hidden(batch["hidden_buffer"])}, ref.batch(rows))
+        count += 1
+    assert len(train.ring) == prefetch + 1 and count > len(train.ring)
+
+
+def test_a_new_pass_ends_the_previous_one(data_bf16):
+    train, _ = build_loaders(data_bf16, T, H, AUX, RATIO, seed=0)
+    first = iter(train)
+    next(first)
+    ref = Speculators(data_bf16, torch.bfloat16)
+    for rows, batch in passes(train, epochs=[1]):
+        assert not first.thread.is_alive()
+        assert torch.equal(split_hidden(batch["hidden_buffer"])["hidden_states"], ref.batch(rows)["hidden_states"])
+    abandoned = iter(train)
+    next(abandoned)
+    thread = abandoned.thread
+    del abandoned  # dropping a pass stops its reader thread
+    assert not thread.is_alive()
