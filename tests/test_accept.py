@@ -153,6 +153,7 @@ def test_untrained_accepts_about_one_and_trained_clearly_more(inputs, strong_run
         assert report["accept_len"] == pytest.approx(1 + sum(rates))
         assert report["lossless"] and report["tokens_generated"] == len(inputs["prompts"]) * 32
         assert report["tau_sim_ttt_steps"] == 3 and report["tau_sim"] == pytest.approx(1 + sum(report["full_acc"]))
+        assert 1.0 <= report["chain_len_harmonic"] <= report["chain_len_mean"] <= 4.0
 
 
 def test_lossless_failure_names_prompt_and_position(inputs):

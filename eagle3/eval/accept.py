@@ -45,9 +45,7 @@ def main(argv: list[str] | None = None) -> None:
 
     try:
         report = run(args)
-    except ConfigError as e:
-        raise SystemExit(f"error: {e}") from None
-    except LosslessError as e:
+    except (ConfigError, LosslessError) as e:
         raise SystemExit(f"error: {e}") from None
     print(format_report(report))
     print(f"report: {report['report_path']}" if report.get("report_path") else "report: not written (no --out)")
@@ -146,6 +144,8 @@ def format_report(r: dict[str, Any]) -> str:
         f"{r['verify_steps']} verify steps, {r['wall_s']:.1f} s",
         f"{'accept_len':<14}{r['accept_len']:>10.4f}   measured: tokens per verify step (bonus token included)",
         f"{'tau_sim':<14}{r['tau_sim']:>10.4f}   teacher-forced on the same sequences, ttt_steps={r['tau_sim_ttt_steps']}",
+        f"{'chain_len':<14}{r['chain_len_mean']:>10.4f}   mean over positions of the chain a draft started there "
+        f"would get accepted; harmonic mean {r['chain_len_harmonic']:.4f}",
         f"{'position':<14}{'accept_rate':>12}{'full_acc':>12}",
     ]
     for j in range(max(r["k"], r["tau_sim_ttt_steps"])):

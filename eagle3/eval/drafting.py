@@ -52,7 +52,7 @@ def check_draft(draft: torch.nn.Module) -> None:
     """The chain below mirrors a full-attention draft; a sliding window would need its mask rebuilt."""
     if draft.uses_sliding_window_attn:
         raise ConfigError("drafts with sliding-window attention layers are not supported by the acceptance "
-                         "measurement (its chain steps attend to the whole prefix)")
+                          "measurement (its chain steps attend to the whole prefix)")
 
 
 @torch.no_grad()
@@ -78,11 +78,10 @@ def propose(draft: torch.nn.Module, ids: Sequence[int], aux: torch.Tensor, k: in
     cache = _new_cache()
     hidden, logits = _draft_step(draft, token_ids, hidden, positions, mask, cache,
                                  torch.arange(m, device=device))
-    hidden, logits = hidden[:, -1:], logits[:, -1:]
     proposals, step_logits = [], []
     for j in range(k):
-        step_logits.append(logits[0, -1])
-        token = to_target_id(draft, int(logits[0, -1].argmax()))
+        step_logits.append(logits)
+        token = to_target_id(draft, int(logits.argmax()))
         proposals.append(token)
         if j == k - 1:
             break
@@ -116,17 +115,19 @@ def _new_cache():
 def _draft_step(draft: torch.nn.Module, token_ids: torch.Tensor, hidden: torch.Tensor, positions: torch.Tensor,
                 mask, cache, cache_position: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """One TTT step of `Eagle3DraftModel.forward`, line for line: embed, concat, rotary, layers, norm, head.
-    Returns the hidden state fed to the next step (normed when config.norm_output) and the draft logits."""
+    Returns, at the last position only (the chain's), the hidden state fed to the next step (normed when
+    config.norm_output) and the draft logits."""
     embeds = draft.embed_tokens(token_ids)
     hidden = torch.cat([embeds, hidden], dim=-1)
     position_embeddings = draft.rotary_emb(hidden, positions)
     for layer in draft.layers:
         hidden = layer(hidden, attention_mask=mask, position_ids=positions, past_key_values=cache,
                        cache_position=cache_position, position_embeddings=position_embeddings)
+    hidden = hidden[:, -1:]
     if draft.config.norm_output:
         hidden = draft.norm(hidden)
-        return hidden, draft.lm_head(hidden)
-    return hidden, draft.lm_head(draft.norm(hidden))
+        return hidden, draft.lm_head(hidden)[0, -1]
+    return hidden, draft.lm_head(draft.norm(hidden))[0, -1]
 
 
 def to_target_id(draft: torch.nn.Module, draft_id: int) -> int:

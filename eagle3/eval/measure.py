@@ -37,14 +37,14 @@ class AcceptanceProbe:
             raise ConfigError(f"k must be >= 1, got {k}")
         if max_new_tokens < 2:
             raise ConfigError(f"max_new_tokens must be >= 2 (the first token comes from the prompt's forward, "
-                             f"without a draft), got {max_new_tokens}")
+                              f"without a draft), got {max_new_tokens}")
         if not prompts:
             raise ConfigError("no prompts")
         self.verifier, self.k, self.max_new_tokens = verifier, k, max_new_tokens
         self.prompts = [list(p) for p in prompts]
         self.greedy: list[list[int]] | None = None
-        check_prompts(self.prompts, verifier.config.vocab_size,
-                      verifier.config.max_position_embeddings - max_new_tokens - k)
+        max_positions = getattr(verifier.config, "max_position_embeddings", None) or 1 << 30
+        check_prompts(self.prompts, verifier.config.vocab_size, max_positions - max_new_tokens - k)
 
     @torch.no_grad()
     def measure(self, draft: torch.nn.Module, teacher_forced: bool = True) -> dict[str, Any]:
@@ -81,10 +81,10 @@ def aux_layer_ids(draft: torch.nn.Module, verifier: torch.nn.Module) -> list[int
     if not ids or not all(0 <= i < layers for i in ids):
         # Id == layers would be Hugging Face's post-norm output, not what vLLM or eagle3's data give.
         raise ConfigError(f"the draft's eagle_aux_hidden_state_layer_ids {ids} must lie in [0, {layers}) for "
-                         f"this verifier of {layers} layers")
+                          f"this verifier of {layers} layers")
     if draft.fc.in_features != len(ids) * verifier.config.hidden_size:
         raise ConfigError(f"the draft's fc takes {draft.fc.in_features} inputs, but {len(ids)} aux layers of the "
-                         f"verifier give {len(ids) * verifier.config.hidden_size}: another verifier?")
+                          f"verifier give {len(ids) * verifier.config.hidden_size}: another verifier?")
     return ids
 
 
@@ -97,7 +97,7 @@ def check_prompts(prompts: list[list[int]], vocab_size: int, max_prompt_len: int
             raise ConfigError(f"prompt #{i} has token ids outside the verifier's vocabulary [0, {vocab_size}): {bad[:5]}")
         if len(p) > max_prompt_len:
             raise ConfigError(f"prompt #{i} has {len(p)} tokens; with max_new_tokens and k it would pass the "
-                             f"verifier's max_position_embeddings (at most {max_prompt_len} prompt tokens)")
+                              f"verifier's max_position_embeddings (at most {max_prompt_len} prompt tokens)")
 
 
 def acceptance(decodes: Sequence[Decode], k: int) -> dict[str, Any]:
@@ -131,7 +131,13 @@ def check_lossless(verifier: torch.nn.Module, prompts: Sequence[Sequence[int]], 
 def teacher_forced_tau(verifier: torch.nn.Module, draft: torch.nn.Module, prompts: Sequence[Sequence[int]],
                        continuations: Sequence[list[int]], ttt_steps: int, aux_ids: Sequence[int]) -> dict[str, Any]:
     """tau_sim of `draft` on prompt + continuation, loss on the continuation only, computed as training's val
-    pass does (speculators' shift_batch and forward metrics, eagle3.train's summarize) with `ttt_steps`."""
+    pass does (speculators' shift_batch and forward metrics, eagle3.train's summarize) with `ttt_steps`.
+
+    Also the chain a decoder would accept if it started drafting at each position (its proposals checked
+    against the verifier's actual next tokens), averaged two ways over the positions: `chain_len_mean` is
+    tau_sim's kind of average; `chain_len_harmonic` weights each position by the verify steps a decoder spends
+    there (a stretch where L tokens pass per step costs 1/L steps per token), which is what accept_len counts
+    when acceptance varies slowly along a sequence."""
     from speculators.losses import resolve_loss_config
     from speculators.models.eagle3.data import shift_batch
 
@@ -140,6 +146,7 @@ def teacher_forced_tau(verifier: torch.nn.Module, draft: torch.nn.Module, prompt
     device = draft.fc.weight.device
     loss_config = resolve_loss_config("kl_div", "eager")  # only the accuracies are reported
     sums: dict[str, Any] = {}
+    chains: list[torch.Tensor] = []
     for prompt, cont in zip(prompts, continuations):
         ids = list(prompt) + list(cont)
         states = verifier_pass(verifier, ids, aux_ids)
@@ -150,11 +157,28 @@ def teacher_forced_tau(verifier: torch.nn.Module, draft: torch.nn.Module, prompt
         })
         batch = {k: v.unsqueeze(0).to(device) for k, v in sample.items() if k != "lengths"}
         batch["document_ids"] = torch.zeros_like(batch["input_ids"])
-        _, _, metrics = draft(**batch, ttt_steps=ttt_steps, loss_config=loss_config)
+        steps, _, metrics = draft(**batch, ttt_steps=ttt_steps, loss_config=loss_config)
         accumulate(sums, metrics)
+        chains.append(chain_lengths(draft, steps, ids, len(prompt)))
     metrics = summarize(sums)
+    lengths = torch.cat(chains).float()
     return {"tau_sim": float(metrics["tau_sim"]), "tau_sim_ttt_steps": ttt_steps,
-            "full_acc": [float(metrics[f"full_acc_{j}"]) for j in range(ttt_steps)]}
+            "full_acc": [float(metrics[f"full_acc_{j}"]) for j in range(ttt_steps)],
+            "chain_len_mean": float(lengths.mean()), "chain_len_harmonic": float(1 / (1 / lengths).mean())}
+
+
+def chain_lengths(draft: torch.nn.Module, steps: list[torch.Tensor], ids: list[int], prompt_len: int) -> torch.Tensor:
+    """1 + the draft tokens a chain starting at each continuation position would get accepted. Step j at shifted
+    index t proposes token t+2+j (speculators' alignment); with teacher forcing its input is the true token,
+    which is the draft's own while the chain lives. Starts whose chain would run past the end are left out."""
+    k, n = len(steps), len(ids)
+    proposed = torch.stack([s[0].cpu() for s in steps])  # [k, n-1] draft vocabulary ids
+    if draft.d2t is not None:
+        proposed = proposed + draft.d2t.cpu()[proposed]
+    starts = torch.arange(prompt_len - 1, n - 1 - k)  # the first verify step drafts at index prompt_len - 1
+    truth = torch.tensor(ids)[starts[:, None] + 2 + torch.arange(k)]  # [starts, k]
+    hits = (proposed[:, starts].T == truth).long().cumprod(dim=1)
+    return 1 + hits.sum(dim=1)
 
 
 def outside_draft_vocab(draft: torch.nn.Module, continuations: Sequence[list[int]]) -> float:
