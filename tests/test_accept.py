@@ -242,6 +242,7 @@ def bad_cli_inputs(strong_run, inputs, tmp_path):
     return [
         (["--run", str(strong_run), "--k", "0", "--out", str(tmp_path / "x.json")], "--k must be >= 1"),
         (["--run", str(tmp_path)], "is not a finished run dir"),
+        (["--run", str(strong_run), "--threads", "0", "--out", str(tmp_path / "x.json")], "--threads must be >= 1"),
         ([str(tmp_path / "missing"), "--verifier", verifier, "--prompts", p("oov")], "does not exist"),
         ([best, "--verifier", str(tmp_path), "--prompts", p("oov")], "has no config.json"),
         ([best, "--verifier", verifier], "give --prompts"),

@@ -35,6 +35,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--out", help="JSON report path (overwritten if it exists)")
     p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
     p.add_argument("--attn-impl", default="sdpa", choices=["sdpa", "eager"], help="the draft's attention")
+    p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default on CPU: 1; many small "
+                                                             "forwards gain little from more, and lose a lot "
+                                                             "when the cores are shared)")
     return p.parse_args(argv)
 
 
@@ -59,6 +62,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         raise ConfigError(f"--k must be >= 1, got {args.k}")
     if args.num_prompts is not None and args.num_prompts < 1:
         raise ConfigError(f"--num-prompts must be >= 1, got {args.num_prompts}")
+    if args.threads is not None and args.threads < 1:
+        raise ConfigError(f"--threads must be >= 1, got {args.threads}")
     out = Path(args.out) if args.out else None
     k = args.k or default_k(checkpoint)
     if out is None and args.run:
@@ -71,7 +76,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     from eagle3.checkpoint import load_draft
     from eagle3.console import quiet_libraries
     from eagle3.data.prepare import load_causal_lm
-    from eagle3.eval.measure import AcceptanceProbe
+    from eagle3.eval.measure import AcceptanceProbe, torch_threads
     from eagle3.eval.prompts import read_jsonl_prompts, val_split_prompts
 
     quiet_libraries()
@@ -88,8 +93,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     except (OSError, ValueError) as e:
         raise ConfigError(f"cannot load the draft {checkpoint} for the verifier {verifier_dir}: {e}") from None
     probe = AcceptanceProbe(verifier, prompts, k, args.max_new_tokens)
+    with torch_threads(args.threads or (1 if device == "cpu" else None)):
+        measured = probe.measure(draft)
     report = {"checkpoint": str(checkpoint), "verifier": str(verifier_dir), "prompt_source": source,
-              "device": device, **probe.measure(draft)}
+              "device": device, **measured}
     if out is not None:
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(json.dumps(report, indent=2) + "\n")

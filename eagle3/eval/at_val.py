@@ -14,7 +14,7 @@ from typing import Any
 import torch
 
 from eagle3.distributed import World, barrier, unwrap
-from eagle3.eval.measure import AcceptanceProbe, LosslessError
+from eagle3.eval.measure import AcceptanceProbe, LosslessError, torch_threads
 
 log = logging.getLogger(__name__)
 
@@ -26,6 +26,7 @@ class AcceptanceAtVal:
 
         accept = cfg["eval"]["accept"]
         self.every, self.world, self.passes = accept["every"], world, 0
+        self.threads = 1 if device.type == "cpu" else None  # see torch_threads
         self.probe: AcceptanceProbe | None = None
         if not world.is_main:
             return
@@ -44,7 +45,8 @@ class AcceptanceAtVal:
         row: dict[str, Any] = {}
         if self.probe is not None:
             try:
-                result = self.probe.measure(unwrap(model), teacher_forced=False)
+                with torch_threads(self.threads):
+                    result = self.probe.measure(unwrap(model), teacher_forced=False)
             except LosslessError as e:
                 # The weights are fine, the measurement is not: say so loudly, log no number, keep training.
                 log.error("eval.accept: %s", e)

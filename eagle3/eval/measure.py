@@ -13,7 +13,8 @@ Definitions (those of serving):
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from typing import Any
 
 import torch
@@ -72,6 +73,20 @@ class AcceptanceProbe:
                 "prompts": len(self.prompts), "k": self.k, "max_new_tokens": self.max_new_tokens,
                 "tokens_generated": sum(len(d.tokens) for d in decodes), "lossless": True,
                 "decode_s": decode_s, "wall_s": time.perf_counter() - start}
+
+
+@contextmanager
+def torch_threads(n: int | None) -> Iterator[None]:
+    """torch's CPU threads set to `n` for a while (None: unchanged). The measurement is many small sequential
+    forwards: on a small model a second thread gains little, and when another process busies the cores its
+    spinning threads make each forward tens of times slower (measured 9 ms -> 450 ms on 2 shared cores)."""
+    before = torch.get_num_threads()
+    if n is not None:
+        torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
 
 
 def aux_layer_ids(draft: torch.nn.Module, verifier: torch.nn.Module) -> list[int]:
