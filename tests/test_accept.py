@@ -75,6 +75,7 @@ def scratch_draft(summary, attn_impl="sdpa", **flags):
     ("eager", {"norm_before_residual": False, "norm_before_fc": False, "norm_output": False, "fc_norm": True}),
     ("simple_flex_attention", {}),  # what a CUDA run trains with; its forward also runs (unfused) on CPU
 ])
+@pytest.mark.filterwarnings("ignore:flex_attention called without torch.compile")
 def test_chain_logits_equal_speculators_forward(inputs, attn_impl, flags):
     """Every step of the chain equals speculators' TTT step on a sequence whose teacher-forced tokens are the
     draft's own proposals: same position ids, hidden state and token, no off-by-one."""
