@@ -52,15 +52,20 @@ def load_trainer_state(checkpoint: Path) -> dict[str, Any]:
     return torch.load(checkpoint / TRAINER_STATE, map_location="cpu", weights_only=True)
 
 
-def load_draft(path: str | Path, attn_impl: str = "sdpa", device: str | torch.device = "cpu"):
+def load_draft(path: str | Path, attn_impl: str = "sdpa", device: str | torch.device = "cpu",
+               verifier_dir: str | Path | None = None):
     """Loads a speculators checkpoint with an attention implementation that works on `device`.
 
     speculators does not save the attention implementation and falls back to flex attention, which has
-    no backward on CPU, so the config is loaded first and told which one to use.
+    no backward on CPU, so the config is loaded first and told which one to use. `verifier_dir` replaces the
+    verifier path the checkpoint recorded: speculators reads the verifier's lm_head and norm (not saved in
+    the checkpoint) and checks the aux layer ids from there.
     """
     from speculators.models.eagle3 import Eagle3DraftModel, Eagle3SpeculatorConfig
 
     config = Eagle3SpeculatorConfig.from_pretrained(str(path))
     config.transformer_layer_config._attn_implementation = attn_impl
+    if verifier_dir is not None:
+        config.speculators_config.verifier.name_or_path = str(verifier_dir)
     model = Eagle3DraftModel.from_pretrained(str(path), config=config)
     return model.to(device)

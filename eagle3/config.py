@@ -190,6 +190,24 @@ class LoggerConfig:
 
 
 @dataclass
+class AcceptEvalConfig:
+    """Measured acceptance at val passes: chain speculative decoding with the verifier in the training process
+    (eagle3/eval). Only for verifiers that fit beside the draft; off by default."""
+
+    enabled: bool = False
+    prompts: Optional[str] = None   # JSONL of input_ids or messages rows; null: the val split's prompts
+    num_prompts: int = 8
+    k: int = 3
+    max_new_tokens: int = 32
+    every: int = 1                  # measure at every N-th val pass, the step-0 pass first
+
+
+@dataclass
+class EvalConfig:
+    accept: AcceptEvalConfig = field(default_factory=AcceptEvalConfig)
+
+
+@dataclass
 class TrainConfig:
     model: ModelConfig = MISSING
     data: DataConfig = MISSING
@@ -197,6 +215,7 @@ class TrainConfig:
     optim: OptimConfig = MISSING
     distributed: DistributedConfig = MISSING
     logger: LoggerConfig = MISSING
+    eval: EvalConfig = field(default_factory=EvalConfig)
     seed: int = 0
     cache_dir: str = MISSING
     device: str = "auto"
@@ -255,6 +274,7 @@ def validate(cfg: dict[str, Any]) -> None:
              "is required with more than one node: host:port of node 0, reachable from every node")
     _require(dist["backend"] in ("auto", "nccl", "gloo"), "distributed.backend", "must be auto, nccl or gloo")
     _require(dist["max_restarts"] >= 0, "distributed.max_restarts", "must be >= 0")
+    _validate_accept_eval(cfg["eval"]["accept"], dist)
     verifier = cfg["model"]["verifier"]
     _require((verifier["path"] is None) != (verifier["tiny"] is None), "model.verifier",
              "set exactly one of model.verifier.path (a local Hugging Face model dir) and model.verifier.tiny")
@@ -267,6 +287,20 @@ def validate(cfg: dict[str, Any]) -> None:
         _require_dir(data["path"], "data.path", ["hidden_states"],
                      "a speculators-format dataset: Arrow rows (input_ids, loss_mask, seq_len) saved with "
                      "datasets.save_to_disk, hidden_states/hs_<i>.safetensors and token_freq.pt")
+
+
+def _validate_accept_eval(accept: dict[str, Any], dist: dict[str, Any]) -> None:
+    # The verifier it needs always exists: validate() requires model.verifier.path or model.verifier.tiny.
+    for key, low in (("k", 1), ("num_prompts", 1), ("max_new_tokens", 2), ("every", 1)):
+        _require(accept[key] >= low, f"eval.accept.{key}", f"must be >= {low}, got {accept[key]}")
+    if not accept["enabled"]:
+        return
+    _require(dist["strategy"] != "fsdp" or dist["nproc_per_node"] * dist["nnodes"] == 1, "eval.accept.enabled",
+             "needs the whole draft in rank 0, and FSDP shards it; measure the saved checkpoint afterwards with "
+             "python -m eagle3.eval.accept --run <run dir>")
+    if accept["prompts"] is not None:
+        _require(Path(accept["prompts"]).is_file(), "eval.accept.prompts",
+                 f"{accept['prompts']} does not exist or is not a file; expected a JSONL of input_ids or messages rows")
 
 
 def lr_advice(cfg: dict[str, Any]) -> tuple[str, bool]:

@@ -46,6 +46,8 @@ def format_result_table(summary: dict, ttt_steps: int) -> str:
     """Step 0 against final against best: the numbers a user looks at after a run."""
     cols = [("step 0", summary["step0"]), ("final", summary["final"]), ("best", summary["best"])]
     keys = ["step", "loss", "tau_sim"] + [f"full_acc_{k}" for k in range(ttt_steps)]
+    if any("accept_len" in row for _, row in cols):  # eval.accept: measured beside simulated
+        keys.append("accept_len")
     lines = [f"{'val':<12}" + "".join(f"{name:>12}" for name, _ in cols)]
     for key in keys:
         cells = []

@@ -91,9 +91,14 @@ def _train_on(world: World, device: torch.device, cfg: dict[str, Any], run_dir: 
         check_disk(run_dir, model)
     model = wrap_model(model.to(device), world, device)
 
+    at_val = None
+    if cfg.get("eval", {}).get("accept", {}).get("enabled"):  # .get: runs resumed from before eval existed
+        from eagle3.eval.at_val import AcceptanceAtVal
+
+        at_val = AcceptanceAtVal(cfg, verifier_dir, data_dir, device, world)
     resume_step = resume_state["progress"]["step"] if resume_state else None
     with Tracker(run_dir, cfg, enabled=world.is_main, resume_step=resume_step) as tracker:
-        summary = train(model, train_loader, val_loader, cfg, device, world, tracker, run_dir, resume_state)
+        summary = train(model, train_loader, val_loader, cfg, device, world, tracker, run_dir, resume_state, at_val)
         summary.update(verifier_dir=str(verifier_dir), data_dir=str(data_dir), device=str(device),
                        world_size=world.size)
         tracker.finish(summary)

@@ -10,7 +10,7 @@ import math
 import signal
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from contextlib import nullcontext
 from pathlib import Path
 from typing import Any
@@ -30,8 +30,10 @@ log = logging.getLogger(__name__)
 
 def train(model: torch.nn.Module, train_loader: PackedLoader, val_loader: PackedLoader, cfg: dict[str, Any],
           device: torch.device, world: World, tracker: Tracker, run_dir: Path,
-          resume_state: dict[str, Any] | None = None) -> dict[str, Any]:
-    """Trains `model` (already wrapped for `world`) as `cfg` says; returns the run summary."""
+          resume_state: dict[str, Any] | None = None,
+          at_val: Callable[[torch.nn.Module], dict[str, Any]] | None = None) -> dict[str, Any]:
+    """Trains `model` (already wrapped for `world`) as `cfg` says; returns the run summary. `at_val` adds
+    entries to each val row (eval.accept: measured acceptance); every rank calls it."""
     from speculators.losses import resolve_loss_config
 
     optim_cfg, draft_cfg = cfg["optim"], cfg["model"]["draft"]
@@ -59,6 +61,8 @@ def train(model: torch.nn.Module, train_loader: PackedLoader, val_loader: Packed
     def evaluate(step: int, epoch: int) -> dict[str, Any]:
         metrics = run_validation(model, val_loader, device, autocast, call_kwargs, world)
         row = {"step": step, "split": "val", "epoch": epoch, **metrics}
+        if at_val is not None:
+            row.update(at_val(model))
         tracker.log(row)
         return row
 

@@ -16,7 +16,8 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -146,11 +147,8 @@ def write_hidden_states(model: torch.nn.Module, rows: Sequence[Row], hs_dir: Pat
     batches = [b for b in batch_plan([len(ids) for ids, _ in rows], batch_tokens) if todo.intersection(b)]
     if len(todo) < len(rows):
         log.info("%d of %d hidden-state files are already there and valid: kept", len(rows) - len(todo), len(rows))
-    final_norm = _final_norm(model)
-    pre_norm: list[torch.Tensor] = []
-    hook = final_norm.register_forward_pre_hook(lambda _m, args: pre_norm.append(args[0]))
     device = next(model.parameters()).device
-    try:
+    with pre_final_norm(model) as pre_norm:
         with tqdm(total=len(todo), desc="verifier hidden states", unit="row", dynamic_ncols=True) as bar:
             for batch in batches:
                 lengths = [len(rows[i][0]) for i in batch]
@@ -171,18 +169,24 @@ def write_hidden_states(model: torch.nn.Module, rows: Sequence[Row], hs_dir: Pat
                                    "token_ids": ids[b, :lengths[b]].clone()}, str(tmp))
                         os.replace(tmp, file)
                         bar.update()
-    finally:
-        hook.remove()
     return len(todo)
 
 
-def _final_norm(model: torch.nn.Module) -> torch.nn.Module:
+@contextmanager
+def pre_final_norm(model: torch.nn.Module) -> Iterator[list[torch.Tensor]]:
+    """Collects the input of the model's final norm at every forward: the last layer's output before the norm,
+    the verifier's last slot in speculators' format (Hugging Face's last hidden state is after the norm)."""
     decoder = model.get_decoder() if hasattr(model, "get_decoder") else None
     norm = getattr(decoder, "norm", None)
     if norm is None:
         raise ConfigError(f"{type(model).__name__}: no final norm found at model.get_decoder().norm, so the last "
                           f"layer's pre-norm output cannot be captured (Llama-style decoders have one)")
-    return norm
+    captured: list[torch.Tensor] = []
+    hook = norm.register_forward_pre_hook(lambda _m, args: captured.append(args[0]))
+    try:
+        yield captured
+    finally:
+        hook.remove()
 
 
 def default_aux_layer_ids(num_layers: int) -> list[int]:

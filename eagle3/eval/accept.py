@@ -1,0 +1,167 @@
+"""Measured acceptance: chain speculative decoding with the Hugging Face verifier and a trained draft.
+
+    python -m eagle3.eval.accept --run outputs/<date>/<time>                  # the run's best draft, val prompts
+    python -m eagle3.eval.accept CKPT --verifier DIR --prompts p.jsonl --k 4   # any checkpoint and verifier
+
+Prints a table and writes a JSON report (`--out`; with `--run`, `<run>/accept_k<k>.json` by default, never
+overwritten). The speculative output is checked against the verifier's plain greedy decoding on every run;
+a difference exits non-zero naming the first prompt and position.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m eagle3.eval.accept", description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("checkpoint", nargs="?", help="draft checkpoint dir (speculators format); with --run: the "
+                                                 "run's checkpoints/best unless given")
+    p.add_argument("--verifier", help="verifier dir (local Hugging Face causal LM); with --run: the run's")
+    p.add_argument("--run", help="a finished run dir: checkpoint, verifier and val-split prompts from its "
+                                 "summary.json and resolved_config.yaml")
+    p.add_argument("--prompts", help="JSONL of {\"input_ids\": [...]} or {\"messages\": [...]} rows "
+                                     "(default with --run: the prompts of the run's val split)")
+    p.add_argument("--num-prompts", type=int, default=None,
+                   help="use the first N prompts (default: all of a prompts file, 16 of a val split)")
+    p.add_argument("--k", type=int, default=None, help="draft tokens per verify step (default: the "
+                                                       "checkpoint's speculative_tokens, its training ttt_steps)")
+    p.add_argument("--max-new-tokens", type=int, default=64, help="tokens generated per prompt (default 64)")
+    p.add_argument("--out", help="JSON report path (overwritten if it exists)")
+    p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
+    p.add_argument("--attn-impl", default="sdpa", choices=["sdpa", "eager"], help="the draft's attention")
+    p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default on CPU: 1; many small "
+                                                             "forwards gain little from more, and lose a lot "
+                                                             "when the cores are shared)")
+    return p.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    from eagle3.config import ConfigError
+    from eagle3.eval.measure import LosslessError
+
+    try:
+        report = run(args)
+    except (ConfigError, LosslessError) as e:
+        raise SystemExit(f"error: {e}") from None
+    print(format_report(report))
+    print(f"report: {report['report_path']}" if report.get("report_path") else "report: not written (no --out)")
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    from eagle3.config import ConfigError
+
+    checkpoint, verifier_dir, val_split = resolve_inputs(args)
+    if args.k is not None and args.k < 1:
+        raise ConfigError(f"--k must be >= 1, got {args.k}")
+    if args.num_prompts is not None and args.num_prompts < 1:
+        raise ConfigError(f"--num-prompts must be >= 1, got {args.num_prompts}")
+    if args.threads is not None and args.threads < 1:
+        raise ConfigError(f"--threads must be >= 1, got {args.threads}")
+    out = Path(args.out) if args.out else None
+    k = args.k or default_k(checkpoint)
+    if out is None and args.run:
+        out = Path(args.run) / f"accept_k{k}.json"
+        if out.exists():
+            raise ConfigError(f"{out} exists and is not overwritten; pass --out to write the report elsewhere")
+
+    import torch
+
+    from eagle3.checkpoint import load_draft
+    from eagle3.console import quiet_libraries
+    from eagle3.data.prepare import load_causal_lm
+    from eagle3.eval.measure import AcceptanceProbe, torch_threads
+    from eagle3.eval.prompts import read_jsonl_prompts, val_split_prompts
+
+    quiet_libraries()
+    device = "cuda" if args.device == "cuda" or (args.device == "auto" and torch.cuda.is_available()) else "cpu"
+    if args.prompts:
+        prompts, source = read_jsonl_prompts(args.prompts, verifier_dir, args.num_prompts), str(args.prompts)
+    else:
+        data_dir, train_ratio = val_split
+        prompts = val_split_prompts(data_dir, train_ratio, args.num_prompts or 16)
+        source = f"val split of {data_dir}"
+    verifier = load_causal_lm(verifier_dir, device)
+    try:
+        draft = load_draft(checkpoint, args.attn_impl, device, verifier_dir=verifier_dir).float()
+    except (OSError, ValueError) as e:
+        raise ConfigError(f"cannot load the draft {checkpoint} for the verifier {verifier_dir}: {e}") from None
+    probe = AcceptanceProbe(verifier, prompts, k, args.max_new_tokens)
+    with torch_threads(args.threads or (1 if device == "cpu" else None)):
+        measured = probe.measure(draft)
+    report = {"checkpoint": str(checkpoint), "verifier": str(verifier_dir), "prompt_source": source,
+              "device": device, **measured}
+    if out is not None:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(report, indent=2) + "\n")
+        report["report_path"] = str(out)
+    return report
+
+
+def resolve_inputs(args: argparse.Namespace) -> tuple[Path, Path, tuple[Path, float] | None]:
+    """(checkpoint, verifier dir, (data dir, train ratio) of the run's val split or None), checked to exist."""
+    import yaml
+
+    from eagle3.config import ConfigError
+
+    checkpoint, verifier, val_split = args.checkpoint, args.verifier, None
+    if args.run:
+        run = Path(args.run)
+        summary_file, config_file = run / "summary.json", run / "resolved_config.yaml"
+        if not summary_file.is_file() or not config_file.is_file():
+            raise ConfigError(f"--run: {run} is not a finished run dir (needs summary.json and resolved_config.yaml); "
+                              "pass the checkpoint dir and --verifier instead")
+        summary = json.loads(summary_file.read_text())
+        train_ratio = yaml.safe_load(config_file.read_text())["data"]["train_ratio"]
+        checkpoint = checkpoint or summary["checkpoints"]["best"]
+        verifier = verifier or summary["verifier_dir"]
+        val_split = (Path(summary["data_dir"]), train_ratio)
+    if not checkpoint or not verifier:
+        raise ConfigError("give a checkpoint dir and --verifier, or --run <run dir>")
+    if not args.prompts and val_split is None:
+        raise ConfigError("give --prompts (a JSONL file), or --run to take the prompts of the run's val split")
+    for what, path, needed in (("checkpoint", checkpoint, ["config.json", "model.safetensors"]),
+                               ("verifier", verifier, ["config.json"])):
+        p = Path(path)
+        if not p.is_dir():
+            raise ConfigError(f"{what}: {p} does not exist or is not a directory")
+        missing = [n for n in needed if not (p / n).is_file()]
+        if missing:
+            raise ConfigError(f"{what}: {p} has no {', '.join(missing)}")
+    return Path(checkpoint), Path(verifier), val_split
+
+
+def default_k(checkpoint: Path) -> int:
+    """The draft length the checkpoint was trained for (speculators saves it as speculative_tokens)."""
+    config = json.loads((checkpoint / "config.json").read_text())
+    methods = config.get("speculators_config", {}).get("proposal_methods") or [{}]
+    return int(methods[0].get("speculative_tokens", 3))
+
+
+def format_report(r: dict[str, Any]) -> str:
+    """A short table: measured acceptance beside the teacher-forced estimate on the same sequences."""
+    lines = [
+        f"acceptance: k={r['k']}, {r['prompts']} prompts x {r['max_new_tokens']} new tokens, "
+        f"{r['verify_steps']} verify steps, {r['wall_s']:.1f} s",
+        f"{'accept_len':<14}{r['accept_len']:>10.4f}   measured: tokens per verify step (bonus token included)",
+        f"{'tau_sim':<14}{r['tau_sim']:>10.4f}   teacher-forced on the same sequences, ttt_steps={r['tau_sim_ttt_steps']}",
+        f"{'chain_len':<14}{r['chain_len_mean']:>10.4f}   mean over positions of the chain a draft started there "
+        f"would get accepted; harmonic mean {r['chain_len_harmonic']:.4f}",
+        f"{'position':<14}{'accept_rate':>12}{'full_acc':>12}",
+    ]
+    for j in range(max(r["k"], r["tau_sim_ttt_steps"])):
+        cells = [r["accept_rate"][j] if j < r["k"] else None, r["full_acc"][j] if j < len(r["full_acc"]) else None]
+        lines.append(f"{j:<14}" + "".join(f"{c:>12.4f}" if c is not None else f"{'-':>12}" for c in cells))
+    lines.append(f"greedy tokens outside the draft vocabulary: {100 * r['greedy_outside_draft_vocab']:.1f}%")
+    lines.append(f"lossless: the speculative output equals the verifier's greedy output for all {r['prompts']} prompts")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

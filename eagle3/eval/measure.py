@@ -1,0 +1,207 @@
+"""Measured acceptance of a draft on a fixed set of prompts, with the lossless check and the teacher-forced
+tau_sim of the same sequences beside it.
+
+Definitions (those of serving):
+- accept_len: tokens per verify step, the bonus token included: mean over verify steps of (accepted + 1).
+  The prompt's own forward (prefill), which makes the first token without any draft, is not a verify step.
+- accept_rate[j]: share of the verify steps that proposed draft token j (0-based) in which it was accepted.
+  Every verify step proposes all k tokens, and in a chain token j is accepted only if token j-1 is, so the
+  rates lie in [0, 1], never increase with j, and accept_len = 1 + sum_j accept_rate[j] (as tau_sim =
+  1 + sum_j full_acc_j).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from typing import Any
+
+import torch
+
+from eagle3.config import ConfigError
+from eagle3.eval.drafting import (Decode, check_draft, greedy_decode, next_token_logits, speculative_decode,
+                                  verifier_pass)
+
+
+class LosslessError(RuntimeError):
+    """Speculative decoding produced other tokens than the verifier's greedy decoding."""
+
+
+class AcceptanceProbe:
+    """A verifier and a fixed set of prompts, loaded once; measures any draft against them. The verifier's
+    greedy continuations (the reference of the lossless check) do not depend on the draft and are computed
+    once, at the first measurement."""
+
+    def __init__(self, verifier: torch.nn.Module, prompts: Sequence[Sequence[int]], k: int, max_new_tokens: int):
+        if k < 1:
+            raise ConfigError(f"k must be >= 1, got {k}")
+        if max_new_tokens < 2:
+            raise ConfigError(f"max_new_tokens must be >= 2 (the first token comes from the prompt's forward, "
+                              f"without a draft), got {max_new_tokens}")
+        if not prompts:
+            raise ConfigError("no prompts")
+        self.verifier, self.k, self.max_new_tokens = verifier, k, max_new_tokens
+        self.prompts = [list(p) for p in prompts]
+        self.greedy: list[list[int]] | None = None
+        max_positions = getattr(verifier.config, "max_position_embeddings", None) or 1 << 30
+        check_prompts(self.prompts, verifier.config.vocab_size, max_positions - max_new_tokens - k)
+
+    @torch.no_grad()
+    def measure(self, draft: torch.nn.Module, teacher_forced: bool = True) -> dict[str, Any]:
+        """Decodes every prompt speculatively, checks it against greedy decoding, and reports the acceptance and
+        (if `teacher_forced`) tau_sim of the same sequences. Raises LosslessError naming the first prompt and
+        position that differ."""
+        check_draft(draft)
+        aux_ids = aux_layer_ids(draft, self.verifier)
+        was_training = draft.training
+        draft.eval()
+        try:
+            start = time.perf_counter()
+            decodes = [speculative_decode(self.verifier, draft, p, self.k, self.max_new_tokens, aux_ids)
+                       for p in self.prompts]
+            decode_s = time.perf_counter() - start
+            if self.greedy is None:
+                self.greedy = [greedy_decode(self.verifier, p, self.max_new_tokens) for p in self.prompts]
+            check_lossless(self.verifier, self.prompts, [d.tokens for d in decodes], self.greedy)
+            tau = (teacher_forced_tau(self.verifier, draft, self.prompts, self.greedy, self.k, aux_ids)
+                   if teacher_forced else {})
+        finally:
+            draft.train(was_training)
+        return {**acceptance(decodes, self.k), **tau,
+                "greedy_outside_draft_vocab": outside_draft_vocab(draft, self.greedy),
+                "prompts": len(self.prompts), "k": self.k, "max_new_tokens": self.max_new_tokens,
+                "tokens_generated": sum(len(d.tokens) for d in decodes), "lossless": True,
+                "decode_s": decode_s, "wall_s": time.perf_counter() - start}
+
+
+@contextmanager
+def torch_threads(n: int | None) -> Iterator[None]:
+    """torch's CPU threads set to `n` for a while (None: unchanged). The measurement is many small sequential
+    forwards: on a small model a second thread gains little, and when another process busies the cores its
+    spinning threads make each forward tens of times slower (measured 9 ms -> 450 ms on 2 shared cores)."""
+    before = torch.get_num_threads()
+    if n is not None:
+        torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
+def aux_layer_ids(draft: torch.nn.Module, verifier: torch.nn.Module) -> list[int]:
+    """The draft's aux layer ids (its config, as saved in the checkpoint), checked against the verifier."""
+    ids = list(draft.config.eagle_aux_hidden_state_layer_ids or [])
+    layers = verifier.config.num_hidden_layers
+    if not ids or not all(0 <= i < layers for i in ids):
+        # Id == layers would be Hugging Face's post-norm output, not what vLLM or eagle3's data give.
+        raise ConfigError(f"the draft's eagle_aux_hidden_state_layer_ids {ids} must lie in [0, {layers}) for "
+                          f"this verifier of {layers} layers")
+    if draft.fc.in_features != len(ids) * verifier.config.hidden_size:
+        raise ConfigError(f"the draft's fc takes {draft.fc.in_features} inputs, but {len(ids)} aux layers of the "
+                          f"verifier give {len(ids) * verifier.config.hidden_size}: another verifier?")
+    return ids
+
+
+def check_prompts(prompts: list[list[int]], vocab_size: int, max_prompt_len: int) -> None:
+    for i, p in enumerate(prompts):
+        if not p:
+            raise ConfigError(f"prompt #{i} is empty")
+        bad = [t for t in p if not 0 <= t < vocab_size]
+        if bad:
+            raise ConfigError(f"prompt #{i} has token ids outside the verifier's vocabulary [0, {vocab_size}): {bad[:5]}")
+        if len(p) > max_prompt_len:
+            raise ConfigError(f"prompt #{i} has {len(p)} tokens; with max_new_tokens and k it would pass the "
+                              f"verifier's max_position_embeddings (at most {max_prompt_len} prompt tokens)")
+
+
+def acceptance(decodes: Sequence[Decode], k: int) -> dict[str, Any]:
+    accepted = [n for d in decodes for n in d.accepted]
+    steps = len(accepted)
+    rates = [sum(n > j for n in accepted) / steps for j in range(k)]
+    return {"accept_len": 1.0 + sum(accepted) / steps, "accept_rate": rates, "verify_steps": steps,
+            "verifier_forwards": steps + len(decodes)}  # + one prefill per prompt
+
+
+def check_lossless(verifier: torch.nn.Module, prompts: Sequence[Sequence[int]], speculative: Sequence[list[int]],
+                   greedy: Sequence[list[int]]) -> None:
+    """Raises LosslessError at the first prompt and position where the two outputs differ, saying whether the
+    verifier's top two logits there are a near-tie (which rounding in forwards of other lengths can flip)."""
+    for i, (spec, ref) in enumerate(zip(speculative, greedy)):
+        if spec == ref:
+            continue
+        pos = next(j for j, (a, b) in enumerate(zip(spec, ref)) if a != b)
+        logits = next_token_logits(verifier, list(prompts[i]) + ref[:pos])
+        top2 = logits.topk(2).values
+        gap = float(top2[0] - top2[1])
+        tie = (f"the verifier's top two logits there differ by only {gap:.3g}: a near-tie that fp32 rounding in "
+               f"forwards of different lengths can flip, so this may be numerics rather than a drafting bug"
+               if gap <= 1e-4 * max(1.0, float(top2[0].abs())) else
+               f"the verifier's top two logits there differ by {gap:.3g} (not a tie): a bug in the drafting loop")
+        raise LosslessError(f"speculative decoding is not lossless: prompt #{i}, new token #{pos}: speculative "
+                            f"{spec[pos]}, greedy {ref[pos]}; {tie}")
+
+
+@torch.no_grad()
+def teacher_forced_tau(verifier: torch.nn.Module, draft: torch.nn.Module, prompts: Sequence[Sequence[int]],
+                       continuations: Sequence[list[int]], ttt_steps: int, aux_ids: Sequence[int]) -> dict[str, Any]:
+    """tau_sim of `draft` on prompt + continuation, loss on the continuation only, computed as training's val
+    pass does (speculators' shift_batch and forward metrics, eagle3.train's summarize) with `ttt_steps`.
+
+    Also the chain a decoder would accept if it started drafting at each position (its proposals checked
+    against the verifier's actual next tokens), averaged two ways over the positions: `chain_len_mean` is
+    tau_sim's kind of average; `chain_len_harmonic` weights each position by the verify steps a decoder spends
+    there (a stretch where L tokens pass per step costs 1/L steps per token), which is what accept_len counts
+    when acceptance varies slowly along a sequence."""
+    from speculators.losses import resolve_loss_config
+    from speculators.models.eagle3.data import shift_batch
+
+    from eagle3.train import accumulate, summarize
+
+    device = draft.fc.weight.device
+    loss_config = resolve_loss_config("kl_div", "eager")  # only the accuracies are reported
+    sums: dict[str, Any] = {}
+    chains: list[torch.Tensor] = []
+    for prompt, cont in zip(prompts, continuations):
+        ids = list(prompt) + list(cont)
+        states = verifier_pass(verifier, ids, aux_ids)
+        sample = shift_batch({
+            "input_ids": torch.tensor(ids), "hidden_states": states.aux, "verifier_last_hidden_states": states.last,
+            "loss_mask": torch.tensor([0] * len(prompt) + [1] * len(cont)), "lengths": torch.tensor([len(ids)]),
+            "position_ids": torch.arange(len(ids)),
+        })
+        batch = {k: v.unsqueeze(0).to(device) for k, v in sample.items() if k != "lengths"}
+        batch["document_ids"] = torch.zeros_like(batch["input_ids"])
+        steps, _, metrics = draft(**batch, ttt_steps=ttt_steps, loss_config=loss_config)
+        accumulate(sums, metrics)
+        chains.append(chain_lengths(draft, steps, ids, len(prompt)))
+    metrics = summarize(sums)
+    lengths = torch.cat(chains).float()
+    return {"tau_sim": float(metrics["tau_sim"]), "tau_sim_ttt_steps": ttt_steps,
+            "full_acc": [float(metrics[f"full_acc_{j}"]) for j in range(ttt_steps)],
+            "chain_len_mean": float(lengths.mean()), "chain_len_harmonic": float(1 / (1 / lengths).mean())}
+
+
+def chain_lengths(draft: torch.nn.Module, steps: list[torch.Tensor], ids: list[int], prompt_len: int) -> torch.Tensor:
+    """1 + the draft tokens a chain starting at each continuation position would get accepted. Step j at shifted
+    index t proposes token t+2+j (speculators' alignment); with teacher forcing its input is the true token,
+    which is the draft's own while the chain lives. Starts whose chain would run past the end are left out."""
+    k, n = len(steps), len(ids)
+    proposed = torch.stack([s[0].cpu() for s in steps])  # [k, n-1] draft vocabulary ids
+    if draft.d2t is not None:
+        proposed = proposed + draft.d2t.cpu()[proposed]
+    starts = torch.arange(prompt_len - 1, n - 1 - k)  # the first verify step drafts at index prompt_len - 1
+    truth = torch.tensor(ids)[starts[:, None] + 2 + torch.arange(k)]  # [starts, k]
+    hits = (proposed[:, starts].T == truth).long().cumprod(dim=1)
+    return 1 + hits.sum(dim=1)
+
+
+def outside_draft_vocab(draft: torch.nn.Module, continuations: Sequence[list[int]]) -> float:
+    """Share of the verifier's greedy tokens the draft cannot propose (not in its vocabulary). tau_sim's target
+    is the best token within the draft vocabulary, so it counts such positions as hits when the draft picks it;
+    the verifier never accepts them."""
+    tokens = [t for c in continuations for t in c]
+    if draft.t2d is None:
+        return 0.0
+    t2d = draft.t2d.cpu()
+    return sum(not bool(t2d[t]) for t in tokens) / len(tokens)

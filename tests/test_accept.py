@@ -1,0 +1,293 @@
+"""Measured acceptance (eagle3.eval) on the tiny verifier: lossless, faithful to speculators' draft, and telling
+an untrained draft from a trained one; the CLI, its errors, and eval.accept in training."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+
+import pytest
+import torch
+from omegaconf import OmegaConf
+
+from conftest import ROOT, SMALL_DATA, compose_cfg, launch, read_rows
+from eagle3.config import ConfigError, validate
+
+# A draft trained long enough to accept clearly more than an untrained one. The shared `trained_run` (30 steps)
+# measures accept_len about 1.04, too close to an untrained draft's 1.01; smaller batches over the same small
+# data give more updates for the same compute: about 1.22 (k=3, the 13 val prompts) in ~35 s.
+STRONG = [*[o for o in SMALL_DATA if not o.startswith("data.total_seq_len")], "data.total_seq_len=128",
+          "optim.epochs=4", "optim.lr=2e-3"]
+ACCEPT_AT_VAL = ["eval.accept.enabled=true", "eval.accept.num_prompts=4", "eval.accept.max_new_tokens=16"]
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    """Single-op latency dominates on a tiny model; a second thread only contends with other processes."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="module")
+def strong_run(cache_dir, tmp_path_factory):
+    """A real run with eval.accept on: the draft at its step-0 val pass is the untrained scratch init."""
+    run_dir = tmp_path_factory.mktemp("runs") / "accept"
+    proc = launch([f"hydra.run.dir={run_dir}", "logger.mode=disabled", *STRONG, *ACCEPT_AT_VAL], cache_dir,
+                  OMP_NUM_THREADS="1")
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    return run_dir
+
+
+@pytest.fixture(scope="module")
+def inputs(strong_run):
+    from eagle3.data.prepare import load_causal_lm
+    from eagle3.eval.prompts import val_split_prompts
+
+    summary = json.loads((strong_run / "summary.json").read_text())
+    verifier = load_causal_lm(summary["verifier_dir"])
+    # All 13 val prompts: the first 6 alone happen to be harder (trained accept_len 1.13 there, 1.22 on all).
+    return {"summary": summary, "verifier": verifier, "prompts": val_split_prompts(summary["data_dir"], 0.9, 16)}
+
+
+def load(summary, which="best", attn_impl="sdpa"):
+    from eagle3.checkpoint import load_draft
+
+    return load_draft(summary["checkpoints"][which], attn_impl, verifier_dir=summary["verifier_dir"])
+
+
+def scratch_draft(summary, attn_impl="sdpa", **flags):
+    """An untrained draft as the scratch initializer builds it, with the given norm flags."""
+    from eagle3.data.vocab import vocab_mapping
+    from eagle3.init.build import SPECULATORS_FLAGS, new_draft
+
+    draft_cfg = OmegaConf.to_container(compose_cfg().model.draft, resolve=True)
+    d2t, t2d = vocab_mapping(summary["data_dir"], draft_cfg["draft_vocab_size"], draft_cfg["vocab_size"])
+    torch.manual_seed(0)
+    return new_draft(draft_cfg, {**SPECULATORS_FLAGS, **flags}, attn_impl, summary["verifier_dir"], t2d, d2t).eval()
+
+
+@pytest.mark.parametrize("attn_impl,flags", [
+    ("sdpa", {}),  # speculators' training defaults: norm_before_residual, norm_before_fc, norm_output
+    ("eager", {"norm_before_residual": False, "norm_before_fc": False, "norm_output": False, "fc_norm": True}),
+    ("simple_flex_attention", {}),  # what a CUDA run trains with; its forward also runs (unfused) on CPU
+])
+@pytest.mark.filterwarnings("ignore:flex_attention called without torch.compile")
+def test_chain_logits_equal_speculators_forward(inputs, attn_impl, flags):
+    """Every step of the chain equals speculators' TTT step on a sequence whose teacher-forced tokens are the
+    draft's own proposals: same position ids, hidden state and token, no off-by-one."""
+    from eagle3.eval.drafting import propose, verifier_pass
+
+    draft = scratch_draft(inputs["summary"], attn_impl, **flags)
+    verifier, aux_ids, k = inputs["verifier"], [1, 2, 3], 4
+    # speculators' forward below sees len(seq) - 1 = 128 positions: with flex attention its TTT steps need a
+    # multiple of the block size (128), as training's packed batches are.
+    ids = (inputs["prompts"][0] + list(range(5, 300)))[:130 - k]
+    m = len(ids) - 1
+    drafts, logits = propose(draft, ids, verifier_pass(verifier, ids, aux_ids).aux[:m], k)
+    seq = ids + drafts[:-1]  # speculators' step j at index m-1 embeds seq[m+j]: the draft's token j
+    states = verifier_pass(verifier, seq, aux_ids)
+    captured = []
+    hook = draft.lm_head.register_forward_hook(lambda _m, _i, out: captured.append(out[0]))
+    with torch.no_grad():
+        draft(hidden_states=states.aux[:-1][None], input_ids=torch.tensor([seq[1:]]),
+              document_ids=torch.zeros(1, len(seq) - 1, dtype=torch.long),
+              position_ids=torch.arange(1, len(seq))[None], ttt_steps=k)
+    hook.remove()
+    for j in range(k):
+        torch.testing.assert_close(logits[j], captured[j][m - 1], rtol=1e-5, atol=1e-5)
+
+
+def test_prefix_mask_equals_speculators_mask(inputs):
+    from eagle3.eval.drafting import prefix_mask
+
+    for attn_impl in ("sdpa", "eager"):
+        draft = scratch_draft(inputs["summary"], attn_impl)
+        for m in (1, 7, 40):
+            ours = prefix_mask(draft, m, torch.device("cpu"))
+            theirs = draft._build_attn_mask(torch.zeros(m, dtype=torch.long), m, torch.device("cpu"))
+            assert ours.dtype == theirs.dtype and torch.equal(ours, theirs)
+
+
+def test_verifier_states_are_those_training_data_has(inputs, tmp_path):
+    """The aux and last slots equal what eagle3.data.prepare writes for training (same definition, one forward)."""
+    from safetensors.torch import load_file
+
+    from eagle3.data.prepare import write_dataset
+    from eagle3.eval.drafting import verifier_pass
+
+    ids = inputs["prompts"][1] + list(range(20))
+    write_dataset(inputs["verifier"], inputs["summary"]["verifier_dir"], [(ids, [1] * len(ids))], tmp_path, [1, 2, 3],
+                  dtype=torch.float32)
+    written = load_file(str(tmp_path / "hidden_states" / "hs_0.safetensors"))["hidden_states"]
+    states = verifier_pass(inputs["verifier"], ids, [1, 2, 3])
+    torch.testing.assert_close(states.aux, written[:, :-1].flatten(1), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(states.last, written[:, -1], rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("k", [1, 4])
+def test_speculative_output_is_greedy_output(inputs, k):
+    from eagle3.eval.drafting import greedy_decode, speculative_decode
+
+    draft = load(inputs["summary"])
+    for prompt in inputs["prompts"][:6]:
+        spec = speculative_decode(inputs["verifier"], draft, prompt, k, 24, [1, 2, 3])
+        assert spec.tokens == greedy_decode(inputs["verifier"], prompt, 24)
+        assert all(0 <= n <= k for n in spec.accepted)
+
+
+def test_untrained_accepts_about_one_and_trained_clearly_more(inputs, strong_run):
+    from eagle3.eval.measure import AcceptanceProbe
+
+    probe = AcceptanceProbe(inputs["verifier"], inputs["prompts"], 3, 32)
+    untrained = probe.measure(scratch_draft(inputs["summary"]))
+    trained = probe.measure(load(inputs["summary"]))
+    # Measured: 1.01 untrained, 1.22 trained (tau_sim of the same sequences 1.46: see the README).
+    assert untrained["accept_len"] < 1.1
+    assert trained["accept_len"] > 1.15 and trained["accept_len"] > untrained["accept_len"] + 0.1
+    for report in (untrained, trained):
+        rates = report["accept_rate"]
+        assert all(0.0 <= r <= 1.0 for r in rates)
+        assert all(a >= b for a, b in zip(rates, rates[1:]))
+        assert report["accept_len"] == pytest.approx(1 + sum(rates))
+        assert report["lossless"] and report["tokens_generated"] == len(inputs["prompts"]) * 32
+        assert report["tau_sim_ttt_steps"] == 3 and report["tau_sim"] == pytest.approx(1 + sum(report["full_acc"]))
+        assert 1.0 <= report["chain_len_harmonic"] <= report["chain_len_mean"] <= 4.0
+
+
+def test_lossless_failure_names_prompt_and_position(inputs):
+    from eagle3.eval.measure import LosslessError, check_lossless
+
+    prompt = inputs["prompts"][0]
+    with pytest.raises(LosslessError, match=r"prompt #1, new token #2: speculative 9, greedy 8; .*not a tie"):
+        check_lossless(inputs["verifier"], [prompt, prompt], [[1, 2, 3], [4, 5, 9]], [[1, 2, 3], [4, 5, 8]])
+
+
+def test_accept_len_in_every_val_row(strong_run):
+    val = [r for r in read_rows(strong_run) if r["split"] == "val"]
+    assert len(val) == 5  # step 0 + 4 epochs
+    for row in val:
+        assert 1.0 <= row["accept_len"] <= 4.0
+        assert row["accept_len"] == pytest.approx(1 + sum(row[f"accept_rate_{j}"] for j in range(3)))
+    assert val[0]["accept_len"] < 1.1  # the scratch init, before any update
+
+
+def test_cli_run_and_prompt_files(strong_run, inputs, tmp_path):
+    from eagle3.eval.accept import main
+
+    ids_file = tmp_path / "ids.jsonl"
+    ids_file.write_text("".join(json.dumps({"input_ids": p}) + "\n" for p in inputs["prompts"][:2]))
+    out = tmp_path / "ids_report.json"
+    proc = subprocess.run([sys.executable, "-m", "eagle3.eval.accept", "--run", str(strong_run), "--prompts",
+                           str(ids_file), "--k", "2", "--max-new-tokens", "12", "--out", str(out)],
+                          cwd=ROOT, capture_output=True, text=True, timeout=300, env={**_env(), "OMP_NUM_THREADS": "1"})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "accept_len" in proc.stdout and "tau_sim" in proc.stdout and "lossless" in proc.stdout
+    report = json.loads(out.read_text())
+    assert report["prompts"] == 2 and report["k"] == 2 and len(report["accept_rate"]) == 2
+    assert report["tokens_generated"] == 24 and report["lossless"] is True
+
+    # --run alone: the run's val prompts, k from the checkpoint, the report beside the run, never overwritten.
+    main(["--run", str(strong_run), "--num-prompts", "2", "--max-new-tokens", "8"])
+    report = json.loads((strong_run / "accept_k3.json").read_text())
+    assert report["k"] == 3 and report["prompt_source"].startswith("val split of")
+    with pytest.raises(SystemExit, match="accept_k3.json exists"):
+        main(["--run", str(strong_run), "--num-prompts", "2", "--max-new-tokens", "8"])
+
+
+def test_cli_messages_with_a_chat_template(strong_run, inputs, tmp_path):
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import AutoTokenizer, PreTrainedTokenizerFast
+
+    from eagle3.eval.accept import main
+
+    verifier = tmp_path / "verifier"
+    shutil.copytree(inputs["summary"]["verifier_dir"], verifier)
+    vocab = {w: i for i, w in enumerate(["[UNK]", "<|user|>", "<|assistant|>", *[f"w{i}" for i in range(500)]])}
+    backend = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
+    backend.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    template = ("{% for m in messages %}<|{{ m['role'] }}|> {{ m['content'] }} {% endfor %}"
+                "{% if add_generation_prompt %}<|assistant|>{% endif %}")
+    PreTrainedTokenizerFast(tokenizer_object=backend, unk_token="[UNK]", chat_template=template).save_pretrained(verifier)
+    messages = [{"role": "user", "content": "w1 w2 w3 w40"}]
+    prompts = tmp_path / "messages.jsonl"
+    prompts.write_text(json.dumps({"messages": messages}) + "\n")
+    out = tmp_path / "report.json"
+    main([inputs["summary"]["checkpoints"]["best"], "--verifier", str(verifier), "--prompts", str(prompts),
+          "--max-new-tokens", "8", "--out", str(out)])
+    assert json.loads(out.read_text())["prompts"] == 1
+    rendered = AutoTokenizer.from_pretrained(str(verifier)).apply_chat_template(
+        messages, add_generation_prompt=True, tokenize=True, return_dict=False)
+    assert list(rendered) == [1, 4, 5, 6, 43, 2]
+
+
+def _env():
+    import os
+
+    env = dict(os.environ)
+    env.pop("HYDRA_FULL_ERROR", None)
+    return env
+
+
+def bad_cli_inputs(strong_run, inputs, tmp_path):
+    best = inputs["summary"]["checkpoints"]["best"]
+    verifier = inputs["summary"]["verifier_dir"]
+    files = {"empty": "", "oov": json.dumps({"input_ids": [1, 2, 5000]}), "notjson": "{input_ids: [1]}",
+             "emptyids": json.dumps({"input_ids": []}), "ok": json.dumps({"input_ids": [1, 2, 3]}), "messages": json.dumps({"messages": [{"role": "user",
+                                                                                            "content": "hi"}]})}
+    for name, text in files.items():
+        (tmp_path / f"{name}.jsonl").write_text(text + "\n")
+    p = lambda name: str(tmp_path / f"{name}.jsonl")  # noqa: E731
+    return [
+        (["--run", str(strong_run), "--k", "0", "--out", str(tmp_path / "x.json")], "--k must be >= 1"),
+        (["--run", str(tmp_path)], "is not a finished run dir"),
+        (["--run", str(strong_run), "--threads", "0", "--out", str(tmp_path / "x.json")], "--threads must be >= 1"),
+        ([str(tmp_path / "missing"), "--verifier", verifier, "--prompts", p("oov")], "does not exist"),
+        ([best, "--verifier", str(tmp_path), "--prompts", p("oov")], "has no config.json"),
+        ([best, "--verifier", verifier], "give --prompts"),
+        ([best, "--verifier", verifier, "--prompts", p("empty")], "holds no prompts"),
+        ([best, "--verifier", verifier, "--prompts", p("notjson")], "is not JSON"),
+        ([best, "--verifier", verifier, "--prompts", p("emptyids")], "non-empty list"),
+        ([best, "--verifier", verifier, "--prompts", p("oov")], "outside the verifier's vocabulary"),
+        ([best, "--verifier", verifier, "--prompts", p("messages")], "need a tokenizer"),
+        ([best, "--verifier", verifier, "--prompts", p("oov"), "--max-new-tokens", "1"], "max_new_tokens must be >= 2"),
+        ([best, "--verifier", verifier, "--prompts", p("ok"), "--max-new-tokens", "600"], "max_position_embeddings"),
+    ]
+
+
+def test_bad_cli_input_is_one_message(strong_run, inputs, tmp_path):
+    from eagle3.eval.accept import main
+
+    for args, message in bad_cli_inputs(strong_run, inputs, tmp_path):
+        with pytest.raises(SystemExit) as exit_info:
+            main(args)
+        assert str(exit_info.value.code).startswith("error: ") and message in str(exit_info.value.code), args
+    proc = subprocess.run([sys.executable, "-m", "eagle3.eval.accept", "--run", str(tmp_path / "nowhere")],
+                          cwd=ROOT, capture_output=True, text=True, timeout=120, env=_env())
+    assert proc.returncode != 0 and "Traceback" not in proc.stderr
+    assert proc.stderr.strip().startswith("error: ") and len(proc.stderr.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize("override,key", [
+    ("eval.accept.k=0", "eval.accept.k"),
+    ("eval.accept.max_new_tokens=1", "eval.accept.max_new_tokens"),
+    ("eval.accept.every=0", "eval.accept.every"),
+    ("eval.accept.prompts=/missing.jsonl", "eval.accept.prompts"),
+])
+def test_accept_config_is_checked(override, key):
+    resolved = OmegaConf.to_container(compose_cfg(["eval.accept.enabled=true", override]), resolve=True,
+                                      enum_to_str=True)
+    with pytest.raises(ConfigError, match=key.replace(".", r"\.")):
+        validate(resolved)
+
+
+def test_accept_with_fsdp_across_ranks_is_refused_and_off_by_default():
+    resolved = OmegaConf.to_container(compose_cfg(["distributed=fsdp", "eval.accept.enabled=true"]), resolve=True,
+                                      enum_to_str=True)
+    with pytest.raises(ConfigError, match="FSDP shards it"):
+        validate(resolved)
+    default = OmegaConf.to_container(compose_cfg(), resolve=True)
+    assert default["eval"]["accept"]["enabled"] is False and default["eval"]["accept"]["k"] == 3
