@@ -252,7 +252,7 @@ def bad_cli_inputs(strong_run, inputs, tmp_path):
         ([best, "--verifier", verifier, "--prompts", p("notjson")], "is not JSON"),
         ([best, "--verifier", verifier, "--prompts", p("emptyids")], "non-empty list"),
         ([best, "--verifier", verifier, "--prompts", p("oov")], "outside the verifier's vocabulary"),
-        ([best, "--verifier", verifier, "--prompts", p("messages")], "need a tokenizer"),
+        ([best, "--verifier", verifier, "--prompts", p("messages")], "need the model's tokenizer"),
         ([best, "--verifier", verifier, "--prompts", p("oov"), "--max-new-tokens", "1"], "max_new_tokens must be >= 2"),
         ([best, "--verifier", verifier, "--prompts", p("ok"), "--max-new-tokens", "600"], "max_position_embeddings"),
     ]

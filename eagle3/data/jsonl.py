@@ -114,25 +114,28 @@ class ChatTokenizer:
         try:
             self.tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
         except (OSError, ValueError) as e:
-            raise ConfigError(f"{model_dir}: messages rows need the model's tokenizer, which did not load ({e})") from None
+            raise ConfigError(f"{model_dir}: messages rows need the model's tokenizer, which did not load ({e}); "
+                              f"give input_ids rows instead") from None
         if not self.tokenizer.chat_template:
             raise ConfigError(f"{model_dir}: its tokenizer has no chat template, so messages rows cannot be "
-                              f"rendered; give input_ids and loss_mask rows instead")
+                              f"rendered; give input_ids rows instead")
 
-    def _ids(self, messages: list[dict[str, Any]], generation_prompt: bool) -> list[int]:
+    def render(self, messages: list[dict[str, Any]], generation_prompt: bool) -> list[int]:
+        """The conversation's token ids as the chat template renders it (`generation_prompt`: ready for the
+        assistant's next turn)."""
         text = self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=generation_prompt)
         return self.tokenizer(text, add_special_tokens=False)["input_ids"]
 
     def __call__(self, messages: list[dict[str, Any]]) -> Row:
         if not all(isinstance(m, dict) and "role" in m and "content" in m for m in messages):
             raise ValueError("every message needs a role and a content")
-        ids = self._ids(messages, False)
+        ids = self.render(messages, False)
         mask = [0] * len(ids)
         for i, message in enumerate(messages):
             if message["role"] != "assistant":
                 continue
-            before = self._ids(messages[:i], True) if i else []
-            through = self._ids(messages[:i + 1], False)
+            before = self.render(messages[:i], True) if i else []
+            through = self.render(messages[:i + 1], False)
             if ids[:len(before)] != before or ids[:len(through)] != through:
                 raise ValueError(f"the chat template renders turn {i} differently once later turns follow, so its "
                                  f"tokens cannot be located")

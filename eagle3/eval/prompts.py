@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from eagle3.config import ConfigError
+from eagle3.data.jsonl import ChatTokenizer
 
 
 def read_jsonl_prompts(path: str | Path, verifier_dir: str | Path, limit: int | None = None) -> list[list[int]]:
@@ -29,7 +30,7 @@ def read_jsonl_prompts(path: str | Path, verifier_dir: str | Path, limit: int | 
     if not rows:
         raise ConfigError(f"prompts: {path} holds no prompts")
     rows = rows[:limit] if limit else rows
-    tokenizer = chat_tokenizer(verifier_dir) if any("messages" in r for r in rows) else None
+    tokenizer = ChatTokenizer(Path(verifier_dir)) if any("messages" in r for r in rows) else None
     return [_prompt_ids(row, tokenizer, path) for row in rows]
 
 
@@ -41,44 +42,28 @@ def _prompt_ids(row: dict[str, Any], tokenizer, path: Path) -> list[int]:
             raise ConfigError(f"{where}: input_ids must be a non-empty list of integer token ids")
         return ids
     try:
-        ids = tokenizer.apply_chat_template(row["messages"], add_generation_prompt=True, tokenize=True,
-                                            return_dict=False)
+        ids = tokenizer.render(row["messages"], generation_prompt=True)
     except Exception as e:  # noqa: BLE001  (jinja and tokenizers raise many types for bad messages)
         raise ConfigError(f"{where}: the chat template cannot render these messages ({type(e).__name__}: {e})") from None
     return list(ids)
 
 
-def chat_tokenizer(verifier_dir: str | Path):
-    """The verifier's tokenizer, which must carry a chat template to render `messages` rows."""
-    from transformers import AutoTokenizer
-
-    try:
-        tokenizer = AutoTokenizer.from_pretrained(str(verifier_dir))
-    except (OSError, ValueError) as e:
-        raise ConfigError(f"prompts with messages need a tokenizer, and {verifier_dir} has none that loads "
-                          f"({type(e).__name__}); give token ids as input_ids rows instead") from None
-    if not getattr(tokenizer, "chat_template", None):
-        raise ConfigError(f"prompts with messages need a chat template, and the tokenizer in {verifier_dir} has "
-                          "none; give token ids as input_ids rows instead")
-    return tokenizer
-
-
 def val_split_prompts(data_dir: str | Path, train_ratio: float, limit: int) -> list[list[int]]:
     """The loss-masked-out start of each val row (the prompt before the first trained token), in order, for
-    the first `limit` rows that have one. The split is speculators' own (ArrowDataset), so it is training's."""
-    from speculators.train.data import ArrowDataset
+    the first `limit` rows that have one. The split is training's (eagle3.data.loader: the rows from
+    int(len * train_ratio) on)."""
+    from eagle3.data.rows import ArrowRows
 
     try:
-        rows = ArrowDataset(max_len=1 << 30, datapath=str(data_dir), on_missing="raise", train_ratio=train_ratio,
-                            split="val").data
-    except (OSError, ValueError, FileNotFoundError) as e:
+        rows = ArrowRows(data_dir)
+    except Exception as e:  # noqa: BLE001  (datasets raises several types for a dir it cannot read)
         raise ConfigError(f"cannot read the val split of {data_dir} ({type(e).__name__}: {e})") from None
     prompts = []
-    for row in rows:
-        mask = row["loss_mask"].tolist()
-        start = next((i for i, m in enumerate(mask) if m), len(mask))
+    for i in range(int(len(rows) * train_ratio), len(rows)):
+        mask = rows.loss_mask(i)
+        start = int(mask.argmax()) if mask.any() else len(mask)
         if 0 < start < len(mask):  # a prompt, and something after it that training learned to continue
-            prompts.append(row["input_ids"][:start].tolist())
+            prompts.append(rows.input_ids(i)[:start].tolist())
         if len(prompts) == limit:
             break
     if not prompts:
