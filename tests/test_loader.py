@@ -16,6 +16,9 @@ from eagle3.data.hsfiles import DataError
 from eagle3.data.reader import split_hidden
 from eagle3.train import to_device
 
+# The sampler warns about the two long documents on purpose.
+pytestmark = pytest.mark.filterwarnings("ignore:Found .* samples longer than batch_max_length")
+
 T, H, AUX, VOCAB = 48, 32, 3, 64
 # Packs of several documents, documents of one token (nothing left after the shift), and two longer than a
 # micro-batch (the sampler packs them alone and CollateFn cuts them at T).
