@@ -2,13 +2,11 @@
 
     hidden_states/hs_<row>.safetensors: hidden_states [seq_len, n_aux + 1, H] (float), token_ids [seq_len] (int)
 
-A safetensors file is an 8-byte little-endian header size, a JSON header (dtype, shape and data offsets,
-relative to the header's end, of every tensor), then the data.
+Headers are parsed by eagle3/tensorfile.py.
 """
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 from typing import NamedTuple
@@ -17,22 +15,15 @@ import numpy as np
 import torch
 
 from eagle3.config import ConfigError
+from eagle3.tensorfile import HeaderError, TensorSpec, read_specs
 
 FLOAT_DTYPES = {"BF16": torch.bfloat16, "F16": torch.float16, "F32": torch.float32}
 DTYPE_NAMES = {v: k for k, v in FLOAT_DTYPES.items()}
 INT_DTYPES = {"I64": np.int64, "I32": np.int32}
-MAX_HEADER = 100 * 2**20  # safetensors' own limit
 
 
 class DataError(ConfigError):
     """A hidden-state file is missing, unreadable, or disagrees with its Arrow row or the draft's shape."""
-
-
-class TensorSpec(NamedTuple):
-    dtype: str
-    shape: tuple[int, ...]
-    start: int  # absolute byte offsets in the file
-    end: int
 
 
 def hs_path(data_dir: Path, row: int) -> Path:
@@ -48,21 +39,11 @@ def open_file(path: Path, row: int) -> int:
 
 
 def read_header(fd: int, path: Path) -> dict[str, TensorSpec]:
-    """The tensors a safetensors file holds, with their absolute byte ranges, checked against the file's size."""
-    size = int.from_bytes(os.pread(fd, 8, 0), "little")
+    """The tensors a hidden-state file holds, with their absolute byte ranges."""
     try:
-        if size > MAX_HEADER:
-            raise ValueError(f"header size {size}")
-        header = json.loads(os.pread(fd, size, 8))
-        tensors = {name: TensorSpec(t["dtype"], tuple(t["shape"]), 8 + size + t["data_offsets"][0],
-                                    8 + size + t["data_offsets"][1])
-                   for name, t in header.items() if name != "__metadata__"}
-    except (ValueError, KeyError, TypeError, IndexError) as e:
-        raise DataError(f"{path.name}: not a readable safetensors file ({e!r})") from None
-    needed, actual = max((t.end for t in tensors.values()), default=0), os.fstat(fd).st_size
-    if needed > actual:
-        raise DataError(f"{path.name}: truncated: its header needs {needed:,} bytes, the file has {actual:,}")
-    return tensors
+        return read_specs(fd)
+    except HeaderError as e:
+        raise DataError(f"{path.name}: {e}") from None
 
 
 class Problem(NamedTuple):
@@ -78,6 +59,12 @@ def file_problem(fd: int, path: Path, ids: np.ndarray, num_slots: int | None, hi
         tensors = read_header(fd, path)
     except DataError as e:
         return Problem("unreadable_file", str(e))
+    return tensors_problem(fd, path, tensors, ids, num_slots, hidden_size, dtype)
+
+
+def tensors_problem(fd: int, path: Path, tensors: dict[str, TensorSpec], ids: np.ndarray, num_slots: int | None,
+                    hidden_size: int | None, dtype: str | None) -> Problem | None:
+    """file_problem for a header already read."""
     hs, tok = tensors.get("hidden_states"), tensors.get("token_ids")
     if hs is None or tok is None:
         return Problem("unreadable_file", f"{path.name}: expected tensors hidden_states and token_ids, found "
@@ -115,11 +102,15 @@ def check_file(fd: int, path: Path, row: int, ids: np.ndarray, dtype: torch.dtyp
                hidden_size: int) -> int:
     """Raises DataError if the file does not fit its row and the draft's shape; returns where its hidden states
     start. The start-up check (eagle3.data.check) ran the same test, so a failure means the data changed."""
-    problem = file_problem(fd, path, ids, num_aux + 1, hidden_size, DTYPE_NAMES[dtype])
+    try:
+        tensors = read_header(fd, path)
+        problem = tensors_problem(fd, path, tensors, ids, num_aux + 1, hidden_size, DTYPE_NAMES[dtype])
+    except DataError as e:
+        problem = Problem("unreadable_file", str(e))
     if problem is not None:
         raise DataError(f"{path.parent}/{problem.detail} (row {row}; the data changed after the run's start-up "
                         f"check, or that check did not run)")
-    return read_header(fd, path)["hidden_states"].start
+    return tensors["hidden_states"].start
 
 
 def read_into(fd: int, dest: memoryview, offset: int, path: Path) -> None:

@@ -7,11 +7,12 @@ truncated, or missing from a shard index.
 from __future__ import annotations
 
 import json
-import struct
+import os
 from pathlib import Path
 from typing import Any
 
 from eagle3.config import ConfigError
+from eagle3.tensorfile import HeaderError, TensorSpec, read_specs
 
 
 class CheckpointError(ConfigError):
@@ -41,34 +42,19 @@ def checkpoint_files(path: Path) -> list[Path]:
     raise CheckpointError(f"{path}: no model.safetensors or model.safetensors.index.json{hint}")
 
 
-def read_header(file: Path) -> dict[str, dict[str, Any]]:
-    """{key: {"dtype", "shape", "data_offsets"}} of one safetensors file, checked against its size."""
-    size = file.stat().st_size
-    with open(file, "rb") as f:
-        head = f.read(8)
-        if len(head) < 8:
-            raise CheckpointError(f"{file}: not a safetensors file (only {size} bytes)")
-        (header_len,) = struct.unpack("<Q", head)
-        if header_len > min(size - 8, 100_000_000):
-            raise CheckpointError(f"{file}: not a safetensors file (its first 8 bytes do not give a header length)")
-        try:
-            header = json.loads(f.read(header_len))
-        except (UnicodeDecodeError, ValueError):
-            raise CheckpointError(f"{file}: not a safetensors file (its header is not JSON)") from None
-    header.pop("__metadata__", None)
-    end = max((t["data_offsets"][1] for t in header.values()), default=0)
-    if 8 + header_len + end > size:
-        raise CheckpointError(f"{file}: truncated: its header needs {8 + header_len + end:,} bytes, the file has "
-                              f"{size:,}")
-    return header
+def read_header(file: Path) -> dict[str, TensorSpec]:
+    """The tensors of one safetensors file, checked against its size."""
+    fd = os.open(file, os.O_RDONLY)
+    try:
+        return read_specs(fd)
+    except HeaderError as e:
+        raise CheckpointError(f"{file}: {e}") from None
+    finally:
+        os.close(fd)
 
 
 def tensor_shapes(files: list[Path]) -> dict[str, tuple[int, ...]]:
-    shapes: dict[str, tuple[int, ...]] = {}
-    for file in files:
-        for key, info in read_header(file).items():
-            shapes[key] = tuple(info["shape"])
-    return shapes
+    return {key: spec.shape for file in files for key, spec in read_header(file).items()}
 
 
 def load_tensors(files: list[Path], keys: set[str] | None = None) -> dict[str, Any]:
