@@ -44,7 +44,7 @@ def strong_run(cache_dir, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def inputs(strong_run):
-    from eagle3.data.prepare import load_causal_lm
+    from eagle3.data.verifier_forward import load_causal_lm
     from eagle3.eval.prompts import val_split_prompts
 
     summary = json.loads((strong_run / "summary.json").read_text())

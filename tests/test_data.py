@@ -5,7 +5,8 @@ from __future__ import annotations
 import torch
 from safetensors.torch import load_file
 
-from eagle3.data.prepare import load_causal_lm, write_dataset
+from eagle3.data.prepare import write_dataset
+from eagle3.data.verifier_forward import load_causal_lm
 from eagle3.data.synthetic import sample_rows, synthetic_dataset_dir
 from eagle3.data.verifier import tiny_verifier_dir
 

@@ -17,7 +17,7 @@ from omegaconf import OmegaConf
 from safetensors.torch import load_file, save_file
 
 from conftest import ROOT, compose_cfg
-from eagle3.data.prepare import batch_plan, load_causal_lm
+from eagle3.data.verifier_forward import batch_plan, load_causal_lm
 from eagle3.data.verifier import tiny_verifier_dir
 
 AUX = [1, 2, 3]

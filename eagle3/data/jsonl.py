@@ -82,7 +82,7 @@ def _parse(line: str, where: str, bad: BadSamples, tokenize_chat) -> Row | None:
         return None
     if isinstance(item, dict) and "input_ids" in item:
         ids, mask = item["input_ids"], item.get("loss_mask")
-        if not (_ints(ids) and _ints(mask) and len(ids) == len(mask) and ids):
+        if not (_ints(ids) and _ints(mask) and mask is not None and len(ids) == len(mask) and ids):
             bad.bad(where, "malformed", "input_ids and loss_mask must be non-empty lists of integers of equal length")
             return None
         return list(ids), [int(m != 0) for m in mask]
