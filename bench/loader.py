@@ -11,7 +11,7 @@ Raw read: each training file's hidden_states bytes, `readinto` one reused buffer
 (taken from the safetensors header beforehand): what one thread gets from the page cache, the ceiling.
 Data path: eagle3.data.loader.build_loaders as the trainer builds it (total_seq_len 2048, one rank, the
 default prefetch), and per micro-batch what the trainer does up to the model's inputs: on CUDA
-eagle3.train.to_device (the host-to-device copy; synchronized before the clock stops); on CPU the
+eagle3.data.reader.to_device (the host-to-device copy; synchronized before the clock stops); on CPU the
 hidden-state views (eagle3.data.reader.split_hidden). The CPU trainer then casts them to float32; that
 cast is the model's compute, not data loading, and is left out.
 
@@ -94,7 +94,7 @@ def loader_pass(loader, epoch: int, device) -> float:
     import torch
 
     from eagle3.data.reader import split_hidden
-    from eagle3.train import to_device
+    from eagle3.data.reader import to_device
 
     loader.batch_sampler.set_epoch(epoch)
     start = time.perf_counter()

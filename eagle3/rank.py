@@ -13,7 +13,7 @@ from pathlib import Path
 import torch
 
 from eagle3.checkpoint import check_disk, load_draft, load_trainer_state
-from eagle3.config import RunConfig
+from eagle3.config import RunConfig, plain_config
 from eagle3.console import format_result_table, quiet_libraries, setup_rank_logging
 from eagle3.data.loader import build_loaders
 from eagle3.distributed import World, close_world, init_world, wrap_model
@@ -94,7 +94,8 @@ def _train_on(world: World, device: torch.device, cfg: RunConfig, run_dir: Path,
 
         at_val = AcceptanceAtVal(cfg.eval.accept, cfg.data.train_ratio, verifier_dir, data_dir, device, world)
     resume_step = resume_state["progress"]["step"] if resume_state else None
-    with Tracker(run_dir, cfg, enabled=world.is_main, resume_step=resume_step) as tracker:
+    with Tracker(run_dir, cfg.logger, cfg.run, plain_config(cfg), enabled=world.is_main,
+                 resume_step=resume_step) as tracker:
         progress = train(model, train_loader, val_loader, draft, cfg.optim, cfg.logger.log_every, device, world,
                          tracker, run_dir, resume_state, at_val)
         summary = RunSummary.of(progress, run_dir / "checkpoints", verifier_dir, data_dir, str(device), world.size)

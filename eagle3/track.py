@@ -14,14 +14,18 @@ import uuid
 from pathlib import Path
 from typing import IO, Any
 
-from eagle3.config import LoggerConfig, LoggerMode, RunConfig, plain_config
+from eagle3.config import LoggerConfig, LoggerMode, RunInfo
 from eagle3.progress import RunSummary
 
 
 class Tracker:
-    def __init__(self, run_dir: Path, cfg: RunConfig, enabled: bool = True, resume_step: int | None = None):
+    """`logger` says whether and where wandb logs; `run` (name, group, group choices) and `config` (the plain
+    resolved config, shown in wandb) are what a wandb run is created with."""
+
+    def __init__(self, run_dir: Path, logger: LoggerConfig, run: RunInfo | None = None,
+                 config: dict[str, Any] | None = None, enabled: bool = True, resume_step: int | None = None):
         self.run_dir = run_dir
-        self.cfg = cfg
+        self.logger, self.run, self.config = logger, run, config
         self.enabled = enabled
         self.resume_step = resume_step
         self._file: IO[str] | None = None
@@ -37,15 +41,16 @@ class Tracker:
                     if line.strip() and json.loads(line)["step"] <= self.resume_step]
             metrics.write_text("".join(line + "\n" for line in kept))
         self._file = open(metrics, "a", encoding="utf-8")
-        logger = self.cfg.logger
-        if logger.mode != LoggerMode.disabled:
-            self._wandb = self._init_wandb(logger)
+        if self.logger.mode != LoggerMode.disabled:
+            self._wandb = self._init_wandb(self.logger)
         return self
 
     def _init_wandb(self, logger: LoggerConfig) -> Any:
         import wandb
 
-        run = self.cfg.run
+        run = self.run
+        if run is None:
+            raise ValueError("a wandb run needs the job's RunInfo: pass run= to Tracker")
         id_file = self.run_dir / "wandb_run_id"
         run_id = id_file.read_text().strip() if id_file.exists() else uuid.uuid4().hex[:12]
         id_file.write_text(run_id + "\n")
@@ -61,7 +66,7 @@ class Tracker:
             group=run.group,
             job_type="train",
             tags=[f"{g}:{run.choices[g]}" for g in ("model", "data", "init", "optim")] + list(logger.tags),
-            config=plain_config(self.cfg),
+            config=self.config,
         )
 
     def log(self, row: dict[str, Any]) -> None:

@@ -62,10 +62,11 @@ def load(summary, which="best", attn_impl="sdpa"):
 def scratch_draft(summary, attn_impl="sdpa", **flags):
     """An untrained draft as the scratch initializer builds it, with the given norm flags."""
     from eagle3.data.vocab import vocab_mapping
+    from eagle3.config import DraftConfig
     from eagle3.init.build import SPECULATORS_FLAGS, new_draft
 
-    draft_cfg = OmegaConf.to_container(compose_cfg().model.draft, resolve=True)
-    d2t, t2d = vocab_mapping(summary["data_dir"], draft_cfg["draft_vocab_size"], draft_cfg["vocab_size"])
+    draft_cfg = DraftConfig(**OmegaConf.to_container(compose_cfg().model.draft, resolve=True))
+    d2t, t2d = vocab_mapping(summary["data_dir"], draft_cfg.draft_vocab_size, draft_cfg.vocab_size)
     torch.manual_seed(0)
     return new_draft(draft_cfg, {**SPECULATORS_FLAGS, **flags}, attn_impl, summary["verifier_dir"], t2d, d2t).eval()
 

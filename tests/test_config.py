@@ -94,3 +94,30 @@ def test_cfg_job_imports_neither_torch_nor_speculators():
     assert "optim:" in proc.stdout
     imported = {line.split("|")[-1].strip().split(".")[0] for line in proc.stderr.splitlines() if "|" in line}
     assert "torch" not in imported and "speculators" not in imported
+
+
+def test_a_key_no_schema_has_is_refused_also_when_added_with_plus(tmp_path):
+    """`+optim.lr_warmup=0.1` passes Hydra's composition; typing the config refuses it like any unknown key."""
+    run_dir = tmp_path / "run"
+    proc = launch(["+optim.lr_warmup=0.1", f"hydra.run.dir={run_dir}"], tmp_path / "cache", timeout=60)
+    assert proc.returncode != 0
+    assert "optim.lr_warmup" in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+    assert not (run_dir / "resolved_config.yaml").exists()
+
+
+def test_run_config_is_typed_and_a_run_dirs_config_goes_through_the_same_schema():
+    from eagle3.config import OptimConfig, RunConfig, Scheduler, ScratchInitConfig, run_config
+
+    plain = OmegaConf.to_container(compose_cfg(), resolve=True, enum_to_str=True)
+    plain["run"] = {"dir": "/r", "name": "r", "group": "r", "choices": {"optim": "tiny"}, "overrides": []}
+    cfg = run_config(plain)
+    assert isinstance(cfg, RunConfig) and isinstance(cfg.optim, OptimConfig) and isinstance(cfg.init, ScratchInitConfig)
+    assert cfg.optim.scheduler is Scheduler.cosine and cfg.run.choices == {"optim": "tiny"}
+    edited = {**plain, "optim": {**plain["optim"], "lr_warmup": 0.1}}
+    with pytest.raises(ConfigError, match=r"optim\.lr_warmup"):
+        run_config(edited)
+    with pytest.raises(ConfigError, match=r"optim\.lr"):
+        run_config({**plain, "optim": {**plain["optim"], "lr": "abc"}})
+    with pytest.raises(ConfigError, match=r"init\.name"):
+        run_config({**plain, "init": {"name": "nope"}})

@@ -6,6 +6,7 @@ import pytest
 from omegaconf import OmegaConf
 
 from conftest import CONF, compose_cfg
+from eagle3.config import DraftConfig
 from eagle3.init.build import SPECULATORS_FLAGS, meta_draft, resolved_flags
 from eagle3.init.pretrained import SPECFORGE_FLAGS
 
@@ -23,7 +24,7 @@ def test_every_experiment_composes(name):
     assert "${" not in OmegaConf.to_yaml(cfg)
 
 
-def draft_parameters(draft: dict, flags: dict) -> int:
+def draft_parameters(draft: DraftConfig, flags: dict) -> int:
     """Parameters of the draft besides embed_tokens and the (frozen, vocabulary-sized) heads."""
     model = meta_draft(draft, flags)
     assert next(model.parameters()).device.type == "meta"
@@ -40,7 +41,8 @@ def test_kimi_k25_scratch_preset():
     assert cfg["optim"]["lr"] == 3e-5 and cfg["optim"]["epochs"] == 5 and cfg["optim"]["warmup_ratio"] == 0.03
     assert cfg["optim"]["scheduler"] == "cosine" and cfg["distributed"]["nproc_per_node"] == 8
     assert cfg["distributed"]["strategy"] == "ddp" and cfg["init"]["name"] == "scratch"
-    count = draft_parameters(cfg["model"]["draft"], resolved_flags(cfg["model"]["draft"], SPECULATORS_FLAGS))
+    draft = DraftConfig(**cfg["model"]["draft"])
+    count = draft_parameters(draft, resolved_flags(draft, SPECULATORS_FLAGS))
     print(f"\nkimi_k25_scratch draft: {count:,} parameters besides embed_tokens and lm_head")
     assert count == kimi_formula(input_norm=True)
 
@@ -50,6 +52,7 @@ def test_kimi_k25_finetune_k2_preset():
     assert cfg["init"]["name"] == "pretrained" and cfg["init"]["vocab"] == "remap"
     assert cfg["optim"]["lr"] < 3e-5  # below the scratch run's lr
     assert cfg["init"]["recommended_lr"][0] <= cfg["optim"]["lr"] <= cfg["init"]["recommended_lr"][1]
-    count = draft_parameters(cfg["model"]["draft"], resolved_flags(cfg["model"]["draft"], SPECFORGE_FLAGS))
+    draft = DraftConfig(**cfg["model"]["draft"])
+    count = draft_parameters(draft, resolved_flags(draft, SPECFORGE_FLAGS))
     print(f"\nkimi_k25_finetune_k2 draft (SpecForge layout flags): {count:,} parameters besides embed_tokens and lm_head")
     assert count == kimi_formula(input_norm=False)

@@ -42,8 +42,10 @@ def write_jsonl(path: Path, rows: list) -> Path:
 @pytest.fixture(scope="module")
 def verifier(cache_dir) -> Path:
     """The tiny default's verifier (vocab 1024, hidden 128, 4 layers), as `python launch.py` builds it."""
+    from eagle3.config import TinyVerifierConfig
+
     cfg = OmegaConf.to_container(compose_cfg(), resolve=True)
-    return tiny_verifier_dir(cfg["model"]["verifier"]["tiny"], str(cache_dir))
+    return tiny_verifier_dir(TinyVerifierConfig(**cfg["model"]["verifier"]["tiny"]), str(cache_dir))
 
 
 @pytest.fixture(scope="module")

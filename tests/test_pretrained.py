@@ -13,7 +13,7 @@ from omegaconf import OmegaConf
 from safetensors.torch import load_file, save_file
 
 from conftest import SMALL_DATA, compose_cfg, launch
-from eagle3.config import lr_advice
+from eagle3.config import DraftConfig, PretrainedInitConfig, VocabPolicy, lr_advice, validate
 from eagle3.export import export
 from eagle3.init import InitContext, build_draft, preflight_draft
 from eagle3.init.build import meta_draft
@@ -33,7 +33,9 @@ def context(run_inputs, overrides: list[str] | None = None, **init) -> InitConte
     resolved, verifier_dir, data_dir = run_inputs
     init_cfg = {"name": "pretrained", "key_map": {"midlayer.": "layers.0."}, "vocab": "remap",
                 "train_lm_head": False, "recommended_lr": [1e-6, 3e-5], **init}
-    return InitContext(draft=dict(resolved["model"]["draft"]), init=init_cfg, verifier_dir=verifier_dir,
+    init_cfg["vocab"] = VocabPolicy(init_cfg["vocab"])
+    return InitContext(draft=DraftConfig(**resolved["model"]["draft"]), init=PretrainedInitConfig(**init_cfg),
+                       verifier_dir=verifier_dir,
                        data_dir=data_dir, attn_impl="sdpa", overrides=overrides or [])
 
 
@@ -205,7 +207,7 @@ def test_aq_medai_k2_table_maps_completely_onto_a_kimi_draft_on_meta():
         "midlayer.mlp.gate_proj.weight": (inter, h), "midlayer.mlp.up_proj.weight": (inter, h),
         "midlayer.mlp.down_proj.weight": (h, inter),
     }
-    model = meta_draft(draft, SPECFORGE_FLAGS)
+    model = meta_draft(DraftConfig(**draft), SPECFORGE_FLAGS)
     assert next(model.parameters()).device.type == "meta"
     shapes = {k.replace("midlayer.", "layers.0."): v for k, v in table.items()}
     plan = plan_load(shapes, {k: tuple(v.shape) for k, v in model.state_dict().items()})
@@ -218,10 +220,11 @@ def test_aq_medai_k2_table_maps_completely_onto_a_kimi_draft_on_meta():
 def test_lr_outside_the_initializers_range_is_flagged():
     resolved = OmegaConf.to_container(compose_cfg(["init=pretrained", "init.path=/x", "optim.lr=5e-5"]),
                                       resolve=True, enum_to_str=True)
-    text, outside = lr_advice(resolved)
+    cfg = validate(resolved)
+    text, outside = lr_advice(cfg.optim, cfg.init)
     assert outside and "recommends 1e-06 .. 3e-05" in text and "above" in text
-    resolved["optim"]["lr"] = 2e-5
-    assert not lr_advice(resolved)[1]
+    cfg.optim.lr = 2e-5
+    assert not lr_advice(cfg.optim, cfg.init)[1]
 
 
 def test_sharded_checkpoint_loads_like_a_single_file(specforge_export, run_inputs, tmp_path):

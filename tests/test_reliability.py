@@ -25,15 +25,18 @@ def small_run(cache_dir: Path, run_dir: Path, overrides: list[str]):
     from eagle3.launch import materialize_inputs
 
     os.environ["EAGLE3_CACHE"] = str(cache_dir)
-    cfg = OmegaConf.to_container(compose_cfg(["logger.mode=disabled", *SMALL_DATA, *overrides]), resolve=True,
-                                 enum_to_str=True)
-    cfg["run"] = {"dir": str(run_dir), "name": "t", "group": "t", "choices": {}, "overrides": []}
+    from eagle3.config import run_config
+
+    plain = OmegaConf.to_container(compose_cfg(["logger.mode=disabled", *SMALL_DATA, *overrides]), resolve=True,
+                                   enum_to_str=True)
+    plain["run"] = {"dir": str(run_dir), "name": "t", "group": "t", "choices": {}, "overrides": []}
+    cfg = run_config(plain)
     run_dir.mkdir(parents=True)
     verifier_dir, data_dir = materialize_inputs(cfg)
-    draft = cfg["model"]["draft"]
-    loaders = build_loaders(data_dir, cfg["data"]["total_seq_len"], draft["hidden_size"], len(draft["aux_layer_ids"]),
-                            cfg["data"]["train_ratio"], cfg["seed"])
-    model, _ = build_draft(InitContext(draft, cfg["init"], verifier_dir, data_dir, "sdpa", []))
+    draft = cfg.model.draft
+    loaders = build_loaders(data_dir, cfg.data.total_seq_len, draft.hidden_size, len(draft.aux_layer_ids),
+                            cfg.data.train_ratio, cfg.seed)
+    model, _ = build_draft(InitContext(draft, cfg.init, verifier_dir, data_dir, "sdpa", []))
     return cfg, model, loaders
 
 
@@ -58,17 +61,18 @@ def train_poisoned(cache_dir, run_dir, nan_calls, overrides):
 
     cfg, model, (train_loader, val_loader) = small_run(cache_dir, run_dir, ["logger.log_every=1", *overrides])
     poison(model, nan_calls)
-    with Tracker(run_dir, cfg) as tracker:
-        return train(model, train_loader, val_loader, cfg, torch.device("cpu"), World(), tracker, run_dir)
+    with Tracker(run_dir, cfg.logger, cfg.run) as tracker:
+        return train(model, train_loader, val_loader, cfg.model.draft, cfg.optim, cfg.logger.log_every,
+                     torch.device("cpu"), World(), tracker, run_dir)
 
 
 def test_non_finite_steps_are_skipped_and_counted(cache_dir, tmp_path):
-    summary = train_poisoned(cache_dir, tmp_path / "run", {3, 5}, ["optim.max_steps=8"])
-    assert summary["steps"] == 8
+    progress = train_poisoned(cache_dir, tmp_path / "run", {3, 5}, ["optim.max_steps=8"])
+    assert progress.step == 8 and progress.skipped_steps == 2
     rows = [r for r in read_rows(tmp_path / "run") if r["split"] == "train"]
     assert rows[-1]["skipped_steps"] == 2
     assert all(torch.isfinite(torch.tensor(r["loss"])) for r in rows)
-    assert torch.isfinite(torch.tensor(summary["final"]["loss"]))
+    assert torch.isfinite(torch.tensor(progress.final["loss"]))
 
 
 def test_too_many_in_a_row_stop_with_a_loadable_last(cache_dir, tmp_path):

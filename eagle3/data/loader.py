@@ -16,7 +16,7 @@ import numpy as np
 import torch
 from torch.utils.data import Sampler
 
-from eagle3.config import ConfigError
+from eagle3.errors import DataError
 from eagle3.data.hsfiles import file_dtype
 from eagle3.data.reader import PackedLoader
 from eagle3.data.rows import ArrowRows
@@ -75,7 +75,7 @@ def build_loaders(data_dir: str | Path, total_seq_len: int, hidden_size: int, nu
     splits = {"train": kept[kept < split_idx], "val": kept[kept >= split_idx]}
     for split, split_rows in splits.items():
         if not len(split_rows):
-            raise ConfigError(f"{data_dir}: the {split} split is empty ({len(arrow)} rows, train_ratio "
+            raise DataError(f"{data_dir}: the {split} split is empty ({len(arrow)} rows, train_ratio "
                               f"{train_ratio}, {len(kept)} rows kept)")
     dtype = file_dtype(Path(data_dir), int(kept[0]))
 
