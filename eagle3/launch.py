@@ -1,5 +1,6 @@
-"""What launch.py does with a composed config: resolve and validate it once, write the run dir, build the
-verifier and data, then run the rank in this process or start the ranks with torch's elastic launcher.
+"""What launch.py does with a composed config: resolve it, type and check it once (eagle3/config.py's
+`run_config`), write the run dir, build the verifier and data, then run the rank in this process or start the
+ranks with torch's elastic launcher. Past this module the run config is a typed `RunConfig`.
 
 In a multirun each job passes through here in turn (Hydra's basic launcher), so each job gets fresh rank
 processes, its own run dir and its own wandb run, and a failed job is recorded and the sweep goes on.

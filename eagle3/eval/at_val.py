@@ -2,7 +2,7 @@
 
 Rank 0 holds the verifier (loaded once per run) and the prompts, and measures the unwrapped draft; the other
 ranks wait at a barrier, so all ranks leave the val pass together. FSDP across ranks is refused by
-validate(): rank 0 would hold only a shard.
+AcceptEvalConfig.check(): rank 0 would hold only a shard.
 """
 
 from __future__ import annotations
