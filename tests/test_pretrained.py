@@ -109,7 +109,7 @@ def test_specforge_layout_loads_as_speculators_converter_converts_it(specforge_e
     assert report["layout"] == "specforge" and len(report["keys"]["renamed"]) == 10
     flags = report["architecture"]["flags"]
     Eagle3Converter().convert(specforge_export, tmp_path / "converted", base_model=str(ctx.verifier_dir),
-                              validate=False, eagle_aux_hidden_state_layer_ids=list(ctx.draft["aux_layer_ids"]),
+                              validate=False, eagle_aux_hidden_state_layer_ids=list(ctx.draft.aux_layer_ids),
                               **flags)
     converted = load_file(str(tmp_path / "converted" / "model.safetensors"))
     ours = model.state_dict()
@@ -184,11 +184,11 @@ def test_bad_checkpoint_stops_the_launcher_before_any_checkpoint(specforge_expor
 
 def test_architecture_mismatch_stops_unless_set_on_the_command_line(trained_run, run_inputs):
     ctx = context(run_inputs, path=str(trained_run / "checkpoints" / "best"), vocab="keep")
-    ctx.draft["norm_before_fc"] = False  # e.g. from a model config file; the checkpoint says True
+    ctx.draft.norm_before_fc = False  # e.g. from a model config file; the checkpoint says True
     with pytest.raises(CheckpointError, match="norm_before_fc: the run says False, the checkpoint True"):
         preflight_draft(ctx)
     ctx.overrides = ["model.draft.norm_before_fc=false"]
-    ctx.draft["aux_layer_ids"] = [0, 1, 2]
+    ctx.draft.aux_layer_ids = [0, 1, 2]
     with pytest.raises(CheckpointError, match=r"aux_layer_ids: the run says \[0, 1, 2\], the checkpoint \[1, 2, 3\]"):
         preflight_draft(ctx)
 
