@@ -137,3 +137,114 @@ def test_skip_leaves_the_non_finite_rows_out_of_val_and_counts_them(data_dir, na
     clean = validate(val_loader(data_dir, rows=without_row), on_bad_sample="skip")
     assert clean.pop("skipped_rows") == 0
     assert_same_metrics(skipped, clean)
+
+
+# End to end: the launcher, the tiny default's synthetic data, CPU ranks over gloo.
+
+PROBE = ["optim.max_steps=0", "logger.mode=disabled", *SMALL_DATA]
+
+
+def step0_val(run_dir: Path) -> dict:
+    (row,) = [r for r in read_rows(run_dir) if r["split"] == "val" and r["step"] == 0]
+    return {k: v for k, v in row.items() if k not in ("step", "split", "epoch")}
+
+
+@pytest.fixture(scope="module")
+def probe_one_process(cache_dir, tmp_path_factory) -> Path:
+    run_dir = tmp_path_factory.mktemp("probe") / "one"
+    proc = launch([f"hydra.run.dir={run_dir}", *PROBE], cache_dir)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return run_dir
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("sharding", [["optim.grad_accum=2"], ["distributed=ddp", "distributed.nproc_per_node=2"]],
+                         ids=["grad_accum=2", "ddp-2-ranks"])
+def test_step0_val_equals_one_process_for_grad_accum_and_ranks(probe_one_process, cache_dir, tmp_path, sharding):
+    run_dir = tmp_path / "run"
+    proc = launch([f"hydra.run.dir={run_dir}", *PROBE, *sharding], cache_dir)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    ours, one = step0_val(run_dir), step0_val(probe_one_process)
+    assert ours.keys() == one.keys() and "tau_sim" in one
+    for k in one:
+        assert ours[k] == pytest.approx(one[k], rel=1e-5, abs=1e-7), k
+
+
+@pytest.fixture(scope="module")
+def tiny_nan_data(probe_one_process, tmp_path_factory) -> tuple[Path, int]:
+    """A copy of the tiny default's synthetic dataset (SMALL_DATA) with NaN in one val row's hidden states."""
+    from eagle3.data.rows import ArrowRows
+
+    source = Path(json.loads((probe_one_process / "summary.json").read_text())["data_dir"])
+    out = tmp_path_factory.mktemp("nan") / "data"
+    shutil.copytree(source, out)
+    rows = len(ArrowRows(out))
+    row = int(rows * 0.9) + 2  # a val row (data/tiny.yaml: train_ratio 0.9)
+    poison_hidden_states(out, row)
+    return out, row
+
+
+@pytest.mark.slow
+def test_a_nan_val_row_stops_the_run_with_one_message(tiny_nan_data, cache_dir, tmp_path):
+    data, row = tiny_nan_data
+    run_dir = tmp_path / "run"
+    proc = launch([f"hydra.run.dir={run_dir}", "data=offline", f"data.path={data}", "data.train_ratio=0.9",
+                   *PROBE[:2], *SMALL_DATA[2:]], cache_dir)
+    assert proc.returncode != 0 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    assert "val pass at step 0" in proc.stderr and f"hs_{row}.safetensors" in proc.stderr, proc.stderr[-3000:]
+    assert not (run_dir / "checkpoints" / "best").exists()  # nothing ranked by it
+
+
+@pytest.mark.slow
+def test_a_nan_val_row_is_skipped_and_counted_with_skip(tiny_nan_data, probe_one_process, cache_dir, tmp_path):
+    data, _ = tiny_nan_data
+    run_dir = tmp_path / "run"
+    proc = launch([f"hydra.run.dir={run_dir}", "data=offline", f"data.path={data}", "data.train_ratio=0.9",
+                   "data.on_bad_sample=skip", *PROBE[:2], *SMALL_DATA[2:]], cache_dir)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    val, clean = step0_val(run_dir), step0_val(probe_one_process)
+    assert val.pop("skipped_rows") == 1
+    assert math.isfinite(val["loss"]) and val["loss"] == pytest.approx(clean["loss"], rel=0.05)
+    assert val["tau_sim"] == pytest.approx(clean["tau_sim"], abs=0.05)
+
+
+@pytest.mark.slow
+def test_a_val_pass_gone_non_finite_mid_run_keeps_the_last_checkpoint(probe_one_process, cache_dir, tmp_path):
+    """The val split turns bad after step 0 (NaN written into a val row's file): the val pass at step 3 stops
+    the run, `best` keeps step 0, `last` keeps step 2."""
+    from omegaconf import OmegaConf
+
+    from conftest import compose_cfg
+    from eagle3.checkpoint import load_trainer_state
+    from eagle3.data.loader import build_loaders
+    from eagle3.distributed import World
+    from eagle3.init import InitContext, build_draft
+    from eagle3.track import Tracker
+    from eagle3.train import ValNotFinite, train
+
+    source = Path(json.loads((probe_one_process / "summary.json").read_text())["data_dir"])
+    data = tmp_path / "data"
+    shutil.copytree(source, data)
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    cfg = OmegaConf.to_container(compose_cfg(["logger.mode=disabled", *SMALL_DATA, "optim.max_steps=4",
+                                              "optim.checkpoint_every=2", "optim.eval_every=3"]),
+                                 resolve=True, enum_to_str=True)
+    cfg["run"] = {"dir": str(run_dir), "name": "t", "group": "t", "choices": {}, "overrides": []}
+    verifier_dir = Path(json.loads((probe_one_process / "summary.json").read_text())["verifier_dir"])
+    draft = cfg["model"]["draft"]
+    train_loader, val = build_loaders(data, cfg["data"]["total_seq_len"], draft["hidden_size"],
+                                      len(draft["aux_layer_ids"]), cfg["data"]["train_ratio"], cfg["seed"])
+    model, _ = build_draft(InitContext(draft, cfg["init"], verifier_dir, data, "sdpa", []))
+    val_row = int(val.split_rows[0])
+
+    def corrupt_after_step0(_model):
+        poison_hidden_states(data, val_row)
+        return {}
+
+    with pytest.raises(ValNotFinite, match="val pass at step 3"), Tracker(run_dir, cfg) as tracker:
+        train(model, train_loader, val, cfg, torch.device("cpu"), World(), tracker, run_dir,
+              at_val=corrupt_after_step0)
+    assert load_trainer_state(run_dir / "checkpoints" / "last")["progress"]["step"] == 2
+    rows = [r for r in read_rows(run_dir) if r["split"] == "val"]
+    assert [r["step"] for r in rows] == [0] and all(math.isfinite(r["loss"]) for r in rows)
