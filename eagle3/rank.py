@@ -97,7 +97,7 @@ def _train_on(world: World, device: torch.device, cfg: RunConfig, run_dir: Path,
     with Tracker(run_dir, cfg.logger, cfg.run, plain_config(cfg), enabled=world.is_main,
                  resume_step=resume_step) as tracker:
         progress = train(model, train_loader, val_loader, draft, cfg.optim, cfg.logger.log_every, device, world,
-                         tracker, run_dir, resume_state, at_val)
+                         tracker, run_dir, resume_state, at_val, cfg.data.on_bad_sample.value)
         summary = RunSummary.of(progress, run_dir / "checkpoints", verifier_dir, data_dir, str(device), world.size)
         tracker.finish(summary)
     if not world.is_main:
