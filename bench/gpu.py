@@ -165,7 +165,8 @@ def main() -> None:
     parser.add_argument("--small", action="store_true", help="the CPU-sized shape")
     parser.add_argument("--steps", type=int, default=20, help="timed steps of each trainer")
     parser.add_argument("--warmup", type=int, default=5, help="untimed steps first (compilation happens here)")
-    parser.add_argument("--peak-tflops", type=float, default=989.0, help="the device's dense bf16 peak (H100/H200: 989)")
+    parser.add_argument("--peak-tflops", type=float, default=989.0,
+                        help="the device's dense bf16 peak (H100/H200: 989)")
     parser.add_argument("--json", type=Path, help="also write the numbers here")
     args = parser.parse_args()
 

@@ -10,7 +10,8 @@ from eagle3.init.build import SPECULATORS_FLAGS, meta_draft, resolved_flags
 from eagle3.init.pretrained import SPECFORGE_FLAGS
 
 PATHS = ["model.verifier.path=/models/Kimi-K2.5", "data.path=/data/k25"]
-EXPERIMENTS = sorted(str(p.relative_to(CONF / "experiment").with_suffix("")) for p in (CONF / "experiment").rglob("*.yaml"))
+EXPERIMENTS = sorted(str(p.relative_to(CONF / "experiment").with_suffix(""))
+                     for p in (CONF / "experiment").rglob("*.yaml"))
 
 
 def resolved(overrides: list[str]) -> dict:
@@ -51,5 +52,6 @@ def test_kimi_k25_finetune_k2_preset():
     assert cfg["optim"]["lr"] < 3e-5  # below the scratch run's lr
     assert cfg["init"]["recommended_lr"][0] <= cfg["optim"]["lr"] <= cfg["init"]["recommended_lr"][1]
     count = draft_parameters(cfg["model"]["draft"], resolved_flags(cfg["model"]["draft"], SPECFORGE_FLAGS))
-    print(f"\nkimi_k25_finetune_k2 draft (SpecForge layout flags): {count:,} parameters besides embed_tokens and lm_head")
+    print(f"\nkimi_k25_finetune_k2 draft (SpecForge layout flags): {count:,} parameters besides embed_tokens "
+          "and lm_head")
     assert count == kimi_formula(input_norm=False)

@@ -53,7 +53,8 @@ def id_rows() -> list[dict]:
     for _ in range(24):
         n = rng.randint(12, 60)
         prompt = rng.randint(2, 8)
-        rows.append({"input_ids": [rng.randrange(1024) for _ in range(n)], "loss_mask": [0] * prompt + [1] * (n - prompt)})
+        rows.append({"input_ids": [rng.randrange(1024) for _ in range(n)],
+                     "loss_mask": [0] * prompt + [1] * (n - prompt)})
     return rows
 
 
@@ -226,7 +227,8 @@ def train_on(data: Path, cache_dir: Path, tmp_path: Path, *overrides) -> tuple[s
 def test_trainer_refuses_data_from_other_layers_or_another_verifier(prepared, cache_dir, tmp_path):
     proc, run_dir = train_on(prepared, cache_dir, tmp_path, "model.draft.aux_layer_ids=[0,1,2]", "optim.max_steps=0")
     assert proc.returncode == 1 and "Traceback" not in proc.stderr
-    assert "model.draft.aux_layer_ids=[0, 1, 2] but" in proc.stderr and "holds the hidden states of layers [1, 2, 3]" in proc.stderr
+    assert "model.draft.aux_layer_ids=[0, 1, 2] but" in proc.stderr
+    assert "holds the hidden states of layers [1, 2, 3]" in proc.stderr
     assert not (run_dir / "checkpoints").exists()
     proc, _ = train_on(prepared, cache_dir, tmp_path / "v", "model.verifier.tiny.init_std=0.03", "optim.max_steps=0")
     assert proc.returncode == 1 and "the data's hidden states come from another verifier" in proc.stderr
