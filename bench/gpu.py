@@ -35,7 +35,9 @@ SHAPES = {
 }
 
 
-def build(shape: dict, device, seed: int = 0):
+def build(shape: dict, device, seed: int = 0, attn_impl: str | None = None):
+    """A draft at `shape` with random weights; flex attention on CUDA (as training there), sdpa elsewhere, unless
+    `attn_impl` says otherwise."""
     import torch
 
     from eagle3.init.build import SPECULATORS_FLAGS, bare_draft
@@ -47,7 +49,7 @@ def build(shape: dict, device, seed: int = 0):
              "aux_layer_ids": [2, 16, 29], "ttt_steps": 3}
     torch.manual_seed(seed)
     model = bare_draft(draft, SPECULATORS_FLAGS, "cpu",
-                       attn_impl="simple_flex_attention" if device.type == "cuda" else "sdpa")
+                       attn_impl=attn_impl or ("simple_flex_attention" if device.type == "cuda" else "sdpa"))
     ids = torch.sort(torch.randperm(shape["vocab"])[: shape["draft_vocab"]]).values
     t2d = torch.zeros(shape["vocab"], dtype=torch.bool)
     t2d[ids] = True

@@ -90,6 +90,7 @@ def test_existing_run_dir_is_refused_and_kept(trained_run, cache_dir):
     assert (trained_run / "checkpoints" / "best" / "model.safetensors").stat().st_mtime == mtime
 
 
+@pytest.mark.slow
 def test_max_steps_zero_is_the_probe_alone(cache_dir, tmp_path):
     run_dir = tmp_path / "probe"
     proc = launch([f"hydra.run.dir={run_dir}", "optim.max_steps=0", "logger.mode=disabled", *SMALL_DATA], cache_dir)
