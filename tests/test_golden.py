@@ -28,7 +28,7 @@ LOSS_REL, TAU_ABS = 1e-3, 3e-3
 @pytest.mark.slow
 def test_tiny_default_matches_its_golden_values(cache_dir, tmp_path):
     run_dir = tmp_path / "default"
-    proc = launch([f"hydra.run.dir={run_dir}", "logger.mode=disabled"], cache_dir)
+    proc = launch([f"hydra.run.dir={run_dir}", "logger.mode=disabled"], cache_dir, timeout=1800)
     assert proc.returncode == 0, proc.stderr[-3000:]
     val = {r["step"]: (r["loss"], r["tau_sim"]) for r in read_rows(run_dir) if r["split"] == "val"}
     assert sorted(val) == sorted(TINY_DEFAULT_VAL)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -26,8 +27,10 @@ def test_run_dir_contract(trained_run):
 
     summary = json.loads((trained_run / "summary.json").read_text())
     assert summary["steps"] > 0 and summary["tokens_per_s"] > 0
-    for key in ["data_dir", "verifier_dir"]:
-        assert (trained_run.parent / summary[key]).exists() or __import__("os").path.isdir(summary[key])
+    # The inputs the run read, as absolute paths that hold what they are: a dataset and a Hugging Face model dir.
+    for key, entry in [("data_dir", "hidden_states"), ("verifier_dir", "config.json")]:
+        path = Path(summary[key])
+        assert path.is_absolute() and (path / entry).exists(), (key, path)
 
 
 def test_metrics_rows(trained_run):
