@@ -90,9 +90,10 @@ EOF
 
 step "GPU tier: python -m pytest -q -m gpu (timeout ${tier_timeout}s)"
 tier_start=$(date +%s)
+# SIGINT at the time limit: pytest stops like at Ctrl-C and still writes its report (the tests run so far).
 # --continue-on-collection-errors: a test module that cannot be imported there (a package the image lacks) is
 # reported as an error without keeping the gpu tests from running.
-PYTHONUNBUFFERED=1 timeout "$tier_timeout" "$python" -m pytest -q -m gpu -rs -p no:cacheprovider \
+PYTHONUNBUFFERED=1 timeout -s INT -k 30 "$tier_timeout" "$python" -m pytest -q -m gpu -rs -p no:cacheprovider --durations=0 \
   --continue-on-collection-errors --junitxml="$work/gpu_tier.xml" 2>&1 | tee "$work/gpu_tier.log"
 tier_rc=${PIPESTATUS[0]}
 tier_s=$(( $(date +%s) - tier_start ))
@@ -100,7 +101,7 @@ tier_s=$(( $(date +%s) - tier_start ))
 if [ "$dry_run" = 1 ]; then bench_args=(--small --steps 1 --warmup 1); else bench_args=(--steps 10 --warmup 3); fi
 step "bench/gpu.py ${bench_args[*]} (timeout ${bench_timeout}s)"
 bench_start=$(date +%s)
-PYTHONUNBUFFERED=1 timeout "$bench_timeout" "$python" bench/gpu.py "${bench_args[@]}" --json "$work/gpu_bench.json" \
+PYTHONUNBUFFERED=1 timeout -s INT -k 30 "$bench_timeout" "$python" bench/gpu.py "${bench_args[@]}" --json "$work/gpu_bench.json" \
   2>&1 | tee "$work/gpu_bench.log"
 bench_rc=${PIPESTATUS[0]}
 bench_s=$(( $(date +%s) - bench_start ))

@@ -154,6 +154,34 @@ def val_loss_of(checkpoint: Path, cfg: dict, data_dir: Path) -> dict:
     return run_validation(model, val, CUDA, torch.autocast("cuda", dtype=torch.bfloat16), kwargs)
 
 
+# First: the cheapest, so that a device call cut short by its time limit still has it.
+def test_pinned_reader_never_overwrites_a_batch_whose_copy_is_still_queued(tmp_path):
+    """The copy from a page-locked buffer runs when the GPU gets to it. Here the GPU is kept busy before each
+    copy is queued and the next batch is asked for at once: the reader must wait for that copy before refilling
+    the buffer, so every batch on the GPU still equals speculators' own for its rows."""
+    from test_loader import AUX, RATIO, H, Speculators, T, passes, write_dataset
+
+    from eagle3.data.loader import build_loaders
+    from eagle3.train import to_device
+
+    data = write_dataset(tmp_path / "bf16", torch.bfloat16)
+    train, _ = build_loaders(data, T, H, AUX, RATIO, seed=0, prefetch=2, device=CUDA)
+    ref = Speculators(data, torch.bfloat16)
+    on_gpu = []
+    for rows, batch in passes(train):
+        assert batch["hidden_buffer"].is_pinned()
+        torch.cuda._sleep(20_000_000)  # about 10 ms of GPU time queued before the copy
+        on_gpu.append((rows, to_device(batch, CUDA)))
+    torch.cuda.synchronize()
+    assert len(on_gpu) > len(train.ring) == 3
+    for rows, got in on_gpu:
+        want = ref.batch(rows)
+        assert sorted(got) == sorted(want)
+        for k, v in want.items():
+            assert got[k].device == CUDA and got[k].dtype == v.dtype, k
+            assert torch.equal(got[k].cpu(), v), k
+
+
 @pytest.fixture(scope="module")
 def gpu_run(cache_dir, tmp_path_factory):
     """One single-GPU run with data.total_seq_len=200 (not whole 128-token blocks) and 3 TTT steps, with
@@ -247,33 +275,6 @@ def test_nccl_world_size_one_trains_saves_and_speculators_loads(strategy, cache_
 
     state = load_trainer_state(run_dir / "checkpoints" / "last")
     assert state["progress"]["step"] == 8 and state["optimizer"]["state"]
-
-
-def test_pinned_reader_never_overwrites_a_batch_whose_copy_is_still_queued(tmp_path):
-    """The copy from a page-locked buffer runs when the GPU gets to it. Here the GPU is kept busy before each
-    copy is queued and the next batch is asked for at once: the reader must wait for that copy before refilling
-    the buffer, so every batch on the GPU still equals speculators' own for its rows."""
-    from test_loader import AUX, RATIO, H, Speculators, T, passes, write_dataset
-
-    from eagle3.data.loader import build_loaders
-    from eagle3.train import to_device
-
-    data = write_dataset(tmp_path / "bf16", torch.bfloat16)
-    train, _ = build_loaders(data, T, H, AUX, RATIO, seed=0, prefetch=2, device=CUDA)
-    ref = Speculators(data, torch.bfloat16)
-    on_gpu = []
-    for rows, batch in passes(train):
-        assert batch["hidden_buffer"].is_pinned()
-        torch.cuda._sleep(20_000_000)  # about 10 ms of GPU time queued before the copy
-        on_gpu.append((rows, to_device(batch, CUDA)))
-    torch.cuda.synchronize()
-    assert len(on_gpu) > len(train.ring) == 3
-    for rows, got in on_gpu:
-        want = ref.batch(rows)
-        assert sorted(got) == sorted(want)
-        for k, v in want.items():
-            assert got[k].device == CUDA and got[k].dtype == v.dtype, k
-            assert torch.equal(got[k].cpu(), v), k
 
 
 @pytest.mark.slow
