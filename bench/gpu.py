@@ -35,7 +35,9 @@ SHAPES = {
 }
 
 
-def build(shape: dict, device, seed: int = 0):
+def build(shape: dict, device, seed: int = 0, attn_impl: str | None = None):
+    """A draft at `shape` with random weights; flex attention on CUDA (as training there), sdpa elsewhere, unless
+    `attn_impl` says otherwise."""
     import torch
 
     from eagle3.config import DraftConfig
@@ -48,7 +50,7 @@ def build(shape: dict, device, seed: int = 0):
              "aux_layer_ids": [2, 16, 29], "ttt_steps": 3}
     torch.manual_seed(seed)
     model = bare_draft(DraftConfig(**draft), SPECULATORS_FLAGS, "cpu",
-                       attn_impl="simple_flex_attention" if device.type == "cuda" else "sdpa")
+                       attn_impl=attn_impl or ("simple_flex_attention" if device.type == "cuda" else "sdpa"))
     ids = torch.sort(torch.randperm(shape["vocab"])[: shape["draft_vocab"]]).values
     t2d = torch.zeros(shape["vocab"], dtype=torch.bool)
     t2d[ids] = True
@@ -169,7 +171,8 @@ def main() -> None:
     parser.add_argument("--small", action="store_true", help="the CPU-sized shape")
     parser.add_argument("--steps", type=int, default=20, help="timed steps of each trainer")
     parser.add_argument("--warmup", type=int, default=5, help="untimed steps first (compilation happens here)")
-    parser.add_argument("--peak-tflops", type=float, default=989.0, help="the device's dense bf16 peak (H100/H200: 989)")
+    parser.add_argument("--peak-tflops", type=float, default=989.0,
+                        help="the device's dense bf16 peak (H100/H200: 989)")
     parser.add_argument("--json", type=Path, help="also write the numbers here")
     args = parser.parse_args()
 

@@ -108,7 +108,8 @@ def main() -> None:
           f"{args.reps} reps, torch threads {torch.get_num_threads()}")
     print(f"bare loop      {bare_rate:10.0f} tokens/s   (reps: {', '.join(f'{r:.0f}' for r in rates['bare'])})")
     print(f"project step   {project_rate:10.0f} tokens/s   (reps: {', '.join(f'{r:.0f}' for r in rates['project'])})")
-    print(f"ratio project / bare: {paired:.3f} (median of per-rep ratios; ratio of medians {project_rate / bare_rate:.3f})")
+    print(f"ratio project / bare: {paired:.3f} "
+          f"(median of per-rep ratios; ratio of medians {project_rate / bare_rate:.3f})")
 
 
 if __name__ == "__main__":

@@ -38,6 +38,21 @@ def pick_device(choice: str, local_rank: int) -> torch.device:
     return torch.device("cuda", local_rank)
 
 
+FLEX_BLOCK = 128  # flex attention's default block size, which speculators' block masks use
+
+
+def packed_len(total_seq_len: int, attn_impl: str, ttt_steps: int) -> int:
+    """Tokens per packed micro-batch: data.total_seq_len, rounded up to whole flex-attention blocks when flex
+    attention runs more than one TTT step. speculators extends the block mask by whole blocks at each TTT step,
+    so any other length fails at the second step ("block_mask was created for a larger length ...")."""
+    if attn_impl != "simple_flex_attention" or ttt_steps < 2 or total_seq_len % FLEX_BLOCK == 0:
+        return total_seq_len
+    padded = -(-total_seq_len // FLEX_BLOCK) * FLEX_BLOCK
+    log.warning("data.total_seq_len=%d packs %d tokens per micro-batch: flex attention with %d TTT steps needs a "
+                "multiple of %d", total_seq_len, padded, ttt_steps, FLEX_BLOCK)
+    return padded
+
+
 def run_rank(cfg: RunConfig, verifier_dir: Path, data_dir: Path, rows: list[int] | None = None) -> RunSummary | None:
     """Trains one draft as `cfg` (the resolved run config) says, on `rows` of the data (None: all of them);
     rank 0 returns the run summary."""
@@ -61,7 +76,7 @@ def _train_on(world: World, device: torch.device, cfg: RunConfig, run_dir: Path,
 
     train_loader, val_loader = build_loaders(
         data_dir,
-        total_seq_len=cfg.data.total_seq_len,
+        total_seq_len=packed_len(cfg.data.total_seq_len, attn_impl, draft.ttt_steps),
         hidden_size=draft.hidden_size,
         num_aux_layers=len(draft.aux_layer_ids),
         train_ratio=cfg.data.train_ratio,

@@ -212,7 +212,8 @@ def test_cli_messages_with_a_chat_template(strong_run, inputs, tmp_path):
     backend.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
     template = ("{% for m in messages %}<|{{ m['role'] }}|> {{ m['content'] }} {% endfor %}"
                 "{% if add_generation_prompt %}<|assistant|>{% endif %}")
-    PreTrainedTokenizerFast(tokenizer_object=backend, unk_token="[UNK]", chat_template=template).save_pretrained(verifier)
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=backend, unk_token="[UNK]", chat_template=template)
+    tokenizer.save_pretrained(verifier)
     messages = [{"role": "user", "content": "w1 w2 w3 w40"}]
     prompts = tmp_path / "messages.jsonl"
     prompts.write_text(json.dumps({"messages": messages}) + "\n")
@@ -237,8 +238,8 @@ def bad_cli_inputs(strong_run, inputs, tmp_path):
     best = inputs["summary"]["checkpoints"]["best"]
     verifier = inputs["summary"]["verifier_dir"]
     files = {"empty": "", "oov": json.dumps({"input_ids": [1, 2, 5000]}), "notjson": "{input_ids: [1]}",
-             "emptyids": json.dumps({"input_ids": []}), "ok": json.dumps({"input_ids": [1, 2, 3]}), "messages": json.dumps({"messages": [{"role": "user",
-                                                                                            "content": "hi"}]})}
+             "emptyids": json.dumps({"input_ids": []}), "ok": json.dumps({"input_ids": [1, 2, 3]}),
+             "messages": json.dumps({"messages": [{"role": "user", "content": "hi"}]})}
     for name, text in files.items():
         (tmp_path / f"{name}.jsonl").write_text(text + "\n")
     p = lambda name: str(tmp_path / f"{name}.jsonl")  # noqa: E731

@@ -11,8 +11,8 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from eagle3.data.loader import build_loaders
 from eagle3.data.hsfiles import DataError
+from eagle3.data.loader import build_loaders
 from eagle3.data.reader import split_hidden
 from eagle3.data.reader import to_device
 
@@ -205,7 +205,8 @@ def test_a_missing_file_stops_the_reader_with_its_path(broken):
 
 
 def test_wrong_shapes_dtypes_and_truncated_files_are_refused(broken):
-    with pytest.raises(DataError, match=r"hs_0\.safetensors: hidden_states is BF16 \[1, 4, 32\], expected BF16 \[1, 4, 16\]"):
+    shape_error = r"hs_0\.safetensors: hidden_states is BF16 \[1, 4, 32\], expected BF16 \[1, 4, 16\]"
+    with pytest.raises(DataError, match=shape_error):
         build_loaders(broken, T, 16, AUX, RATIO, seed=0)  # the first file is checked at once
     path = broken / "hidden_states" / "hs_3.safetensors"
     tensors = load_file(str(path))

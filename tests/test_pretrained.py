@@ -202,7 +202,8 @@ def test_aq_medai_k2_table_maps_completely_onto_a_kimi_draft_on_meta():
         "fc.weight": (h, 3 * h), "norm.weight": (h,), "lm_head.weight": (dv, h), "d2t": (dv,), "t2d": (vocab,),
         "midlayer.hidden_norm.weight": (h,), "midlayer.input_layernorm.weight": (h,),
         "midlayer.post_attention_layernorm.weight": (h,),
-        "midlayer.self_attn.q_proj.weight": (heads * hd, 2 * h), "midlayer.self_attn.k_proj.weight": (heads * hd, 2 * h),
+        "midlayer.self_attn.q_proj.weight": (heads * hd, 2 * h),
+        "midlayer.self_attn.k_proj.weight": (heads * hd, 2 * h),
         "midlayer.self_attn.v_proj.weight": (heads * hd, 2 * h), "midlayer.self_attn.o_proj.weight": (h, heads * hd),
         "midlayer.mlp.gate_proj.weight": (inter, h), "midlayer.mlp.up_proj.weight": (inter, h),
         "midlayer.mlp.down_proj.weight": (h, inter),
@@ -213,7 +214,8 @@ def test_aq_medai_k2_table_maps_completely_onto_a_kimi_draft_on_meta():
     plan = plan_load(shapes, {k: tuple(v.shape) for k, v in model.state_dict().items()})
     assert plan["missing"] == plan["unexpected"] == plan["mismatched"] == []
     assert len(plan["loaded"]) == 12
-    trainable = sum(p.numel() for n, p in model.named_parameters() if not n.startswith(("embed", "verifier", "lm_head")))
+    trainable = sum(p.numel() for n, p in model.named_parameters()
+                    if not n.startswith(("embed", "verifier", "lm_head")))
     print(f"\nKimi-K2 draft on meta: {trainable:,} trainable parameters besides lm_head")
 
 
