@@ -12,6 +12,7 @@ This module imports neither torch nor speculators: `launch.py --help` and `--cfg
 
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import dataclass, field
 from enum import Enum
@@ -85,6 +86,21 @@ class VerifierConfig:
             _require_dir(self.path, "model.verifier.path", ["config.json"],
                          "a local Hugging Face model dir with config.json and model.safetensors (or its index)")
 
+    def num_layers(self) -> int | None:
+        """The verifier's decoder layers (tiny: its num_layers; a path: config.json's num_hidden_layers), None when
+        its config does not say."""
+        if self.tiny is not None:
+            return self.tiny.num_layers
+        if self.path is None:
+            return None
+        try:
+            config = json.loads((Path(self.path) / "config.json").read_text())
+        except (OSError, ValueError) as e:
+            raise ConfigError(f"model.verifier.path: {self.path}/config.json is not readable JSON ({e})") from None
+        config = config.get("text_config", config)  # a multimodal model's language part
+        layers = config.get("num_hidden_layers")
+        return layers if isinstance(layers, int) else None
+
 
 ATTN_IMPLS = ("auto", "sdpa", "eager", "simple_flex_attention")
 
@@ -120,6 +136,11 @@ class DraftConfig:
                  f"must be in (0, model.draft.vocab_size={self.vocab_size}]")
         _require(self.attn_impl in ATTN_IMPLS, "model.draft.attn_impl",
                  "must be auto, sdpa, eager or simple_flex_attention")
+        ids = list(self.aux_layer_ids)
+        _require(len(ids) > 0, "model.draft.aux_layer_ids", "must name at least one verifier layer")
+        _require(len(set(ids)) == len(ids), "model.draft.aux_layer_ids",
+                 f"{ids} names a layer twice; each aux layer feeds the draft once")
+        _require(min(ids) >= 0, "model.draft.aux_layer_ids", f"{ids}: layer ids are >= 0")
 
 
 @dataclass
@@ -131,6 +152,13 @@ class ModelConfig:
     def check(self) -> None:
         self.draft.check()
         self.verifier.check()
+        depth = self.verifier.num_layers()
+        if depth is not None:
+            ids = self.draft.aux_layer_ids
+            _require(max(ids) < depth, "model.draft.aux_layer_ids",
+                     f"{list(ids)} goes beyond the verifier's {depth} decoder layers: ids are in [0, {depth - 1}] "
+                     f"(hidden_states[i] enters layer i); [2, N//2, N-3] is the usual choice, here "
+                     f"[{min(2, depth - 1)}, {depth // 2}, {max(depth - 3, 0)}]")
 
 
 @dataclass
@@ -143,6 +171,9 @@ class SynthConfig:
     temperature: float = 1.0
     batch_size: int = 64
     seed: int = 0
+
+
+MIN_SEQ_LEN = 2  # data.total_seq_len: one input token and its next token, the shortest pair training shifts
 
 
 @dataclass
@@ -158,7 +189,9 @@ class DataConfig:
 
     def check(self) -> None:
         _require(0 < self.train_ratio < 1, "data.train_ratio", f"must be in (0, 1), got {self.train_ratio}")
-        _require(self.total_seq_len > 0, "data.total_seq_len", "must be > 0")
+        _require(self.total_seq_len >= MIN_SEQ_LEN, "data.total_seq_len",
+                 f"must be at least {MIN_SEQ_LEN}, got {self.total_seq_len}: a packed micro-batch must hold one "
+                 f"token and the next one it predicts (training shifts each row by one)")
         _require(self.prefetch >= 0, "data.prefetch", f"must be >= 0, got {self.prefetch}")
         _require((self.path is None) != (self.synth is None), "data",
                  "set exactly one of data.path (a speculators-format dataset) and data.synth")
@@ -324,6 +357,9 @@ class TrainConfig:
         self.data.check()
         self.model.check()
         _require(self.device in ("auto", "cpu", "cuda"), "device", "must be auto, cpu or cuda")
+        _require(0 <= self.seed < 2**63, "seed", f"must be in [0, 2**63), got {self.seed}")
+        _require(not (self.device == "cpu" and self.distributed.backend == "nccl"), "distributed.backend",
+                 "nccl runs on CUDA GPUs only, and device=cpu; use distributed.backend=auto (gloo on CPU)")
         self.distributed.check()
         self.eval.accept.check(self.distributed)
 

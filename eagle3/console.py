@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import logging
 import os
+import re
+import shlex
 import sys
 import warnings
 from pathlib import Path
@@ -45,6 +47,41 @@ def setup_rank_logging(run_dir: Path, rank: int) -> None:
     for handler in handlers:
         handler.setFormatter(fmt)
         root.addHandler(handler)
+
+
+# Values Hydra's override grammar reads as they are; anything else (`=`, `,`, spaces, brackets ...) is quoted.
+_PLAIN_VALUE = re.compile(r"[\w./~+-]+")
+
+
+def hydra_override(key: str, value: object) -> str:
+    """`key=value` as Hydra's override grammar reads it back to the same string (a sweep job's run dir holds `=`
+    and `,`, which Hydra would otherwise parse as a key and a sweep)."""
+    return f"{key}={_hydra_value(value)}"
+
+
+def _hydra_value(value: object) -> str:
+    if isinstance(value, (list, tuple)):
+        return "[" + ",".join(_hydra_value(v) for v in value) + "]"
+    text = str(value)
+    if not _PLAIN_VALUE.fullmatch(text):
+        text = "'" + text.replace("'", "\\'") + "'"
+    return text
+
+
+def shell_override(key: str, value: object) -> str:
+    """`key=value` quoted for Hydra, then for a POSIX shell: what a printed command holds, so that it runs when
+    pasted."""
+    override = hydra_override(key, value)
+    if shlex.quote(override) == override:
+        return override
+    if not any(c in override for c in '"$`\\!'):  # double quotes read better around Hydra's single quotes
+        return f'"{override}"'
+    return shlex.quote(override)
+
+
+def resume_command(run_dir: Path | str) -> str:
+    """The command that continues a run in place."""
+    return f"python launch.py {shell_override('resume', run_dir)}"
 
 
 def format_result_table(summary: RunSummary, ttt_steps: int) -> str:

@@ -25,3 +25,12 @@ class CheckpointError(UserError):
 
 class RunStopped(UserError):
     """Training cannot go on as configured; the message says why and what was kept."""
+
+
+class Interrupted(SystemExit):
+    """The run stopped on a signal with `checkpoints/last` saved: exit status 128 + the signal, as a shell reports
+    a process the signal ended; resumable, so no failure."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(128 + signum)
+        self.signum = signum

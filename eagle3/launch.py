@@ -9,6 +9,7 @@ Nothing here imports torch or speculators before the config is known to be good.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -23,8 +24,10 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import MissingMandatoryValue
 
-from eagle3.config import RunConfig, lr_advice, run_config
-from eagle3.errors import ConfigError, DataError, UserError
+from eagle3.config import RunConfig, TrainConfig, lr_advice, run_config
+from eagle3.console import resume_command
+from eagle3.errors import ConfigError, DataError, Interrupted, UserError
+from eagle3.rank_errors import RankFailed, first_rank_error
 
 if TYPE_CHECKING:
     from eagle3.summary import RunSummary
@@ -46,19 +49,32 @@ def launch(cfg: DictConfig) -> float | None:
         if not cfg.resume:
             preflight(run_cfg, verifier_dir, data_dir)
         summary = run_job(run_cfg, verifier_dir, data_dir, rows)
+    except Interrupted:  # checkpoints/last is saved and the resume line printed: resumable, not failed
+        if multirun:
+            update_sweep_index(hydra, run_dir, "stopped", None)
+        elif cfg.resume:
+            update_resumed_sweep_job(run_dir, "stopped", None)
+        raise
     except Exception as e:
         error = f"{type(e).__name__}: {e}"
         if run_cfg is not None or multirun:  # a single run's dir may be another run's until its config is written
-            record_failure(run_dir, error)
+            record_failure(run_dir, error, getattr(e, "rank_traceback", None))
         if multirun:
             update_sweep_index(hydra, run_dir, "failed", None, error)
-        if isinstance(e, UserError) and not multirun and os.environ.get("HYDRA_FULL_ERROR") != "1":
+            log.error("job %d (%s) failed: %s\n  run dir: %s", hydra.job.num, hydra.job.override_dirname or "-",
+                      e, run_dir)
+        elif cfg.resume:
+            update_resumed_sweep_job(run_dir, "failed", None, error)
+        if isinstance(e, (UserError, RankFailed)) and not multirun and os.environ.get("HYDRA_FULL_ERROR") != "1":
             raise SystemExit(f"error: {e}") from None  # one message on the console, no traceback
         raise
     if summary is None:  # a node other than node 0 of a multi-node job: node 0 writes the results
         return None
+    (run_dir / "failure.json").unlink(missing_ok=True)  # a resumed run that completes has not failed
     if multirun:
         update_sweep_index(hydra, run_dir, "completed", summary)
+    elif cfg.resume:
+        update_resumed_sweep_job(run_dir, "completed", summary)
     log.info("done in %.1f s", time.perf_counter() - start)
     return summary.best["tau_sim"]
 
@@ -67,6 +83,7 @@ def fresh_run(cfg: DictConfig, hydra, run_dir: Path) -> RunConfig:
     """The typed run config of a new run, checked, and written to the run dir as resolved_config.yaml."""
     resolved = resolve(cfg, hydra, run_dir)
     run_cfg = run_config(resolved)
+    check_devices(run_cfg)
     advice, outside = lr_advice(run_cfg.optim, run_cfg.init)
     (log.warning if outside else log.info)(advice)
     if run_cfg.distributed.node_rank == 0:
@@ -113,13 +130,32 @@ def load_for_resume(run_dir: Path, hydra) -> RunConfig:
     resolved = yaml.safe_load(config_file.read_text())
     resolved["resume"] = str(run_dir)
     log.info("resuming %s", run_dir)
-    return run_config(resolved)
+    run_cfg = run_config(resolved)
+    check_devices(run_cfg)
+    return run_cfg
+
+
+def check_devices(cfg: TrainConfig) -> None:
+    """What the config asks of this machine's devices, before anything is built (imports torch only then)."""
+    dist = cfg.distributed
+    if cfg.device != "cuda" and dist.backend != "nccl":
+        return
+    import torch
+
+    wants = "device=cuda" if cfg.device == "cuda" else "distributed.backend=nccl"
+    if not torch.cuda.is_available():
+        raise ConfigError(f"{wants} needs a CUDA GPU, and torch sees none on this machine; use device=auto (or cpu)"
+                          f"{' and distributed.backend=auto (gloo on CPU)' if dist.backend == 'nccl' else ''}")
+    if torch.cuda.device_count() < dist.nproc_per_node:
+        raise ConfigError(f"distributed.nproc_per_node={dist.nproc_per_node} starts one rank per GPU, and this "
+                          f"machine has {torch.cuda.device_count()}")
 
 
 def refuse_to_overwrite(run_dir: Path) -> None:
     if (run_dir / "checkpoints").exists() or (run_dir / "metrics.jsonl").exists():
         raise ConfigError(f"{run_dir} already holds a run (checkpoints or metrics.jsonl); nothing was "
-                          f"overwritten: continue it with resume={run_dir}, or choose another hydra.run.dir")
+                          f"overwritten: continue it with {resume_command(run_dir)}, or choose another "
+                          f"hydra.run.dir")
 
 
 def materialize_inputs(cfg: RunConfig) -> tuple[Path, Path]:
@@ -200,30 +236,92 @@ def run_job(cfg: RunConfig, verifier_dir: Path, data_dir: Path,
     launch_config = LaunchConfig(min_nodes=dist.nnodes, max_nodes=dist.nnodes, nproc_per_node=dist.nproc_per_node,
                                  max_restarts=dist.max_restarts, start_method="spawn", **rdzv)
     os.environ.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // dist.nproc_per_node)))
-    results = elastic_launch(launch_config, worker)(cfg, verifier_dir, data_dir, rows)
+    from torch.distributed.elastic.multiprocessing.api import SignalException
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+
+    started = time.time()
+    try:
+        with quiet_elastic_agent():
+            results = elastic_launch(launch_config, worker)(cfg, verifier_dir, data_dir, rows)
+    except SignalException as e:
+        # The agent forwarded the signal to the ranks, which saved checkpoints/last and printed the resume line.
+        raise Interrupted(int(e.sigval)) from None
+    except ChildFailedError as e:
+        raise rank_failure(Path(cfg.run.dir), started, e) from None
     return results.get(0)
 
 
-def record_failure(run_dir: Path, error: str) -> None:
-    """A failed run says why in its run dir (`failure.json`), so a sweep's survivors stay readable."""
+@contextlib.contextmanager
+def quiet_elastic_agent():
+    """The elastic agent logs a failed rank as a banner of exit codes; the launcher reports the rank's own error
+    instead (eagle3/rank_errors.py). Its warnings (a restart, a signal) still show."""
+    agent_log = logging.getLogger("torch.distributed.elastic")
+    level = agent_log.level
+    agent_log.setLevel(logging.CRITICAL)
+    try:
+        yield
+    finally:
+        agent_log.setLevel(level)
+
+
+def rank_failure(run_dir: Path, started: float, failed: Exception) -> Exception:
+    """The error to report for ranks that failed: the first failing rank's own, from the record it wrote; when no
+    rank could write one (killed by a signal, out of memory), the exit codes and where the ranks' logs are."""
+    record = first_rank_error(run_dir, since=started)
+    if record is not None:
+        return record.as_exception(run_dir)
+    failures = getattr(failed, "failures", {}) or {}
+    codes = ", ".join(f"rank {f.rank}: exit code {f.exitcode}" for f in failures.values()) or "unknown"
+    return RankFailed(f"a rank process died without reporting an error ({codes}; a negative code is the signal "
+                      f"that ended it, e.g. -9 for the out-of-memory killer); see {run_dir}/rank_<N>.log",
+                      rank_traceback="")
+
+
+def record_failure(run_dir: Path, error: str, error_traceback: str | None = None) -> None:
+    """A failed run says why in its run dir (`failure.json`), so a sweep's survivors stay readable. A rank's error
+    brings its own traceback; otherwise the one being handled here."""
     if not run_dir.is_dir():
         return
-    failure = {"error": error, "traceback": traceback.format_exc()}
+    failure = {"error": error, "traceback": error_traceback or traceback.format_exc()}
     (run_dir / "failure.json").write_text(json.dumps(failure, indent=2) + "\n")
 
 
 def update_sweep_index(hydra, run_dir: Path, status: str, summary: RunSummary | None,
                        error: str | None = None) -> None:
     """`<sweep_dir>/index.json`: one entry per job with its overrides, status and headline results."""
-    index_file = Path(hydra.sweep.dir) / "index.json"
+    job = {"num": hydra.job.num, "name": hydra.job.override_dirname, "run_dir": str(run_dir),
+           "overrides": list(hydra.overrides.task)}
+    write_index_entry(Path(hydra.sweep.dir), job, status, summary, error)
+
+
+def update_resumed_sweep_job(run_dir: Path, status: str, summary: RunSummary | None,
+                             error: str | None = None) -> None:
+    """A resumed sweep job's entry in its sweep's index.json (the run dir's parent), if it has one."""
+    index_file = run_dir.parent / "index.json"
+    try:
+        jobs = json.loads(index_file.read_text())["jobs"]
+    except (OSError, ValueError, KeyError):
+        return
+    for job in jobs:
+        if Path(job.get("run_dir", "")).resolve() == run_dir.resolve():
+            base = {k: job[k] for k in ("num", "name", "run_dir", "overrides") if k in job}
+            write_index_entry(run_dir.parent, base, status, summary, error)
+            return
+
+
+def write_index_entry(sweep_dir: Path, job: dict[str, Any], status: str, summary: RunSummary | None,
+                      error: str | None) -> None:
+    """Replaces the job's entry (by `num`) in `<sweep_dir>/index.json`. A stopped job gets its resume command."""
+    index_file = sweep_dir / "index.json"
     jobs = json.loads(index_file.read_text())["jobs"] if index_file.exists() else []
-    entry = {"num": hydra.job.num, "name": hydra.job.override_dirname, "run_dir": str(run_dir),
-             "overrides": list(hydra.overrides.task), "status": status, "error": error}
+    entry = {**job, "status": status, "error": error}
+    if status == "stopped":
+        entry["resume"] = resume_command(job["run_dir"])
     if summary is not None:
         entry.update(steps=summary.steps, best_tau_sim=summary.best["tau_sim"], best_step=summary.best["step"],
                      final_loss=summary.final["loss"], final_tau_sim=summary.final["tau_sim"])
     jobs = [j for j in jobs if j["num"] != entry["num"]] + [entry]
     tmp = index_file.with_suffix(".tmp")
-    tmp.write_text(json.dumps({"sweep_dir": str(Path(hydra.sweep.dir).resolve()),
+    tmp.write_text(json.dumps({"sweep_dir": str(sweep_dir.resolve()),
                                "jobs": sorted(jobs, key=lambda j: j["num"])}, indent=2) + "\n")
     os.replace(tmp, index_file)

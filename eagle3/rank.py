@@ -10,6 +10,7 @@ import json
 import logging
 import os
 from pathlib import Path
+
 import torch
 
 from eagle3.checkpoint import check_disk, load_draft, load_trainer_state
@@ -19,6 +20,7 @@ from eagle3.data.loader import build_loaders
 from eagle3.distributed import World, close_world, init_world, wrap_model
 from eagle3.init import InitContext, build_draft
 from eagle3.progress import RunSummary
+from eagle3.rank_errors import write_rank_error
 from eagle3.track import Tracker
 from eagle3.train import train
 
@@ -26,8 +28,21 @@ log = logging.getLogger(__name__)
 
 
 def worker(cfg: RunConfig, verifier_dir: Path, data_dir: Path, rows: list[int] | None = None) -> RunSummary | None:
-    setup_rank_logging(Path(cfg.run.dir), int(os.environ["RANK"]))
-    return run_rank(cfg, verifier_dir, data_dir, rows)
+    """One rank's process under the elastic launcher. An error is logged here (rank_<N>.log; rank 0: the console)
+    and recorded in the run dir for the launcher to report (eagle3/rank_errors.py); the process then exits 1,
+    so the elastic agent has nothing to print but an exit code."""
+    rank = int(os.environ["RANK"])
+    run_dir = Path(cfg.run.dir)
+    setup_rank_logging(run_dir, rank)
+    try:
+        return run_rank(cfg, verifier_dir, data_dir, rows)
+    except Exception as e:
+        record = write_rank_error(run_dir, rank, e)
+        if record.user:
+            log.error("%s: %s", record.type, record.message)
+        else:
+            log.error("%s", record.traceback.rstrip())
+        raise SystemExit(1) from None
 
 
 def pick_device(choice: str, local_rank: int) -> torch.device:

@@ -10,7 +10,9 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
+from eagle3.console import resume_command
 from eagle3.distributed import World, reduce_sums
+from eagle3.errors import Interrupted
 
 log = logging.getLogger(__name__)
 
@@ -44,9 +46,9 @@ class StopRequest:
     def exit(self, run_dir: Path, step: int) -> None:
         signum = self.signum or signal.SIGTERM
         self.restore()
-        log.warning("interrupted at step %d; checkpoints/last holds it. Continue with: python launch.py resume=%s",
-                    step, run_dir)
-        raise SystemExit(128 + signum)
+        log.warning("interrupted at step %d; checkpoints/last holds it. Continue with: %s", step,
+                    resume_command(run_dir))
+        raise Interrupted(signum)
 
     def restore(self) -> None:
         for s, handler in self.previous.items():

@@ -121,6 +121,10 @@ def train(model: torch.nn.Module, train_loader: PackedLoader, val_loader: Packed
             progress.step_in_epoch += 1
             skipped_in_a_row = skipped_in_a_row + 1 if grad_norm is None else 0
             progress.skipped_steps += grad_norm is None
+            if grad_norm is None and world.is_main:  # the train rows count them too, but only every log_every
+                log.warning("step %d skipped: non-finite loss or gradient, weights unchanged (%d skipped so far, "
+                            "%d in a row; optim.max_skipped_steps=%d in a row stops the run)", progress.step,
+                            progress.skipped_steps, skipped_in_a_row, optim.max_skipped_steps)
             steps.after_step(progress, epoch, grad_norm)
             step, mid_epoch = progress.step, progress.step_in_epoch < steps_per_epoch
             if skipped_in_a_row >= optim.max_skipped_steps:

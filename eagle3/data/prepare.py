@@ -22,11 +22,16 @@ from typing import Any
 import torch
 
 from eagle3.config import BadSamplePolicy, DataConfig
+from eagle3.console import shell_override
 from eagle3.data.cache import cache_key
 from eagle3.data.jsonl import Row
 from eagle3.data.record import read_record, verifier_fingerprint, write_record
-from eagle3.data.verifier_forward import default_aux_layer_ids, load_causal_lm, write_hidden_states
-from eagle3.data.verifier_forward import pre_final_norm  # noqa: F401  (eagle3/eval/drafting.py imports it from here)
+from eagle3.data.verifier_forward import (
+    default_aux_layer_ids,
+    load_causal_lm,
+    pre_final_norm,  # noqa: F401  (eagle3/eval/drafting.py imports it from here)
+    write_hidden_states,
+)
 from eagle3.errors import ConfigError, DataError, UserError
 
 log = logging.getLogger(__name__)
@@ -169,9 +174,10 @@ def prepare(args: argparse.Namespace) -> dict[str, Any]:
                            notes)
     tokens = sum(len(ids) for ids, _ in rows)
     log.info("wrote %s: %d rows, %d tokens, %d hidden-state files (%d kept from before)\ntrain on it with:\n"
-             "  python launch.py data=offline data.path=%s model.verifier.path=%s 'model.draft.aux_layer_ids=%s'",
+             "  python launch.py data=offline %s %s %s",
              args.out, len(rows), tokens, record["hidden_state_files_written"],
-             len(rows) - record["hidden_state_files_written"], args.out, args.model, aux)
+             len(rows) - record["hidden_state_files_written"], shell_override("data.path", args.out),
+             shell_override("model.verifier.path", args.model), shell_override("model.draft.aux_layer_ids", aux))
     return record
 
 
