@@ -38,10 +38,10 @@ def worker(cfg: RunConfig, verifier_dir: Path, data_dir: Path, rows: list[int] |
         return run_rank(cfg, verifier_dir, data_dir, rows)
     except Exception as e:
         record = write_rank_error(run_dir, rank, e)
-        if record.user:
-            log.error("%s: %s", record.type, record.message)
-        else:
-            log.error("%s", record.traceback.rstrip())
+        log.error("%s: %s", record.type, record.message)
+        if not record.user:  # a bug: its traceback into the rank's log file (rank 0's: not the console)
+            with open(run_dir / ("launch.log" if rank == 0 else f"rank_{rank}.log"), "a", encoding="utf-8") as f:
+                f.write(record.traceback)
         raise SystemExit(1) from None
 
 
