@@ -61,8 +61,8 @@ def launch(cfg: DictConfig) -> float | None:
             record_failure(run_dir, error, getattr(e, "rank_traceback", None))
         if multirun:
             update_sweep_index(hydra, run_dir, "failed", None, error)
-            log.error("job %d (%s) failed: %s\n  run dir: %s", hydra.job.num, hydra.job.override_dirname or "-",
-                      e, run_dir)
+            log.error("job %d (%s) failed: %s\n  run dir: %s", hydra.job.num,
+                      " ".join(hydra.overrides.task) or "no overrides", e, run_dir)
         elif cfg.resume:
             update_resumed_sweep_job(run_dir, "failed", None, error)
         if isinstance(e, (UserError, RankFailed)) and not multirun and os.environ.get("HYDRA_FULL_ERROR") != "1":

@@ -118,7 +118,7 @@ def test_a_failing_job_is_recorded_and_the_sweep_goes_on(cache_dir, tmp_path):
     assert "model.draft.hidden_size" in json.loads((Path(jobs[0]["run_dir"]) / "failure.json").read_text())["error"]
     assert_contract(Path(jobs[1]["run_dir"]))
     # said when it fails, with its run dir; summed up at the end
-    assert "job 0 (model.draft.hidden_size=96) failed: model.draft.hidden_size=96" in out
+    assert "job 0 (model.draft.hidden_size=96 " in out and "failed: model.draft.hidden_size=96 but" in out
     assert jobs[0]["run_dir"] in out
     assert "error: 1 of 2 sweep jobs failed: job 0 (model.draft.hidden_size=96" in proc.stderr
 
