@@ -198,7 +198,8 @@ def check_data(cfg: RunConfig, verifier_dir: Path, data_dir: Path) -> list[int] 
                                                              "skipped_rows": sorted(report.bad)}, indent=2) + "\n")
     if report.bad and policy == "error":
         raise DataError(f"{report.summary()}\ndata.on_bad_sample=skip trains without them (counted in "
-                          f"data_check.json); python -m eagle3.data.check {shlex.quote(str(data_dir))} checks everything, NaN included")
+                        f"data_check.json); python -m eagle3.data.check {shlex.quote(str(data_dir))} checks "
+                        f"everything, NaN included")
     if report.bad:
         log.warning("%s\nskipping them (data.on_bad_sample=skip)", report.summary())
     # Built once here, so that ranks only read the cached d2t/t2d files.
