@@ -97,6 +97,9 @@ class DraftConfig:
     norm_before_fc: Optional[bool] = None
     norm_output: Optional[bool] = None
     fc_norm: Optional[bool] = None
+    # Recompute the decoder layer in the backward instead of keeping its activations (eagle3/recompute.py):
+    # less activation memory for about one more layer forward per TTT step.
+    gradient_checkpointing: bool = False
 
 
 @dataclass
@@ -174,6 +177,9 @@ class DistributedConfig:
     strategy: Strategy = Strategy.ddp
     nproc_per_node: int = 1
     nnodes: int = 1
+    # GB of memory per device for the plan's fit check when no GPU is visible (plan=true on a laptop);
+    # null: a visible GPU's free memory (torch.cuda.mem_get_info), else no check.
+    device_memory_gb: Optional[float] = None
     node_rank: int = MISSING                # MISSING, not 0: multinode must not default it silently
     rdzv_endpoint: Optional[str] = MISSING
     backend: str = "auto"
@@ -220,6 +226,8 @@ class TrainConfig:
     cache_dir: str = MISSING
     device: str = "auto"
     resume: Optional[str] = None
+    # true: print the memory and time plan of this config per rank (eagle3/plan.py) and exit; builds nothing
+    plan: bool = False
 
 
 def register_configs() -> None:

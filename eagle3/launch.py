@@ -34,6 +34,8 @@ def launch(cfg: DictConfig) -> float | None:
     run_dir = Path(cfg.resume if cfg.resume else hydra.runtime.output_dir).resolve()
     start = time.perf_counter()
     try:
+        if cfg.plan:  # plan (issue 19): print the memory/time plan and stop; no run dir, nothing built
+            return show_plan(cfg, hydra, run_dir)
         resolved = load_for_resume(run_dir, hydra) if cfg.resume else fresh_run(cfg, hydra, run_dir)
         verifier_dir, data_dir = materialize_inputs(resolved)
         rows = check_data(resolved, verifier_dir, data_dir)
@@ -56,6 +58,7 @@ def launch(cfg: DictConfig) -> float | None:
 def fresh_run(cfg: DictConfig, hydra, run_dir: Path) -> dict[str, Any]:
     resolved = resolve(cfg, hydra, run_dir)
     validate(resolved)
+    refuse_if_it_cannot_fit(resolved)  # plan (issue 19): before anything is written or any rank starts
     advice, outside = lr_advice(resolved)
     (log.warning if outside else log.info)(advice)
     if resolved["distributed"]["node_rank"] == 0:
@@ -83,6 +86,72 @@ def resolve(cfg: DictConfig, hydra, run_dir: Path) -> dict[str, Any]:
         "overrides": list(hydra.overrides.task),
     }
     return resolved
+
+
+# >>> plan (issue 19): the glue between today's dict config and eagle3/plan.py; port onto the typed launcher.
+def plan_parts(cfg: dict[str, Any]) -> dict[str, Any]:
+    """The typed config parts eagle3.plan takes, built from the plain resolved dict.
+    THE spot to delete once the run config is typed (issue 15): pass cfg.model.draft, cfg.data, ... instead."""
+    from eagle3.config import DataConfig, DistributedConfig, DraftConfig, OptimConfig, SynthConfig, TinyVerifierConfig
+
+    data = dict(cfg["data"])
+    data["synth"] = SynthConfig(**data["synth"]) if data["synth"] is not None else None
+    tiny = cfg["model"]["verifier"]["tiny"]
+    return {"draft": DraftConfig(**cfg["model"]["draft"]), "data": DataConfig(**data),
+            "optim": OptimConfig(**cfg["optim"]), "dist": DistributedConfig(**cfg["distributed"]),
+            "verifier_path": cfg["model"]["verifier"]["path"],
+            "tiny": TinyVerifierConfig(**tiny) if tiny is not None else None,
+            "device": cfg["device"], "accept": cfg["eval"]["accept"]["enabled"],
+            "train_lm_head": bool(cfg["init"].get("train_lm_head", False))}
+
+
+def run_plan(cfg: dict[str, Any]):
+    """The plan of this run (eagle3.plan) with what the machine and the disk say (eagle3.plan_inputs)."""
+    from eagle3.plan import make_plan
+    from eagle3.plan_inputs import dataset_stats, device_and_memory, verifier_size
+
+    p = plan_parts(cfg)
+    kind, memory, source = device_and_memory(p["device"], p["dist"].device_memory_gb)
+    verifier_bytes, verifier_note = verifier_size(p["verifier_path"], p["tiny"]) if p["accept"] else (0, "")
+    return make_plan(p["draft"], p["data"], p["optim"], p["dist"], device_type=kind, device_memory=memory,
+                     device_memory_source=source, gradient_checkpointing=p["draft"].gradient_checkpointing,
+                     train_lm_head=p["train_lm_head"], data_stats=dataset_stats(p["data"], p["draft"].hidden_size, p["draft"].aux_layer_ids),
+                     verifier_bytes=verifier_bytes, verifier_note=verifier_note)
+
+
+def show_plan(cfg: DictConfig, hydra, run_dir: Path) -> None:
+    """`plan=true`: validates as a run would (an empty data dir is fine: a plan reads no data), prints the plan,
+    and removes the run dir Hydra made for this job when nothing but Hydra's own files is in it."""
+    from eagle3.plan import format_plan
+
+    resolved = resolve(cfg, hydra, run_dir)
+    probe = resolved
+    if resolved["data"]["path"] is not None and Path(resolved["data"]["path"]).is_dir():
+        probe = {**resolved, "data": {**resolved["data"], "path": None, "synth": {}}}
+    validate(probe)
+    print(format_plan(run_plan(resolved)), flush=True)
+    if run_dir.is_dir() and {p.name for p in run_dir.iterdir()} <= {".hydra", f"{hydra.job.name}.log"}:
+        import shutil
+
+        shutil.rmtree(run_dir)
+        try:
+            run_dir.parent.rmdir()  # Hydra's date dir, when this was its only run
+        except OSError:
+            pass
+
+
+def refuse_if_it_cannot_fit(cfg: dict[str, Any]) -> None:
+    """Stops a run whose planned peak per rank exceeds the device's memory (eagle3.plan.check_fits)."""
+    from eagle3.plan import GIB, check_fits
+
+    plan = run_plan(cfg)
+    check_fits(plan)
+    if plan.device_memory is None:
+        log.info("plan: about %.1f GiB per rank; %s", plan.peak / GIB, plan.device_memory_source)
+    else:
+        log.info("plan: about %.1f GiB per rank of %.1f GiB (%s)", plan.peak / GIB, plan.device_memory / GIB,
+                 plan.device_memory_source)
+# <<< plan (issue 19)
 
 
 def load_for_resume(run_dir: Path, hydra) -> dict[str, Any]:

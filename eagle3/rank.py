@@ -19,6 +19,7 @@ from eagle3.console import format_result_table, quiet_libraries, setup_rank_logg
 from eagle3.data.loader import build_loaders
 from eagle3.distributed import World, close_world, init_world, wrap_model
 from eagle3.init import InitContext, build_draft
+from eagle3.recompute import recompute_decoder_layers
 from eagle3.track import Tracker
 from eagle3.train import train
 
@@ -87,6 +88,8 @@ def _train_on(world: World, device: torch.device, cfg: dict[str, Any], run_dir: 
         model, init_report = build_draft(ctx)
         if world.is_main:
             (run_dir / "init_report.json").write_text(json.dumps(init_report, indent=2) + "\n")
+    if draft.get("gradient_checkpointing"):  # .get: runs resumed from before the knob existed
+        recompute_decoder_layers(model)
     if world.is_main:
         check_disk(run_dir, model)
     model = wrap_model(model.to(device), world, device)
