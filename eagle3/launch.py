@@ -142,15 +142,13 @@ def show_plan(cfg: DictConfig, hydra, run_dir: Path) -> None:
 
 def refuse_if_it_cannot_fit(cfg: dict[str, Any]) -> None:
     """Stops a run whose planned peak per rank exceeds the device's memory (eagle3.plan.check_fits)."""
-    from eagle3.plan import GIB, check_fits
+    from eagle3.plan import check_fits, human
 
     plan = run_plan(cfg)
     check_fits(plan)
-    if plan.device_memory is None:
-        log.info("plan: about %.1f GiB per rank; %s", plan.peak / GIB, plan.device_memory_source)
-    else:
-        log.info("plan: about %.1f GiB per rank of %.1f GiB (%s)", plan.peak / GIB, plan.device_memory / GIB,
-                 plan.device_memory_source)
+    of = f"of {human(plan.device_memory)} ({plan.device_memory_source})" if plan.device_memory else \
+        f"({plan.device_memory_source})"
+    log.info("plan: about %s per rank %s; python launch.py plan=true ... for the terms", human(plan.peak), of)
 # <<< plan (issue 19)
 
 

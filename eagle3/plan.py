@@ -289,13 +289,18 @@ def check_fits(plan: Plan) -> None:
         return
     big = plan.largest
     raise ConfigError(
-        f"this run needs about {plan.peak / GIB:.1f} GiB per rank, over {FIT_SHARE:.0%} of the device's "
-        f"{plan.device_memory / GIB:.1f} GiB ({plan.device_memory_source}); the largest term is "
-        f"{big.name}: {big.bytes / GIB:.1f} GiB. To shrink it: a smaller data.total_seq_len with a larger "
+        f"this run needs about {human(plan.peak)} per rank, over {FIT_SHARE:.0%} of the device's "
+        f"{human(plan.device_memory)} ({plan.device_memory_source}); the largest term is "
+        f"{big.name}: {human(big.bytes)}. To shrink it: a smaller data.total_seq_len with a larger "
         f"optim.grad_accum (same global batch), distributed=fsdp (shards parameters, gradients and AdamW state), "
         f"model.draft.gradient_checkpointing=true (recomputes the decoder layer), "
         f"model.draft.attn_impl=simple_flex_attention (no T x T score or mask matrix). "
         f"See the whole plan: python launch.py plan=true <your overrides>")
+
+
+def human(n: float) -> str:
+    """Bytes as GiB, or MiB below one GiB."""
+    return f"{n / GIB:.1f} GiB" if n >= GIB else f"{n / 2 ** 20:.1f} MiB"
 
 
 def _count(n: int) -> str:
@@ -307,16 +312,17 @@ def format_plan(plan: Plan) -> str:
              f"attention {plan.attn_impl}",
              f"  parameters: {plan.trainable_params:,} trainable, {plan.frozen_params:,} frozen"]
     width = max(len(t.name) for t in plan.terms)
+    unit, scale = ("GiB", GIB) if plan.peak >= GIB else ("MiB", 2 ** 20)
     for t in plan.terms:
         where = "" if t.on_device else "  [host]"
-        lines.append(f"  {t.name:<{width}}  {t.bytes / GIB:9.3f} GiB{where}{'  ' + t.note if t.note else ''}")
-    lines.append(f"  {'peak on the device':<{width}}  {plan.peak / GIB:9.3f} GiB  (largest: {plan.largest.name})")
+        lines.append(f"  {t.name:<{width}}  {t.bytes / scale:9.3f} {unit}{where}{'  ' + t.note if t.note else ''}")
+    lines.append(f"  {'peak on the device':<{width}}  {plan.peak / scale:9.3f} {unit}  (largest: {plan.largest.name})")
     if plan.device_memory is None:
         lines.append(f"  device memory: {plan.device_memory_source}")
     else:
         share = plan.peak / plan.device_memory
         verdict = "fits" if plan.fits() else f"DOES NOT FIT (limit {FIT_SHARE:.0%})"
-        lines.append(f"  device memory: {plan.device_memory / GIB:.1f} GiB ({plan.device_memory_source}): "
+        lines.append(f"  device memory: {human(plan.device_memory)} ({plan.device_memory_source}): "
                      f"{share:.0%} used, {verdict}")
     lines.append(f"  tokens per optimizer step: {plan.tokens_per_step:,} (total_seq_len x grad_accum x ranks)")
     peak_name = "dense bf16 peak of an H100/H200" if plan.device_type == "cuda" else "a rough CPU figure"
