@@ -14,7 +14,8 @@ from eagle3.config import ConfigError, validate
 GROUPS = ["model", "data", "init", "optim", "distributed", "logger"]
 OPTIONS = [(g, p.stem) for g in GROUPS for p in sorted((CONF / g).glob("*.yaml"))]
 # Values only the user can give: they must be marked required, never defaulted.
-REQUIRED = {("model", "kimi_k25"): ["model.verifier.path"], ("data", "offline"): ["data.path"],
+REQUIRED = {("model", "kimi_k25"): ["model.verifier.path"], ("model", "llama31_8b"): ["model.verifier.path"],
+            ("data", "offline"): ["data.path"],
             ("init", "pretrained"): ["init.path"],
             ("distributed", "multinode"): ["distributed.node_rank", "distributed.rdzv_endpoint"]}
 
