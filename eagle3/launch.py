@@ -111,7 +111,8 @@ def run_plan(cfg: dict[str, Any]):
     from eagle3.plan_inputs import dataset_stats, device_and_memory, verifier_size
 
     p = plan_parts(cfg)
-    kind, memory, source = device_and_memory(p["device"], p["dist"].device_memory_gb)
+    in_process = p["dist"].nproc_per_node * p["dist"].nnodes == 1
+    kind, memory, source = device_and_memory(p["device"], p["dist"].device_memory_gb, in_process)
     verifier_bytes, verifier_note = verifier_size(p["verifier_path"], p["tiny"]) if p["accept"] else (0, "")
     return make_plan(p["draft"], p["data"], p["optim"], p["dist"], device_type=kind, device_memory=memory,
                      device_memory_source=source, gradient_checkpointing=p["draft"].gradient_checkpointing,

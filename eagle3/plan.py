@@ -118,9 +118,10 @@ def _activations(draft: DraftConfig, seq: int, attn_impl: str, device_type: str,
     Per TTT step, speculators' forward (core.py) keeps for the backward, in elements per token: the layer's
     [embedding, hidden] input (2H, held by the norms' views) and the normed concat q/k/v read (2H); the two
     input norms' normed halves (2H); q after rotary and the attention output twice (3 x heads*head_dim, the
-    o_proj input is a contiguous copy); the post-attention residual, its normed and its output (3H); the MLP's
-    gate, up, act and product (4I); the final norm's input and normed (2H); the loss's log-probabilities and
-    target probabilities (2 x draft vocab, fp32). The cache's keys and values grow by T each step, and step t's
+    o_proj input is a contiguous copy); the post-attention residual and its normed (2H); the MLP's input (H);
+    the MLP's gate, up, act and product (4I); the final norm's input and normed (2H); the loss's
+    log-probabilities and target probabilities (2 x draft vocab, fp32). One more H-wide tensor per step is
+    counted because the measurement (bench/plan_memory.py) shows it alive, without a named owner. The cache's keys and values grow by T each step, and step t's
     attention keeps the concatenated ones: 2 x kv*head_dim x (t+1). Eager attention keeps the softmax
     (heads x T x T(t+1)); sdpa keeps its additive mask (T x T(t+1), compute dtype); flex neither.
     Before the steps: the input norm over the n aux states (2 nH) and the targets (T x draft vocab).

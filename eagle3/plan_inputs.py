@@ -16,8 +16,12 @@ from eagle3.plan import DTYPE_BYTES, DataStats
 GB = 1e9  # distributed.device_memory_gb is in GB (10^9 bytes), as GPU datasheets state it (H200: 141 GB)
 
 
-def device_and_memory(device: str, device_memory_gb: Optional[float]) -> tuple[str, Optional[int], str]:
-    """(device type the run will use, bytes of memory per device to check against, where that number came from)."""
+def device_and_memory(device: str, device_memory_gb: Optional[float],
+                      in_process: bool = True) -> tuple[str, Optional[int], str]:
+    """(device type the run will use, bytes of memory per device to check against, where that number came from).
+    `in_process`: the rank runs in this process (one rank in all), so asking the GPU's free memory costs no
+    extra CUDA context; otherwise the ranks' own processes hold the GPUs and this one reads only the
+    device's total (no context is created for it)."""
     if device_memory_gb is not None:
         kind = "cpu" if device == "cpu" else "cuda"
         return kind, int(device_memory_gb * GB), f"distributed.device_memory_gb={device_memory_gb:g}"
@@ -26,6 +30,9 @@ def device_and_memory(device: str, device_memory_gb: Optional[float]) -> tuple[s
     import torch
 
     if torch.cuda.is_available():
+        if not in_process:
+            props = torch.cuda.get_device_properties(0)
+            return "cuda", int(props.total_memory), f"total of {props.name} (device properties)"
         free, total = torch.cuda.mem_get_info()
         return "cuda", int(free), f"free on {torch.cuda.get_device_name()} of {total / GB:.0f} GB (mem_get_info)"
     return ("cuda" if device == "cuda" else "cpu", None,
@@ -47,7 +54,10 @@ def dataset_stats(data: DataConfig, hidden_size: int, aux_layer_ids: list[int]) 
         return None
     from eagle3.data.rows import ArrowRows
 
-    lengths = ArrowRows(path).seq_len
+    try:
+        lengths = ArrowRows(path).seq_len
+    except Exception:  # noqa: BLE001  (the start-up data check reports a broken dataset with its own message)
+        return None
     split = int(len(lengths) * data.train_ratio)
     hidden = sum(f.stat().st_size for f in (path / "hidden_states").glob("*.safetensors"))
     return DataStats(train_tokens=int(lengths[:split].sum()), train_rows=split, total_tokens=int(lengths.sum()),

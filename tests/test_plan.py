@@ -179,3 +179,17 @@ def test_a_kimi_run_on_16_gb_stops_before_any_rank_with_one_message(kimi_dirs, t
     errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
     assert len(errors) == 1 and "GiB per rank" in errors[0] and "distributed=fsdp" in errors[0], proc.stderr[-2000:]
     assert not (run_dir / "resolved_config.yaml").exists()
+
+
+@pytest.mark.slow
+def test_the_plan_counts_an_offline_datasets_steps_and_bytes(trained_run):
+    from eagle3.launch import run_plan
+
+    summary = json.loads((trained_run / "summary.json").read_text())
+    data_dir = Path(summary["data_dir"])
+    plan = run_plan(_resolved(["data=offline", f"data.path={data_dir}", "data.total_seq_len=512", "data.train_ratio=0.9",
+                               "optim.epochs=2", "device=cpu"]))
+    # The run trained 2 epochs of the same rows at the same total_seq_len (tests/conftest.py SMALL_DATA).
+    assert plan.total_steps == summary["steps"]
+    hidden = sum(f.stat().st_size for f in (data_dir / "hidden_states").glob("*.safetensors"))
+    assert any(f"{hidden / 2**30:.2f} GiB in all" in note for note in plan.data_notes)
