@@ -50,6 +50,7 @@ class Plan:
     world_size: int
     strategy: str
     attn_impl: str
+    gradient_checkpointing: bool
     terms: list[Term]
     trainable_params: int
     frozen_params: int
@@ -262,7 +263,7 @@ def make_plan(draft: DraftConfig, data: DataConfig, optim: OptimConfig, dist: Di
     flops = step_flops(draft, data.total_seq_len, train_lm_head, gradient_checkpointing) * optim.grad_accum
     step_seconds = flops / (PEAK_FLOPS[device_type] * UTILIZATION)
     plan = Plan(device_type=device_type, world_size=world, strategy=strategy if world > 1 else "single",
-                attn_impl=attn, terms=terms, trainable_params=trainable, frozen_params=frozen,
+                attn_impl=attn, gradient_checkpointing=gradient_checkpointing, terms=terms, trainable_params=trainable, frozen_params=frozen,
                 tokens_per_step=tokens_per_step, flops_per_step=flops, step_seconds=step_seconds,
                 device_memory=device_memory, device_memory_source=device_memory_source)
     if data_stats is not None:
@@ -289,14 +290,19 @@ def check_fits(plan: Plan) -> None:
     if plan.fits():
         return
     big = plan.largest
+    # Only the knobs this config has not turned already.
+    knobs = ["a smaller data.total_seq_len with a larger optim.grad_accum (same global batch)"]
+    if plan.strategy != "fsdp":
+        knobs.append("distributed=fsdp (shards parameters, gradients and AdamW state over the ranks)")
+    if not plan.gradient_checkpointing:
+        knobs.append("model.draft.gradient_checkpointing=true (recomputes the decoder layer in the backward)")
+    if plan.attn_impl in ("eager", "sdpa"):
+        knobs.append("model.draft.attn_impl=simple_flex_attention (no T x T score or mask matrix; CUDA only)")
     raise ConfigError(
         f"this run needs about {human(plan.peak)} per rank, over {FIT_SHARE:.0%} of the device's "
         f"{human(plan.device_memory)} ({plan.device_memory_source}); the largest term is "
-        f"{big.name}: {human(big.bytes)}. To shrink it: a smaller data.total_seq_len with a larger "
-        f"optim.grad_accum (same global batch), distributed=fsdp (shards parameters, gradients and AdamW state), "
-        f"model.draft.gradient_checkpointing=true (recomputes the decoder layer), "
-        f"model.draft.attn_impl=simple_flex_attention (no T x T score or mask matrix). "
-        f"See the whole plan: python launch.py plan=true <your overrides>")
+        f"{big.name}: {human(big.bytes)}. To shrink it: {'; '.join(knobs)}. "
+        f"The whole plan: python launch.py plan=true <your overrides>")
 
 
 def human(n: float) -> str:
