@@ -101,7 +101,7 @@ def plan_parts(cfg: dict[str, Any]) -> dict[str, Any]:
             "optim": OptimConfig(**cfg["optim"]), "dist": DistributedConfig(**cfg["distributed"]),
             "verifier_path": cfg["model"]["verifier"]["path"],
             "tiny": TinyVerifierConfig(**tiny) if tiny is not None else None,
-            "device": cfg["device"], "accept": cfg["eval"]["accept"]["enabled"],
+            "device": cfg["device"], "accept": cfg.get("eval", {}).get("accept", {}).get("enabled", False),
             "train_lm_head": bool(cfg["init"].get("train_lm_head", False))}
 
 
@@ -125,11 +125,19 @@ def show_plan(cfg: DictConfig, hydra, run_dir: Path) -> None:
     and removes the run dir Hydra made for this job when nothing but Hydra's own files is in it."""
     from eagle3.plan import format_plan
 
-    resolved = resolve(cfg, hydra, run_dir)
+    if cfg.resume:  # the plan of the run being resumed, from its own config
+        config_file = Path(cfg.resume) / "resolved_config.yaml"
+        if not config_file.is_file():
+            raise ConfigError(f"resume: {cfg.resume} is not a run dir (no resolved_config.yaml)")
+        resolved = yaml.safe_load(config_file.read_text())
+        run_dir = Path(hydra.runtime.output_dir)
+    else:
+        resolved = resolve(cfg, hydra, run_dir)
     probe = resolved
     if resolved["data"]["path"] is not None and Path(resolved["data"]["path"]).is_dir():
         probe = {**resolved, "data": {**resolved["data"], "path": None, "synth": {}}}
-    validate(probe)
+    if not cfg.resume:  # a resumed run's config was validated when it started
+        validate(probe)
     print(format_plan(run_plan(resolved)), flush=True)
     if run_dir.is_dir() and {p.name for p in run_dir.iterdir()} <= {".hydra", f"{hydra.job.name}.log"}:
         import shutil
