@@ -84,13 +84,12 @@ def draft_config(seq: int, ttt_steps: int, attn: str, checkpointing: bool):
 def build_model(draft, seed: int = 0):
     """A real Eagle3DraftModel of `draft` on CPU with the frozen verifier parts filled, as training holds it."""
     import torch
-    from dataclasses import asdict
 
     from eagle3.init.build import SPECULATORS_FLAGS, bare_draft
     from eagle3.recompute import recompute_decoder_layers
 
     torch.manual_seed(seed)
-    model = bare_draft(asdict(draft), SPECULATORS_FLAGS, "cpu", attn_impl=draft.attn_impl)
+    model = bare_draft(draft, SPECULATORS_FLAGS, "cpu", attn_impl=draft.attn_impl)
     ids = torch.sort(torch.randperm(draft.vocab_size)[: draft.draft_vocab_size]).values
     t2d = torch.zeros(draft.vocab_size, dtype=torch.bool)
     t2d[ids] = True
@@ -150,8 +149,7 @@ def planned(draft, seq: int) -> int:
 
     plan = make_plan(draft, DataConfig(name="bench", path=None, total_seq_len=seq, hidden_states_dtype="float32"),
                      OptimConfig(), DistributedConfig(name="single", node_rank=0, rdzv_endpoint=None),
-                     device_type="cpu", device_memory=None, device_memory_source="none",
-                     gradient_checkpointing=draft.gradient_checkpointing)
+                     device_type="cpu", device_memory=None, device_memory_source="none")
     return sum(t.bytes for t in plan.terms if t.on_device and not t.name.startswith("hidden-state ring"))
 
 

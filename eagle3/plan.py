@@ -18,9 +18,9 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Optional
 
-from eagle3.config import ConfigError, DataConfig, DistributedConfig, DraftConfig, OptimConfig
+from eagle3.config import DataConfig, DistributedConfig, DraftConfig, OptimConfig
+from eagle3.errors import ConfigError
 
 GIB = 1024 ** 3
 # speculators' training defaults for a fresh draft; the same dict as eagle3.init.build.SPECULATORS_FLAGS
@@ -57,10 +57,10 @@ class Plan:
     tokens_per_step: int
     flops_per_step: float
     step_seconds: float
-    device_memory: Optional[int]
+    device_memory: int | None
     device_memory_source: str
-    steps_per_epoch: Optional[int] = None
-    total_steps: Optional[int] = None
+    steps_per_epoch: int | None = None
+    total_steps: int | None = None
     data_notes: list[str] = field(default_factory=list)
 
     @property
@@ -122,9 +122,10 @@ def _activations(draft: DraftConfig, seq: int, attn_impl: str, device_type: str,
     o_proj input is a contiguous copy); the post-attention residual and its normed (2H); the MLP's input (H);
     the MLP's gate, up, act and product (4I); the final norm's input and normed (2H); the loss's
     log-probabilities and target probabilities (2 x draft vocab, fp32). One more H-wide tensor per step is
-    counted because the measurement (bench/plan_memory.py) shows it alive, without a named owner. The cache's keys and values grow by T each step, and step t's
-    attention keeps the concatenated ones: 2 x kv*head_dim x (t+1). Eager attention keeps the softmax
-    (heads x T x T(t+1)); sdpa keeps its additive mask (T x T(t+1), compute dtype); flex neither.
+    counted because the measurement (bench/plan_memory.py) shows it alive, without a named owner. The cache's
+    keys and values grow by T each step, and step t's attention keeps the concatenated ones:
+    2 x kv*head_dim x (t+1). Eager attention keeps the softmax (heads x T x T(t+1)); sdpa keeps its additive
+    mask (T x T(t+1), compute dtype); flex neither.
     Before the steps: the input norm over the n aux states (2 nH) and the targets (T x draft vocab).
     """
     h, n_aux, steps = draft.hidden_size, len(draft.aux_layer_ids), draft.ttt_steps
@@ -222,12 +223,10 @@ def step_flops(draft: DraftConfig, seq: int, train_lm_head: bool, checkpointing:
 
 
 def make_plan(draft: DraftConfig, data: DataConfig, optim: OptimConfig, dist: DistributedConfig, *,
-              device_type: str, device_memory: Optional[int], device_memory_source: str,
-              gradient_checkpointing: bool = False, train_lm_head: bool = False,
-              data_stats: Optional[DataStats] = None, verifier_bytes: int = 0, verifier_note: str = "") -> Plan:
+              device_type: str, device_memory: int | None, device_memory_source: str, train_lm_head: bool = False,
+              data_stats: DataStats | None = None, verifier_bytes: int = 0, verifier_note: str = "") -> Plan:
     """The per-rank memory terms and the time per optimizer step of a run with these config parts."""
-    world = dist.nproc_per_node * dist.nnodes
-    strategy = dist.strategy.value if hasattr(dist.strategy, "value") else str(dist.strategy)
+    world, strategy, gradient_checkpointing = dist.world_size, dist.strategy.value, draft.gradient_checkpointing
     fsdp = strategy == "fsdp" and world > 1
     attn = draft.attn_impl if draft.attn_impl != "auto" else ("simple_flex_attention" if device_type == "cuda"
                                                                else "sdpa")
@@ -263,7 +262,8 @@ def make_plan(draft: DraftConfig, data: DataConfig, optim: OptimConfig, dist: Di
     flops = step_flops(draft, data.total_seq_len, train_lm_head, gradient_checkpointing) * optim.grad_accum
     step_seconds = flops / (PEAK_FLOPS[device_type] * UTILIZATION)
     plan = Plan(device_type=device_type, world_size=world, strategy=strategy if world > 1 else "single",
-                attn_impl=attn, gradient_checkpointing=gradient_checkpointing, terms=terms, trainable_params=trainable, frozen_params=frozen,
+                attn_impl=attn, gradient_checkpointing=gradient_checkpointing, terms=terms,
+                trainable_params=trainable, frozen_params=frozen,
                 tokens_per_step=tokens_per_step, flops_per_step=flops, step_seconds=step_seconds,
                 device_memory=device_memory, device_memory_source=device_memory_source)
     if data_stats is not None:
@@ -287,7 +287,7 @@ def make_plan(draft: DraftConfig, data: DataConfig, optim: OptimConfig, dist: Di
 
 def check_fits(plan: Plan) -> None:
     """Raises ConfigError naming the largest term and the knobs that shrink it when the peak does not fit."""
-    if plan.fits():
+    if plan.device_memory is None or plan.fits():
         return
     big = plan.largest
     # Only the knobs this config has not turned already.
@@ -336,8 +336,9 @@ def format_plan(plan: Plan) -> str:
     lines.append(f"  step time: about {plan.step_seconds:.2f} s ({plan.flops_per_step / 1e12:.3g} TFLOP per rank "
                  f"at an assumed {UTILIZATION:.0%} of {PEAK_FLOPS[plan.device_type] / 1e12:g} TFLOP/s, "
                  f"{peak_name})")
-    if plan.steps_per_epoch is not None:
+    if plan.steps_per_epoch is not None and plan.total_steps is not None:
+        hours = plan.total_steps * plan.step_seconds / 3600
         lines.append(f"  steps: about {plan.steps_per_epoch:,} per epoch (tokens / tokens per step; packing adds "
-                     f"some), {plan.total_steps:,} in the run, about {plan.total_steps * plan.step_seconds / 3600:.1f} h")
+                     f"some), {plan.total_steps:,} in the run, about {hours:.1f} h")
     lines += [f"  {note}" for note in plan.data_notes]
     return "\n".join(lines)

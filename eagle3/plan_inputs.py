@@ -8,16 +8,15 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Optional
 
-from eagle3.config import DataConfig, TinyVerifierConfig
+from eagle3.config import DataConfig, VerifierConfig
 from eagle3.plan import DTYPE_BYTES, DataStats
 
 GB = 1e9  # distributed.device_memory_gb is in GB (10^9 bytes), as GPU datasheets state it (H200: 141 GB)
 
 
-def device_and_memory(device: str, device_memory_gb: Optional[float],
-                      in_process: bool = True) -> tuple[str, Optional[int], str]:
+def device_and_memory(device: str, device_memory_gb: float | None,
+                      in_process: bool = True) -> tuple[str, int | None, str]:
     """(device type the run will use, bytes of memory per device to check against, where that number came from).
     `in_process`: the rank runs in this process (one rank in all), so asking the GPU's free memory costs no
     extra CUDA context; otherwise the ranks' own processes hold the GPUs and this one reads only the
@@ -39,11 +38,12 @@ def device_and_memory(device: str, device_memory_gb: Optional[float],
             "no device memory to check against (no GPU visible, distributed.device_memory_gb not set)")
 
 
-def dataset_stats(data: DataConfig, hidden_size: int, aux_layer_ids: list[int]) -> Optional[DataStats]:
+def dataset_stats(data: DataConfig, hidden_size: int, aux_layer_ids: list[int]) -> DataStats | None:
     """Token counts of the train split and the hidden-state bytes on disk; None when there are no rows yet.
     Synthetic data: from its config (num_samples x (prompt + response) tokens), nothing read."""
     if data.path is None:
         synth = data.synth
+        assert synth is not None  # DataConfig.check: exactly one of path and synth
         seq = synth.prompt_len + synth.response_len
         train_rows = int(synth.num_samples * data.train_ratio)
         per_token = (len(aux_layer_ids) + 1) * hidden_size * DTYPE_BYTES.get(data.hidden_states_dtype, 2)
@@ -64,9 +64,10 @@ def dataset_stats(data: DataConfig, hidden_size: int, aux_layer_ids: list[int]) 
                      hidden_bytes_on_disk=hidden)
 
 
-def verifier_size(verifier_path: Optional[str], tiny: Optional[TinyVerifierConfig]) -> tuple[int, str]:
+def verifier_size(verifier: VerifierConfig) -> tuple[int, str]:
     """Bytes of the verifier as loaded for measured acceptance: its safetensors files, else a Llama-shaped
     estimate from its config (fp32 for the tiny verifier, which is built in fp32)."""
+    verifier_path, tiny = verifier.path, verifier.tiny
     if verifier_path is not None:
         files = list(Path(verifier_path).glob("*.safetensors"))
         if files:
@@ -75,6 +76,7 @@ def verifier_size(verifier_path: Optional[str], tiny: Optional[TinyVerifierConfi
         h, layers = config["hidden_size"], config["num_hidden_layers"]
         params = 2 * config["vocab_size"] * h + layers * (4 * h * h + 3 * h * config.get("intermediate_size", 4 * h))
         return 2 * params, "estimated from config.json as a dense model in bf16 (no weights present)"
+    assert tiny is not None  # VerifierConfig.check: exactly one of path and tiny
     h = tiny.hidden_size
     params = 2 * tiny.vocab_size * h + tiny.num_layers * (4 * h * h + 3 * h * tiny.intermediate_size)
     return 4 * params, "the tiny verifier, fp32"

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import sys
-from dataclasses import asdict, replace
 from pathlib import Path
 
 import pytest
@@ -16,7 +15,8 @@ sys.path.insert(0, str(ROOT / "bench"))
 
 from plan_memory import build_model, compare, draft_config, make_batch, measure, planned  # noqa: E402
 
-from eagle3.config import ConfigError, DraftConfig  # noqa: E402
+from eagle3.config import DraftConfig  # noqa: E402
+from eagle3.errors import ConfigError  # noqa: E402
 from eagle3.plan import DEFAULT_FLAGS, buffer_bytes, parameter_counts  # noqa: E402
 
 KIMI = DraftConfig(hidden_size=7168, intermediate_size=18432, num_attention_heads=64, num_key_value_heads=64,
@@ -55,9 +55,9 @@ def _meta_groups(model) -> dict[str, tuple[int, bool]]:
 
 @pytest.mark.parametrize("draft", [TINY, KIMI, LLAMA_8B], ids=["tiny", "kimi_k25", "llama_8b"])
 def test_parameter_counts_are_those_of_speculators_model_on_the_meta_device(draft):
-    from eagle3.init.build import resolved_flags, bare_draft
+    from eagle3.init.build import bare_draft, resolved_flags
 
-    model = bare_draft(asdict(draft), resolved_flags(asdict(draft), DEFAULT_FLAGS), "meta")
+    model = bare_draft(draft, resolved_flags(draft, DEFAULT_FLAGS), "meta")
     assert _meta_groups(model) == parameter_counts(draft)
     assert buffer_bytes(draft) == sum(b.numel() * b.element_size() for b in model.buffers()
                                       if b.dim() == 1 and b.numel() in (draft.vocab_size, draft.draft_vocab_size))
@@ -120,6 +120,27 @@ def test_a_config_that_fits_is_not_refused_and_one_that_does_not_is():
     assert "simple_flex_attention" in message
     plan = run_plan(_resolved(["device=cpu"]))
     assert plan.device_memory is None and "no device memory to check against" in plan.device_memory_source
+
+
+def test_a_plan_needs_data_path_to_be_a_directory_but_not_to_hold_a_dataset_yet(tmp_path):
+    from omegaconf import OmegaConf
+
+    from conftest import compose_cfg
+    from eagle3.config import run_config
+
+    empty = tmp_path / "data"
+    empty.mkdir()
+    for path, plan_accepts in ((empty, True), (tmp_path / "missing", False)):
+        plain = OmegaConf.to_container(compose_cfg(["data=offline", f"data.path={path}"]), resolve=True,
+                                       enum_to_str=True)
+        plain["run"] = {"dir": str(tmp_path / "run"), "name": "r", "group": "r"}
+        with pytest.raises(ConfigError, match=r"data\.path"):  # a run needs the dataset in it
+            run_config(plain)
+        if plan_accepts:
+            assert run_config(plain, dataset_required=False).data.path == str(path)
+        else:
+            with pytest.raises(ConfigError, match="does not exist"):
+                run_config(plain, dataset_required=False)
 
 
 def test_fsdp_shards_the_states_and_checkpointing_shrinks_activations():
@@ -187,8 +208,8 @@ def test_the_plan_counts_an_offline_datasets_steps_and_bytes(trained_run):
 
     summary = json.loads((trained_run / "summary.json").read_text())
     data_dir = Path(summary["data_dir"])
-    plan = run_plan(_resolved(["data=offline", f"data.path={data_dir}", "data.total_seq_len=512", "data.train_ratio=0.9",
-                               "optim.epochs=2", "device=cpu"]))
+    plan = run_plan(_resolved(["data=offline", f"data.path={data_dir}", "data.total_seq_len=512",
+                               "data.train_ratio=0.9", "optim.epochs=2", "device=cpu"]))
     # The run trained 2 epochs of the same rows at the same total_seq_len (tests/conftest.py SMALL_DATA).
     assert plan.total_steps == summary["steps"]
     hidden = sum(f.stat().st_size for f in (data_dir / "hidden_states").glob("*.safetensors"))
