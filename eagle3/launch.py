@@ -123,16 +123,23 @@ def run_plan(cfg: TrainConfig) -> Plan:
 def show_plan(cfg: DictConfig, hydra, run_dir: Path) -> None:
     """`plan=true`: types and checks the config as a run would, except that data.path need not hold a dataset yet
     (a plan reads no data), prints the plan, and removes the run dir Hydra made for this job when nothing but
-    Hydra's own files is in it. With `resume=<run dir>`: the plan of that run, from its own config."""
+    Hydra's own files is in it, also when the config is refused. With `resume=<run dir>`: the plan of that run,
+    from its own config."""
     from eagle3.plan import format_plan
 
-    if cfg.resume:
-        run_cfg = run_config(read_run_config(Path(cfg.resume)), dataset_required=False)
-    else:
-        run_cfg = run_config(resolve(cfg, hydra, run_dir), dataset_required=False)
-    print(format_plan(run_plan(run_cfg)), flush=True)
-    hydra_dir = Path(hydra.runtime.output_dir)
-    if hydra_dir.is_dir() and {p.name for p in hydra_dir.iterdir()} <= {".hydra", f"{hydra.job.name}.log"}:
+    try:
+        if cfg.resume:
+            run_cfg = run_config(read_run_config(Path(cfg.resume)), dataset_required=False)
+        else:
+            run_cfg = run_config(resolve(cfg, hydra, run_dir), dataset_required=False)
+        print(format_plan(run_plan(run_cfg)), flush=True)
+    finally:
+        remove_if_only_hydras(Path(hydra.runtime.output_dir), hydra.job.name)
+
+
+def remove_if_only_hydras(hydra_dir: Path, job_name: str) -> None:
+    """Removes the run dir Hydra made for a job that wrote nothing into it (and its date dir, when then empty)."""
+    if hydra_dir.is_dir() and {p.name for p in hydra_dir.iterdir()} <= {".hydra", f"{job_name}.log"}:
         import shutil
 
         shutil.rmtree(hydra_dir)
