@@ -40,6 +40,11 @@ class BadSamplePolicy(str, Enum):
     skip = "skip"
 
 
+class Objective(str, Enum):  # issue 20: what a run returns to a sweeper (eagle3/objective.py)
+    tau_sim = "tau_sim"
+    accept_len = "accept_len"
+
+
 class Strategy(str, Enum):
     ddp = "ddp"
     fsdp = "fsdp"
@@ -220,6 +225,7 @@ class TrainConfig:
     cache_dir: str = MISSING
     device: str = "auto"
     resume: Optional[str] = None
+    objective: Objective = Objective.tau_sim  # issue 20: returned to a sweeper (conf/train.yaml says which)
 
 
 def register_configs() -> None:
@@ -275,6 +281,9 @@ def validate(cfg: dict[str, Any]) -> None:
     _require(dist["backend"] in ("auto", "nccl", "gloo"), "distributed.backend", "must be auto, nccl or gloo")
     _require(dist["max_restarts"] >= 0, "distributed.max_restarts", "must be >= 0")
     _validate_accept_eval(cfg["eval"]["accept"], dist)
+    from eagle3.objective import check_objective  # issue 20; here, not at the top: objective imports ConfigError
+
+    check_objective(cfg["objective"], cfg["eval"]["accept"]["enabled"], cfg["eval"]["accept"]["every"])
     verifier = cfg["model"]["verifier"]
     _require((verifier["path"] is None) != (verifier["tiny"] is None), "model.verifier",
              "set exactly one of model.verifier.path (a local Hugging Face model dir) and model.verifier.tiny")

@@ -23,12 +23,13 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import MissingMandatoryValue
 
 from eagle3.config import ConfigError, lr_advice, validate
+from eagle3.objective import objective_value  # issue 20
 
 log = logging.getLogger(__name__)
 
 
 def launch(cfg: DictConfig) -> float | None:
-    """Runs one job; returns its best val tau_sim (the objective a sweeper would maximise)."""
+    """Runs one job; returns its objective (cfg.objective: best val tau_sim or accept_len) for a sweeper."""
     hydra = HydraConfig.get()
     multirun = hydra.mode is not None and hydra.mode.name == "MULTIRUN"
     run_dir = Path(cfg.resume if cfg.resume else hydra.runtime.output_dir).resolve()
@@ -40,6 +41,7 @@ def launch(cfg: DictConfig) -> float | None:
         if not cfg.resume:
             preflight(resolved, verifier_dir, data_dir)
         summary = run_job(resolved, verifier_dir, data_dir, rows)
+        objective = objective_value(resolved.get("objective", "tau_sim"), summary["best"]) if summary else None
     except Exception as e:
         if isinstance(e, ConfigError) and not multirun and os.environ.get("HYDRA_FULL_ERROR") != "1":
             raise SystemExit(f"error: {e}") from None  # the console says it; the run dir may be another run's
@@ -50,7 +52,7 @@ def launch(cfg: DictConfig) -> float | None:
     if multirun:
         update_sweep_index(hydra, run_dir, "completed", summary)
     log.info("done in %.1f s", time.perf_counter() - start)
-    return summary["best"]["tau_sim"]
+    return objective
 
 
 def fresh_run(cfg: DictConfig, hydra, run_dir: Path) -> dict[str, Any]:
