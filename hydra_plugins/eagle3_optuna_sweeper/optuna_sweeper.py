@@ -109,7 +109,9 @@ class OptunaSweeper(Sweeper):
             except Exception as e:
                 for trial in trials:
                     study.tell(trial, state=optuna.trial.TrialState.FAIL)
-                raise SweepError(f"trial {trials[0].number}: the overrides do not compose: {e}") from None
+                cause = f"\n{e.__cause__}" if e.__cause__ else ""
+                raise SweepError(f"trial {trials[0].number}: the sampled overrides do not compose: {e}{cause}\n"
+                                 "(int(interval(a, b)) samples integers)") from None
             # Job number = trial number: run dirs and sweep-index entries stay unique across continuations.
             first = trials[0].number
             assert [t.number for t in trials] == list(range(first, first + len(trials))), "trials asked out of order"
