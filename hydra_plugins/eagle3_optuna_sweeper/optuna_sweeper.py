@@ -87,7 +87,10 @@ class OptunaSweeper(Sweeper):
 
         assert self.config is not None and self.launcher is not None
         self._check_settings()
-        space, fixed = parse_search_space([f"{k}={v}" for k, v in self.params.items()] + list(arguments))
+        try:
+            space, fixed = parse_search_space([f"{k}={v}" for k, v in self.params.items()] + list(arguments))
+        except ValueError as e:  # an empty range, a sweep kind Optuna has no distribution for
+            raise SweepError(str(e)) from None
         if not space:
             raise SweepError("hydra/sweeper=optuna needs a search space: at least one override such as "
                              "'optim.lr=tag(log, interval(1e-5, 1e-2))', 'optim.warmup_ratio=interval(0, 0.1)' "
