@@ -10,8 +10,8 @@ metrics. Runs are ranked by tau_sim (simulated acceptance length), not loss: acc
 loss still falls. A run that failed or never evaluated is listed as such, at the bottom.
 
 tau_sim is an estimate that orders drafts cheaply; `--confirm N` measures acceptance (eagle3.eval.accept) of
-the N best runs by tau_sim that have no `accept_k*.json` yet, and prints the runs that have one ranked both
-ways, side by side. A sweep dir holding an Optuna study (`study.db`) adds its history to the plot.
+the N best runs by tau_sim (those without an `accept_k*.json` yet: a rerun measures nothing twice), and prints
+the runs that have one ranked both ways, side by side. A sweep dir holding an Optuna study (`study.db`) adds its history to the plot.
 """
 
 from __future__ import annotations
@@ -214,7 +214,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--baseline", help="a run's label (first column, e.g. '#0'): adds the step at which each "
                                            "run first reached that run's best tau_sim")
     parser.add_argument("--confirm", type=int, metavar="N", help="measure acceptance (eagle3.eval.accept --run) of "
-                        "the N best runs by tau_sim that have no accept_k*.json yet, then rank the measured runs "
+                        "the N best runs by tau_sim (those without an accept_k*.json yet), then rank the measured runs "
                         "by tau_sim and by accept_len side by side (0: only the rankings)")
     args = parser.parse_args(argv)
     runs = find_runs(args.paths)
