@@ -11,7 +11,8 @@ loss still falls. A run that failed or never evaluated is listed as such, at the
 
 tau_sim is an estimate that orders drafts cheaply; `--confirm N` measures acceptance (eagle3.eval.accept) of
 the N best runs by tau_sim (those without an `accept_k*.json` yet: a rerun measures nothing twice), and prints
-the runs that have one ranked both ways, side by side. A sweep dir holding an Optuna study (`study.db`) adds its history to the plot.
+the runs that have one ranked both ways, side by side. A sweep dir holding an Optuna study (`study.db`) adds its
+history to the plot.
 """
 
 from __future__ import annotations
@@ -191,7 +192,8 @@ def plot(runs: list[Run], out: Path, history: StudyHistory | None = None) -> Non
         steps = [r["step"] for r in best.val_rows]
         axes[2].plot(steps, [r[f"full_acc_{k}"] for r in best.val_rows], marker="o", label=f"full_acc_{k}")
         axes[2].plot(steps, [r[f"cond_acc_{k}"] for r in best.val_rows], linestyle="--", label=f"cond_acc_{k}")
-    titles = ["val tau_sim (simulated acceptance length)", "val loss", f"per-position val accuracy, best run {best.label}"]
+    titles = ["val tau_sim (simulated acceptance length)", "val loss",
+              f"per-position val accuracy, best run {best.label}"]
     ylabels = ["tau_sim", "loss", "accuracy"]
     for ax, title, ylabel in zip(axes, titles, ylabels):
         ax.set_title(title)
@@ -245,7 +247,7 @@ def confirm(runs: list[Run], n: int) -> list[str]:
     runs whose measurement failed (each said on stderr), the others' reports are in their run dirs."""
     if n < 0:
         raise SystemExit(f"error: --confirm must be >= 0, got {n}")
-    from eagle3.config import ConfigError
+    from eagle3.errors import UserError
     from eagle3.eval import accept
     from eagle3.eval.measure import LosslessError
 
@@ -256,7 +258,7 @@ def confirm(runs: list[Run], n: int) -> list[str]:
         print(f"measuring acceptance of {run.label} ({run.path.name}) ...", file=sys.stderr, flush=True)
         try:
             report = accept.run(accept.parse_args(["--run", str(run.path)]))
-        except (ConfigError, LosslessError) as e:
+        except (UserError, LosslessError) as e:
             print(f"error: {run.label}: {e}", file=sys.stderr)
             failed.append(run.label)
             continue
@@ -267,14 +269,17 @@ def confirm(runs: list[Run], n: int) -> list[str]:
 
 def rankings(runs: list[Run]) -> tuple[list[str], list[list[str]]]:
     """The runs with measured acceptance, ranked by best val tau_sim and by accept_len, side by side."""
-    measured = [(run, accept_report(run)) for run in runs if run.best_tau is not None]
-    measured = [(run, report) for run, report in measured if report is not None]
-    by_tau = sorted(measured, key=lambda m: -m[0].best_tau)
-    by_accept = sorted(by_tau, key=lambda m: -m[1]["accept_len"])  # ties keep their tau_sim order
+    measured: list[tuple[Run, float, dict[str, Any]]] = []  # (run, its best tau_sim, its accept report)
+    for run in runs:
+        report = accept_report(run)
+        if run.best_tau is not None and report is not None:
+            measured.append((run, run.best_tau, report))
+    by_tau = sorted(measured, key=lambda m: -m[1])
+    by_accept = sorted(by_tau, key=lambda m: -m[2]["accept_len"])  # ties keep their tau_sim order
     header = ["rank", "by tau_sim", "best tau_sim", "its accept_len", "by accept_len", "accept_len",
               "its best tau_sim"]
-    body = [[str(i + 1), t.label, _fmt(t.best_tau), _fmt(tr["accept_len"]), a.label, _fmt(ar["accept_len"]),
-             _fmt(a.best_tau)] for i, ((t, tr), (a, ar)) in enumerate(zip(by_tau, by_accept))]
+    body = [[str(i + 1), t.label, _fmt(t_tau), _fmt(t_report["accept_len"]), a.label, _fmt(a_report["accept_len"]),
+             _fmt(a_tau)] for i, ((t, t_tau, t_report), (a, a_tau, a_report)) in enumerate(zip(by_tau, by_accept))]
     return header, body
 
 

@@ -11,7 +11,8 @@ import pytest
 from omegaconf import OmegaConf
 
 from conftest import ROOT, SMALL_DATA, compose_cfg, launch
-from eagle3.config import ConfigError, validate
+from eagle3.config import Objective, validate
+from eagle3.errors import ConfigError
 
 LR, WARMUP = "optim.lr=tag(log, interval(1e-3, 1e-2))", "optim.warmup_ratio=interval(0, 0.1)"
 # Short trials: a few steps of the small dataset, no wandb.
@@ -42,8 +43,9 @@ def test_search_space_follows_hydra_override_syntax():
 
     from hydra_plugins.eagle3_optuna_sweeper.search_space import parse_search_space, to_override
 
-    space, fixed = parse_search_space([LR, WARMUP, "optim.epochs=range(1, 6, 2)", "optim.grad_accum=int(interval(1, 4))",
-                                       "optim.scheduler=choice(cosine, linear)", "seed=1,2", "optim.max_steps=4"])
+    space, fixed = parse_search_space([LR, WARMUP, "optim.epochs=range(1, 6, 2)",
+                                       "optim.grad_accum=int(interval(1, 4))", "optim.scheduler=choice(cosine, linear)",
+                                       "seed=1,2", "optim.max_steps=4"])
     assert space["optim.lr"] == FloatDistribution(1e-3, 1e-2, log=True)
     assert space["optim.warmup_ratio"] == FloatDistribution(0.0, 0.1)
     assert space["optim.epochs"] == IntDistribution(1, 5, step=2)  # Hydra's range excludes its stop
@@ -55,16 +57,31 @@ def test_search_space_follows_hydra_override_syntax():
 
 
 def test_objective_is_typed_and_accept_len_needs_measured_acceptance():
+    def plain(overrides: list[str]) -> dict:
+        return OmegaConf.to_container(compose_cfg(overrides), resolve=True, enum_to_str=True)
+
     assert compose_cfg().objective.value == "tau_sim"
     with pytest.raises(Exception, match="objective"):
         compose_cfg(["objective=accept_lenn"])  # a typo fails at composition, it never runs tau_sim instead
     for overrides in (["objective=accept_len"], ["objective=accept_len", "eval.accept.enabled=true",
                                                  "eval.accept.every=2"]):
-        resolved = OmegaConf.to_container(compose_cfg(overrides), resolve=True, enum_to_str=True)
-        with pytest.raises(ConfigError, match="eval.accept.enabled=true"):
-            validate(resolved)
-    validate(OmegaConf.to_container(compose_cfg(["objective=accept_len", "eval.accept.enabled=true"]),
-                                    resolve=True, enum_to_str=True))
+        with pytest.raises(ConfigError, match="^objective: .*eval.accept.enabled=true"):
+            validate(plain(overrides))
+    assert validate(plain(["objective=accept_len", "eval.accept.enabled=true"])).objective == Objective.accept_len
+    # A run dir written before the objective existed has no such key: it gets the default, tau_sim.
+    old = plain([])
+    del old["objective"]
+    assert validate(old).objective == Objective.tau_sim
+
+
+def test_objective_value_comes_from_the_best_val_row():
+    from eagle3.objective import objective_value
+
+    best = {"step": 8, "tau_sim": 1.5, "accept_len": 1.25}
+    assert objective_value(Objective.tau_sim, best) == 1.5
+    assert objective_value(Objective.accept_len, best) == 1.25
+    with pytest.raises(ConfigError, match="step 8 has no accept_len"):  # a trial that fails, not a silent 0
+        objective_value(Objective.accept_len, {"step": 8, "tau_sim": 1.5, "accept_lossless": False})
 
 
 def test_sweeper_config_composes_without_importing_optuna():
@@ -103,7 +120,8 @@ def test_study_runs_one_job_per_trial_and_continues_in_the_same_study(study_swee
         assert config.optim.warmup_ratio == trial.params["optim.warmup_ratio"] <= 0.1
         assert config.optim.max_steps == 4  # the fixed overrides reach every trial
         assert trial.value == json.loads((run / "summary.json").read_text())["best"]["tau_sim"]
-    assert len({t.params["optim.lr"] for t in trials}) == 4 and len({t.params["optim.warmup_ratio"] for t in trials}) == 4
+    for key in ("optim.lr", "optim.warmup_ratio"):
+        assert len({t.params[key] for t in trials}) == 4, key
     assert [(j["num"], j["status"]) for j in index_jobs(study_sweep)] == [(n, "completed") for n in range(4)]
 
     # The same command again: two more trials in the same study, numbered on, in new run dirs.
@@ -149,8 +167,8 @@ def test_confirm_measures_the_two_best_and_prints_both_rankings(study_sweep, tmp
     dirs = run_dirs(study_sweep)
     by_tau = sorted(dirs, key=lambda n: (-best_tau(dirs[n]), n))
     png = tmp_path / "study.png"
-    proc = subprocess.run([sys.executable, "-m", "eagle3.compare", str(study_sweep), "--confirm", "2", "--plot", str(png)],
-                          cwd=ROOT, capture_output=True, text=True, timeout=900)
+    proc = subprocess.run([sys.executable, "-m", "eagle3.compare", str(study_sweep), "--confirm", "2",
+                           "--plot", str(png)], cwd=ROOT, capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stderr[-3000:]
     measured = {n for n, d in dirs.items() if list(d.glob("accept_k*.json"))}
     assert measured == set(by_tau[:2])

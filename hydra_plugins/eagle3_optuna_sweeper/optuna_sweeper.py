@@ -23,7 +23,7 @@ import logging
 import math
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Dict, Optional
+from typing import Any
 
 from hydra.core.config_store import ConfigStore
 from hydra.core.plugins import Plugins
@@ -50,8 +50,8 @@ class OptunaSweeperConf:
     seed: int = 0
     n_startup_trials: int = 5
     study_name: str = "eagle3"
-    storage: Optional[str] = None
-    params: Optional[Dict[str, str]] = None
+    storage: str | None = None
+    params: dict[str, str] | None = None
 
 
 ConfigStore.instance().store(group="hydra/sweeper", name="eagle3_optuna", node=OptunaSweeperConf, provider="eagle3")
@@ -63,7 +63,7 @@ class SweepError(Exception):
 
 class OptunaSweeper(Sweeper):
     def __init__(self, n_trials: int, n_jobs: int, direction: str, seed: int, n_startup_trials: int,
-                 study_name: str, storage: Optional[str], params: Optional[dict[str, str]]) -> None:
+                 study_name: str, storage: str | None, params: dict[str, str] | None) -> None:
         self.n_trials, self.n_jobs, self.direction, self.seed = n_trials, n_jobs, direction, seed
         self.n_startup_trials, self.study_name, self.storage = n_startup_trials, study_name, storage
         self.params = dict(params or {})
