@@ -21,6 +21,7 @@ from eagle3.distributed import World, close_world, init_world, wrap_model
 from eagle3.init import InitContext, build_draft
 from eagle3.progress import RunSummary
 from eagle3.rank_errors import write_rank_error
+from eagle3.recompute import recompute_decoder_layers
 from eagle3.track import Tracker
 from eagle3.train import train
 
@@ -114,6 +115,8 @@ def _train_on(world: World, device: torch.device, cfg: RunConfig, run_dir: Path,
         model, init_report = build_draft(ctx)
         if world.is_main:
             (run_dir / "init_report.json").write_text(json.dumps(init_report, indent=2) + "\n")
+    if draft.gradient_checkpointing:  # a run dir from before the knob reads its schema default (false)
+        recompute_decoder_layers(model)
     if world.is_main:
         check_disk(run_dir, model)
     model = wrap_model(model.to(device), world, device)

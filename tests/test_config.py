@@ -14,7 +14,8 @@ from eagle3.config import ConfigError, validate
 GROUPS = ["model", "data", "init", "optim", "distributed", "logger"]
 OPTIONS = [(g, p.stem) for g in GROUPS for p in sorted((CONF / g).glob("*.yaml"))]
 # Values only the user can give: they must be marked required, never defaulted.
-REQUIRED = {("model", "kimi_k25"): ["model.verifier.path"], ("data", "offline"): ["data.path"],
+REQUIRED = {("model", "kimi_k25"): ["model.verifier.path"], ("model", "llama31_8b"): ["model.verifier.path"],
+            ("data", "offline"): ["data.path"],
             ("init", "pretrained"): ["init.path"],
             ("distributed", "multinode"): ["distributed.node_rank", "distributed.rdzv_endpoint"]}
 
@@ -60,6 +61,7 @@ def test_default_config_is_valid():
     ("data.train_ratio=1.0", "data.train_ratio"),
     ("model.draft.draft_vocab_size=5000", "model.draft.draft_vocab_size"),
     ("model.draft.attn_impl=flash", "model.draft.attn_impl"),
+    ("distributed.device_memory_gb=0", "distributed.device_memory_gb"),
 ])
 def test_validate_names_the_key(override, key):
     resolved = OmegaConf.to_container(compose_cfg([override]), resolve=True, enum_to_str=True)
