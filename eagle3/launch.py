@@ -328,13 +328,16 @@ def run_job(cfg: RunConfig, verifier_dir: Path, data_dir: Path,
 def quiet_elastic_agent():
     """The elastic agent logs a failed rank as a banner of exit codes; the launcher reports the rank's own error
     instead (eagle3/rank_errors.py). Its warnings (a restart, a signal) still show."""
-    agent_log = logging.getLogger("torch.distributed.elastic")
-    level = agent_log.level
-    agent_log.setLevel(logging.CRITICAL)
+    # torch.multiprocessing: "Terminating process N via signal SIGTERM", the agent stopping the other ranks.
+    loggers = [logging.getLogger(name) for name in ("torch.distributed.elastic", "torch.multiprocessing")]
+    levels = [logger.level for logger in loggers]
+    for logger in loggers:
+        logger.setLevel(logging.CRITICAL)
     try:
         yield
     finally:
-        agent_log.setLevel(level)
+        for logger, level in zip(loggers, levels):
+            logger.setLevel(level)
 
 
 def rank_failure(run_dir: Path, started: float, failed: Exception) -> Exception:

@@ -29,9 +29,9 @@ log = logging.getLogger(__name__)
 
 
 def worker(cfg: RunConfig, verifier_dir: Path, data_dir: Path, rows: list[int] | None = None) -> RunSummary | None:
-    """One rank's process under the elastic launcher. An error is logged here (rank_<N>.log; rank 0: the console)
-    and recorded in the run dir for the launcher to report (eagle3/rank_errors.py); the process then exits 1,
-    so the elastic agent has nothing to print but an exit code."""
+    """One rank's process under the elastic launcher. An error is written to the rank's log file (rank_<N>.log;
+    rank 0: launch.log) and recorded in the run dir for the launcher to report (eagle3/rank_errors.py); the
+    process then exits 1, so the elastic agent has nothing to print but an exit code."""
     rank = int(os.environ["RANK"])
     run_dir = Path(cfg.run.dir)
     setup_rank_logging(run_dir, rank)
@@ -39,10 +39,11 @@ def worker(cfg: RunConfig, verifier_dir: Path, data_dir: Path, rows: list[int] |
         return run_rank(cfg, verifier_dir, data_dir, rows)
     except Exception as e:
         record = write_rank_error(run_dir, rank, e)
-        log.error("%s: %s", record.type, record.message)
-        if not record.user:  # a bug: its traceback into the rank's log file (rank 0's: not the console)
-            with open(run_dir / ("launch.log" if rank == 0 else f"rank_{rank}.log"), "a", encoding="utf-8") as f:
-                f.write(record.traceback)
+        # Into the rank's log file only (rank 0's too: the console gets the launcher's one message, which names
+        # the first failing rank; later ones fail because of it, e.g. "Connection closed by peer").
+        text = f"{record.type}: {record.message}\n" if record.user else record.traceback
+        with open(run_dir / ("launch.log" if rank == 0 else f"rank_{rank}.log"), "a", encoding="utf-8") as f:
+            f.write(f"[rank {rank}] failed: {text}")
         raise SystemExit(1) from None
 
 
