@@ -200,6 +200,7 @@ class AcceptEvalConfig:
     k: int = 3
     max_new_tokens: int = 32
     every: int = 1                  # measure at every N-th val pass, the step-0 pass first
+    temperature: float = 0.0        # sampling temperature (0: greedy; > 0: speculative sampling, seeded by the run seed)
 
 
 @dataclass

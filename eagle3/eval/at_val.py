@@ -35,7 +35,7 @@ class AcceptanceAtVal:
         else:
             prompts = val_split_prompts(data_dir, cfg["data"]["train_ratio"], accept["num_prompts"])
         self.probe = AcceptanceProbe(load_causal_lm(verifier_dir, str(device)), prompts, accept["k"],
-                                     accept["max_new_tokens"])
+                                     accept["max_new_tokens"], accept.get("temperature", 0.0), cfg.get("seed", 0))
 
     def __call__(self, model: torch.nn.Module) -> dict[str, Any]:
         """The accept_* entries of this val pass's row (none at passes that `every` skips)."""
