@@ -88,3 +88,32 @@ def test_given_costs_need_no_torch():
     proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "best k = 1: 1.25x" in proc.stdout
+
+
+def fake_run(path, lr, full_acc, accept_rate=None):
+    """A run dir as eagle3.compare reads it: config, summary (best val row), and an accept report if given."""
+    path.mkdir(parents=True)
+    (path / "resolved_config.yaml").write_text(f"optim:\n  lr: {lr}\n")
+    best = {"step": 10, "tau_sim": 1 + sum(full_acc), "loss": 1.0, **{f"full_acc_{j}": a for j, a in enumerate(full_acc)}}
+    (path / "summary.json").write_text(json.dumps({"step0": best, "best": best, "final": best}))
+    if accept_rate is not None:
+        (path / f"accept_k{len(accept_rate)}.json").write_text(json.dumps({"k": len(accept_rate),
+                                                                          "accept_rate": accept_rate}))
+
+
+def test_compare_ranks_by_predicted_speedup(tmp_path):
+    """A run whose tau_sim is higher but whose measured acceptance is lower ranks below by predicted speedup."""
+    from eagle3.compare import find_runs, table
+
+    fake_run(tmp_path / "0_high_tau", 1e-3, [0.7, 0.5, 0.3], accept_rate=[0.4, 0.2, 0.1])  # measured: 1.7
+    fake_run(tmp_path / "1_lower_tau", 3e-3, [0.6, 0.4, 0.3])                             # estimate: 2.3
+    runs = find_runs([tmp_path])
+    assert [row[0] for row in table(runs)[1]] == ["#0", "#1"]  # by tau_sim
+    header, body = table(runs, costs={"baseline_ms": 10.0, "verify_ms": 12.0, "draft_ms": 1.0})
+    assert header[-3:] == ["pred. speedup", "at k", "rates"]
+    assert [row[0] for row in body] == ["#1", "#0"]
+    assert body[0][-3:] == [f"{2.3 / 15 * 10:.3f}", "3", "estimate"]
+    assert body[1][-3:] == [f"{1.6 / 14 * 10:.3f}", "2", "measured"]  # k = 2 beats 1.077 at k = 1, 1.133 at 3
+    with pytest.raises(SystemExit, match="needs --baseline-ms and --verify-ms"):
+        from eagle3.compare import main as compare_main
+        compare_main([str(tmp_path), "--verify-ms", "12"])
