@@ -440,3 +440,18 @@ def test_sampling_is_lossless_in_distribution(spread_pair, rule):
         assert any(not bool(draft.t2d[t]) for s in spec for t in s[1:])
     else:
         assert min(p_values) < 1e-6, p_values
+
+
+def test_speedup_measures_costs_and_checks_them_by_decoding(strong_run, tmp_path, capsys):
+    """`eagle3.eval.speedup --measure --wallclock` on a real run: its report's structure (no timing is asserted)."""
+    from eagle3.eval.speedup import main
+
+    out = tmp_path / "speedup.json"
+    main(["--run", str(strong_run), "--measure", "--wallclock", "--num-prompts", "2", "--max-new-tokens", "8",
+          "--context", "16", "--json", str(out)])
+    assert "ESTIMATE" in capsys.readouterr().out  # rates from the run's val full_acc_*
+    report = json.loads(out.read_text())
+    assert [r["k"] for r in report["rows"]] == [1, 2, 3] and report["best_k"] in (1, 2, 3)
+    assert report["baseline_ms"] > 0 and report["draft_ms"] > 0 and sorted(report["verify_ms"]) == ["1", "2", "3"]
+    for row in report["wallclock"]:
+        assert row["measured_speedup_wall"] > 0 and row["measured_speedup_cpu"] > 0 and len(row["accept_rate"]) == row["k"]

@@ -126,12 +126,10 @@ def measure_costs(verifier, draft, ks: Sequence[int], context_len: int, repeats:
     with torch.no_grad():
         plain = VerifierCache(verifier)
         plain.forward(ids[:context_len])
-        position = [context_len]
 
-        def plain_step():  # as plain_decode: one token on a growing cache (no crop)
-            logits, _ = plain.forward(ids[position[0]:position[0] + 1])
+        def plain_step():  # as plain_decode: one token, chosen (its crop, which plain decoding has not, is untimed)
+            logits, _ = plain.forward(ids[context_len:context_len + 1])
             choose(logits[-1], GREEDY)
-            position[0] += 1
 
         checker = VerifierCache(verifier, aux_ids)
         _, aux = checker.forward(ids[:context_len])
@@ -157,6 +155,8 @@ def measure_costs(verifier, draft, ks: Sequence[int], context_len: int, repeats:
         for r in range(repeats + 3):  # the first three warm up
             for name, fn in pieces.items():
                 ms = timed(fn, device)[0][clock] * 1000.0
+                if name == "baseline":
+                    plain.crop(context_len)
                 if r >= 3:
                     samples[name].append(ms)
     ms = {name: statistics.median(v) for name, v in samples.items()}
