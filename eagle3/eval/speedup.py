@@ -313,6 +313,10 @@ def run(args: argparse.Namespace) -> tuple[dict[str, Any], str]:
     if args.context < 2:
         raise ConfigError(f"--context must be >= 2, got {args.context}")
     verifier, draft, device = load_models(args)
+    max_positions = getattr(verifier.config, "max_position_embeddings", None) or 1 << 30
+    if args.context + len(rates) + 1 > max_positions:
+        raise ConfigError(f"--context {args.context} + a verify step of {len(rates) + 1} tokens passes the verifier's "
+                          f"max_position_embeddings ({max_positions})")
     from eagle3.eval.measure import torch_threads
 
     with torch_threads(args.threads or (1 if device == "cpu" else None)):
