@@ -222,7 +222,8 @@ def plot(runs: list[Run], out: Path) -> None:
         steps = [r["step"] for r in best.val_rows]
         axes[2].plot(steps, [r[f"full_acc_{k}"] for r in best.val_rows], marker="o", label=f"full_acc_{k}")
         axes[2].plot(steps, [r[f"cond_acc_{k}"] for r in best.val_rows], linestyle="--", label=f"cond_acc_{k}")
-    titles = ["val tau_sim (simulated acceptance length)", "val loss", f"per-position val accuracy, best run {best.label}"]
+    titles = ["val tau_sim (simulated acceptance length)", "val loss",
+              f"per-position val accuracy, best run {best.label}"]
     ylabels = ["tau_sim", "loss", "accuracy"]
     for ax, title, ylabel in zip(axes, titles, ylabels):
         ax.set_title(title)
@@ -243,8 +244,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--baseline", help="a run's label (first column, e.g. '#0'): adds the step at which each "
                                            "run first reached that run's best tau_sim")
     parser.add_argument("--baseline-ms", type=float, help="with --verify-ms: adds the serving speedup each run's "
-                                                           "accept rates predict (eagle3.eval.speedup) and ranks by it; "
-                                                           "the verifier's plain decoding, ms per token")
+                                                           "accept rates predict (eagle3.eval.speedup) and ranks by "
+                                                           "it; the verifier's plain decoding, ms per token")
     parser.add_argument("--verify-ms", type=float, help="the verifier's forward over a verify step's k+1 tokens, ms")
     parser.add_argument("--draft-ms", type=float, default=0.0, help="one draft forward, ms (default 0)")
     args = parser.parse_args(argv)
@@ -252,7 +253,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.baseline_ms is not None or args.verify_ms is not None:
         if args.baseline_ms is None or args.verify_ms is None or min(args.baseline_ms, args.verify_ms) <= 0 \
                 or args.draft_ms < 0:
-            raise SystemExit("error: the predicted speedup needs --baseline-ms and --verify-ms (> 0), and --draft-ms >= 0")
+            raise SystemExit("error: the predicted speedup needs --baseline-ms and --verify-ms (> 0), "
+                             "and --draft-ms >= 0")
         costs = {"baseline_ms": args.baseline_ms, "verify_ms": args.verify_ms, "draft_ms": args.draft_ms}
     runs = find_runs(args.paths)
     sys.stdout.write(render(*table(runs, args.baseline, costs), args.format))

@@ -8,6 +8,7 @@ import json
 import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -45,7 +46,7 @@ def strong_run(cache_dir, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def inputs(strong_run):
-    from eagle3.data.prepare import load_causal_lm
+    from eagle3.data.verifier_forward import load_causal_lm
     from eagle3.eval.prompts import val_split_prompts
 
     summary = json.loads((strong_run / "summary.json").read_text())
@@ -62,11 +63,12 @@ def load(summary, which="best", attn_impl="sdpa"):
 
 def scratch_draft(summary, attn_impl="sdpa", **flags):
     """An untrained draft as the scratch initializer builds it, with the given norm flags."""
+    from eagle3.config import DraftConfig
     from eagle3.data.vocab import vocab_mapping
     from eagle3.init.build import SPECULATORS_FLAGS, new_draft
 
-    draft_cfg = OmegaConf.to_container(compose_cfg().model.draft, resolve=True)
-    d2t, t2d = vocab_mapping(summary["data_dir"], draft_cfg["draft_vocab_size"], draft_cfg["vocab_size"])
+    draft_cfg = DraftConfig(**OmegaConf.to_container(compose_cfg().model.draft, resolve=True))
+    d2t, t2d = vocab_mapping(summary["data_dir"], draft_cfg.draft_vocab_size, draft_cfg.vocab_size)
     torch.manual_seed(0)
     return new_draft(draft_cfg, {**SPECULATORS_FLAGS, **flags}, attn_impl, summary["verifier_dir"], t2d, d2t).eval()
 
@@ -210,6 +212,27 @@ def test_lossless_failure_names_prompt_and_position(inputs):
         check_lossless(inputs["verifier"], [prompt, prompt], [[1, 2, 3], [4, 5, 9]], [[1, 2, 3], [4, 5, 8]])
 
 
+def test_val_pass_samples_at_its_temperature_seeded_by_the_run(inputs):
+    """eval.accept.temperature > 0 at val passes: speculative sampling seeded by the run's seed, so a pass
+    measures what a probe with that seed measures, and every pass of the same draft draws the same tokens."""
+    from eagle3.config import AcceptEvalConfig
+    from eagle3.distributed import World
+    from eagle3.eval.at_val import AcceptanceAtVal
+    from eagle3.eval.measure import AcceptanceProbe
+
+    summary, draft = inputs["summary"], load(inputs["summary"])
+    accept = AcceptEvalConfig(enabled=True, num_prompts=3, max_new_tokens=12, temperature=0.8)
+    at_val = AcceptanceAtVal(accept, 0.9, Path(summary["verifier_dir"]), Path(summary["data_dir"]),
+                             torch.device("cpu"), World(), seed=11)
+    first, again = at_val(draft), at_val(draft)
+    probe = AcceptanceProbe(inputs["verifier"], inputs["prompts"][:3], 3, 12, temperature=0.8, seed=11)
+    expected = probe.measure(draft, teacher_forced=False)["accept_rate"]
+    for row in (first, again):
+        assert [row[f"accept_rate_{j}"] for j in range(3)] == expected
+    other_seed = AcceptanceProbe(inputs["verifier"], inputs["prompts"][:3], 3, 12, temperature=0.8, seed=12)
+    assert other_seed.measure(draft, teacher_forced=False)["accept_rate"] != expected  # the seed is used
+
+
 def test_accept_len_in_every_val_row(strong_run):
     val = [r for r in read_rows(strong_run) if r["split"] == "val"]
     assert len(val) == 5  # step 0 + 4 epochs
@@ -267,7 +290,8 @@ def test_cli_messages_with_a_chat_template(strong_run, inputs, tmp_path):
     backend.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
     template = ("{% for m in messages %}<|{{ m['role'] }}|> {{ m['content'] }} {% endfor %}"
                 "{% if add_generation_prompt %}<|assistant|>{% endif %}")
-    PreTrainedTokenizerFast(tokenizer_object=backend, unk_token="[UNK]", chat_template=template).save_pretrained(verifier)
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=backend, unk_token="[UNK]", chat_template=template)
+    tokenizer.save_pretrained(verifier)
     messages = [{"role": "user", "content": "w1 w2 w3 w40"}]
     prompts = tmp_path / "messages.jsonl"
     prompts.write_text(json.dumps({"messages": messages}) + "\n")
@@ -292,8 +316,8 @@ def bad_cli_inputs(strong_run, inputs, tmp_path):
     best = inputs["summary"]["checkpoints"]["best"]
     verifier = inputs["summary"]["verifier_dir"]
     files = {"empty": "", "oov": json.dumps({"input_ids": [1, 2, 5000]}), "notjson": "{input_ids: [1]}",
-             "emptyids": json.dumps({"input_ids": []}), "ok": json.dumps({"input_ids": [1, 2, 3]}), "messages": json.dumps({"messages": [{"role": "user",
-                                                                                            "content": "hi"}]})}
+             "emptyids": json.dumps({"input_ids": []}), "ok": json.dumps({"input_ids": [1, 2, 3]}),
+             "messages": json.dumps({"messages": [{"role": "user", "content": "hi"}]})}
     for name, text in files.items():
         (tmp_path / f"{name}.jsonl").write_text(text + "\n")
     p = lambda name: str(tmp_path / f"{name}.jsonl")  # noqa: E731
@@ -334,6 +358,8 @@ def test_bad_cli_input_is_one_message(strong_run, inputs, tmp_path):
     ("eval.accept.max_new_tokens=1", "eval.accept.max_new_tokens"),
     ("eval.accept.every=0", "eval.accept.every"),
     ("eval.accept.prompts=/missing.jsonl", "eval.accept.prompts"),
+    ("eval.accept.temperature=-0.5", "eval.accept.temperature"),
+    ("eval.accept.temperature=nan", "eval.accept.temperature"),
 ])
 def test_accept_config_is_checked(override, key):
     resolved = OmegaConf.to_container(compose_cfg(["eval.accept.enabled=true", override]), resolve=True,
@@ -363,21 +389,22 @@ SAMPLES, NEW_TOKENS, K, TEMPERATURE = 600, 3, 2, 1.0
 def spread_pair(tmp_path_factory):
     from speculators.train.vocab_mapping import build_vocab_mappings_from_distribution
 
-    from eagle3.data.prepare import load_causal_lm
+    from eagle3.config import DraftConfig, TinyVerifierConfig
     from eagle3.data.verifier import tiny_verifier_dir
+    from eagle3.data.verifier_forward import load_causal_lm
     from eagle3.init.build import SPECULATORS_FLAGS, new_draft
 
     vocab, draft_vocab, hidden = 48, 24, 32
-    tiny = dict(vocab_size=vocab, hidden_size=hidden, intermediate_size=64, num_layers=2, num_heads=2,
-                max_position_embeddings=64, init_std=0.02, logit_scale=15.0, seed=0, perturb_std=0.0,
-                token_shift=0.0, perturb_seed=1)
+    tiny = TinyVerifierConfig(vocab_size=vocab, hidden_size=hidden, intermediate_size=64, num_layers=2,
+                              num_heads=2, max_position_embeddings=64, init_std=0.02, logit_scale=15.0, seed=0,
+                              perturb_std=0.0, token_shift=0.0, perturb_seed=1)
     verifier_dir = tiny_verifier_dir(tiny, str(tmp_path_factory.mktemp("spread")))
     d2t, t2d = build_vocab_mappings_from_distribution({i: vocab - i for i in range(vocab)},
                                                        draft_vocab_size=draft_vocab, target_vocab_size=vocab)
-    draft_cfg = dict(hidden_size=hidden, intermediate_size=64, num_attention_heads=2, num_key_value_heads=2,
-                     head_dim=16, max_position_embeddings=64, rope_theta=10000.0, rms_norm_eps=1e-6,
-                     hidden_act="silu", vocab_size=vocab, aux_layer_ids=[0, 1], draft_vocab_size=draft_vocab,
-                     ttt_steps=K)
+    draft_cfg = DraftConfig(hidden_size=hidden, intermediate_size=64, num_attention_heads=2, num_key_value_heads=2,
+                            head_dim=16, max_position_embeddings=64, rope_theta=10000.0, rms_norm_eps=1e-6,
+                            hidden_act="silu", vocab_size=vocab, aux_layer_ids=[0, 1], draft_vocab_size=draft_vocab,
+                            ttt_steps=K)
     torch.manual_seed(0)
     draft = new_draft(draft_cfg, SPECULATORS_FLAGS, "sdpa", str(verifier_dir), t2d, d2t).float().eval()
     with torch.no_grad():
@@ -454,4 +481,5 @@ def test_speedup_measures_costs_and_checks_them_by_decoding(strong_run, tmp_path
     assert [r["k"] for r in report["rows"]] == [1, 2, 3] and report["best_k"] in (1, 2, 3)
     assert report["baseline_ms"] > 0 and report["draft_ms"] > 0 and sorted(report["verify_ms"]) == ["1", "2", "3"]
     for row in report["wallclock"]:
-        assert row["measured_speedup_wall"] > 0 and row["measured_speedup_cpu"] > 0 and len(row["accept_rate"]) == row["k"]
+        assert row["measured_speedup_wall"] > 0 and row["measured_speedup_cpu"] > 0
+        assert len(row["accept_rate"]) == row["k"]

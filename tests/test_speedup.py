@@ -43,7 +43,8 @@ def test_cli_json_and_sources(tmp_path, capsys):
     assert "SLOWDOWN" in capsys.readouterr().out
     written = json.loads(out.read_text())
     assert written["best_k"] == 3 and written["break_even_accept_len"] == pytest.approx(33 / 12.2)
-    assert [set(r) >= {"k", "tokens_per_step", "step_ms", "tokens_per_s", "speedup"} for r in written["rows"]] == [True] * 3
+    keys = {"k", "tokens_per_step", "step_ms", "tokens_per_s", "speedup"}
+    assert [set(r) >= keys for r in written["rows"]] == [True] * 3
     assert written["rows"][0]["speedup"] == pytest.approx(1.5 / 31 * 12.2)
 
     # One verify cost per k, and the rates of an eagle3.eval.accept report.
@@ -94,7 +95,8 @@ def fake_run(path, lr, full_acc, accept_rate=None):
     """A run dir as eagle3.compare reads it: config, summary (best val row), and an accept report if given."""
     path.mkdir(parents=True)
     (path / "resolved_config.yaml").write_text(f"optim:\n  lr: {lr}\n")
-    best = {"step": 10, "tau_sim": 1 + sum(full_acc), "loss": 1.0, **{f"full_acc_{j}": a for j, a in enumerate(full_acc)}}
+    best = {"step": 10, "tau_sim": 1 + sum(full_acc), "loss": 1.0,
+            **{f"full_acc_{j}": a for j, a in enumerate(full_acc)}}
     (path / "summary.json").write_text(json.dumps({"step0": best, "best": best, "final": best}))
     if accept_rate is not None:
         (path / f"accept_k{len(accept_rate)}.json").write_text(json.dumps({"k": len(accept_rate),

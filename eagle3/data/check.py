@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 from tqdm import tqdm
 
-from eagle3.config import ConfigError
+from eagle3.errors import DataError, UserError
 from eagle3.data.hsfiles import Problem, TensorSpec, file_problem, hs_path, read_header
 from eagle3.data.rows import ArrowRows
 
@@ -82,7 +82,7 @@ def check_dataset(data_dir: str | Path, num_slots: int | None = None, hidden_siz
     try:
         rows = ArrowRows(data_dir)
     except Exception as e:  # noqa: BLE001  (datasets raises several types for a dir it cannot read)
-        raise ConfigError(f"{data_dir} is not a dataset saved with datasets.save_to_disk ({e})") from None
+        raise DataError(f"{data_dir} is not a dataset saved with datasets.save_to_disk ({e})") from None
     record = read_record(data_dir) or {}
     hidden_size = hidden_size or record.get("hidden_size")
     if num_slots is None and "aux_layer_ids" in record:
@@ -130,7 +130,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         vocab = args.vocab_size or ((read_record(args.data_dir) or {}).get("verifier") or {}).get("vocab_size")
         report = check_dataset(args.data_dir, vocab_size=vocab, full=not args.quick, progress=True)
-    except ConfigError as e:
+    except UserError as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
     print(report.summary(first=10))

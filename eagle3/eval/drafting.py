@@ -40,7 +40,7 @@ def verifier_pass(verifier: torch.nn.Module, ids: Sequence[int], aux_layer_ids: 
     """Logits and hidden states exactly as eagle3/data/prepare.py writes them for training: the aux slots are
     Hugging Face `output_hidden_states[i]` (the residual stream entering layer i, what vLLM captures), the
     last slot the final layer's output before the final norm (speculators applies the verifier norm itself)."""
-    from eagle3.data.prepare import pre_final_norm
+    from eagle3.data.verifier_forward import pre_final_norm
 
     device = next(verifier.parameters()).device
     with pre_final_norm(verifier) as pre_norm:
@@ -127,6 +127,7 @@ def verify(drafts: Sequence[int], verifier_logits: torch.Tensor, draft_q: Sequen
         while n < k and drafts[n] == greedy[n]:
             n += 1
         return n, greedy[n]
+    assert draft_q is not None, "speculative sampling needs the draft's distribution q of each draft token"
     p = sampling.probs(verifier_logits)
     for j in range(k):
         if not accept_rule(p[j], draft_q[j], drafts[j], sampling):

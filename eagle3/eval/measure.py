@@ -23,8 +23,16 @@ from typing import Any
 import torch
 
 from eagle3.config import ConfigError
-from eagle3.eval.drafting import (Decode, Sampling, check_draft, greedy_decode, next_token_logits, plain_decode,
-                                  speculative_decode, verifier_pass)
+from eagle3.eval.drafting import (
+    Decode,
+    Sampling,
+    check_draft,
+    greedy_decode,
+    next_token_logits,
+    plain_decode,
+    speculative_decode,
+    verifier_pass,
+)
 
 
 class LosslessError(RuntimeError):
@@ -128,7 +136,8 @@ def check_prompts(prompts: list[list[int]], vocab_size: int, max_prompt_len: int
             raise ConfigError(f"prompt #{i} is empty")
         bad = [t for t in p if not 0 <= t < vocab_size]
         if bad:
-            raise ConfigError(f"prompt #{i} has token ids outside the verifier's vocabulary [0, {vocab_size}): {bad[:5]}")
+            raise ConfigError(f"prompt #{i} has token ids outside the verifier's vocabulary [0, {vocab_size}): "
+                              f"{bad[:5]}")
         if len(p) > max_prompt_len:
             raise ConfigError(f"prompt #{i} has {len(p)} tokens; with max_new_tokens and k it would pass the "
                               f"verifier's max_position_embeddings (at most {max_prompt_len} prompt tokens)")

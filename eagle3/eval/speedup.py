@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from eagle3.config import ConfigError
+from eagle3.errors import ConfigError, UserError
 
 
 @dataclass
@@ -150,15 +150,16 @@ def measure_costs(verifier, draft, ks: Sequence[int], context_len: int, repeats:
             crop_to(chain.cache, context_len - 1)  # the same one new index again next time
             chain.length = context_len - 1
 
-        pieces = {"baseline": plain_step, "draft": draft_step, **{k: verify_step(k) for k in ks}}
+        pieces: dict[Any, Callable[[], Any]] = {"baseline": plain_step, "draft": draft_step,
+                                                **{k: verify_step(k) for k in ks}}
         samples: dict[Any, list[float]] = {name: [] for name in pieces}
         for r in range(repeats + 3):  # the first three warm up
             for name, fn in pieces.items():
-                ms = timed(fn, device)[0][clock] * 1000.0
+                step_ms = timed(fn, device)[0][clock] * 1000.0
                 if name == "baseline":
                     plain.crop(context_len)
                 if r >= 3:
-                    samples[name].append(ms)
+                    samples[name].append(step_ms)
     ms = {name: statistics.median(v) for name, v in samples.items()}
     return StepCosts(ms["baseline"], {k: ms[k] for k in ks}, ms["draft"],
                      f"measured here ({device.type}, context {context_len} tokens, {clock} time)")
@@ -214,6 +215,7 @@ def wallclock(verifier, draft, prompts: Sequence[Sequence[int]], ks: Sequence[in
     predicted from that round's costs and the accept rates its decoding measured with that round's measured
     ratio (plain time / speculative time, wall and CPU): a machine busier in one round than another then
     moves prediction and measurement together. Reported: the medians over the rounds."""
+    import functools
     import statistics
 
     from eagle3.eval.drafting import plain_decode, speculative_decode
@@ -221,9 +223,15 @@ def wallclock(verifier, draft, prompts: Sequence[Sequence[int]], ks: Sequence[in
 
     aux_ids = aux_layer_ids(draft, verifier)
     device = next(verifier.parameters()).device
-    runs = {"plain": lambda: [plain_decode(verifier, p, max_new_tokens) for p in prompts],
-            **{k: (lambda k=k: [speculative_decode(verifier, draft, p, k, max_new_tokens, aux_ids, cached=True)
-                                for p in prompts]) for k in ks}}
+
+    def decode_plain() -> list[Any]:
+        return [plain_decode(verifier, p, max_new_tokens) for p in prompts]
+
+    def decode_speculative(k: int) -> list[Any]:
+        return [speculative_decode(verifier, draft, p, k, max_new_tokens, aux_ids, cached=True) for p in prompts]
+
+    runs: dict[Any, Callable[[], Any]] = {"plain": decode_plain,
+                                          **{k: functools.partial(decode_speculative, k) for k in ks}}
     per_round: dict[int, dict[str, list[float]]] = {k: {"predicted": [], "wall": [], "cpu": []} for k in ks}
     rates = {}
     for _ in range(rounds):
@@ -250,7 +258,8 @@ def wallclock(verifier, draft, prompts: Sequence[Sequence[int]], ks: Sequence[in
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m eagle3.eval.speedup", description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__.split("\n\n", 1)[1])
+                                formatter_class=argparse.RawDescriptionHelpFormatter,
+                                epilog=__doc__.split("\n\n", 1)[1])
     p.add_argument("--accept", type=Path, help="an eagle3.eval.accept report (accept_k*.json): measured rates")
     p.add_argument("--accept-rates", type=float, nargs="+", metavar="R", help="per-position accept rates r_0 r_1 ...")
     p.add_argument("--run", type=Path, help="a finished run dir: its best val full_acc_* as rates (an estimate) "
@@ -280,7 +289,7 @@ def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     try:
         result, text = run(args)
-    except ConfigError as e:
+    except UserError as e:  # also a run's data or checkpoint problem, found by resolve_inputs or load_draft
         raise SystemExit(f"error: {e}") from None
     print(text)
     if args.json:
@@ -329,7 +338,9 @@ def run(args: argparse.Namespace) -> tuple[dict[str, Any], str]:
             from eagle3.eval.accept import resolve_inputs
             from eagle3.eval.prompts import val_split_prompts
 
-            data_dir, train_ratio = resolve_inputs(accept_args(args))[2]
+            val_split = resolve_inputs(accept_args(args))[2]
+            assert val_split is not None  # --wallclock requires --run, whose val split it is
+            data_dir, train_ratio = val_split
             prompts = val_split_prompts(data_dir, train_ratio, args.num_prompts)
             rows = wallclock(verifier, draft, prompts, ks, args.max_new_tokens,
                              lambda: measure_costs(verifier, draft, ks, args.context, clock=clock))
@@ -360,7 +371,7 @@ def load_models(args: argparse.Namespace):
 
     from eagle3.checkpoint import load_draft
     from eagle3.console import quiet_libraries
-    from eagle3.data.prepare import load_causal_lm
+    from eagle3.data.verifier_forward import load_causal_lm
     from eagle3.eval.accept import resolve_inputs
 
     if args.run is None and not (args.checkpoint and args.verifier):
