@@ -46,6 +46,14 @@ class BadSamplePolicy(str, Enum):
     skip = "skip"
 
 
+class Objective(str, Enum):
+    """What a run returns to a sweeper (eagle3/objective.py): its best val tau_sim, or the measured acceptance
+    of that val pass."""
+
+    tau_sim = "tau_sim"
+    accept_len = "accept_len"
+
+
 class Strategy(str, Enum):
     ddp = "ddp"
     fsdp = "fsdp"
@@ -320,6 +328,7 @@ class TrainConfig:
     cache_dir: str = MISSING
     device: str = "auto"
     resume: Optional[str] = None
+    objective: Objective = Objective.tau_sim   # returned to a sweeper (hydra/sweeper=optuna); conf/train.yaml
 
     def check(self) -> None:
         """The checks a type cannot express, each raising ConfigError naming the key."""
@@ -329,6 +338,11 @@ class TrainConfig:
         _require(self.device in ("auto", "cpu", "cuda"), "device", "must be auto, cpu or cuda")
         self.distributed.check()
         self.eval.accept.check(self.distributed)
+        accept = self.eval.accept
+        # accept_len exists only where the val pass that chose the best checkpoint measured acceptance.
+        _require(self.objective != Objective.accept_len or (accept.enabled and accept.every == 1), "objective",
+                 "accept_len needs measured acceptance at every val pass: add eval.accept.enabled=true"
+                 + ("" if accept.every == 1 else " and eval.accept.every=1") + ", or use objective=tau_sim")
 
 
 @dataclass

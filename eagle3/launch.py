@@ -25,15 +25,16 @@ from omegaconf.errors import MissingMandatoryValue
 
 from eagle3.config import RunConfig, lr_advice, run_config
 from eagle3.errors import ConfigError, DataError, UserError
+from eagle3.objective import objective_value
 
 if TYPE_CHECKING:
-    from eagle3.summary import RunSummary
+    from eagle3.progress import RunSummary
 
 log = logging.getLogger(__name__)
 
 
 def launch(cfg: DictConfig) -> float | None:
-    """Runs one job; returns its best val tau_sim (the objective a sweeper would maximise)."""
+    """Runs one job; returns its objective (cfg.objective: best val tau_sim or accept_len) for a sweeper."""
     hydra = HydraConfig.get()
     multirun = hydra.mode is not None and hydra.mode.name == "MULTIRUN"
     run_dir = Path(cfg.resume if cfg.resume else hydra.runtime.output_dir).resolve()
@@ -46,6 +47,8 @@ def launch(cfg: DictConfig) -> float | None:
         if not cfg.resume:
             preflight(run_cfg, verifier_dir, data_dir)
         summary = run_job(run_cfg, verifier_dir, data_dir, rows)
+        # Inside the try: a run whose best val pass has no accept_len is a failed trial, recorded as such.
+        objective = objective_value(run_cfg.objective, summary.best) if summary is not None else None
     except Exception as e:
         error = f"{type(e).__name__}: {e}"
         if run_cfg is not None or multirun:  # a single run's dir may be another run's until its config is written
@@ -60,7 +63,7 @@ def launch(cfg: DictConfig) -> float | None:
     if multirun:
         update_sweep_index(hydra, run_dir, "completed", summary)
     log.info("done in %.1f s", time.perf_counter() - start)
-    return summary.best["tau_sim"]
+    return objective
 
 
 def fresh_run(cfg: DictConfig, hydra, run_dir: Path) -> RunConfig:

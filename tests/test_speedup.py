@@ -119,3 +119,18 @@ def test_compare_ranks_by_predicted_speedup(tmp_path):
     with pytest.raises(SystemExit, match="needs --baseline-ms and --verify-ms"):
         from eagle3.compare import main as compare_main
         compare_main([str(tmp_path), "--verify-ms", "12"])
+
+
+def test_compare_reads_greedy_accept_reports_only(tmp_path):
+    """An accept_k<k>_t<T>.json (sampled at T > 0) is not the greedy measurement that tau_sim is compared with:
+    neither the speedup column nor --confirm's rankings take it, and --confirm would still measure the run."""
+    from eagle3.compare import accept_report, find_runs, table
+
+    fake_run(tmp_path / "0_sampled_only", 1e-3, [0.6, 0.4, 0.3])
+    (tmp_path / "0_sampled_only" / "accept_k3_t0.7.json").write_text(
+        json.dumps({"k": 3, "accept_rate": [0.1, 0.05, 0.0], "accept_len": 1.15, "temperature": 0.7}))
+    fake_run(tmp_path / "1_greedy", 3e-3, [0.6, 0.4, 0.3], accept_rate=[0.4, 0.2, 0.1])
+    sampled, greedy = find_runs([tmp_path])
+    assert accept_report(sampled) is None and accept_report(greedy)["accept_rate"] == [0.4, 0.2, 0.1]
+    body = table([sampled, greedy], costs={"baseline_ms": 10.0, "verify_ms": 12.0, "draft_ms": 1.0})[1]
+    assert {row[0]: row[-1] for row in body} == {"#0": "estimate", "#1": "measured"}
