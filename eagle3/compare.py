@@ -7,7 +7,9 @@
 
 Columns: every config key whose value differs between the runs, then step-0, best and final val
 metrics. Runs are ranked by tau_sim (simulated acceptance length), not loss: acceptance can peak while
-loss still falls. A run that failed or never evaluated is listed as such, at the bottom.
+loss still falls. A run that failed or never evaluated is listed as such, at the bottom. With the step costs
+of a deployment (--baseline-ms, --verify-ms, --draft-ms), a predicted-speedup column is added and the runs
+are ranked by it: what serving would gain (eagle3.eval.speedup's model).
 
 tau_sim is an estimate that orders drafts cheaply; `--confirm N` measures acceptance (eagle3.eval.accept) of
 the N best runs by tau_sim (those without an `accept_k*.json` yet: a rerun measures nothing twice), and prints
@@ -120,7 +122,8 @@ def steps_to_reach(run: Run, target: float) -> int | None:
     return next((r["step"] for r in run.val_rows if r["tau_sim"] >= target), None)
 
 
-def table(runs: list[Run], baseline: str | None = None) -> tuple[list[str], list[list[str]]]:
+def table(runs: list[Run], baseline: str | None = None,
+          costs: dict[str, float] | None = None) -> tuple[list[str], list[list[str]]]:
     keys = differing_keys(runs)
     header = ["run", "status", *keys, "tau_sim@0", "best tau_sim", "best step", "final tau_sim", "loss@0",
               "final loss"]
@@ -132,8 +135,11 @@ def table(runs: list[Run], baseline: str | None = None) -> tuple[list[str], list
                              f"(labels: {', '.join(r.label for r in runs)})")
         target = base.best_tau
         header.append(f"steps to {baseline}'s best")
+    predicted = {id(r): predicted_speedup(r, costs) for r in runs} if costs else {}
+    if costs:
+        header += ["pred. speedup", "at k", "rates"]
     body = []
-    for run in rank(runs):
+    for run in rank(runs) if not costs else rank_by_speedup(runs, predicted):
         cells = [run.label, run.status, *(_fmt(run.config.get(k)) for k in keys)]
         if run.summary:
             s = run.summary
@@ -143,8 +149,39 @@ def table(runs: list[Run], baseline: str | None = None) -> tuple[list[str], list
             cells += ["-"] * 6
         if target is not None:
             cells.append(_fmt(steps_to_reach(run, target)) if run.val_rows else "-")
+        if costs:
+            p = predicted[id(run)]
+            cells += [f"{p['speedup']:.3f}", str(p["k"]), p["source"]] if p else ["-"] * 3
         body.append(cells)
     return header, body
+
+
+# --- predicted serving speedup (eagle3.eval.speedup) for given step costs ---------------------------------------
+
+def predicted_speedup(run: Run, costs: dict[str, float]) -> dict[str, Any] | None:
+    """The best predicted speedup over k of `run` at `costs` (baseline_ms, verify_ms, draft_ms): from the measured
+    accept rates of its greedy accept_k*.json report with the largest k if it has one ("measured"), else from its
+    best val row's full_acc_* ("estimate": teacher-forced, usually above what serving accepts)."""
+    from eagle3.eval.speedup import StepCosts, predict
+
+    rates, source = None, "estimate"
+    reports = sorted(run.path.glob("accept_k*.json"), key=lambda f: f.stem)
+    greedy = [json.loads(f.read_text()) for f in reports if "_t" not in f.stem]
+    if greedy:
+        rates, source = max(greedy, key=lambda r: r["k"])["accept_rate"], "measured"
+    elif run.summary:
+        best = run.summary["best"]
+        rates = [best[f"full_acc_{j}"] for j in range(len(best)) if f"full_acc_{j}" in best]
+    if not rates:
+        return None
+    ks = range(1, len(rates) + 1)
+    prediction = predict(rates, StepCosts(costs["baseline_ms"], {k: costs["verify_ms"] for k in ks}, costs["draft_ms"]))
+    best = prediction["rows"][prediction["best_k"] - 1]
+    return {"speedup": best["speedup"], "k": best["k"], "source": source}
+
+
+def rank_by_speedup(runs: list[Run], predicted: dict[int, dict[str, Any] | None]) -> list[Run]:
+    return sorted(runs, key=lambda r: (predicted[id(r)] is None, -(predicted[id(r)] or {"speedup": 0.0})["speedup"]))
 
 
 def _fmt(value: Any) -> str:
@@ -215,13 +252,25 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--plot", type=Path, help="write a PNG of the val curves here")
     parser.add_argument("--baseline", help="a run's label (first column, e.g. '#0'): adds the step at which each "
                                            "run first reached that run's best tau_sim")
+    parser.add_argument("--baseline-ms", type=float, help="with --verify-ms: adds the serving speedup each run's "
+                                                           "accept rates predict (eagle3.eval.speedup) and ranks by "
+                                                           "it; the verifier's plain decoding, ms per token")
+    parser.add_argument("--verify-ms", type=float, help="the verifier's forward over a verify step's k+1 tokens, ms")
+    parser.add_argument("--draft-ms", type=float, default=0.0, help="one draft forward, ms (default 0)")
     parser.add_argument("--confirm", type=int, metavar="N", help="measure acceptance (eagle3.eval.accept --run) of "
                         "the N best runs by tau_sim (those without an accept_k*.json yet), then rank the measured runs "
                         "by tau_sim and by accept_len side by side (0: only the rankings)")
     args = parser.parse_args(argv)
+    costs = None
+    if args.baseline_ms is not None or args.verify_ms is not None:
+        if args.baseline_ms is None or args.verify_ms is None or min(args.baseline_ms, args.verify_ms) <= 0 \
+                or args.draft_ms < 0:
+            raise SystemExit("error: the predicted speedup needs --baseline-ms and --verify-ms (> 0), "
+                             "and --draft-ms >= 0")
+        costs = {"baseline_ms": args.baseline_ms, "verify_ms": args.verify_ms, "draft_ms": args.draft_ms}
     runs = find_runs(args.paths)
     failed_measurements = confirm(runs, args.confirm) if args.confirm is not None else []
-    sys.stdout.write(render(*table(runs, args.baseline), args.format))
+    sys.stdout.write(render(*table(runs, args.baseline, costs), args.format))
     if args.confirm is not None:
         sys.stdout.write(rankings_text(runs, args.format))
     if args.plot:
@@ -235,7 +284,8 @@ def main(argv: list[str] | None = None) -> int:
 
 def accept_report(run: Run) -> dict[str, Any] | None:
     """The run's `accept_k<k>.json` (eagle3.eval.accept --run), k = its ttt_steps if there are several."""
-    reports = sorted(run.path.glob("accept_k*.json"))
+    # Greedy reports only: tau_sim is a greedy estimate, and at T > 0 eagle3.eval.accept writes accept_k<k>_t<T>.json.
+    reports = sorted(f for f in run.path.glob("accept_k*.json") if "_t" not in f.stem)
     if not reports:
         return None
     preferred = run.path / f"accept_k{run.config.get('model.draft.ttt_steps')}.json"

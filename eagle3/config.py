@@ -333,12 +333,15 @@ class AcceptEvalConfig:
     k: int = 3
     max_new_tokens: int = 32
     every: int = 1                  # measure at every N-th val pass, the step-0 pass first
+    temperature: float = 0.0        # sampling temperature (0: greedy; > 0: speculative sampling, seeded by `seed`)
 
     def check(self, dist: DistributedConfig) -> None:
         # The verifier it needs always exists: ModelConfig.check requires model.verifier.path or .tiny.
         for key, low in (("k", 1), ("num_prompts", 1), ("max_new_tokens", 2), ("every", 1)):
             value = getattr(self, key)
             _require(value >= low, f"eval.accept.{key}", f"must be >= {low}, got {value}")
+        # `not >=` also refuses NaN, which would otherwise sample from NaN logits.
+        _require(self.temperature >= 0, "eval.accept.temperature", f"must be >= 0, got {self.temperature}")
         if not self.enabled:
             return
         _require(dist.strategy != Strategy.fsdp or dist.world_size == 1, "eval.accept.enabled",

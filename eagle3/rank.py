@@ -126,7 +126,8 @@ def _train_on(world: World, device: torch.device, cfg: RunConfig, run_dir: Path,
     if cfg.eval.accept.enabled:
         from eagle3.eval.at_val import AcceptanceAtVal
 
-        at_val = AcceptanceAtVal(cfg.eval.accept, cfg.data.train_ratio, verifier_dir, data_dir, device, world)
+        at_val = AcceptanceAtVal(cfg.eval.accept, cfg.data.train_ratio, verifier_dir, data_dir, device, world,
+                                 seed=cfg.seed)
     resume_step = resume_state["progress"]["step"] if resume_state else None
     with Tracker(run_dir, cfg.logger, cfg.run, plain_config(cfg), enabled=world.is_main,
                  resume_step=resume_step) as tracker:
