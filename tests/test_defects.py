@@ -6,9 +6,11 @@ Items: 4 (model=auto from the verifier's config.json), 6 (experiment typos), 8 (
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
-from tests.conftest import launch
+from conftest import launch
 
 
 # --- 6: an experiment name that does not exist is an error, listing the ones that do ---------------------
@@ -21,3 +23,39 @@ def test_unknown_experiment_is_refused_with_the_list(extra, tmp_path):
     assert "kimi_k25_scratch" in proc.stderr and "kimi_k25_finetune_k2" in proc.stderr  # the ones that exist
     assert "Traceback" not in proc.stderr
     assert not (tmp_path / "run").exists()  # nothing trained
+
+
+# --- 12: compare reads step-0/best from metrics.jsonl without summary.json; eval.accept names file lines ----
+
+def test_compare_shows_step0_and_best_of_an_incomplete_run(tmp_path):
+    from eagle3.compare import find_runs, table
+
+    run = tmp_path / "0_optim.lr=0.001"
+    run.mkdir()
+    (run / "resolved_config.yaml").write_text("optim:\n  lr: 0.001\n")
+    rows = [{"step": 0, "split": "val", "loss": 73.5, "tau_sim": 1.02},
+            {"step": 5, "split": "train", "loss": 40.0},
+            {"step": 10, "split": "val", "loss": 30.25, "tau_sim": 1.5}]
+    (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    header, body = table(find_runs([tmp_path]))  # no summary.json: killed before it finished
+    cells = dict(zip(header, body[0]))
+    assert cells["status"] == "incomplete"
+    assert (cells["tau_sim@0"], cells["loss@0"], cells["best tau_sim"], cells["best step"]) == ("1.02", "73.5", "1.5", "10")
+    assert cells["final tau_sim"] == cells["final loss"] == "-"  # it has no final values
+
+
+def test_accept_prompt_errors_name_the_file_line(tmp_path):
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from eagle3.config import ConfigError
+    from eagle3.eval.measure import AcceptanceProbe
+    from eagle3.eval.prompts import read_jsonl_prompts
+
+    verifier = LlamaForCausalLM(LlamaConfig(vocab_size=64, hidden_size=16, intermediate_size=32, num_hidden_layers=2,
+                                            num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=64))
+    prompts_file = tmp_path / "prompts.jsonl"
+    prompts_file.write_text('{"input_ids": [1, 2, 3]}\n\n{"input_ids": [4, 99]}\n')  # line 3 is out of vocab
+    with pytest.raises(ConfigError, match=r"prompts\.jsonl line 3: token ids outside the verifier's vocabulary"):
+        AcceptanceProbe(verifier, read_jsonl_prompts(prompts_file, tmp_path), k=2, max_new_tokens=4)
+    with pytest.raises(ConfigError, match=r"prompt 2 \(1-based\): the prompt is empty"):
+        AcceptanceProbe(verifier, [[1, 2], []], k=2, max_new_tokens=4)
