@@ -136,7 +136,7 @@ def check_data(cfg: dict[str, Any], verifier_dir: Path, data_dir: Path) -> list[
     draft, data = cfg["model"]["draft"], cfg["data"]
     check_record(data_dir, verifier_dir, draft)
     report = check_dataset(data_dir, num_slots=len(draft["aux_layer_ids"]) + 1, hidden_size=draft["hidden_size"],
-                           vocab_size=draft["vocab_size"])
+                           vocab_size=draft["vocab_size"], total_seq_len=data["total_seq_len"])
     run_dir = Path(cfg["run"]["dir"])
     if not cfg["resume"] and cfg["distributed"]["node_rank"] == 0:
         (run_dir / "data_check.json").write_text(json.dumps({**report.as_dict(), "policy": data["on_bad_sample"],
@@ -146,6 +146,9 @@ def check_data(cfg: dict[str, Any], verifier_dir: Path, data_dir: Path) -> list[
                           f"data_check.json); python -m eagle3.data.check {data_dir} checks everything, NaN included")
     if report.bad:
         log.warning("%s\nskipping them (data.on_bad_sample=skip)", report.summary())
+    truncation = report.truncation_warning()  # raises above eagle3.data.check.TRUNCATION_ERROR_SHARE
+    if truncation:
+        log.warning(truncation)
     # Built once here, so that ranks only read the cached d2t/t2d files.
     vocab_mapping(data_dir, draft["draft_vocab_size"], draft["vocab_size"])
     return report.good_rows if report.bad else None

@@ -10,7 +10,7 @@ import json
 
 import pytest
 
-from conftest import launch
+from conftest import SMALL_DATA, launch
 
 
 # --- 6: an experiment name that does not exist is an error, listing the ones that do ---------------------
@@ -59,3 +59,36 @@ def test_accept_prompt_errors_name_the_file_line(tmp_path):
         AcceptanceProbe(verifier, read_jsonl_prompts(prompts_file, tmp_path), k=2, max_new_tokens=4)
     with pytest.raises(ConfigError, match=r"prompt 2 \(1-based\): the prompt is empty"):
         AcceptanceProbe(verifier, [[1, 2], []], k=2, max_new_tokens=4)
+
+
+# --- 11: rows longer than data.total_seq_len are counted at start-up: a warning, an error above a share ------
+
+def test_truncation_count_warns_for_a_few_rows_and_stops_above_the_share():
+    import numpy as np
+
+    from eagle3.config import ConfigError
+    from eagle3.data.check import TRUNCATION_ERROR_SHARE, CheckReport, count_truncated
+
+    lens = np.array([64] * 95 + [100] * 5)  # 5% of the rows are longer than 64 + 1 positions
+    report = CheckReport("ds", len(lens), truncation=count_truncated(lens, 64))
+    assert report.as_dict()["truncated"] == {"total_seq_len": 64, "rows": 5, "tokens_lost": 5 * 35, "longest_row": 100}
+    assert "5 of 100 rows are longer than data.total_seq_len=64" in report.truncation_warning()
+    assert CheckReport("ds", 95, truncation=count_truncated(lens[:95], 64)).truncation_warning() is None  # 64 fits 63
+    lens = np.array([64] * 80 + [100] * 20)
+    assert 20 > TRUNCATION_ERROR_SHARE * 100
+    with pytest.raises(ConfigError, match=r"20 of 100 rows .* data.total_seq_len=99 or more"):
+        CheckReport("ds", 100, truncation=count_truncated(lens, 64)).truncation_warning()
+
+
+@pytest.mark.slow
+def test_a_total_seq_len_shorter_than_every_row_stops_the_run(tmp_path, cache_dir):
+    run_dir = tmp_path / "run"
+    # SMALL_DATA's rows are 16 + 48 = 64 tokens; 40 per micro-batch would cut every one of them.
+    proc = launch([f"hydra.run.dir={run_dir}", *SMALL_DATA[:-1], "data.total_seq_len=40", "optim.max_steps=0"],
+                  cache_dir, WANDB_MODE="disabled")
+    assert proc.returncode != 0
+    assert "128 of 128 rows are longer than data.total_seq_len=40" in proc.stderr
+    assert "Traceback" not in proc.stderr
+    check = json.loads((run_dir / "data_check.json").read_text())
+    assert check["truncated"] == {"total_seq_len": 40, "rows": 128, "tokens_lost": 128 * 23, "longest_row": 64}
+    assert not (run_dir / "metrics.jsonl").exists()
