@@ -226,6 +226,9 @@ def register_configs() -> None:
     # Sweep sub-dir names come from the overrides; `experiment=k2_to_k25/remap` must not nest a directory.
     if not OmegaConf.has_resolver("dirname_safe"):
         OmegaConf.register_new_resolver("dirname_safe", lambda s: str(s).replace("/", "-"))
+    from eagle3.verifier_shape import register_resolvers  # model=auto: ${verifier_config:<path>,<key>}
+
+    register_resolvers()
     cs = ConfigStore.instance()
     cs.store(name="base_train", node=TrainConfig)
     cs.store(group="model", name="base_model", node=ModelConfig)
@@ -276,6 +279,9 @@ def validate(cfg: dict[str, Any]) -> None:
     _require(dist["max_restarts"] >= 0, "distributed.max_restarts", "must be >= 0")
     _validate_accept_eval(cfg["eval"]["accept"], dist)
     verifier = cfg["model"]["verifier"]
+    _require(verifier["path"] is None or verifier["tiny"] is None, "model.verifier.path",
+             f"model={cfg['model']['name']} builds its own tiny verifier and sizes the draft after it; for your own "
+             "verifier use model=auto model.verifier.path=<dir> (the draft's shape is read from its config.json)")
     _require((verifier["path"] is None) != (verifier["tiny"] is None), "model.verifier",
              "set exactly one of model.verifier.path (a local Hugging Face model dir) and model.verifier.tiny")
     if verifier["path"] is not None:

@@ -20,9 +20,10 @@ from typing import Any
 import yaml
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
-from omegaconf.errors import MissingMandatoryValue
+from omegaconf.errors import InterpolationResolutionError, MissingMandatoryValue
 
 from eagle3.config import ConfigError, lr_advice, validate
+from eagle3.verifier_shape import unresolvable
 
 log = logging.getLogger(__name__)
 
@@ -71,6 +72,8 @@ def resolve(cfg: DictConfig, hydra, run_dir: Path) -> dict[str, Any]:
         resolved = OmegaConf.to_container(cfg, resolve=True, throw_on_missing=True, enum_to_str=True)
     except MissingMandatoryValue as e:
         raise ConfigError(f"{e.full_key} is required and has no value: set it, e.g. `{e.full_key}=...`") from None
+    except InterpolationResolutionError as e:  # e.g. model=auto without the verifier's config.json
+        raise ConfigError(unresolvable(e)) from None
     choices = {g: c for g, c in hydra.runtime.choices.items() if not g.startswith("hydra") and c is not None}
     multirun = hydra.mode is not None and hydra.mode.name == "MULTIRUN"
     name = hydra.job.override_dirname or run_dir.name

@@ -176,3 +176,105 @@ def test_export_of_a_good_checkpoint_still_works_and_an_unusable_out_is_refused(
     (tmp_path / "file").write_text("x")
     assert main([str(small_checkpoint), "--out", str(tmp_path / "file")]) != 0
     assert "is not an empty directory" in capsys.readouterr().err and (tmp_path / "file").read_text() == "x"
+
+
+# --- 4: your own verifier: model=auto reads the draft's shape from its config.json ---------------------------
+
+def own_verifier(path):
+    """A Llama verifier of another shape than the tiny default's (hidden 96, 8 layers, 6 heads / 2 KV heads,
+    vocab 800), saved as a Hugging Face model dir; no draft dimension of it appears anywhere else."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    config = LlamaConfig(hidden_size=96, num_hidden_layers=8, num_attention_heads=6, num_key_value_heads=2,
+                         intermediate_size=160, vocab_size=800, max_position_embeddings=256, rope_theta=50000.0,
+                         rms_norm_eps=1e-5)
+    LlamaForCausalLM(config).save_pretrained(str(path))
+    return path
+
+
+def test_model_auto_reads_the_draft_shape_from_config_json(tmp_path):
+    from omegaconf import OmegaConf
+
+    from conftest import compose_cfg
+
+    verifier = own_verifier(tmp_path / "verifier")
+    draft = OmegaConf.to_container(compose_cfg(["model=auto", f"model.verifier.path={verifier}"]).model.draft,
+                                   resolve=True)
+    assert {k: draft[k] for k in ("hidden_size", "num_attention_heads", "num_key_value_heads", "head_dim",
+                                  "intermediate_size", "vocab_size", "draft_vocab_size", "aux_layer_ids",
+                                  "max_position_embeddings", "rope_theta", "rms_norm_eps")} == {
+        "hidden_size": 96, "num_attention_heads": 6, "num_key_value_heads": 2, "head_dim": 16,
+        "intermediate_size": 160, "vocab_size": 800, "draft_vocab_size": 800, "aux_layer_ids": [2, 4, 5],
+        "max_position_embeddings": 256, "rope_theta": 50000.0, "rms_norm_eps": 1e-5}
+    # transformers 4's layout: rope_theta at the top, no head_dim; a large vocabulary gets a 32000-token draft one
+    (tmp_path / "v4").mkdir()
+    (tmp_path / "v4" / "config.json").write_text(json.dumps({
+        "hidden_size": 4096, "num_attention_heads": 32, "num_key_value_heads": 8, "intermediate_size": 14336,
+        "vocab_size": 128256, "num_hidden_layers": 32, "max_position_embeddings": 131072, "rope_theta": 500000.0,
+        "rms_norm_eps": 1e-5}))
+    for model in ("auto", "llama3_8b"):
+        draft = OmegaConf.to_container(compose_cfg([f"model={model}", f"model.verifier.path={tmp_path / 'v4'}"])
+                                       .model.draft, resolve=True)
+        assert (draft["head_dim"], draft["draft_vocab_size"], draft["aux_layer_ids"], draft["rope_theta"]) == (
+            128, 32000, [2, 16, 29], 500000.0)
+
+
+@pytest.mark.parametrize("args, says", [
+    (["model=auto"], "model.verifier.path is required"),
+    (["model=auto", "model.verifier.path=/nonexistent"], "/nonexistent has no config.json (model=auto reads"),
+    (["data=offline", "data.path=/tmp", "model.verifier.path=/tmp"], "for your own verifier use model=auto"),
+    (["model.verifier.path=/tmp", "model.verifier.tiny=null"], "for your own verifier use model=auto"),
+])
+def test_own_verifier_mistakes_get_one_message(args, says, tmp_path):
+    proc = launch([*args, f"hydra.run.dir={tmp_path / 'run'}"], tmp_path / "cache")
+    assert proc.returncode == 1 and says in proc.stderr, proc.stderr[-2000:]
+    assert "Traceback" not in proc.stderr
+
+
+@pytest.mark.slow
+def test_readme_own_data_commands_run_as_printed_on_another_verifier(tmp_path, cache_dir):
+    """The README's "Preparing data": prepare, check, then the train command prepare prints, pasted as it is
+    (paths with spaces included), with no draft dimension given by hand."""
+    import random
+    import shlex
+    import subprocess
+    import sys
+
+    import yaml
+
+    from conftest import ROOT
+
+    verifier = own_verifier(tmp_path / "my verifier")
+    rng = random.Random(0)
+    rows = []
+    for _ in range(40):
+        n, prompt = rng.randint(20, 60), rng.randint(2, 8)
+        rows.append({"input_ids": [rng.randrange(800) for _ in range(n)], "loss_mask": [0] * prompt + [1] * (n - prompt)})
+    (tmp_path / "rows.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    data = tmp_path / "my data" / "ds"
+
+    def run(argv):
+        return subprocess.run([sys.executable if a == "python" else a for a in argv], cwd=ROOT, capture_output=True,
+                              text=True, timeout=900, env={**__import__("os").environ, "EAGLE3_CACHE": str(cache_dir),
+                                                           "WANDB_MODE": "disabled"})
+
+    proc = run(["python", "-m", "eagle3.data.prepare", "--model", str(verifier), "--data", str(tmp_path / "rows.jsonl"),
+                "--out", str(data), "--device", "cpu"])
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    printed = proc.stderr.split("train on it with:\n", 1)[1].strip().splitlines()[0]
+    assert printed.startswith("python launch.py model=auto ")
+    proc = run(["python", "-m", "eagle3.data.check", str(data)])
+    assert proc.returncode == 0 and "all good" in proc.stdout, proc.stdout + proc.stderr[-2000:]
+
+    run_dir = tmp_path / "run"
+    proc = run([*shlex.split(printed), f"hydra.run.dir={run_dir}", "optim.max_steps=2"])
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    resolved = yaml.safe_load((run_dir / "resolved_config.yaml").read_text())
+    draft = resolved["model"]["draft"]
+    assert (draft["hidden_size"], draft["num_attention_heads"], draft["num_key_value_heads"], draft["head_dim"],
+            draft["vocab_size"], draft["aux_layer_ids"]) == (96, 6, 2, 16, 800, [2, 4, 5])
+    assert resolved["data"]["path"] == str(data) and resolved["model"]["verifier"]["path"] == str(verifier)
+    steps = [json.loads(line)["step"] for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert max(steps) == 2 and (run_dir / "checkpoints" / "last" / "model.safetensors").is_file()

@@ -62,7 +62,7 @@ def prepared(verifier, id_rows, tmp_path_factory) -> Path:
     tmp = tmp_path_factory.mktemp("prepared")
     proc = prepare(verifier, write_jsonl(tmp / "rows.jsonl", id_rows), tmp / "data", "--dtype", "float32")
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert "python launch.py data=offline" in proc.stderr  # the next command, ready to paste
+    assert "python launch.py model=auto" in proc.stderr  # the next command, ready to paste
     return tmp / "data"
 
 

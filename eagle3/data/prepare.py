@@ -259,11 +259,40 @@ def prepare(args) -> dict[str, Any]:
     record = write_dataset(model, args.model, rows, args.out, aux, args.batch_tokens, getattr(torch, args.dtype),
                            notes)
     tokens = sum(len(ids) for ids, _ in rows)
-    log.info("wrote %s: %d rows, %d tokens, %d hidden-state files (%d kept from before)\ntrain on it with:\n"
-             "  python launch.py data=offline data.path=%s model.verifier.path=%s 'model.draft.aux_layer_ids=%s'",
+    log.info("wrote %s: %d rows, %d tokens, %d hidden-state files (%d kept from before)\ntrain on it with:\n  %s",
              args.out, len(rows), tokens, record["hidden_state_files_written"],
-             len(rows) - record["hidden_state_files_written"], args.out, args.model, aux)
+             len(rows) - record["hidden_state_files_written"], train_command(args.out, args.model, aux))
     return record
+
+
+def train_command(data_dir: Path, model_dir: Path, aux_layer_ids: Sequence[int]) -> str:
+    """The launch.py command that trains on this data, runnable as printed: model=auto reads the draft's shape
+    from the verifier's config.json; aux layer ids only when they differ from the default model=auto derives."""
+    import shlex
+
+    from eagle3.verifier_shape import verifier_config
+
+    parts = ["python launch.py model=auto", _override("model.verifier.path", model_dir.resolve()), "data=offline",
+             _override("data.path", data_dir.resolve())]
+    try:
+        default = verifier_config(model_dir, "aux_layer_ids")
+    except ConfigError:
+        default = None  # too few layers for the default: the ids must be given
+    if list(aux_layer_ids) != default:
+        parts.append(shlex.quote(f"model.draft.aux_layer_ids=[{','.join(str(i) for i in aux_layer_ids)}]"))
+    return " ".join(parts)
+
+
+def _override(key: str, value: object) -> str:
+    """`key=value` quoted for Hydra's override grammar (a path with spaces, '=' or ',' is one quoted string),
+    then for the shell."""
+    import re
+    import shlex
+
+    text = str(value)
+    if not re.fullmatch(r"[\w/.\-+:@~]+", text):
+        text = "'" + text.replace("'", "\\'") + "'"
+    return shlex.quote(f"{key}={text}")
 
 
 if __name__ == "__main__":
