@@ -14,18 +14,24 @@ from eagle3.config import ConfigError, validate
 GROUPS = ["model", "data", "init", "optim", "distributed", "logger"]
 OPTIONS = [(g, p.stem) for g in GROUPS for p in sorted((CONF / g).glob("*.yaml"))]
 # Values only the user can give: they must be marked required, never defaulted.
-REQUIRED = {("model", "kimi_k25"): ["model.verifier.path"], ("data", "offline"): ["data.path"],
+REQUIRED = {("model", "kimi_k25"): ["model.verifier.path"], ("model", "auto"): ["model.verifier.path"],
+            ("model", "llama3_8b"): ["model.verifier.path"], ("model", "qwen3_8b"): ["model.verifier.path"],
+            ("data", "offline"): ["data.path"],
             ("init", "pretrained"): ["init.path"],
             ("distributed", "multinode"): ["distributed.node_rank", "distributed.rdzv_endpoint"]}
 
 
 @pytest.mark.parametrize("group,option", OPTIONS, ids=[f"{g}={o}" for g, o in OPTIONS])
-def test_every_option_composes(group, option):
+def test_every_option_composes(group, option, tmp_path):
     cfg = compose_cfg([f"{group}={option}"])
+    # model=auto and its presets read the draft's shape from the verifier's config.json
+    (tmp_path / "config.json").write_text('{"hidden_size": 64, "num_attention_heads": 4, "intermediate_size": 128, '
+                                          '"vocab_size": 500, "num_hidden_layers": 8, "max_position_embeddings": 128, '
+                                          '"rope_theta": 10000.0, "rms_norm_eps": 1e-6}')
     for key in REQUIRED.get((group, option), []):
         parent, leaf = key.rsplit(".", 1)
         assert OmegaConf.is_missing(OmegaConf.select(cfg, parent), leaf), key
-        OmegaConf.update(cfg, key, "/somewhere" if "path" in key else ("h:1" if "endpoint" in key else 1))
+        OmegaConf.update(cfg, key, str(tmp_path) if "path" in key else ("h:1" if "endpoint" in key else 1))
     resolved = OmegaConf.to_container(cfg, resolve=True, throw_on_missing=True, enum_to_str=True)
     assert "${" not in OmegaConf.to_yaml(resolved)
 
