@@ -267,6 +267,8 @@ def test_readme_own_data_commands_run_as_printed_on_another_verifier(tmp_path, c
     assert printed.startswith("python launch.py model=auto ")
     proc = run(["python", "-m", "eagle3.data.check", str(data)])
     assert proc.returncode == 0 and "all good" in proc.stdout, proc.stdout + proc.stderr[-2000:]
+    proc = run(["python", "-m", "eagle3.data.check", str(data), "--quick", "--total-seq-len", "30"])  # item 11
+    assert proc.returncode == 1 and "rows are longer than data.total_seq_len=30" in proc.stderr, proc.stderr[-2000:]
 
     run_dir = tmp_path / "run"
     proc = run([*shlex.split(printed), f"hydra.run.dir={run_dir}", "optim.max_steps=2"])

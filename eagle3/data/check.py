@@ -1,6 +1,6 @@
 """Checking a speculators-format dataset before it costs a GPU day.
 
-    python -m eagle3.data.check <data_dir> [--quick]
+    python -m eagle3.data.check <data_dir> [--quick] [--total-seq-len N]
 
 Every row must have its `hidden_states/hs_<i>.safetensors`, with `hidden_states` of shape [seq_len, n_aux + 1,
 hidden] and `token_ids` equal to the row's `input_ids`; the token ids must lie in the vocabulary and the loss
@@ -176,16 +176,22 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("data_dir", type=Path)
     parser.add_argument("--quick", action="store_true", help="skip the NaN/inf scan (reads headers and token ids only)")
     parser.add_argument("--vocab-size", type=int, help="the verifier's vocabulary size (default: from the record)")
+    parser.add_argument("--total-seq-len", type=int,
+                        help="the run's data.total_seq_len: also count the rows the trainer would cut to it")
     args = parser.parse_args(argv)
     from eagle3.data.record import read_record
 
     try:
         vocab = args.vocab_size or ((read_record(args.data_dir) or {}).get("verifier") or {}).get("vocab_size")
-        report = check_dataset(args.data_dir, vocab_size=vocab, full=not args.quick, progress=True)
+        report = check_dataset(args.data_dir, vocab_size=vocab, full=not args.quick, progress=True,
+                               total_seq_len=args.total_seq_len)
+        truncation = report.truncation_warning()
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
     print(report.summary(first=10))
+    if truncation:
+        print(f"warning: {truncation}", file=sys.stderr)
     return 1 if report.bad else 0
 
 
