@@ -104,6 +104,7 @@ def unresolvable(error: Exception) -> str:
         text += ("; model=tiny builds its own verifier (model.verifier.tiny): for your own verifier use model=auto "
                  "model.verifier.path=<dir>, which reads the draft's shape from its config.json")
     key = getattr(error, "full_key", None)
+    # Messages that already name the key to set start with it ("model.verifier.path: ..."); others get it.
     return text if text.startswith("model") or not key else f"{key}: {text}"
 
 

@@ -20,9 +20,9 @@ from typing import Any
 import torch
 
 from eagle3.config import ConfigError
-from eagle3.eval.prompts import Prompt
 from eagle3.eval.drafting import (Decode, check_draft, greedy_decode, next_token_logits, speculative_decode,
                                   verifier_pass)
+from eagle3.eval.prompts import Prompt
 
 
 class LosslessError(RuntimeError):
@@ -146,8 +146,8 @@ def check_lossless(verifier: torch.nn.Module, prompts: Sequence[Sequence[int]], 
                f"forwards of different lengths can flip, so this may be numerics rather than a drafting bug"
                if gap <= 1e-4 * max(1.0, float(top2[0].abs())) else
                f"the verifier's top two logits there differ by {gap:.3g} (not a tie): a bug in the drafting loop")
-        raise LosslessError(f"speculative decoding is not lossless: {prompt_origin(prompts[i], i)}, new token #{pos}: speculative "
-                            f"{spec[pos]}, greedy {ref[pos]}; {tie}")
+        raise LosslessError(f"speculative decoding is not lossless: {prompt_origin(prompts[i], i)}, new token "
+                            f"#{pos}: speculative {spec[pos]}, greedy {ref[pos]}; {tie}")
 
 
 @torch.no_grad()
