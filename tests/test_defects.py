@@ -60,6 +60,17 @@ def test_accept_prompt_errors_name_the_file_line(tmp_path):
     with pytest.raises(ConfigError, match=r"prompt 2 \(1-based\): the prompt is empty"):
         AcceptanceProbe(verifier, [[1, 2], []], k=2, max_new_tokens=4)
 
+    from datasets import Dataset
+
+    from eagle3.eval.prompts import val_split_prompts
+
+    ids = [[1, 2, 3, 4]] * 10
+    ids[7] = [1, 99, 3, 4]  # the val split is rows 5..9; row 7's prompt is out of vocabulary
+    Dataset.from_dict({"input_ids": ids, "loss_mask": [[0, 0, 1, 1]] * 10, "seq_len": [4] * 10}).save_to_disk(
+        str(tmp_path / "ds"))
+    with pytest.raises(ConfigError, match=r"val row 7 of .*ds: token ids outside"):
+        AcceptanceProbe(verifier, val_split_prompts(tmp_path / "ds", 0.5, 8), k=2, max_new_tokens=4)
+
 
 # --- 11: rows longer than data.total_seq_len are counted at start-up: a warning, an error above a share ------
 
