@@ -35,9 +35,12 @@ SHAPES = {
 }
 
 
-def build(shape: dict, device, seed: int = 0):
+def build(shape: dict, device, seed: int = 0, attn_impl: str | None = None):
+    """A draft at `shape` with random weights; flex attention on CUDA (as training there), sdpa elsewhere, unless
+    `attn_impl` says otherwise."""
     import torch
 
+    from eagle3.config import DraftConfig
     from eagle3.init.build import SPECULATORS_FLAGS, bare_draft
 
     draft = {"vocab_size": shape["vocab"], "hidden_size": shape["hidden"], "intermediate_size": shape["intermediate"],
@@ -46,8 +49,8 @@ def build(shape: dict, device, seed: int = 0):
              "rms_norm_eps": 1e-5, "hidden_act": "silu", "draft_vocab_size": shape["draft_vocab"],
              "aux_layer_ids": [2, 16, 29], "ttt_steps": 3}
     torch.manual_seed(seed)
-    model = bare_draft(draft, SPECULATORS_FLAGS, "cpu",
-                       attn_impl="simple_flex_attention" if device.type == "cuda" else "sdpa")
+    model = bare_draft(DraftConfig(**draft), SPECULATORS_FLAGS, "cpu",
+                       attn_impl=attn_impl or ("simple_flex_attention" if device.type == "cuda" else "sdpa"))
     ids = torch.sort(torch.randperm(shape["vocab"])[: shape["draft_vocab"]]).values
     t2d = torch.zeros(shape["vocab"], dtype=torch.bool)
     t2d[ids] = True
@@ -89,7 +92,9 @@ def time_ours(model, draft, data, steps, warmup, device):
     import torch
     from speculators.losses import resolve_loss_config
 
+    from eagle3.config import LoggerConfig, LoggerMode
     from eagle3.distributed import World
+    from eagle3.progress import Progress
     from eagle3.track import Tracker
     from eagle3.train import StepLog, make_scheduler, train_step
 
@@ -103,10 +108,9 @@ def time_ours(model, draft, data, steps, warmup, device):
               "loss_config": resolve_loss_config("kl_div", "fused" if device.type == "cuda" else "eager")}
     autocast = torch.autocast("cuda", dtype=torch.bfloat16) if device.type == "cuda" else nullcontext()
     run_dir = Path(tempfile.mkdtemp(prefix="eagle3-gpu-bench-"))
-    cfg = {"logger": {"mode": "disabled"}}
-    tracker = Tracker(run_dir, cfg).__enter__()
-    progress = {"step": 0, "step_in_epoch": 0, "tokens": 0, "train_wall_s": 0.0}
-    log = StepLog(tracker, World(), scheduler, progress, 10, warmup + steps)
+    tracker = Tracker(run_dir, LoggerConfig(mode=LoggerMode.disabled)).__enter__()
+    progress = Progress()
+    log = StepLog(tracker, World(), scheduler, 10, warmup + steps, progress)
 
     def step(batch):
         if device.type == "cpu":
@@ -114,7 +118,9 @@ def time_ours(model, draft, data, steps, warmup, device):
                      for k, v in batch.items()}
         grad_norm = train_step(model, iter([batch]), 1, optimizer, scheduler, params, 1.0, device, autocast, kwargs,
                                World(), log.window)
-        log.after_step(0, grad_norm)
+        progress.step += 1  # what the loop does after each step
+        progress.step_in_epoch += 1
+        log.after_step(progress, 0, grad_norm)
 
     for batch in data[:warmup]:
         step(batch)
@@ -165,7 +171,8 @@ def main() -> None:
     parser.add_argument("--small", action="store_true", help="the CPU-sized shape")
     parser.add_argument("--steps", type=int, default=20, help="timed steps of each trainer")
     parser.add_argument("--warmup", type=int, default=5, help="untimed steps first (compilation happens here)")
-    parser.add_argument("--peak-tflops", type=float, default=989.0, help="the device's dense bf16 peak (H100/H200: 989)")
+    parser.add_argument("--peak-tflops", type=float, default=989.0,
+                        help="the device's dense bf16 peak (H100/H200: 989)")
     parser.add_argument("--json", type=Path, help="also write the numbers here")
     args = parser.parse_args()
 

@@ -11,7 +11,7 @@ Raw read: each training file's hidden_states bytes, `readinto` one reused buffer
 (taken from the safetensors header beforehand): what one thread gets from the page cache, the ceiling.
 Data path: eagle3.data.loader.build_loaders as the trainer builds it (total_seq_len 2048, one rank, the
 default prefetch), and per micro-batch what the trainer does up to the model's inputs: on CUDA
-eagle3.train.to_device (the host-to-device copy; synchronized before the clock stops); on CPU the
+eagle3.data.reader.to_device (the host-to-device copy; synchronized before the clock stops); on CPU the
 hidden-state views (eagle3.data.reader.split_hidden). The CPU trainer then casts them to float32; that
 cast is the model's compute, not data loading, and is left out.
 
@@ -94,7 +94,7 @@ def loader_pass(loader, epoch: int, device) -> float:
     import torch
 
     from eagle3.data.reader import split_hidden
-    from eagle3.train import to_device
+    from eagle3.data.reader import to_device
 
     loader.batch_sampler.set_epoch(epoch)
     start = time.perf_counter()
@@ -103,7 +103,8 @@ def loader_pass(loader, epoch: int, device) -> float:
         if device.type == "cuda":
             inputs = to_device(batch, device)
         else:
-            inputs = {**{k: v for k, v in batch.items() if k != "hidden_buffer"}, **split_hidden(batch["hidden_buffer"])}
+            inputs = {**{k: v for k, v in batch.items() if k != "hidden_buffer"},
+                      **split_hidden(batch["hidden_buffer"])}
         tokens += int((inputs["document_ids"] >= 0).sum())
     if device.type == "cuda":
         torch.cuda.synchronize()
@@ -173,7 +174,8 @@ def main() -> None:
         for name in order:
             rates[name].append(sides[name](p + 1))
     med = {name: statistics.median(r) for name, r in rates.items()}
-    ratios = {name: statistics.median(o / r for o, r in zip(rates[name], rates["raw"])) for name in ("loader", "speculators")}
+    ratios = {name: statistics.median(o / r for o, r in zip(rates[name], rates["raw"]))
+              for name in ("loader", "speculators")}
     result = {"device": torch.cuda.get_device_name() if device.type == "cuda" else "cpu", "shape": shape,
               "passes": args.passes, "bytes_per_token": bytes_per_token, "torch": torch.__version__,
               **{f"{name}_tokens_per_s": med[name] for name in sides},
@@ -181,7 +183,8 @@ def main() -> None:
               "ratio_loader_over_raw": ratios["loader"], "ratio_speculators_over_raw": ratios["speculators"]}
     print(f"{n} files of {shape['seq']} tokens, hidden {shape['hidden']}, {shape['aux']} aux layers + the last, bf16 "
           f"({bytes_per_token} bytes a token); {args.passes} passes each; device {result['device']}, "
-          + ("data paths up to the device" if device.type == "cuda" else "data paths up to the model's inputs on the host"))
+          + ("data paths up to the device" if device.type == "cuda"
+             else "data paths up to the model's inputs on the host"))
     labels = {"raw": "raw read (page cache)", "loader": "training data path", "speculators": "speculators' reader"}
     for name, label in labels.items():
         print(f"{label:24s}{med[name]:12.0f} tokens/s  {med[name] * bytes_per_token / 1e9:6.2f} GB/s   "

@@ -38,49 +38,52 @@ def main() -> None:
     from eagle3.distributed import World
     from eagle3.init import InitContext, build_draft
     from eagle3.launch import materialize_inputs
+    from eagle3.progress import Progress
     from eagle3.track import Tracker
     from eagle3.train import StepLog, make_scheduler, to_device, train_step
 
     quiet_libraries()
     cfg = tiny_run_config()
     verifier_dir, data_dir = materialize_inputs(cfg)
-    draft, optim = cfg["model"]["draft"], cfg["optim"]
-    loader, _ = build_loaders(data_dir, cfg["data"]["total_seq_len"], draft["hidden_size"], len(draft["aux_layer_ids"]),
-                              cfg["data"]["train_ratio"], cfg["seed"])
+    draft, optim = cfg.model.draft, cfg.optim
+    loader, _ = build_loaders(data_dir, cfg.data.total_seq_len, draft.hidden_size, len(draft.aux_layer_ids),
+                              cfg.data.train_ratio, cfg.seed)
     # Copies: the reader reuses its buffers, and these batches are kept for the whole benchmark.
     batches = [{k: v.clone() for k, v in to_device(b, torch.device("cpu")).items()}
                for _, b in zip(range(args.steps), loader)]
     tokens = sum(int((b["document_ids"] >= 0).sum()) for b in batches)
     torch.manual_seed(0)
-    model, _ = build_draft(InitContext(draft, cfg["init"], verifier_dir, data_dir, "sdpa", []))
-    kwargs = {"ttt_steps": draft["ttt_steps"], "ttt_step_loss_decay": draft["ttt_step_loss_decay"],
-              "loss_config": resolve_loss_config(draft["loss"], "eager")}
+    model, _ = build_draft(InitContext(draft, cfg.init, verifier_dir, data_dir, "sdpa", []))
+    kwargs = {"ttt_steps": draft.ttt_steps, "ttt_step_loss_decay": draft.ttt_step_loss_decay,
+              "loss_config": resolve_loss_config(draft.loss, "eager")}
 
     def optimizer_for(m):
         params = [p for p in m.parameters() if p.requires_grad]
-        return params, torch.optim.AdamW(params, lr=optim["lr"], betas=tuple(optim["betas"]),
-                                         weight_decay=optim["weight_decay"])
+        return params, torch.optim.AdamW(params, lr=optim.lr, betas=tuple(optim.betas),
+                                         weight_decay=optim.weight_decay)
 
     bare_model, project_model = copy.deepcopy(model), copy.deepcopy(model)
     bare_params, bare_opt = optimizer_for(bare_model)
     project_params, project_opt = optimizer_for(project_model)
-    scheduler = make_scheduler(project_opt, optim["scheduler"], 0, 10**9)
+    scheduler = make_scheduler(project_opt, optim.scheduler.value, 0, 10**9)
     run_dir = Path(tempfile.mkdtemp(prefix="eagle3-bench-"))
-    tracker = Tracker(run_dir, cfg).__enter__()
-    progress = {"step": 0, "step_in_epoch": 0, "tokens": 0, "train_wall_s": 0.0}
-    log = StepLog(tracker, World(), scheduler, progress, cfg["logger"]["log_every"], 10**9)
+    tracker = Tracker(run_dir, cfg.logger).__enter__()
+    progress = Progress()
+    log = StepLog(tracker, World(), scheduler, cfg.logger.log_every, 10**9, progress)
 
     def bare(batch):
         bare_opt.zero_grad(set_to_none=True)
         _, loss, _ = bare_model(**batch, **kwargs)
         loss.backward()
-        torch.nn.utils.clip_grad_norm_(bare_params, optim["grad_clip"])
+        torch.nn.utils.clip_grad_norm_(bare_params, optim.grad_clip)
         bare_opt.step()
 
     def project(batch):
         grad_norm = train_step(project_model, iter([batch]), 1, project_opt, scheduler, project_params,
-                               optim["grad_clip"], torch.device("cpu"), nullcontext(), kwargs, World(), log.window)
-        log.after_step(0, grad_norm)
+                               optim.grad_clip, torch.device("cpu"), nullcontext(), kwargs, World(), log.window)
+        progress.step += 1  # what the loop does after each step
+        progress.step_in_epoch += 1
+        log.after_step(progress, 0, grad_norm)
 
     def timed(step_fn) -> float:
         start = time.perf_counter()
@@ -101,11 +104,12 @@ def main() -> None:
     bare_rate, project_rate = statistics.median(rates["bare"]), statistics.median(rates["project"])
     # Each rep's two timings are adjacent in time: their ratio cancels the machine's slow drifts.
     paired = statistics.median(p / b for p, b in zip(rates["project"], rates["bare"]))
-    print(f"batches: {len(batches)} x {cfg['data']['total_seq_len']} tokens ({tokens} real), "
+    print(f"batches: {len(batches)} x {cfg.data.total_seq_len} tokens ({tokens} real), "
           f"{args.reps} reps, torch threads {torch.get_num_threads()}")
     print(f"bare loop      {bare_rate:10.0f} tokens/s   (reps: {', '.join(f'{r:.0f}' for r in rates['bare'])})")
     print(f"project step   {project_rate:10.0f} tokens/s   (reps: {', '.join(f'{r:.0f}' for r in rates['project'])})")
-    print(f"ratio project / bare: {paired:.3f} (median of per-rep ratios; ratio of medians {project_rate / bare_rate:.3f})")
+    print(f"ratio project / bare: {paired:.3f} "
+          f"(median of per-rep ratios; ratio of medians {project_rate / bare_rate:.3f})")
 
 
 if __name__ == "__main__":

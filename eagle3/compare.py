@@ -193,7 +193,8 @@ def plot(runs: list[Run], out: Path) -> None:
         steps = [r["step"] for r in best.val_rows]
         axes[2].plot(steps, [r[f"full_acc_{k}"] for r in best.val_rows], marker="o", label=f"full_acc_{k}")
         axes[2].plot(steps, [r[f"cond_acc_{k}"] for r in best.val_rows], linestyle="--", label=f"cond_acc_{k}")
-    titles = ["val tau_sim (simulated acceptance length)", "val loss", f"per-position val accuracy, best run {best.label}"]
+    titles = ["val tau_sim (simulated acceptance length)", "val loss",
+              f"per-position val accuracy, best run {best.label}"]
     ylabels = ["tau_sim", "loss", "accuracy"]
     for ax, title, ylabel in zip(axes, titles, ylabels):
         ax.set_title(title)

@@ -1,8 +1,11 @@
-"""Typed schemas of the run config, registered in Hydra's ConfigStore.
+"""The run config's types: the schemas Hydra composes into, their range checks, and the typed run config.
 
 Every YAML option in `conf/<group>/` starts from one of these schemas (its `defaults: [base_<x>]`), so a
-wrong type or an unknown key fails at composition with Hydra's own message. Range checks that a type
-cannot express live in `validate()`, which the launcher runs once before anything is written.
+wrong type or an unknown key fails at composition with Hydra's own message. `run_config()` turns the plain,
+resolved config (freshly composed, or a run dir's resolved_config.yaml) into a `RunConfig` instance through the
+same schemas, refusing keys no schema has (a `+key=` override, an edited file), and runs each part's
+`check()` for what a type cannot rule out. Code past the launcher reads attributes (`cfg.optim.lr`) and takes
+the part it needs.
 
 This module imports neither torch nor speculators: `launch.py --help` and `--cfg job` go through it.
 """
@@ -13,14 +16,18 @@ import math
 from dataclasses import dataclass, field
 from enum import Enum
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+
+from eagle3.errors import ConfigError
 
 
-class ConfigError(ValueError):
-    """A problem the user can fix in the config or on disk; reported as one message, no traceback."""
+def _require(ok: bool, key: str, problem: str) -> None:
+    if not ok:
+        raise ConfigError(f"{key}: {problem}")
 
 
 class Scheduler(str, Enum):
@@ -69,8 +76,18 @@ class TinyVerifierConfig:
 class VerifierConfig:
     # MISSING, not None: a YAML `???` merged onto a default keeps the default, so options that need a
     # user-given path would silently get null.
-    path: Optional[str] = MISSING
-    tiny: Optional[TinyVerifierConfig] = None
+    path: str | None = MISSING
+    tiny: TinyVerifierConfig | None = None
+
+    def check(self) -> None:
+        _require((self.path is None) != (self.tiny is None), "model.verifier",
+                 "set exactly one of model.verifier.path (a local Hugging Face model dir) and model.verifier.tiny")
+        if self.path is not None:
+            _require_dir(self.path, "model.verifier.path", ["config.json"],
+                         "a local Hugging Face model dir with config.json and model.safetensors (or its index)")
+
+
+ATTN_IMPLS = ("auto", "sdpa", "eager", "simple_flex_attention")
 
 
 @dataclass
@@ -93,10 +110,17 @@ class DraftConfig:
     attn_impl: str = "auto"
     # Architecture flags; null = as the initializer says (scratch: speculators' defaults; pretrained: the
     # checkpoint's, or its layout's known defaults).
-    norm_before_residual: Optional[bool] = None
-    norm_before_fc: Optional[bool] = None
-    norm_output: Optional[bool] = None
-    fc_norm: Optional[bool] = None
+    norm_before_residual: bool | None = None
+    norm_before_fc: bool | None = None
+    norm_output: bool | None = None
+    fc_norm: bool | None = None
+
+    def check(self) -> None:
+        _require(self.ttt_steps >= 1, "model.draft.ttt_steps", "must be >= 1")
+        _require(0 < self.draft_vocab_size <= self.vocab_size, "model.draft.draft_vocab_size",
+                 f"must be in (0, model.draft.vocab_size={self.vocab_size}]")
+        _require(self.attn_impl in ATTN_IMPLS, "model.draft.attn_impl",
+                 "must be auto, sdpa, eager or simple_flex_attention")
 
 
 @dataclass
@@ -104,6 +128,15 @@ class ModelConfig:
     name: str = MISSING
     verifier: VerifierConfig = field(default_factory=VerifierConfig)
     draft: DraftConfig = field(default_factory=DraftConfig)
+
+    def check(self) -> None:
+        self.draft.check()
+        # Both set: a model option with its own tiny verifier (model=tiny) got a path; its draft is sized after
+        # the tiny one, so training against the path would not fit. Said before verifier.check's generic message.
+        _require(self.verifier.path is None or self.verifier.tiny is None, "model.verifier.path",
+                 f"model={self.name} builds its own tiny verifier and sizes the draft after it; for your own "
+                 "verifier use model=auto model.verifier.path=<dir> (the draft's shape is read from its config.json)")
+        self.verifier.check()
 
 
 @dataclass
@@ -121,13 +154,24 @@ class SynthConfig:
 @dataclass
 class DataConfig:
     name: str = MISSING
-    path: Optional[str] = MISSING
-    synth: Optional[SynthConfig] = None
+    path: str | None = MISSING
+    synth: SynthConfig | None = None
     total_seq_len: int = 1024
     train_ratio: float = 0.9
     prefetch: int = 2
     hidden_states_dtype: str = "bfloat16"
     on_bad_sample: BadSamplePolicy = BadSamplePolicy.error
+
+    def check(self) -> None:
+        _require(0 < self.train_ratio < 1, "data.train_ratio", f"must be in (0, 1), got {self.train_ratio}")
+        _require(self.total_seq_len > 0, "data.total_seq_len", "must be > 0")
+        _require(self.prefetch >= 0, "data.prefetch", f"must be >= 0, got {self.prefetch}")
+        _require((self.path is None) != (self.synth is None), "data",
+                 "set exactly one of data.path (a speculators-format dataset) and data.synth")
+        if self.path is not None:
+            _require_dir(self.path, "data.path", ["hidden_states"],
+                         "a speculators-format dataset: Arrow rows (input_ids, loss_mask, seq_len) saved with "
+                         "datasets.save_to_disk, hidden_states/hs_<i>.safetensors and token_freq.pt")
 
 
 class VocabPolicy(str, Enum):
@@ -137,13 +181,22 @@ class VocabPolicy(str, Enum):
 
 
 @dataclass
-class ScratchInitConfig:
+class InitConfig:
+    """What every initializer's options have: `name` selects the initializer (eagle3/init), `recommended_lr`
+    is the lr range it trains well in (the launcher warns outside it)."""
+
+    name: str = MISSING
+    recommended_lr: list[float] = MISSING
+
+
+@dataclass
+class ScratchInitConfig(InitConfig):
     name: str = "scratch"
     recommended_lr: list[float] = field(default_factory=lambda: [1e-5, 3e-3])
 
 
 @dataclass
-class PretrainedInitConfig:
+class PretrainedInitConfig(InitConfig):
     name: str = "pretrained"
     path: str = MISSING
     key_map: dict[str, str] = field(default_factory=lambda: {"midlayer.": "layers.0."})
@@ -152,20 +205,39 @@ class PretrainedInitConfig:
     recommended_lr: list[float] = field(default_factory=lambda: [1e-6, 3e-5])
 
 
+# init.name -> its options' schema: how a run dir's resolved config finds the type of its `init`.
+INIT_SCHEMAS: dict[str, type[InitConfig]] = {"scratch": ScratchInitConfig, "pretrained": PretrainedInitConfig}
+
+
 @dataclass
 class OptimConfig:
     lr: float = 1e-4
     epochs: int = 1
-    max_steps: Optional[int] = None
+    max_steps: int | None = None
     warmup_ratio: float = 0.015
     weight_decay: float = 0.0
     betas: list[float] = field(default_factory=lambda: [0.9, 0.95])
     grad_clip: float = 0.5
     scheduler: Scheduler = Scheduler.cosine
     grad_accum: int = 1
-    checkpoint_every: Optional[int] = None
-    eval_every: Optional[int] = None
+    checkpoint_every: int | None = None
+    eval_every: int | None = None
     max_skipped_steps: int = 10
+
+    def check(self) -> None:
+        _require(math.isfinite(self.lr) and self.lr > 0, "optim.lr", f"must be a positive number, got {self.lr}")
+        _require(self.epochs >= 1, "optim.epochs", f"must be at least 1, got {self.epochs}")
+        _require(self.max_steps is None or self.max_steps >= 0, "optim.max_steps", "must be null or >= 0")
+        _require(0 <= self.warmup_ratio < 1, "optim.warmup_ratio", f"must be in [0, 1), got {self.warmup_ratio}")
+        _require(self.weight_decay >= 0, "optim.weight_decay", "must be >= 0")
+        _require(self.grad_clip > 0, "optim.grad_clip", "must be > 0")
+        _require(len(self.betas) == 2 and all(0 <= b < 1 for b in self.betas), "optim.betas",
+                 "must be two numbers in [0, 1)")
+        _require(self.grad_accum >= 1, "optim.grad_accum", f"must be at least 1, got {self.grad_accum}")
+        _require(self.max_skipped_steps >= 1, "optim.max_skipped_steps", "must be at least 1")
+        for key in ("checkpoint_every", "eval_every"):
+            every = getattr(self, key)
+            _require(every is None or every >= 1, f"optim.{key}", "must be null or >= 1")
 
 
 @dataclass
@@ -175,16 +247,30 @@ class DistributedConfig:
     nproc_per_node: int = 1
     nnodes: int = 1
     node_rank: int = MISSING                # MISSING, not 0: multinode must not default it silently
-    rdzv_endpoint: Optional[str] = MISSING
+    rdzv_endpoint: str | None = MISSING
     backend: str = "auto"
     max_restarts: int = 0
+
+    @property
+    def world_size(self) -> int:
+        return self.nproc_per_node * self.nnodes
+
+    def check(self) -> None:
+        _require(self.nproc_per_node >= 1, "distributed.nproc_per_node", "must be >= 1")
+        _require(self.nnodes >= 1, "distributed.nnodes", "must be >= 1")
+        _require(0 <= self.node_rank < self.nnodes, "distributed.node_rank",
+                 f"must be in [0, distributed.nnodes={self.nnodes})")
+        _require(self.nnodes == 1 or bool(self.rdzv_endpoint), "distributed.rdzv_endpoint",
+                 "is required with more than one node: host:port of node 0, reachable from every node")
+        _require(self.backend in ("auto", "nccl", "gloo"), "distributed.backend", "must be auto, nccl or gloo")
+        _require(self.max_restarts >= 0, "distributed.max_restarts", "must be >= 0")
 
 
 @dataclass
 class LoggerConfig:
     mode: LoggerMode = LoggerMode.offline
     project: str = "eagle3"
-    entity: Optional[str] = None
+    entity: str | None = None
     tags: list[str] = field(default_factory=list)
     log_every: int = 10
 
@@ -192,14 +278,29 @@ class LoggerConfig:
 @dataclass
 class AcceptEvalConfig:
     """Measured acceptance at val passes: chain speculative decoding with the verifier in the training process
-    (eagle3/eval). Only for verifiers that fit beside the draft; off by default."""
+    (eagle3/eval). Only for verifiers that fit beside the draft; off by default. `python -m eagle3.eval.accept`
+    takes its option defaults from here."""
 
     enabled: bool = False
-    prompts: Optional[str] = None   # JSONL of input_ids or messages rows; null: the val split's prompts
+    prompts: str | None = None   # JSONL of input_ids or messages rows; null: the val split's prompts
     num_prompts: int = 8
     k: int = 3
     max_new_tokens: int = 32
     every: int = 1                  # measure at every N-th val pass, the step-0 pass first
+
+    def check(self, dist: DistributedConfig) -> None:
+        # The verifier it needs always exists: ModelConfig.check requires model.verifier.path or .tiny.
+        for key, low in (("k", 1), ("num_prompts", 1), ("max_new_tokens", 2), ("every", 1)):
+            value = getattr(self, key)
+            _require(value >= low, f"eval.accept.{key}", f"must be >= {low}, got {value}")
+        if not self.enabled:
+            return
+        _require(dist.strategy != Strategy.fsdp or dist.world_size == 1, "eval.accept.enabled",
+                 "needs the whole draft in rank 0, and FSDP shards it; measure the saved checkpoint afterwards with "
+                 "python -m eagle3.eval.accept --run <run dir>")
+        if self.prompts is not None:
+            _require(Path(self.prompts).is_file(), "eval.accept.prompts",
+                     f"{self.prompts} does not exist or is not a file; expected a JSONL of input_ids or messages rows")
 
 
 @dataclass
@@ -209,9 +310,11 @@ class EvalConfig:
 
 @dataclass
 class TrainConfig:
+    """What Hydra composes (conf/train.yaml)."""
+
     model: ModelConfig = MISSING
     data: DataConfig = MISSING
-    init: Any = MISSING
+    init: InitConfig = MISSING
     optim: OptimConfig = MISSING
     distributed: DistributedConfig = MISSING
     logger: LoggerConfig = MISSING
@@ -219,7 +322,34 @@ class TrainConfig:
     seed: int = 0
     cache_dir: str = MISSING
     device: str = "auto"
-    resume: Optional[str] = None
+    resume: str | None = None
+
+    def check(self) -> None:
+        """The checks a type cannot express, each raising ConfigError naming the key."""
+        self.optim.check()
+        self.data.check()
+        self.model.check()
+        _require(self.device in ("auto", "cpu", "cuda"), "device", "must be auto, cpu or cuda")
+        self.distributed.check()
+        self.eval.accept.check(self.distributed)
+
+
+@dataclass
+class RunInfo:
+    """What Hydra knows about the job besides its config; the launcher adds it as `run` to the resolved config."""
+
+    dir: str = MISSING
+    name: str = MISSING
+    group: str = MISSING            # the wandb group: the sweep's for every job of a sweep
+    choices: dict[str, str] = field(default_factory=dict)   # group -> option, e.g. {"optim": "tiny"}
+    overrides: list[str] = field(default_factory=list)      # the command line's; a value set there is explicit
+
+
+@dataclass
+class RunConfig(TrainConfig):
+    """The run config as a run dir holds it (resolved_config.yaml): the composed config plus `run`."""
+
+    run: RunInfo = MISSING
 
 
 def register_configs() -> None:
@@ -240,80 +370,51 @@ def register_configs() -> None:
     cs.store(group="logger", name="base_logger", node=LoggerConfig)
 
 
-def _require(ok: bool, key: str, problem: str) -> None:
-    if not ok:
-        raise ConfigError(f"{key}: {problem}")
+def run_config(plain: dict[str, Any]) -> RunConfig:
+    """The typed, checked run config from its plain form: the resolved composition plus `run`, or a run dir's
+    resolved_config.yaml (an old run dir goes through the same schemas and checks as a fresh run)."""
+    cfg = _typed(RunConfig, plain)
+    assert isinstance(cfg, RunConfig)
+    return cfg
 
 
-def validate(cfg: dict[str, Any]) -> None:
-    """Checks a resolved run config for values a type cannot rule out; raises ConfigError naming the key."""
-    optim, data, draft = cfg["optim"], cfg["data"], cfg["model"]["draft"]
-    _require(math.isfinite(optim["lr"]) and optim["lr"] > 0, "optim.lr", f"must be a positive number, got {optim['lr']}")
-    _require(optim["epochs"] >= 1, "optim.epochs", f"must be at least 1, got {optim['epochs']}")
-    _require(optim["max_steps"] is None or optim["max_steps"] >= 0, "optim.max_steps", "must be null or >= 0")
-    _require(0 <= optim["warmup_ratio"] < 1, "optim.warmup_ratio", f"must be in [0, 1), got {optim['warmup_ratio']}")
-    _require(optim["weight_decay"] >= 0, "optim.weight_decay", "must be >= 0")
-    _require(optim["grad_clip"] > 0, "optim.grad_clip", "must be > 0")
-    _require(len(optim["betas"]) == 2 and all(0 <= b < 1 for b in optim["betas"]), "optim.betas", "must be two numbers in [0, 1)")
-    _require(0 < data["train_ratio"] < 1, "data.train_ratio", f"must be in (0, 1), got {data['train_ratio']}")
-    _require(data["total_seq_len"] > 0, "data.total_seq_len", "must be > 0")
-    _require(data["prefetch"] >= 0, "data.prefetch", f"must be >= 0, got {data['prefetch']}")
-    _require(draft["ttt_steps"] >= 1, "model.draft.ttt_steps", "must be >= 1")
-    _require(0 < draft["draft_vocab_size"] <= draft["vocab_size"], "model.draft.draft_vocab_size",
-             f"must be in (0, model.draft.vocab_size={draft['vocab_size']}]")
-    _require(draft["attn_impl"] in ("auto", "sdpa", "eager", "simple_flex_attention"), "model.draft.attn_impl",
-             "must be auto, sdpa, eager or simple_flex_attention")
-    _require(cfg["device"] in ("auto", "cpu", "cuda"), "device", "must be auto, cpu or cuda")
-    _require(optim["grad_accum"] >= 1, "optim.grad_accum", f"must be at least 1, got {optim['grad_accum']}")
-    _require(optim["max_skipped_steps"] >= 1, "optim.max_skipped_steps", "must be at least 1")
-    for key in ("checkpoint_every", "eval_every"):
-        _require(optim[key] is None or optim[key] >= 1, f"optim.{key}", "must be null or >= 1")
-    dist = cfg["distributed"]
-    _require(dist["nproc_per_node"] >= 1, "distributed.nproc_per_node", "must be >= 1")
-    _require(dist["nnodes"] >= 1, "distributed.nnodes", "must be >= 1")
-    _require(0 <= dist["node_rank"] < dist["nnodes"], "distributed.node_rank",
-             f"must be in [0, distributed.nnodes={dist['nnodes']})")
-    _require(dist["nnodes"] == 1 or bool(dist["rdzv_endpoint"]), "distributed.rdzv_endpoint",
-             "is required with more than one node: host:port of node 0, reachable from every node")
-    _require(dist["backend"] in ("auto", "nccl", "gloo"), "distributed.backend", "must be auto, nccl or gloo")
-    _require(dist["max_restarts"] >= 0, "distributed.max_restarts", "must be >= 0")
-    _validate_accept_eval(cfg["eval"]["accept"], dist)
-    verifier = cfg["model"]["verifier"]
-    _require(verifier["path"] is None or verifier["tiny"] is None, "model.verifier.path",
-             f"model={cfg['model']['name']} builds its own tiny verifier and sizes the draft after it; for your own "
-             "verifier use model=auto model.verifier.path=<dir> (the draft's shape is read from its config.json)")
-    _require((verifier["path"] is None) != (verifier["tiny"] is None), "model.verifier",
-             "set exactly one of model.verifier.path (a local Hugging Face model dir) and model.verifier.tiny")
-    if verifier["path"] is not None:
-        _require_dir(verifier["path"], "model.verifier.path", ["config.json"],
-                     "a local Hugging Face model dir with config.json and model.safetensors (or its index)")
-    _require((data["path"] is None) != (data["synth"] is None), "data",
-             "set exactly one of data.path (a speculators-format dataset) and data.synth")
-    if data["path"] is not None:
-        _require_dir(data["path"], "data.path", ["hidden_states"],
-                     "a speculators-format dataset: Arrow rows (input_ids, loss_mask, seq_len) saved with "
-                     "datasets.save_to_disk, hidden_states/hs_<i>.safetensors and token_freq.pt")
+def validate(plain: dict[str, Any]) -> TrainConfig:
+    """The typed, checked composed config (no `run` part) from its plain, resolved form."""
+    return _typed(TrainConfig, plain)
 
 
-def _validate_accept_eval(accept: dict[str, Any], dist: dict[str, Any]) -> None:
-    # The verifier it needs always exists: validate() requires model.verifier.path or model.verifier.tiny.
-    for key, low in (("k", 1), ("num_prompts", 1), ("max_new_tokens", 2), ("every", 1)):
-        _require(accept[key] >= low, f"eval.accept.{key}", f"must be >= {low}, got {accept[key]}")
-    if not accept["enabled"]:
-        return
-    _require(dist["strategy"] != "fsdp" or dist["nproc_per_node"] * dist["nnodes"] == 1, "eval.accept.enabled",
-             "needs the whole draft in rank 0, and FSDP shards it; measure the saved checkpoint afterwards with "
-             "python -m eagle3.eval.accept --run <run dir>")
-    if accept["prompts"] is not None:
-        _require(Path(accept["prompts"]).is_file(), "eval.accept.prompts",
-                 f"{accept['prompts']} does not exist or is not a file; expected a JSONL of input_ids or messages rows")
+def _typed(schema_type: type[TrainConfig], plain: dict[str, Any]) -> TrainConfig:
+    # Merging into the schemas refuses a key none of them has, which composition lets through when it is added
+    # with `+` (`+optim.lr_warmup=0.1`), and converts each value to its type; then every part's check() runs.
+    init = plain.get("init")
+    name = init.get("name") if isinstance(init, dict) else None
+    if name not in INIT_SCHEMAS:
+        raise ConfigError(f"init.name: {name!r} has no options schema; known: {', '.join(sorted(INIT_SCHEMAS))}")
+    schema = OmegaConf.structured(schema_type)
+    schema.init = OmegaConf.structured(INIT_SCHEMAS[name])
+    try:
+        cfg = OmegaConf.to_object(OmegaConf.merge(schema, plain))
+    except OmegaConfBaseException as e:
+        key = getattr(e, "full_key", None)
+        reason = str(e).splitlines()[0]
+        raise ConfigError(f"{key}: {reason}" if key else reason) from None
+    assert isinstance(cfg, TrainConfig)
+    cfg.check()
+    return cfg
 
 
-def lr_advice(cfg: dict[str, Any]) -> tuple[str, bool]:
+def plain_config(cfg: TrainConfig) -> dict[str, Any]:
+    """The plain form of a typed config (enums as their names), as resolved_config.yaml and wandb hold it."""
+    plain = OmegaConf.to_container(OmegaConf.structured(cfg), enum_to_str=True)
+    assert isinstance(plain, dict)
+    return {str(k): v for k, v in plain.items()}
+
+
+def lr_advice(optim: OptimConfig, init: InitConfig) -> tuple[str, bool]:
     """The lr next to the initializer's recommended range, and whether it lies outside it."""
-    lr, (low, high) = cfg["optim"]["lr"], cfg["init"]["recommended_lr"]
+    lr, (low, high) = optim.lr, init.recommended_lr
     outside = not low <= lr <= high
-    text = f"optim.lr={lr:g}; init={cfg['init']['name']} recommends {low:g} .. {high:g}"
+    text = f"optim.lr={lr:g}; init={init.name} recommends {low:g} .. {high:g}"
     if outside:
         text += (" (above: a pretrained drafter's representations are easily destroyed; a finetune lr should be "
                  "below the scratch lr)" if lr > high else " (below: training will barely move)")

@@ -7,6 +7,10 @@ import os
 import sys
 import warnings
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from eagle3.progress import RunSummary
 
 
 def quiet_libraries() -> None:
@@ -29,6 +33,7 @@ def setup_rank_logging(run_dir: Path, rank: int) -> None:
     root = logging.getLogger()
     root.handlers.clear()
     root.setLevel(logging.INFO)
+    handlers: list[logging.Handler]
     if rank == 0:
         handlers = [logging.StreamHandler(sys.stdout), logging.FileHandler(run_dir / "launch.log")]
     else:
@@ -42,9 +47,9 @@ def setup_rank_logging(run_dir: Path, rank: int) -> None:
         root.addHandler(handler)
 
 
-def format_result_table(summary: dict, ttt_steps: int) -> str:
+def format_result_table(summary: RunSummary, ttt_steps: int) -> str:
     """Step 0 against final against best: the numbers a user looks at after a run."""
-    cols = [("step 0", summary["step0"]), ("final", summary["final"]), ("best", summary["best"])]
+    cols = [("step 0", summary.step0), ("final", summary.final), ("best", summary.best)]
     keys = ["step", "loss", "tau_sim"] + [f"full_acc_{k}" for k in range(ttt_steps)]
     if any("accept_len" in row for _, row in cols):  # eval.accept: measured beside simulated
         keys.append("accept_len")

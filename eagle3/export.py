@@ -23,7 +23,8 @@ from pathlib import Path
 from typing import Any
 
 from eagle3.init.files import CheckpointError, checkpoint_files, load_tensors, read_config, tensor_shapes
-from eagle3.init.pretrained import SKIPPED, SPECFORGE_FLAGS as SPECFORGE_DEFAULTS
+from eagle3.init.pretrained import SKIPPED
+from eagle3.init.pretrained import SPECFORGE_FLAGS as SPECFORGE_DEFAULTS
 
 
 def specforge_config(config: dict[str, Any], draft_vocab_size: int) -> dict[str, Any]:
@@ -34,8 +35,10 @@ def specforge_config(config: dict[str, Any], draft_vocab_size: int) -> dict[str,
         "num_hidden_layers": 1,
         "draft_vocab_size": draft_vocab_size,
         "tie_word_embeddings": False,
-        "eagle_config": {"use_aux_hidden_state": True,
-                         "eagle_aux_hidden_state_layer_ids": [i - 1 for i in config["eagle_aux_hidden_state_layer_ids"]]},
+        "eagle_config": {
+            "use_aux_hidden_state": True,
+            "eagle_aux_hidden_state_layer_ids": [i - 1 for i in config["eagle_aux_hidden_state_layer_ids"]],
+        },
     }
     for key in ("vocab_size", "hidden_size", "intermediate_size", "num_attention_heads", "num_key_value_heads",
                 "head_dim", "max_position_embeddings", "rms_norm_eps", "hidden_act", "rope_theta", "rope_parameters",
@@ -107,7 +110,8 @@ def _write(checkpoint: Path, files: list[Path], config: dict[str, Any], out: Pat
     from safetensors.torch import save_file
 
     if fmt == "speculators":
-        for file in [checkpoint / "config.json", *files] + [checkpoint / "model.safetensors.index.json"] * (len(files) > 1):
+        index = [checkpoint / "model.safetensors.index.json"] * (len(files) > 1)
+        for file in [checkpoint / "config.json", *files, *index]:
             shutil.copy2(file, out / file.name)
         return []
     tensors = load_tensors(files)

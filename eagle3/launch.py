@@ -1,5 +1,6 @@
-"""What launch.py does with a composed config: resolve and validate it once, write the run dir, build the
-verifier and data, then run the rank in this process or start the ranks with torch's elastic launcher.
+"""What launch.py does with a composed config: resolve it, type and check it once (eagle3/config.py's
+`run_config`), write the run dir, build the verifier and data, then run the rank in this process or start the
+ranks with torch's elastic launcher. Past this module the run config is a typed `RunConfig`.
 
 In a multirun each job passes through here in turn (Hydra's basic launcher), so each job gets fresh rank
 processes, its own run dir and its own wandb run, and a failed job is recorded and the sweep goes on.
@@ -15,15 +16,19 @@ import time
 import traceback
 import uuid
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import yaml
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import InterpolationResolutionError, MissingMandatoryValue
 
-from eagle3.config import ConfigError, lr_advice, validate
+from eagle3.config import RunConfig, lr_advice, run_config
+from eagle3.errors import ConfigError, DataError, UserError
 from eagle3.verifier_shape import unresolvable
+
+if TYPE_CHECKING:
+    from eagle3.summary import RunSummary
 
 log = logging.getLogger(__name__)
 
@@ -34,46 +39,54 @@ def launch(cfg: DictConfig) -> float | None:
     multirun = hydra.mode is not None and hydra.mode.name == "MULTIRUN"
     run_dir = Path(cfg.resume if cfg.resume else hydra.runtime.output_dir).resolve()
     start = time.perf_counter()
+    run_cfg = None  # set once the run dir is this run's: from then on a failure is recorded in it
     try:
-        resolved = load_for_resume(run_dir, hydra) if cfg.resume else fresh_run(cfg, hydra, run_dir)
-        verifier_dir, data_dir = materialize_inputs(resolved)
-        rows = check_data(resolved, verifier_dir, data_dir)
+        run_cfg = load_for_resume(run_dir, hydra) if cfg.resume else fresh_run(cfg, hydra, run_dir)
+        verifier_dir, data_dir = materialize_inputs(run_cfg)
+        rows = check_data(run_cfg, verifier_dir, data_dir)
         if not cfg.resume:
-            preflight(resolved, verifier_dir, data_dir)
-        summary = run_job(resolved, verifier_dir, data_dir, rows)
+            preflight(run_cfg, verifier_dir, data_dir)
+        summary = run_job(run_cfg, verifier_dir, data_dir, rows)
     except Exception as e:
-        if isinstance(e, ConfigError) and not multirun and os.environ.get("HYDRA_FULL_ERROR") != "1":
-            raise SystemExit(f"error: {e}") from None  # the console says it; the run dir may be another run's
-        record_failure(run_dir, e, hydra if multirun else None)
+        error = f"{type(e).__name__}: {e}"
+        if run_cfg is not None or multirun:  # a single run's dir may be another run's until its config is written
+            record_failure(run_dir, error)
+        if multirun:
+            update_sweep_index(hydra, run_dir, "failed", None, error)
+        if isinstance(e, UserError) and not multirun and os.environ.get("HYDRA_FULL_ERROR") != "1":
+            raise SystemExit(f"error: {e}") from None  # one message on the console, no traceback
         raise
     if summary is None:  # a node other than node 0 of a multi-node job: node 0 writes the results
         return None
     if multirun:
         update_sweep_index(hydra, run_dir, "completed", summary)
     log.info("done in %.1f s", time.perf_counter() - start)
-    return summary["best"]["tau_sim"]
+    return summary.best["tau_sim"]
 
 
-def fresh_run(cfg: DictConfig, hydra, run_dir: Path) -> dict[str, Any]:
+def fresh_run(cfg: DictConfig, hydra, run_dir: Path) -> RunConfig:
+    """The typed run config of a new run, checked, and written to the run dir as resolved_config.yaml."""
     resolved = resolve(cfg, hydra, run_dir)
-    validate(resolved)
-    advice, outside = lr_advice(resolved)
+    run_cfg = run_config(resolved)
+    advice, outside = lr_advice(run_cfg.optim, run_cfg.init)
     (log.warning if outside else log.info)(advice)
-    if resolved["distributed"]["node_rank"] == 0:
+    if run_cfg.distributed.node_rank == 0:
         refuse_to_overwrite(run_dir)
         run_dir.mkdir(parents=True, exist_ok=True)
         (run_dir / "resolved_config.yaml").write_text(OmegaConf.to_yaml(resolved))
-    return resolved
+    return run_cfg
 
 
 def resolve(cfg: DictConfig, hydra, run_dir: Path) -> dict[str, Any]:
     """The plain, fully resolved config plus what Hydra knows about this job (group choices, overrides)."""
     try:
-        resolved = OmegaConf.to_container(cfg, resolve=True, throw_on_missing=True, enum_to_str=True)
+        container = OmegaConf.to_container(cfg, resolve=True, throw_on_missing=True, enum_to_str=True)
     except MissingMandatoryValue as e:
         raise ConfigError(f"{e.full_key} is required and has no value: set it, e.g. `{e.full_key}=...`") from None
     except InterpolationResolutionError as e:  # e.g. model=auto without the verifier's config.json
         raise ConfigError(unresolvable(e)) from None
+    assert isinstance(container, dict)
+    resolved = {str(k): v for k, v in container.items()}
     choices = {g: c for g, c in hydra.runtime.choices.items() if not g.startswith("hydra") and c is not None}
     multirun = hydra.mode is not None and hydra.mode.name == "MULTIRUN"
     name = hydra.job.override_dirname or run_dir.name
@@ -88,8 +101,9 @@ def resolve(cfg: DictConfig, hydra, run_dir: Path) -> dict[str, Any]:
     return resolved
 
 
-def load_for_resume(run_dir: Path, hydra) -> dict[str, Any]:
-    """The run's own resolved config; resuming changes nothing about the run."""
+def load_for_resume(run_dir: Path, hydra) -> RunConfig:
+    """The run's own resolved config, through the same schemas and checks as a fresh run's; resuming changes
+    nothing about the run."""
     others = [o for o in hydra.overrides.task if not o.startswith(("resume=", "hydra."))]
     if others:
         raise ConfigError(f"resume continues a run with its own resolved_config.yaml and takes no other "
@@ -102,7 +116,7 @@ def load_for_resume(run_dir: Path, hydra) -> dict[str, Any]:
     resolved = yaml.safe_load(config_file.read_text())
     resolved["resume"] = str(run_dir)
     log.info("resuming %s", run_dir)
-    return resolved
+    return run_config(resolved)
 
 
 def refuse_to_overwrite(run_dir: Path) -> None:
@@ -111,24 +125,28 @@ def refuse_to_overwrite(run_dir: Path) -> None:
                           f"overwritten: continue it with resume={run_dir}, or choose another hydra.run.dir")
 
 
-def materialize_inputs(cfg: dict[str, Any]) -> tuple[Path, Path]:
+def materialize_inputs(cfg: RunConfig) -> tuple[Path, Path]:
     """The verifier dir and data dir this run reads, building the tiny verifier and synthetic data if asked."""
     from eagle3.console import quiet_libraries
     from eagle3.data.synthetic import synthetic_dataset_dir
     from eagle3.data.verifier import tiny_verifier_dir
 
     quiet_libraries()
-    verifier, data = cfg["model"]["verifier"], cfg["data"]
-    verifier_dir = (Path(verifier["path"]) if verifier["path"] is not None
-                    else tiny_verifier_dir(verifier["tiny"], cfg["cache_dir"]))
-    if data["path"] is not None:
-        return verifier_dir, Path(data["path"])
-    data_dir = synthetic_dataset_dir(verifier_dir, data["synth"], cfg["model"]["draft"]["aux_layer_ids"],
-                                     cfg["cache_dir"], data["hidden_states_dtype"])
+    verifier, data = cfg.model.verifier, cfg.data
+    if verifier.path is not None:
+        verifier_dir = Path(verifier.path)
+    else:
+        assert verifier.tiny is not None  # VerifierConfig.check: exactly one of them
+        verifier_dir = tiny_verifier_dir(verifier.tiny, cfg.cache_dir)
+    if data.path is not None:
+        return verifier_dir, Path(data.path)
+    assert data.synth is not None  # DataConfig.check: exactly one of them
+    data_dir = synthetic_dataset_dir(verifier_dir, data.synth, cfg.model.draft.aux_layer_ids, cfg.cache_dir,
+                                     data.hidden_states_dtype)
     return verifier_dir, data_dir
 
 
-def check_data(cfg: dict[str, Any], verifier_dir: Path, data_dir: Path) -> list[int] | None:
+def check_data(cfg: RunConfig, verifier_dir: Path, data_dir: Path) -> list[int] | None:
     """The start-up data check, once before any rank starts: the data's record against the model config, then
     every row's hidden-state file header and token ids (eagle3.data.check's quick part). Returns the rows to
     train on when bad ones are skipped, None for all; writes `data_check.json` into a fresh run dir."""
@@ -136,16 +154,16 @@ def check_data(cfg: dict[str, Any], verifier_dir: Path, data_dir: Path) -> list[
     from eagle3.data.record import check_record
     from eagle3.data.vocab import vocab_mapping
 
-    draft, data = cfg["model"]["draft"], cfg["data"]
+    draft, policy = cfg.model.draft, cfg.data.on_bad_sample.value
     check_record(data_dir, verifier_dir, draft)
-    report = check_dataset(data_dir, num_slots=len(draft["aux_layer_ids"]) + 1, hidden_size=draft["hidden_size"],
-                           vocab_size=draft["vocab_size"], total_seq_len=data["total_seq_len"])
-    run_dir = Path(cfg["run"]["dir"])
-    if not cfg["resume"] and cfg["distributed"]["node_rank"] == 0:
-        (run_dir / "data_check.json").write_text(json.dumps({**report.as_dict(), "policy": data["on_bad_sample"],
+    report = check_dataset(data_dir, num_slots=len(draft.aux_layer_ids) + 1, hidden_size=draft.hidden_size,
+                           vocab_size=draft.vocab_size, total_seq_len=cfg.data.total_seq_len)
+    run_dir = Path(cfg.run.dir)
+    if not cfg.resume and cfg.distributed.node_rank == 0:
+        (run_dir / "data_check.json").write_text(json.dumps({**report.as_dict(), "policy": policy,
                                                              "skipped_rows": sorted(report.bad)}, indent=2) + "\n")
-    if report.bad and data["on_bad_sample"] == "error":
-        raise ConfigError(f"{report.summary()}\ndata.on_bad_sample=skip trains without them (counted in "
+    if report.bad and policy == "error":
+        raise DataError(f"{report.summary()}\ndata.on_bad_sample=skip trains without them (counted in "
                           f"data_check.json); python -m eagle3.data.check {data_dir} checks everything, NaN included")
     if report.bad:
         log.warning("%s\nskipping them (data.on_bad_sample=skip)", report.summary())
@@ -153,23 +171,23 @@ def check_data(cfg: dict[str, Any], verifier_dir: Path, data_dir: Path) -> list[
     if truncation:
         log.warning(truncation)
     # Built once here, so that ranks only read the cached d2t/t2d files.
-    vocab_mapping(data_dir, draft["draft_vocab_size"], draft["vocab_size"])
+    vocab_mapping(data_dir, draft.draft_vocab_size, draft.vocab_size)
     return report.good_rows if report.bad else None
 
 
-def preflight(cfg: dict[str, Any], verifier_dir: Path, data_dir: Path) -> None:
+def preflight(cfg: RunConfig, verifier_dir: Path, data_dir: Path) -> None:
     """The initializer's checks that need no weights (a checkpoint's files, keys, shapes), before any rank starts."""
     from eagle3.init import InitContext, preflight_draft
 
-    preflight_draft(InitContext(draft=cfg["model"]["draft"], init=cfg["init"], verifier_dir=verifier_dir,
-                                data_dir=data_dir, attn_impl="sdpa", overrides=cfg["run"]["overrides"]))
+    preflight_draft(InitContext(draft=cfg.model.draft, init=cfg.init, verifier_dir=verifier_dir,
+                                data_dir=data_dir, attn_impl="sdpa", overrides=cfg.run.overrides))
 
 
-def run_job(cfg: dict[str, Any], verifier_dir: Path, data_dir: Path,
-            rows: list[int] | None = None) -> dict[str, Any] | None:
+def run_job(cfg: RunConfig, verifier_dir: Path, data_dir: Path,
+            rows: list[int] | None = None) -> RunSummary | None:
     """In this process for one rank; otherwise rank processes from torch's elastic launcher (torchrun's engine)."""
-    dist = cfg["distributed"]
-    if dist["nproc_per_node"] * dist["nnodes"] == 1:
+    dist = cfg.distributed
+    if dist.world_size == 1:
         from eagle3.rank import run_rank
 
         return run_rank(cfg, verifier_dir, data_dir, rows)
@@ -178,31 +196,29 @@ def run_job(cfg: dict[str, Any], verifier_dir: Path, data_dir: Path,
 
     from eagle3.rank import worker
 
-    if dist["nnodes"] == 1:  # torchrun --standalone: c10d rendezvous on a free local port
-        rdzv = {"rdzv_backend": "c10d", "rdzv_endpoint": dist["rdzv_endpoint"] or "localhost:0",
+    rdzv: dict[str, Any]
+    if dist.nnodes == 1:  # torchrun --standalone: c10d rendezvous on a free local port
+        rdzv = {"rdzv_backend": "c10d", "rdzv_endpoint": dist.rdzv_endpoint or "localhost:0",
                 "run_id": str(uuid.uuid4())}
     else:  # torchrun --node-rank: static ranks, so global rank 0 (the writer) is on node 0
-        rdzv = {"rdzv_backend": "static", "rdzv_endpoint": dist["rdzv_endpoint"],
-                "rdzv_configs": {"rank": dist["node_rank"]}, "run_id": "eagle3"}
-    launch_config = LaunchConfig(min_nodes=dist["nnodes"], max_nodes=dist["nnodes"],
-                                 nproc_per_node=dist["nproc_per_node"], max_restarts=dist["max_restarts"],
-                                 start_method="spawn", **rdzv)
-    os.environ.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // dist["nproc_per_node"])))
+        rdzv = {"rdzv_backend": "static", "rdzv_endpoint": dist.rdzv_endpoint,
+                "rdzv_configs": {"rank": dist.node_rank}, "run_id": "eagle3"}
+    launch_config = LaunchConfig(min_nodes=dist.nnodes, max_nodes=dist.nnodes, nproc_per_node=dist.nproc_per_node,
+                                 max_restarts=dist.max_restarts, start_method="spawn", **rdzv)
+    os.environ.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // dist.nproc_per_node)))
     results = elastic_launch(launch_config, worker)(cfg, verifier_dir, data_dir, rows)
     return results.get(0)
 
 
-def record_failure(run_dir: Path, error: BaseException, hydra) -> None:
-    """A failed job says why in its run dir (and in the sweep index), so a sweep's survivors stay readable."""
+def record_failure(run_dir: Path, error: str) -> None:
+    """A failed run says why in its run dir (`failure.json`), so a sweep's survivors stay readable."""
     if not run_dir.is_dir():
         return
-    failure = {"error": f"{type(error).__name__}: {error}", "traceback": traceback.format_exc()}
+    failure = {"error": error, "traceback": traceback.format_exc()}
     (run_dir / "failure.json").write_text(json.dumps(failure, indent=2) + "\n")
-    if hydra is not None:
-        update_sweep_index(hydra, run_dir, "failed", None, failure["error"])
 
 
-def update_sweep_index(hydra, run_dir: Path, status: str, summary: dict[str, Any] | None,
+def update_sweep_index(hydra, run_dir: Path, status: str, summary: RunSummary | None,
                        error: str | None = None) -> None:
     """`<sweep_dir>/index.json`: one entry per job with its overrides, status and headline results."""
     index_file = Path(hydra.sweep.dir) / "index.json"
@@ -210,9 +226,8 @@ def update_sweep_index(hydra, run_dir: Path, status: str, summary: dict[str, Any
     entry = {"num": hydra.job.num, "name": hydra.job.override_dirname, "run_dir": str(run_dir),
              "overrides": list(hydra.overrides.task), "status": status, "error": error}
     if summary is not None:
-        entry.update(steps=summary["steps"], best_tau_sim=summary["best"]["tau_sim"],
-                     best_step=summary["best"]["step"], final_loss=summary["final"]["loss"],
-                     final_tau_sim=summary["final"]["tau_sim"])
+        entry.update(steps=summary.steps, best_tau_sim=summary.best["tau_sim"], best_step=summary.best["step"],
+                     final_loss=summary.final["loss"], final_tau_sim=summary.final["tau_sim"])
     jobs = [j for j in jobs if j["num"] != entry["num"]] + [entry]
     tmp = index_file.with_suffix(".tmp")
     tmp.write_text(json.dumps({"sweep_dir": str(Path(hydra.sweep.dir).resolve()),

@@ -10,24 +10,23 @@ import json
 import logging
 import os
 from pathlib import Path
-from typing import Any
-
 import torch
 
 from eagle3.checkpoint import check_disk, load_draft, load_trainer_state
+from eagle3.config import RunConfig, plain_config
 from eagle3.console import format_result_table, quiet_libraries, setup_rank_logging
 from eagle3.data.loader import build_loaders
 from eagle3.distributed import World, close_world, init_world, wrap_model
 from eagle3.init import InitContext, build_draft
+from eagle3.progress import RunSummary
 from eagle3.track import Tracker
 from eagle3.train import train
 
 log = logging.getLogger(__name__)
 
 
-def worker(cfg: dict[str, Any], verifier_dir: Path, data_dir: Path,
-           rows: list[int] | None = None) -> dict[str, Any] | None:
-    setup_rank_logging(Path(cfg["run"]["dir"]), int(os.environ["RANK"]))
+def worker(cfg: RunConfig, verifier_dir: Path, data_dir: Path, rows: list[int] | None = None) -> RunSummary | None:
+    setup_rank_logging(Path(cfg.run.dir), int(os.environ["RANK"]))
     return run_rank(cfg, verifier_dir, data_dir, rows)
 
 
@@ -39,51 +38,64 @@ def pick_device(choice: str, local_rank: int) -> torch.device:
     return torch.device("cuda", local_rank)
 
 
-def run_rank(cfg: dict[str, Any], verifier_dir: Path, data_dir: Path,
-             rows: list[int] | None = None) -> dict[str, Any] | None:
+FLEX_BLOCK = 128  # flex attention's default block size, which speculators' block masks use
+
+
+def packed_len(total_seq_len: int, attn_impl: str, ttt_steps: int) -> int:
+    """Tokens per packed micro-batch: data.total_seq_len, rounded up to whole flex-attention blocks when flex
+    attention runs more than one TTT step. speculators extends the block mask by whole blocks at each TTT step,
+    so any other length fails at the second step ("block_mask was created for a larger length ...")."""
+    if attn_impl != "simple_flex_attention" or ttt_steps < 2 or total_seq_len % FLEX_BLOCK == 0:
+        return total_seq_len
+    padded = -(-total_seq_len // FLEX_BLOCK) * FLEX_BLOCK
+    log.warning("data.total_seq_len=%d packs %d tokens per micro-batch: flex attention with %d TTT steps needs a "
+                "multiple of %d", total_seq_len, padded, ttt_steps, FLEX_BLOCK)
+    return padded
+
+
+def run_rank(cfg: RunConfig, verifier_dir: Path, data_dir: Path, rows: list[int] | None = None) -> RunSummary | None:
     """Trains one draft as `cfg` (the resolved run config) says, on `rows` of the data (None: all of them);
     rank 0 returns the run summary."""
     quiet_libraries()
-    run_dir = Path(cfg["run"]["dir"])
-    device = pick_device(cfg["device"], int(os.environ.get("LOCAL_RANK", 0)))
-    dist_cfg = cfg["distributed"]
-    world = init_world(dist_cfg["strategy"], dist_cfg["backend"], device.type)
+    run_dir = Path(cfg.run.dir)
+    device = pick_device(cfg.device, int(os.environ.get("LOCAL_RANK", 0)))
+    world = init_world(cfg.distributed.strategy.value, cfg.distributed.backend, device.type)
     try:
         return _train_on(world, device, cfg, run_dir, verifier_dir, data_dir, rows)
     finally:
         close_world(world)
 
 
-def _train_on(world: World, device: torch.device, cfg: dict[str, Any], run_dir: Path, verifier_dir: Path,
-              data_dir: Path, rows: list[int] | None) -> dict[str, Any] | None:
-    torch.manual_seed(cfg["seed"])
-    draft = cfg["model"]["draft"]
-    attn_impl = draft["attn_impl"]
+def _train_on(world: World, device: torch.device, cfg: RunConfig, run_dir: Path, verifier_dir: Path,
+              data_dir: Path, rows: list[int] | None) -> RunSummary | None:
+    torch.manual_seed(cfg.seed)
+    draft = cfg.model.draft
+    attn_impl = draft.attn_impl
     if attn_impl == "auto":  # flex attention has no backward on CPU
         attn_impl = "simple_flex_attention" if device.type == "cuda" else "sdpa"
 
     train_loader, val_loader = build_loaders(
         data_dir,
-        total_seq_len=cfg["data"]["total_seq_len"],
-        hidden_size=draft["hidden_size"],
-        num_aux_layers=len(draft["aux_layer_ids"]),
-        train_ratio=cfg["data"]["train_ratio"],
-        seed=cfg["seed"],
+        total_seq_len=packed_len(cfg.data.total_seq_len, attn_impl, draft.ttt_steps),
+        hidden_size=draft.hidden_size,
+        num_aux_layers=len(draft.aux_layer_ids),
+        train_ratio=cfg.data.train_ratio,
+        seed=cfg.seed,
         world_size=world.size,
         rank=world.rank,
-        grad_accum=cfg["optim"]["grad_accum"],
-        prefetch=cfg["data"]["prefetch"],
+        grad_accum=cfg.optim.grad_accum,
+        prefetch=cfg.data.prefetch,
         rows=rows,
         device=device,
     )
     last = run_dir / "checkpoints" / "last"
     resume_state = None
-    if cfg["resume"]:
+    if cfg.resume:
         model = load_draft(last, attn_impl)
         resume_state = load_trainer_state(last)
     else:
-        ctx = InitContext(draft=draft, init=cfg["init"], verifier_dir=verifier_dir, data_dir=data_dir,
-                          attn_impl=attn_impl, overrides=cfg["run"]["overrides"])
+        ctx = InitContext(draft=draft, init=cfg.init, verifier_dir=verifier_dir, data_dir=data_dir,
+                          attn_impl=attn_impl, overrides=cfg.run.overrides)
         model, init_report = build_draft(ctx)
         if world.is_main:
             (run_dir / "init_report.json").write_text(json.dumps(init_report, indent=2) + "\n")
@@ -92,18 +104,19 @@ def _train_on(world: World, device: torch.device, cfg: dict[str, Any], run_dir: 
     model = wrap_model(model.to(device), world, device)
 
     at_val = None
-    if cfg.get("eval", {}).get("accept", {}).get("enabled"):  # .get: runs resumed from before eval existed
+    if cfg.eval.accept.enabled:
         from eagle3.eval.at_val import AcceptanceAtVal
 
-        at_val = AcceptanceAtVal(cfg, verifier_dir, data_dir, device, world)
+        at_val = AcceptanceAtVal(cfg.eval.accept, cfg.data.train_ratio, verifier_dir, data_dir, device, world)
     resume_step = resume_state["progress"]["step"] if resume_state else None
-    with Tracker(run_dir, cfg, enabled=world.is_main, resume_step=resume_step) as tracker:
-        summary = train(model, train_loader, val_loader, cfg, device, world, tracker, run_dir, resume_state, at_val)
-        summary.update(verifier_dir=str(verifier_dir), data_dir=str(data_dir), device=str(device),
-                       world_size=world.size)
+    with Tracker(run_dir, cfg.logger, cfg.run, plain_config(cfg), enabled=world.is_main,
+                 resume_step=resume_step) as tracker:
+        progress = train(model, train_loader, val_loader, draft, cfg.optim, cfg.logger.log_every, device, world,
+                         tracker, run_dir, resume_state, at_val, cfg.data.on_bad_sample.value)
+        summary = RunSummary.of(progress, run_dir / "checkpoints", verifier_dir, data_dir, str(device), world.size)
         tracker.finish(summary)
     if not world.is_main:
         return None
-    log.info("results (val)\n%s", format_result_table(summary, draft["ttt_steps"]))
+    log.info("results (val)\n%s", format_result_table(summary, draft.ttt_steps))
     log.info("run dir: %s", run_dir)
     return summary

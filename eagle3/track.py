@@ -12,17 +12,24 @@ import json
 import os
 import uuid
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
+
+from eagle3.config import LoggerConfig, LoggerMode, RunInfo
+from eagle3.progress import RunSummary
 
 
 class Tracker:
-    def __init__(self, run_dir: Path, cfg: dict[str, Any], enabled: bool = True, resume_step: int | None = None):
+    """`logger` says whether and where wandb logs; `run` (name, group, group choices) and `config` (the plain
+    resolved config, shown in wandb) are what a wandb run is created with."""
+
+    def __init__(self, run_dir: Path, logger: LoggerConfig, run: RunInfo | None = None,
+                 config: dict[str, Any] | None = None, enabled: bool = True, resume_step: int | None = None):
         self.run_dir = run_dir
-        self.cfg = cfg
+        self.logger, self.run, self.config = logger, run, config
         self.enabled = enabled
         self.resume_step = resume_step
-        self._file = None
-        self._wandb = None
+        self._file: IO[str] | None = None
+        self._wandb: Any = None
 
     def __enter__(self) -> "Tracker":
         if not self.enabled:
@@ -34,15 +41,16 @@ class Tracker:
                     if line.strip() and json.loads(line)["step"] <= self.resume_step]
             metrics.write_text("".join(line + "\n" for line in kept))
         self._file = open(metrics, "a", encoding="utf-8")
-        logger = self.cfg["logger"]
-        if logger["mode"] != "disabled":
-            self._wandb = self._init_wandb(logger)
+        if self.logger.mode != LoggerMode.disabled:
+            self._wandb = self._init_wandb(self.logger)
         return self
 
-    def _init_wandb(self, logger: dict[str, Any]):
+    def _init_wandb(self, logger: LoggerConfig) -> Any:
         import wandb
 
-        run = self.cfg["run"]
+        run = self.run
+        if run is None:
+            raise ValueError("a wandb run needs the job's RunInfo: pass run= to Tracker")
         id_file = self.run_dir / "wandb_run_id"
         run_id = id_file.read_text().strip() if id_file.exists() else uuid.uuid4().hex[:12]
         id_file.write_text(run_id + "\n")
@@ -50,19 +58,19 @@ class Tracker:
         return wandb.init(
             id=run_id,
             resume="allow",
-            project=logger["project"],
-            entity=logger["entity"],
-            mode=logger["mode"],
+            project=logger.project,
+            entity=logger.entity,
+            mode=logger.mode.value,
             dir=str(self.run_dir),
-            name=run["name"],
-            group=run["group"],
+            name=run.name,
+            group=run.group,
             job_type="train",
-            tags=[f"{g}:{run['choices'][g]}" for g in ("model", "data", "init", "optim")] + list(logger["tags"]),
-            config=self.cfg,
+            tags=[f"{g}:{run.choices[g]}" for g in ("model", "data", "init", "optim")] + list(logger.tags),
+            config=self.config,
         )
 
     def log(self, row: dict[str, Any]) -> None:
-        if not self.enabled:
+        if self._file is None:  # disabled (not rank 0), or used outside its `with`
             return
         self._file.write(json.dumps(row) + "\n")
         self._file.flush()
@@ -71,16 +79,16 @@ class Tracker:
             self._wandb.log({f"{split}/{k}": v for k, v in row.items() if k not in ("step", "split")},
                             step=row["step"])
 
-    def finish(self, summary: dict[str, Any]) -> None:
+    def finish(self, summary: RunSummary) -> None:
         if not self.enabled:
             return
-        (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+        (self.run_dir / "summary.json").write_text(json.dumps(summary.as_dict(), indent=2) + "\n")
         if self._wandb is not None:
-            for which in ("best", "final"):
-                for k, v in (summary.get(which) or {}).items():
+            for which, row in (("best", summary.best), ("final", summary.final)):
+                for k, v in row.items():
                     self._wandb.summary[f"{which}/{k}"] = v
 
-    def __exit__(self, exc_type, exc, tb) -> None:
+    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
         if self._file is not None:
             self._file.close()
         if self._wandb is not None:

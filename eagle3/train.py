@@ -7,11 +7,10 @@ from __future__ import annotations
 
 import logging
 import math
-import signal
-import threading
+import re
 import time
-from collections.abc import Callable, Iterable
-from contextlib import nullcontext
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
 from typing import Any
 
@@ -19,104 +18,112 @@ import torch
 from tqdm import tqdm
 
 from eagle3.checkpoint import save_checkpoint
-from eagle3.config import ConfigError
-from eagle3.data.reader import PackedLoader, split_hidden
+from eagle3.config import DraftConfig, OptimConfig
+from eagle3.data.reader import PackedLoader, to_device
 from eagle3.distributed import (World, barrier, full_model_state, full_optimizer_state, grad_sync,
                                 load_optimizer_state, reduce_sums, unwrap)
+from eagle3.errors import RunStopped
+from eagle3.progress import Progress, Row
+from eagle3.stop import StopRequest
 from eagle3.track import Tracker
 
 log = logging.getLogger(__name__)
 
+__all__ = ["train", "train_step", "make_scheduler", "run_validation", "summarize", "to_device", "RunStopped"]
 
-def train(model: torch.nn.Module, train_loader: PackedLoader, val_loader: PackedLoader, cfg: dict[str, Any],
-          device: torch.device, world: World, tracker: Tracker, run_dir: Path,
+
+def train(model: torch.nn.Module, train_loader: PackedLoader, val_loader: PackedLoader, draft: DraftConfig,
+          optim: OptimConfig, log_every: int, device: torch.device, world: World, tracker: Tracker, run_dir: Path,
           resume_state: dict[str, Any] | None = None,
-          at_val: Callable[[torch.nn.Module], dict[str, Any]] | None = None) -> dict[str, Any]:
-    """Trains `model` (already wrapped for `world`) as `cfg` says; returns the run summary. `at_val` adds
-    entries to each val row (eval.accept: measured acceptance); every rank calls it."""
+          at_val: Callable[[torch.nn.Module], Row] | None = None, on_bad_sample: str = "error") -> Progress:
+    """Trains `model` (already wrapped for `world`) as `optim` says, with the draft's TTT settings; logs a train
+    row every `log_every` steps; returns the loop's final progress. `at_val` adds entries to each val row
+    (eval.accept: measured acceptance); every rank calls it. `on_bad_sample` is data.on_bad_sample: what a val
+    pass does with rows whose hidden states are not finite (run_validation)."""
     from speculators.losses import resolve_loss_config
 
-    optim_cfg, draft_cfg = cfg["optim"], cfg["model"]["draft"]
     call_kwargs = {
-        "ttt_steps": draft_cfg["ttt_steps"],
-        "ttt_step_loss_decay": draft_cfg["ttt_step_loss_decay"],
+        "ttt_steps": draft.ttt_steps,
+        "ttt_step_loss_decay": draft.ttt_step_loss_decay,
         # The fused loss is Triton: CUDA only.
-        "loss_config": resolve_loss_config(draft_cfg["loss"], "fused" if device.type == "cuda" else "eager"),
+        "loss_config": resolve_loss_config(draft.loss, "fused" if device.type == "cuda" else "eager"),
     }
-    autocast = torch.autocast("cuda", dtype=torch.bfloat16) if device.type == "cuda" else nullcontext()
+    autocast: AbstractContextManager[Any] = (torch.autocast("cuda", dtype=torch.bfloat16) if device.type == "cuda"
+                                             else nullcontext())
     sampler = train_loader.batch_sampler
-    accum = optim_cfg["grad_accum"]
-
     steps_per_epoch = sampler.steps
-    total_steps = optim_cfg["epochs"] * steps_per_epoch
-    if optim_cfg["max_steps"] is not None:
-        total_steps = min(total_steps, optim_cfg["max_steps"])
+    total_steps = optim.epochs * steps_per_epoch
+    if optim.max_steps is not None:
+        total_steps = min(total_steps, optim.max_steps)
     trainable = [p for p in model.parameters() if p.requires_grad]
-    optimizer = torch.optim.AdamW(trainable, lr=optim_cfg["lr"], betas=tuple(optim_cfg["betas"]),
-                                  weight_decay=optim_cfg["weight_decay"])
-    scheduler = make_scheduler(optimizer, optim_cfg["scheduler"], math.ceil(optim_cfg["warmup_ratio"] * total_steps),
+    optimizer = torch.optim.AdamW(trainable, lr=optim.lr, betas=(optim.betas[0], optim.betas[1]),
+                                  weight_decay=optim.weight_decay)
+    scheduler = make_scheduler(optimizer, optim.scheduler.value, math.ceil(optim.warmup_ratio * total_steps),
                                total_steps)
     ckpt_dir = run_dir / "checkpoints"
 
-    def evaluate(step: int, epoch: int) -> dict[str, Any]:
-        metrics = run_validation(model, val_loader, device, autocast, call_kwargs, world)
-        row = {"step": step, "split": "val", "epoch": epoch, **metrics}
+    def evaluate(step: int, epoch: int) -> Row:
+        metrics = run_validation(model, val_loader, device, autocast, call_kwargs, world,
+                                 on_bad_sample=on_bad_sample, where=f"the val pass at step {step}")
+        row: Row = {"step": step, "split": "val", "epoch": epoch, **metrics}
         if at_val is not None:
             row.update(at_val(model))
         tracker.log(row)
         return row
 
-    def save(which: str, progress: dict[str, Any] | None = None) -> None:
+    def save(which: str, progress: Progress | None = None) -> None:
         """Every rank joins (gathering shards is a collective); rank 0 writes."""
         state = full_model_state(model, world)
         trainer_state = None
         if progress is not None:
-            trainer_state = {"progress": progress, "optimizer": full_optimizer_state(model, optimizer, world),
+            trainer_state = {"progress": progress.as_dict(),
+                             "optimizer": full_optimizer_state(model, optimizer, world),
                              "scheduler": scheduler.state_dict(), "rng": torch.get_rng_state()}
         if world.is_main:
             save_checkpoint(unwrap(model), state, ckpt_dir / which, trainer_state)
         barrier(world)
 
-    def evaluate_and_keep_best(epoch: int) -> None:
-        progress["final"] = evaluate(progress["step"], epoch)
+    def evaluate_and_keep_best(progress: Progress, epoch: int) -> None:
+        progress.final = evaluate(progress.step, epoch)
         model.train()
-        if progress["final"]["tau_sim"] > progress["best"]["tau_sim"]:
-            progress["best"] = progress["final"]
+        if progress.final["tau_sim"] > progress.best["tau_sim"]:
+            progress.best = progress.final
             save("best")
 
     if resume_state is None:
         # Step 0: the drafter as initialized, before any update. For a pretrained init this is its probe.
         step0 = evaluate(0, 0)
-        progress = {"step": 0, "epoch": 0, "step_in_epoch": 0, "tokens": 0, "train_wall_s": 0.0,
-                    "skipped_steps": 0, "step0": step0, "best": step0, "final": step0}
+        progress = Progress(step0=step0, best=step0, final=step0)
         save("best")
     else:
-        progress = resume_state["progress"]
+        progress = Progress.from_dict(resume_state["progress"], ckpt_dir / "last")
         load_optimizer_state(model, optimizer, resume_state["optimizer"], world)
         scheduler.load_state_dict(resume_state["scheduler"])
         torch.set_rng_state(resume_state["rng"])
-        log.info("resuming at step %d (epoch %d, step %d of it)", progress["step"], progress["epoch"],
-                 progress["step_in_epoch"])
+        log.info("resuming at step %d (epoch %d, step %d of it)", progress.step, progress.epoch,
+                 progress.step_in_epoch)
 
     log.info("training %s parameters for %d steps (%d per epoch, %d micro-batches each on %d ranks), lr %.2g",
-             f"{sum(p.numel() for p in trainable):,}", total_steps, steps_per_epoch, accum, world.size,
-             optim_cfg["lr"])
-    steps = StepLog(tracker, world, scheduler, progress, cfg["logger"]["log_every"], total_steps)
+             f"{sum(p.numel() for p in trainable):,}", total_steps, steps_per_epoch, optim.grad_accum, world.size,
+             optim.lr)
+    steps = StepLog(tracker, world, scheduler, log_every, total_steps, progress)
     skipped_in_a_row, stop = 0, StopRequest()
     model.train()
-    for epoch in range(progress["epoch"], optim_cfg["epochs"]):
-        if progress["step"] >= total_steps:
+    for epoch in range(progress.epoch, optim.epochs):
+        if progress.step >= total_steps:
             break
-        sampler.set_epoch(epoch, skip_steps=progress["step_in_epoch"])
+        sampler.set_epoch(epoch, skip_steps=progress.step_in_epoch)
         micro_batches = iter(train_loader)
-        while progress["step_in_epoch"] < steps_per_epoch and progress["step"] < total_steps:
-            grad_norm = train_step(model, micro_batches, accum, optimizer, scheduler, trainable, optim_cfg["grad_clip"],
-                                   device, autocast, call_kwargs, world, steps.window)
+        while progress.step_in_epoch < steps_per_epoch and progress.step < total_steps:
+            grad_norm = train_step(model, micro_batches, optim.grad_accum, optimizer, scheduler, trainable,
+                                   optim.grad_clip, device, autocast, call_kwargs, world, steps.window)
+            progress.step += 1
+            progress.step_in_epoch += 1
             skipped_in_a_row = skipped_in_a_row + 1 if grad_norm is None else 0
-            progress["skipped_steps"] += grad_norm is None
-            steps.after_step(epoch, grad_norm)
-            step, mid_epoch = progress["step"], progress["step_in_epoch"] < steps_per_epoch
-            if skipped_in_a_row >= optim_cfg["max_skipped_steps"]:
+            progress.skipped_steps += grad_norm is None
+            steps.after_step(progress, epoch, grad_norm)
+            step, mid_epoch = progress.step, progress.step_in_epoch < steps_per_epoch
+            if skipped_in_a_row >= optim.max_skipped_steps:
                 save("last", progress)  # skipped steps changed no weight: this is the last good state
                 raise RunStopped(f"{skipped_in_a_row} optimizer steps in a row had a non-finite loss or gradient "
                                  f"(steps {step - skipped_in_a_row + 1}..{step}), so the run stopped; "
@@ -125,113 +132,57 @@ def train(model: torch.nn.Module, train_loader: PackedLoader, val_loader: Packed
             if stop.requested(world):
                 save("last", progress)
                 stop.exit(run_dir, step)
-            if optim_cfg["eval_every"] and step % optim_cfg["eval_every"] == 0 and mid_epoch and step < total_steps:
-                evaluate_and_keep_best(epoch)
-            if optim_cfg["checkpoint_every"] and step % optim_cfg["checkpoint_every"] == 0 and mid_epoch:
+            if optim.eval_every and step % optim.eval_every == 0 and mid_epoch and step < total_steps:
+                evaluate_and_keep_best(progress, epoch)
+            if optim.checkpoint_every and step % optim.checkpoint_every == 0 and mid_epoch:
                 save("last", progress)
         # End of an epoch (or of max_steps): evaluate, then checkpoint.
-        if progress["step_in_epoch"] >= steps_per_epoch:
-            progress.update(epoch=epoch + 1, step_in_epoch=0)
-        evaluate_and_keep_best(epoch + 1)
-        progress["train_wall_s"] = steps.wall()
+        if progress.step_in_epoch >= steps_per_epoch:
+            progress.epoch, progress.step_in_epoch = epoch + 1, 0
+        evaluate_and_keep_best(progress, epoch + 1)
+        progress.train_wall_s = steps.wall()
         save("last", progress)
     steps.close()
     stop.restore()
     if total_steps == 0:  # max_steps=0: the probe alone
         save("last", progress)
-    wall = progress["train_wall_s"]
-    return {
-        "steps": progress["step"],
-        "tokens": progress["tokens"],
-        "tokens_per_s": progress["tokens"] / wall if wall > 0 else None,
-        "train_wall_s": wall,
-        "step0": progress["step0"],
-        "final": progress["final"],
-        "best": progress["best"],
-        "checkpoints": {"last": str(ckpt_dir / "last"), "best": str(ckpt_dir / "best")},
-    }
-
-
-class RunStopped(ConfigError):
-    """Training cannot go on as configured; the message says why and what was kept."""
-
-
-class StopRequest:
-    """SIGTERM (preemption) or Ctrl-C: the current step finishes, `last` is saved, the run exits resumably.
-    A second Ctrl-C exits at once."""
-
-    SIGNALS = (signal.SIGTERM, signal.SIGINT)
-
-    def __init__(self) -> None:
-        self.signum: int | None = None
-        self.previous = {}
-        if threading.current_thread() is threading.main_thread():
-            self.previous = {s: signal.signal(s, self._handle) for s in self.SIGNALS}
-
-    def _handle(self, signum: int, frame) -> None:
-        if self.signum is not None and signum == signal.SIGINT:
-            raise KeyboardInterrupt
-        self.signum = signum
-        log.warning("%s received: finishing this step, then saving checkpoints/last (Ctrl-C again exits at once)",
-                    signal.Signals(signum).name)
-
-    def requested(self, world: World) -> bool:
-        """Whether any rank was signalled (a collective when distributed, so all ranks stop at the same step)."""
-        flag = float(self.signum is not None)
-        if world.distributed:
-            flag = reduce_sums({"stop": flag}, world)["stop"]
-        return flag > 0
-
-    def exit(self, run_dir: Path, step: int) -> None:
-        signum = self.signum or signal.SIGTERM
-        self.restore()
-        log.warning("interrupted at step %d; checkpoints/last holds it. Continue with: python launch.py resume=%s",
-                    step, run_dir)
-        raise SystemExit(128 + signum)
-
-    def restore(self) -> None:
-        for s, handler in self.previous.items():
-            signal.signal(s, handler)
-        self.previous = {}
+    return progress
 
 
 class StepLog:
-    """What follows each optimizer step besides checkpoints: the progress bar, and every `log_every` steps a
-    train row (metrics summed over the window and over ranks) in metrics.jsonl and wandb."""
+    """What follows each optimizer step besides checkpoints. `window` collects the counted metrics of the steps
+    since the last row (train_step adds to it); a row adds the window's tokens and the wall time to the progress."""
 
-    def __init__(self, tracker: Tracker, world: World, scheduler, progress: dict[str, Any], log_every: int,
-                 total_steps: int):
-        self.tracker, self.world, self.scheduler, self.progress = tracker, world, scheduler, progress
+    def __init__(self, tracker: Tracker, world: World, scheduler: Any, log_every: int, total_steps: int,
+                 progress: Progress):
+        self.tracker, self.world, self.scheduler = tracker, world, scheduler
         self.log_every, self.total_steps = log_every, total_steps
-        progress.setdefault("skipped_steps", 0)  # also for progress saved before it was counted
         self.window: dict[str, Any] = {}
         self.grad_norm: torch.Tensor | float = float("nan")
-        self.start = time.perf_counter() - progress["train_wall_s"]
-        self.bar = tqdm(total=total_steps, initial=progress["step"], desc="train", unit="step",
+        self.start = time.perf_counter() - progress.train_wall_s
+        self.bar = tqdm(total=total_steps, initial=progress.step, desc="train", unit="step",
                         disable=not world.is_main, dynamic_ncols=True)
 
     def wall(self) -> float:
         return time.perf_counter() - self.start
 
-    def after_step(self, epoch: int, grad_norm: torch.Tensor | None) -> None:
-        progress = self.progress
-        progress["step"] += 1
+    def after_step(self, progress: Progress, epoch: int, grad_norm: torch.Tensor | None) -> None:
+        """After the loop advanced `progress` by a step: the bar, and the train row when one is due."""
         if grad_norm is not None:
             self.grad_norm = grad_norm
-        progress["step_in_epoch"] += 1
         self.bar.update()
-        step = progress["step"]
+        step = progress.step
         if step % self.log_every and step != self.total_steps:
             return
         sums = reduce_sums(self.window, self.world)
         if not sums:  # every step of the window was skipped
             return
-        progress["tokens"] += sums.pop("tokens")
-        progress["train_wall_s"] = self.wall()
+        progress.tokens += sums.pop("tokens")
+        progress.train_wall_s = self.wall()
         row = {"step": step, "split": "train", "epoch": epoch, **summarize(sums),
                "lr": self.scheduler.get_last_lr()[0], "grad_norm": float(self.grad_norm),
-               "tokens_per_s": progress["tokens"] / progress["train_wall_s"],
-               "skipped_steps": progress["skipped_steps"]}
+               "tokens_per_s": progress.tokens / progress.train_wall_s,
+               "skipped_steps": progress.skipped_steps}
         self.tracker.log(row)
         self.bar.set_postfix(loss=f"{row['loss']:.3f}", acc0=f"{row.get('full_acc_0', 0):.3f}")
         self.window = {}
@@ -279,27 +230,113 @@ def make_scheduler(optimizer: torch.optim.Optimizer, kind: str, warmup_steps: in
 
 @torch.no_grad()
 def run_validation(model: torch.nn.Module, loader: Iterable, device: torch.device, autocast,
-                   call_kwargs: dict[str, Any], world: World = World()) -> dict[str, float]:
-    """Token-weighted val metrics over the whole val split (all ranks' shards), plus tau_sim."""
+                   call_kwargs: dict[str, Any], world: World = World(), *, on_bad_sample: str = "error",
+                   where: str = "the val pass") -> dict[str, float]:
+    """Val metrics of the weights over the whole val split (all ranks' shares), the same for any world size
+    or grad_accum: each step's loss token-weighted over the split (`val_counts`), accuracies as speculators
+    counts them, tau_sim from those, `loss` the sum of the step losses.
+
+    A pass whose sums are not finite is never returned: it raises ValNotFinite on every rank alike (the check
+    reads the sums reduced over ranks), naming `where`. With on_bad_sample="skip", documents whose hidden
+    states are not finite are taken out of their micro-batch before the forward and counted in
+    `skipped_rows`; then only weights that give a non-finite loss on finite inputs raise."""
+    skip = on_bad_sample == "skip"
+    sampler = getattr(loader, "batch_sampler", None)
+    counted = getattr(sampler, "counted", None)  # ValShardSampler: the packs after these only keep ranks in step
     model.eval()
     sums: dict[str, Any] = {}
-    for batch in loader:
+    bad_docs_by_pack: list[torch.Tensor] = []
+    for i, batch in enumerate(loader):
+        inputs = to_device(batch, device)
+        bad_docs = nonfinite_documents(inputs)
+        if skip:
+            inputs = without_documents(inputs, bad_docs)
         with autocast:
-            _, _, metrics = model(**to_device(batch, device), **call_kwargs)
-        accumulate(sums, metrics)
-    return summarize(reduce_sums(sums, world))
+            _, _, metrics = model(**inputs, **call_kwargs)
+        counts = {**val_counts(metrics), "nonfinite_rows": bad_docs.sum()}
+        if counted is not None and i >= counted:
+            # A repeat: counted as nothing, but counted, so that every rank reduces the same keys.
+            counts = {k: torch.zeros_like(v) for k, v in counts.items()}
+        else:
+            bad_docs_by_pack.append(bad_docs)
+        accumulate(sums, counts)
+    sums = reduce_sums(sums, world)
+    nonfinite_rows = int(sums.pop("nonfinite_rows", 0))
+    if not all(math.isfinite(v) for v in sums.values()):
+        rows = []
+        if nonfinite_rows and sampler is not None and hasattr(loader, "split_rows"):
+            packs = list(sampler)
+            rows = sorted(int(loader.split_rows[packs[i][s]]) for i, bad in enumerate(bad_docs_by_pack)
+                          for s in bad.nonzero().flatten().tolist())
+        raise ValNotFinite(not_finite_message(where, nonfinite_rows, rows, world.rank))
+    metrics = summarize(sums)
+    if skip:
+        metrics["skipped_rows"] = nonfinite_rows
+    return metrics
 
 
-def to_device(batch: dict[str, Any], device: torch.device) -> dict[str, torch.Tensor]:
-    """The model's inputs from a micro-batch: its tensors on `device`; the reader's hidden-state buffer goes in
-    one copy and is split there into hidden_states and verifier_last_hidden_states (views), in the compute
-    dtype: float32 on CPU (no autocast there), the files' bf16 on CUDA (under bf16 autocast)."""
-    out = {k: v.to(device, non_blocking=True) for k, v in batch.items()
-           if isinstance(v, torch.Tensor) and k != "hidden_buffer"}
-    if "hidden_buffer" in batch:
-        dtype = torch.float32 if device.type == "cpu" else torch.bfloat16
-        views = split_hidden(batch["hidden_buffer"].to(device, non_blocking=True))
-        out.update({k: v.to(dtype) for k, v in views.items()})
+class ValNotFinite(RunStopped):
+    """A val pass gave a non-finite loss or accuracy: it must never rank a checkpoint."""
+
+
+def not_finite_message(where: str, nonfinite_rows: int, rows_here: list[int], rank: int) -> str:
+    kept = "Checkpoints saved before this pass are kept (checkpoints/last: the last resumable state)."
+    if not nonfinite_rows:
+        return (f"{where}: the val loss is not finite although every val row's hidden states are finite, so the "
+                f"weights give it (diverged training or a broken init); it is not used to rank checkpoints. {kept} "
+                f"Lower optim.lr or check init")
+    shown = ", ".join(f"hs_{r}.safetensors" for r in rows_here[:5]) + (", ..." if len(rows_here) > 5 else "")
+    named = f" ({shown}{' on rank %d' % rank if rank else ''})" if rows_here else ""
+    return (f"{where}: the val loss is not finite: {nonfinite_rows} val row(s) hold non-finite hidden states"
+            f"{named}; it is not used to rank checkpoints. {kept} data.on_bad_sample=skip leaves such rows out of "
+            f"validation (counted as skipped_rows in each val row); python -m eagle3.data.check <data dir> "
+            f"lists every bad row")
+
+
+def nonfinite_documents(inputs: dict[str, torch.Tensor]) -> torch.Tensor:
+    """Which documents of a micro-batch (by document id, [T] bool) have a non-finite value in the hidden
+    states the model reads for them. On the device, no sync."""
+    doc = inputs["document_ids"][0]
+    bad_positions = ~(torch.isfinite(inputs["hidden_states"][0]).all(-1)
+                      & torch.isfinite(inputs["verifier_last_hidden_states"][0]).all(-1))
+    # Slot 0 collects the padding (document id -1).
+    per_doc = torch.zeros(doc.numel() + 1, device=doc.device).index_add_(0, doc + 1, bad_positions.float())
+    return per_doc[1:] > 0
+
+
+def without_documents(inputs: dict[str, torch.Tensor], bad_docs: torch.Tensor) -> dict[str, torch.Tensor]:
+    """The micro-batch with `bad_docs` taken out: their hidden states zeroed (attention masks them from the
+    other documents, but 0 x NaN would still reach them) and their positions out of the loss and accuracies."""
+    doc = inputs["document_ids"]
+    drop = torch.cat([bad_docs.new_zeros(1), bad_docs])[doc + 1]  # [1, T]
+    out = dict(inputs)
+    for k in ("hidden_states", "verifier_last_hidden_states"):
+        out[k] = inputs[k].masked_fill(drop[..., None], 0)
+    out["loss_mask"] = inputs["loss_mask"].masked_fill(drop, 0)
+    return out
+
+
+STEP_METRIC = re.compile(r"(.+)_(\d+)_sum")
+
+
+def val_counts(metrics: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """A micro-batch's metrics as counts that add up over any packing of the split (float64, on the device).
+
+    speculators returns each step's loss (and loss term) as that micro-batch's mean over its loss-masked
+    positions with a total of 1, so summing them weights a micro-batch, not a token, and the result depends on
+    how the split is packed. Here each is weighted by the positions it averaged over (step k's full_acc_k
+    total), and the whole-batch loss_sum (the sum of step means) is dropped: the summary's loss is then the
+    sum over steps of the token-weighted step losses. The accuracy counts are already counts."""
+    out = {}
+    for key, value in metrics.items():
+        match = STEP_METRIC.fullmatch(key)
+        if match and match[1] not in ("full_acc", "cond_acc"):
+            positions = metrics[f"full_acc_{match[2]}_total"].double()
+            out[key] = value.detach().double() * positions
+            out[f"{match[1]}_{match[2]}_total"] = positions
+        elif key.endswith("_sum") or key.endswith("_total"):
+            if key not in ("loss_sum", "loss_total") and key not in out:
+                out[key] = value.detach().double()
     return out
 
 
@@ -311,9 +348,12 @@ def accumulate(into: dict[str, Any], metrics: dict[str, torch.Tensor]) -> None:
 
 
 def summarize(sums: dict[str, float]) -> dict[str, float]:
-    """Ratios of the counted metrics, and tau_sim = 1 + sum_k full_acc_k (simulated chain acceptance length)."""
+    """Ratios of the counted metrics (train rows: speculators' per-micro-batch means, averaged over the window's
+    micro-batches; val rows: token-weighted, see val_counts), and tau_sim = 1 + sum_k full_acc_k (simulated chain acceptance length)."""
     from speculators.train.utils import normalize_counted_metrics
 
     metrics = normalize_counted_metrics(dict(sums))
+    if "loss" not in metrics:  # the val pass's counts (val_counts): the loss is the sum of the step losses
+        metrics["loss"] = sum(v for k, v in metrics.items() if re.fullmatch(r"loss_\d+", k))
     metrics["tau_sim"] = 1.0 + sum(v for k, v in metrics.items() if k.startswith("full_acc_"))
     return metrics

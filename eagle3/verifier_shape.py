@@ -24,7 +24,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-from eagle3.config import ConfigError
+from eagle3.errors import ConfigError
 
 DRAFT_VOCAB_CAP = 32000  # draft tokens at most: EAGLE-3's and SpecForge's default draft vocabulary
 
@@ -49,12 +49,15 @@ def verifier_config(path: Any, key: str) -> Any:
     return value
 
 
-def default_aux_layer_ids(num_layers: int) -> list[int]:
-    """EAGLE-3's low, middle and high layers: [2, N//2, N-3] (output_hidden_states indexing)."""
+def default_aux_layer_ids(num_layers: int, how_to_set: str = "set model.draft.aux_layer_ids=[...]") -> list[int]:
+    """EAGLE-3's choice, low, middle and high: [2, N//2, N-3] in output_hidden_states indexing (SpecForge counts
+    layer outputs and writes [1, N//2-1, N-4] for the same layers). The one definition: model=auto derives the
+    draft's ids with it, and data preparation its default --aux-layer-ids. `how_to_set` ends the message for a
+    verifier with too few layers (the caller's own option)."""
     ids = [2, num_layers // 2, num_layers - 3]
     if len(set(ids)) < 3 or min(ids) < 1:
         raise ConfigError(f"the verifier has {num_layers} layers, too few for the default aux layers "
-                          f"[2, N//2, N-3] = {ids}: set model.draft.aux_layer_ids=[...]")
+                          f"[2, N//2, N-3] = {ids}: {how_to_set}")
     return ids
 
 

@@ -1,4 +1,5 @@
-"""Shared fixtures: Hydra composition of conf/, a small cache, and one short real training run."""
+"""Shared fixtures: Hydra composition of conf/, a small cache, and one short real training run; the test tiers
+(markers `slow` and `gpu`, registered in pyproject.toml)."""
 
 from __future__ import annotations
 
@@ -17,6 +18,25 @@ CONF = ROOT / "conf"
 
 # A smaller dataset than the default run's, so that the suite stays within minutes on 2 cores.
 SMALL_DATA = ["data.synth.num_samples=128", "data.synth.response_len=48", "data.total_seq_len=512"]
+
+
+# Fixtures that run launch.py (or prepare) end to end, here and in test modules: every test that uses one,
+# directly or through another fixture, is in the slow tier whether or not it says so itself, so a test added
+# later that reads `trained_run` cannot slip into the fast tier.
+LAUNCHING_FIXTURES = {"trained_run", "sweep_2x2", "strong_run", "single_accum2", "prepared"}
+
+
+def pytest_collection_modifyitems(config, items):
+    import torch
+
+    no_cuda = pytest.mark.skip(reason="needs CUDA (torch.cuda.is_available() is false); bench/gpu_check.sh runs "
+                                      "this tier on a GPU machine")
+    cuda = torch.cuda.is_available()
+    for item in items:
+        if LAUNCHING_FIXTURES & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.slow)
+        if "gpu" in item.keywords and not cuda:
+            item.add_marker(no_cuda)
 
 
 def compose_cfg(overrides: list[str] | None = None, return_hydra_config: bool = False):

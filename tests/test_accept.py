@@ -44,7 +44,7 @@ def strong_run(cache_dir, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def inputs(strong_run):
-    from eagle3.data.prepare import load_causal_lm
+    from eagle3.data.verifier_forward import load_causal_lm
     from eagle3.eval.prompts import val_split_prompts
 
     summary = json.loads((strong_run / "summary.json").read_text())
@@ -61,11 +61,12 @@ def load(summary, which="best", attn_impl="sdpa"):
 
 def scratch_draft(summary, attn_impl="sdpa", **flags):
     """An untrained draft as the scratch initializer builds it, with the given norm flags."""
+    from eagle3.config import DraftConfig
     from eagle3.data.vocab import vocab_mapping
     from eagle3.init.build import SPECULATORS_FLAGS, new_draft
 
-    draft_cfg = OmegaConf.to_container(compose_cfg().model.draft, resolve=True)
-    d2t, t2d = vocab_mapping(summary["data_dir"], draft_cfg["draft_vocab_size"], draft_cfg["vocab_size"])
+    draft_cfg = DraftConfig(**OmegaConf.to_container(compose_cfg().model.draft, resolve=True))
+    d2t, t2d = vocab_mapping(summary["data_dir"], draft_cfg.draft_vocab_size, draft_cfg.vocab_size)
     torch.manual_seed(0)
     return new_draft(draft_cfg, {**SPECULATORS_FLAGS, **flags}, attn_impl, summary["verifier_dir"], t2d, d2t).eval()
 
@@ -162,7 +163,8 @@ def test_lossless_failure_names_prompt_and_position(inputs):
     from eagle3.eval.measure import LosslessError, check_lossless
 
     prompt = list(inputs["prompts"][0])  # plain ids: no origin to name, so the message counts from 1
-    with pytest.raises(LosslessError, match=r"prompt 2 \(1-based\), new token #2: speculative 9, greedy 8; .*not a tie"):
+    with pytest.raises(LosslessError,
+                       match=r"prompt 2 \(1-based\), new token #2: speculative 9, greedy 8; .*not a tie"):
         check_lossless(inputs["verifier"], [prompt, prompt], [[1, 2, 3], [4, 5, 9]], [[1, 2, 3], [4, 5, 8]])
 
 
@@ -211,7 +213,8 @@ def test_cli_messages_with_a_chat_template(strong_run, inputs, tmp_path):
     backend.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
     template = ("{% for m in messages %}<|{{ m['role'] }}|> {{ m['content'] }} {% endfor %}"
                 "{% if add_generation_prompt %}<|assistant|>{% endif %}")
-    PreTrainedTokenizerFast(tokenizer_object=backend, unk_token="[UNK]", chat_template=template).save_pretrained(verifier)
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=backend, unk_token="[UNK]", chat_template=template)
+    tokenizer.save_pretrained(verifier)
     messages = [{"role": "user", "content": "w1 w2 w3 w40"}]
     prompts = tmp_path / "messages.jsonl"
     prompts.write_text(json.dumps({"messages": messages}) + "\n")
@@ -236,8 +239,8 @@ def bad_cli_inputs(strong_run, inputs, tmp_path):
     best = inputs["summary"]["checkpoints"]["best"]
     verifier = inputs["summary"]["verifier_dir"]
     files = {"empty": "", "oov": json.dumps({"input_ids": [1, 2, 5000]}), "notjson": "{input_ids: [1]}",
-             "emptyids": json.dumps({"input_ids": []}), "ok": json.dumps({"input_ids": [1, 2, 3]}), "messages": json.dumps({"messages": [{"role": "user",
-                                                                                            "content": "hi"}]})}
+             "emptyids": json.dumps({"input_ids": []}), "ok": json.dumps({"input_ids": [1, 2, 3]}),
+             "messages": json.dumps({"messages": [{"role": "user", "content": "hi"}]})}
     for name, text in files.items():
         (tmp_path / f"{name}.jsonl").write_text(text + "\n")
     p = lambda name: str(tmp_path / f"{name}.jsonl")  # noqa: E731

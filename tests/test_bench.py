@@ -6,9 +6,12 @@ import json
 import subprocess
 import sys
 
+import pytest
+
 from conftest import ROOT
 
 
+@pytest.mark.slow
 def test_gpu_benchmark_runs_at_a_cpu_shape(tmp_path):
     out = tmp_path / "gpu.json"
     proc = subprocess.run([sys.executable, str(ROOT / "bench" / "gpu.py"), "--small", "--steps", "2", "--warmup", "1",
@@ -19,6 +22,7 @@ def test_gpu_benchmark_runs_at_a_cpu_shape(tmp_path):
     assert result["eagle3_tokens_per_s"] > 0 and result["shape"]["hidden"] == 64
 
 
+@pytest.mark.slow
 def test_loader_benchmark_runs_at_a_tiny_shape(tmp_path):
     out = tmp_path / "loader.json"
     proc = subprocess.run([sys.executable, str(ROOT / "bench" / "loader.py"), "--small", "--passes", "1",

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 
@@ -21,19 +22,31 @@ REQUIRED = {("model", "kimi_k25"): ["model.verifier.path"], ("model", "auto"): [
             ("distributed", "multinode"): ["distributed.node_rank", "distributed.rdzv_endpoint"]}
 
 
-@pytest.mark.parametrize("group,option", OPTIONS, ids=[f"{g}={o}" for g, o in OPTIONS])
-def test_every_option_composes(group, option, tmp_path):
-    cfg = compose_cfg([f"{group}={option}"])
+def user_values(tmp_path) -> dict:
+    """Values a user gives for the REQUIRED keys, each one that validate() accepts (paths that exist)."""
+    verifier, data = tmp_path / "verifier", tmp_path / "data"
+    (data / "hidden_states").mkdir(parents=True)
+    verifier.mkdir()
     # model=auto and its presets read the draft's shape from the verifier's config.json
-    (tmp_path / "config.json").write_text('{"hidden_size": 64, "num_attention_heads": 4, "intermediate_size": 128, '
-                                          '"vocab_size": 500, "num_hidden_layers": 8, "max_position_embeddings": 128, '
-                                          '"rope_theta": 10000.0, "rms_norm_eps": 1e-6}')
+    # (a vocabulary above the presets' pinned draft vocabulary of 32000, as Llama's and Qwen's are)
+    (verifier / "config.json").write_text(json.dumps({
+        "hidden_size": 64, "num_attention_heads": 4, "intermediate_size": 128, "vocab_size": 152064,
+        "num_hidden_layers": 36, "max_position_embeddings": 128, "rope_theta": 10000.0, "rms_norm_eps": 1e-6}))
+    return {"model.verifier.path": str(verifier), "data.path": str(data), "init.path": str(tmp_path),
+            "distributed.node_rank": 1, "distributed.rdzv_endpoint": "node0:29500"}
+
+
+@pytest.mark.parametrize("group,option", OPTIONS, ids=[f"{g}={o}" for g, o in OPTIONS])
+def test_every_option_composes_and_validates(group, option, tmp_path):
+    cfg = compose_cfg([f"{group}={option}"])
+    values = user_values(tmp_path)
     for key in REQUIRED.get((group, option), []):
         parent, leaf = key.rsplit(".", 1)
         assert OmegaConf.is_missing(OmegaConf.select(cfg, parent), leaf), key
-        OmegaConf.update(cfg, key, str(tmp_path) if "path" in key else ("h:1" if "endpoint" in key else 1))
-    resolved = OmegaConf.to_container(cfg, resolve=True, throw_on_missing=True, enum_to_str=True)
-    assert "${" not in OmegaConf.to_yaml(resolved)
+        OmegaConf.update(cfg, key, values[key])
+    # throw_on_missing: no other value is left for the user to find out about at run time; validate(): the
+    # shipped values are in range and consistent (e.g. model=kimi_k25 with the tiny verifier switched off).
+    validate(OmegaConf.to_container(cfg, resolve=True, throw_on_missing=True, enum_to_str=True))
 
 
 def test_each_group_has_options():
@@ -100,3 +113,30 @@ def test_cfg_job_imports_neither_torch_nor_speculators():
     assert "optim:" in proc.stdout
     imported = {line.split("|")[-1].strip().split(".")[0] for line in proc.stderr.splitlines() if "|" in line}
     assert "torch" not in imported and "speculators" not in imported
+
+
+def test_a_key_no_schema_has_is_refused_also_when_added_with_plus(tmp_path):
+    """`+optim.lr_warmup=0.1` passes Hydra's composition; typing the config refuses it like any unknown key."""
+    run_dir = tmp_path / "run"
+    proc = launch(["+optim.lr_warmup=0.1", f"hydra.run.dir={run_dir}"], tmp_path / "cache", timeout=60)
+    assert proc.returncode != 0
+    assert "optim.lr_warmup" in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+    assert not (run_dir / "resolved_config.yaml").exists()
+
+
+def test_run_config_is_typed_and_a_run_dirs_config_goes_through_the_same_schema():
+    from eagle3.config import OptimConfig, RunConfig, Scheduler, ScratchInitConfig, run_config
+
+    plain = OmegaConf.to_container(compose_cfg(), resolve=True, enum_to_str=True)
+    plain["run"] = {"dir": "/r", "name": "r", "group": "r", "choices": {"optim": "tiny"}, "overrides": []}
+    cfg = run_config(plain)
+    assert isinstance(cfg, RunConfig) and isinstance(cfg.optim, OptimConfig) and isinstance(cfg.init, ScratchInitConfig)
+    assert cfg.optim.scheduler is Scheduler.cosine and cfg.run.choices == {"optim": "tiny"}
+    edited = {**plain, "optim": {**plain["optim"], "lr_warmup": 0.1}}
+    with pytest.raises(ConfigError, match=r"optim\.lr_warmup"):
+        run_config(edited)
+    with pytest.raises(ConfigError, match=r"optim\.lr"):
+        run_config({**plain, "optim": {**plain["optim"], "lr": "abc"}})
+    with pytest.raises(ConfigError, match=r"init\.name"):
+        run_config({**plain, "init": {"name": "nope"}})

@@ -2,17 +2,21 @@
 
 from __future__ import annotations
 
+from dataclasses import asdict, replace
+
 import torch
 from safetensors.torch import load_file
 
-from eagle3.data.prepare import load_causal_lm, write_dataset
+from eagle3.config import SynthConfig, TinyVerifierConfig
+from eagle3.data.prepare import write_dataset
+from eagle3.data.verifier_forward import load_causal_lm
 from eagle3.data.synthetic import sample_rows, synthetic_dataset_dir
 from eagle3.data.verifier import tiny_verifier_dir
 
-TINY = dict(hidden_size=64, num_layers=4, num_heads=4, intermediate_size=128, vocab_size=256,
+TINY = TinyVerifierConfig(hidden_size=64, num_layers=4, num_heads=4, intermediate_size=128, vocab_size=256,
             max_position_embeddings=128, init_std=0.02, logit_scale=40.0, seed=0, perturb_std=0.0, token_shift=0.0,
             perturb_seed=1)
-SYNTH = dict(num_samples=6, prompt_len=4, response_len=12, temperature=1.0, batch_size=4, seed=0)
+SYNTH = SynthConfig(num_samples=6, prompt_len=4, response_len=12, temperature=1.0, batch_size=4, seed=0)
 
 
 def test_tiny_verifier_is_deterministic_and_peaked(tmp_path):
@@ -64,14 +68,14 @@ def test_synthetic_dataset_is_cached_by_its_parameters(tmp_path):
     stamp = (first / "state.json").stat().st_mtime_ns
     assert synthetic_dataset_dir(verifier, SYNTH, [1, 2, 3], str(tmp_path)) == first
     assert (first / "state.json").stat().st_mtime_ns == stamp
-    other = synthetic_dataset_dir(verifier, {**SYNTH, "seed": 1}, [1, 2, 3], str(tmp_path))
+    other = synthetic_dataset_dir(verifier, SynthConfig(**{**asdict(SYNTH), "seed": 1}), [1, 2, 3], str(tmp_path))
     assert other != first
     assert len(list((first / "hidden_states").glob("hs_*.safetensors"))) == 6
 
 
 def test_a_derived_verifier_is_related_but_moves_the_frequent_tokens(tmp_path):
     base = load_causal_lm(tiny_verifier_dir(TINY, str(tmp_path)))
-    derived = load_causal_lm(tiny_verifier_dir({**TINY, "perturb_std": 0.5, "token_shift": 0.5}, str(tmp_path)))
+    derived = load_causal_lm(tiny_verifier_dir(replace(TINY, perturb_std=0.5, token_shift=0.5), str(tmp_path)))
     ids = torch.randint(0, 256, (8, 32), generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
         a, b = base(ids).logits.argmax(-1), derived(ids).logits.argmax(-1)

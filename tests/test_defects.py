@@ -12,7 +12,6 @@ import pytest
 
 from conftest import SMALL_DATA, launch
 
-
 # --- 6: an experiment name that does not exist is an error, listing the ones that do ---------------------
 
 @pytest.mark.parametrize("extra", [[], ["--cfg", "job"]])
@@ -40,7 +39,8 @@ def test_compare_shows_step0_and_best_of_an_incomplete_run(tmp_path):
     header, body = table(find_runs([tmp_path]))  # no summary.json: killed before it finished
     cells = dict(zip(header, body[0]))
     assert cells["status"] == "incomplete"
-    assert (cells["tau_sim@0"], cells["loss@0"], cells["best tau_sim"], cells["best step"]) == ("1.02", "73.5", "1.5", "10")
+    got = (cells["tau_sim@0"], cells["loss@0"], cells["best tau_sim"], cells["best step"])
+    assert got == ("1.02", "73.5", "1.5", "10")
     assert cells["final tau_sim"] == cells["final loss"] == "-"  # it has no final values
 
 
@@ -110,11 +110,12 @@ def test_a_total_seq_len_shorter_than_every_row_stops_the_run(tmp_path, cache_di
 @pytest.fixture(scope="module")
 def small_checkpoint(tmp_path_factory):
     """A real speculators checkpoint of a small draft (speculators' own save_pretrained), untrained."""
+    from eagle3.config import DraftConfig
     from eagle3.init.build import SPECULATORS_FLAGS, bare_draft
 
-    draft = dict(vocab_size=64, hidden_size=32, intermediate_size=64, num_attention_heads=2, num_key_value_heads=2,
-                 head_dim=16, max_position_embeddings=128, rope_theta=10000.0, rms_norm_eps=1e-6, hidden_act="silu",
-                 draft_vocab_size=48, aux_layer_ids=[1, 2, 3], ttt_steps=3)
+    draft = DraftConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_attention_heads=2,
+                        num_key_value_heads=2, head_dim=16, max_position_embeddings=128, rope_theta=10000.0,
+                        rms_norm_eps=1e-6, hidden_act="silu", draft_vocab_size=48, aux_layer_ids=[1, 2, 3], ttt_steps=3)
     path = tmp_path_factory.mktemp("ckpt") / "best"
     bare_draft(draft, SPECULATORS_FLAGS, "cpu").save_pretrained(str(path))
     return path
@@ -235,10 +236,12 @@ def test_model_auto_reads_the_draft_shape_from_config_json(tmp_path):
 @pytest.mark.parametrize("args, says", [
     (["model=auto"], "model.verifier.path is required"),
     (["model=auto", "model.verifier.path=/nonexistent"], "/nonexistent has no config.json (model=auto reads"),
-    (["data=offline", "data.path=/tmp", "model.verifier.path=/tmp"], "for your own verifier use model=auto"),
+    (["data=offline", "data.path={data}", "model.verifier.path=/tmp"], "for your own verifier use model=auto"),
     (["model.verifier.path=/tmp", "model.verifier.tiny=null"], "for your own verifier use model=auto"),
 ])
 def test_own_verifier_mistakes_get_one_message(args, says, tmp_path):
+    (tmp_path / "ds" / "hidden_states").mkdir(parents=True)  # data.path passes its own check: only the model is wrong
+    args = [a.format(data=tmp_path / "ds") for a in args]
     proc = launch([*args, f"hydra.run.dir={tmp_path / 'run'}"], tmp_path / "cache")
     assert proc.returncode == 1 and says in proc.stderr, proc.stderr[-2000:]
     assert "Traceback" not in proc.stderr
@@ -262,7 +265,8 @@ def test_readme_own_data_commands_run_as_printed_on_another_verifier(tmp_path, c
     rows = []
     for _ in range(40):
         n, prompt = rng.randint(20, 60), rng.randint(2, 8)
-        rows.append({"input_ids": [rng.randrange(800) for _ in range(n)], "loss_mask": [0] * prompt + [1] * (n - prompt)})
+        rows.append({"input_ids": [rng.randrange(800) for _ in range(n)],
+                     "loss_mask": [0] * prompt + [1] * (n - prompt)})
     (tmp_path / "rows.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     data = tmp_path / "my data" / "ds"
 

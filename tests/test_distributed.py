@@ -44,6 +44,7 @@ def single_accum2(cache_dir, tmp_path_factory) -> Path:
     return run_dir
 
 
+@pytest.mark.slow
 def test_ddp_two_ranks_match_one_process_with_the_same_global_batch(single_accum2, cache_dir, tmp_path):
     run_dir = tmp_path / "ddp"
     proc = launch([f"hydra.run.dir={run_dir}", "distributed=ddp", "distributed.nproc_per_node=2", *QUICK], cache_dir)
@@ -58,6 +59,7 @@ def test_ddp_two_ranks_match_one_process_with_the_same_global_batch(single_accum
             assert a == pytest.approx(b, rel=1e-4), f"{split} step {step}"
 
 
+@pytest.mark.slow
 def test_fsdp_trains_and_saves_a_checkpoint_speculators_loads(cache_dir, tmp_path):
     from eagle3.checkpoint import load_draft
 
@@ -71,6 +73,7 @@ def test_fsdp_trains_and_saves_a_checkpoint_speculators_loads(cache_dir, tmp_pat
     assert sum(p.numel() for p in model.parameters() if p.requires_grad) > 0
 
 
+@pytest.mark.slow
 def test_two_launch_processes_form_one_multinode_job(cache_dir, tmp_path):
     run_dir = tmp_path / "multinode"
     args = [f"hydra.run.dir={run_dir}", "distributed=multinode", "distributed.nnodes=2",
@@ -100,6 +103,7 @@ def test_multirun_sweep_leaves_a_run_dir_per_job_and_an_index(sweep_2x2):
     assert steps == {6}
 
 
+@pytest.mark.slow
 def test_a_failing_job_is_recorded_and_the_sweep_goes_on(cache_dir, tmp_path):
     sweep = tmp_path / "sweep"
     proc = launch(["-m", "optim.lr=-1,1e-3", f"hydra.sweep.dir={sweep}", "logger.mode=disabled",
@@ -112,6 +116,7 @@ def test_a_failing_job_is_recorded_and_the_sweep_goes_on(cache_dir, tmp_path):
     assert_contract(Path(jobs[1]["run_dir"]))
 
 
+@pytest.mark.slow
 def test_resume_after_sigkill_matches_an_uninterrupted_run(cache_dir, tmp_path):
     args = ["optim.epochs=3", "optim.checkpoint_every=5", "logger.mode=offline", *SMALL_DATA]
     reference = tmp_path / "reference"

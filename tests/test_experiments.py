@@ -6,11 +6,13 @@ import pytest
 from omegaconf import OmegaConf
 
 from conftest import CONF, compose_cfg
+from eagle3.config import DraftConfig, validate
 from eagle3.init.build import SPECULATORS_FLAGS, meta_draft, resolved_flags
 from eagle3.init.pretrained import SPECFORGE_FLAGS
 
 PATHS = ["model.verifier.path=/models/Kimi-K2.5", "data.path=/data/k25"]
-EXPERIMENTS = sorted(str(p.relative_to(CONF / "experiment").with_suffix("")) for p in (CONF / "experiment").rglob("*.yaml"))
+EXPERIMENTS = sorted(str(p.relative_to(CONF / "experiment").with_suffix(""))
+                     for p in (CONF / "experiment").rglob("*.yaml"))
 
 
 def resolved(overrides: list[str]) -> dict:
@@ -18,12 +20,40 @@ def resolved(overrides: list[str]) -> dict:
 
 
 @pytest.mark.parametrize("name", EXPERIMENTS)
-def test_every_experiment_composes(name):
-    cfg = resolved([f"experiment={name}", *(PATHS if name.startswith("kimi") else [])])
-    assert "${" not in OmegaConf.to_yaml(cfg)
+def test_every_experiment_composes_and_validates(name, tmp_path):
+    paths = []
+    if name.startswith("kimi"):  # the verifier and data a user points it at
+        (tmp_path / "data" / "hidden_states").mkdir(parents=True)
+        (tmp_path / "verifier").mkdir()
+        (tmp_path / "verifier" / "config.json").write_text("{}")
+        paths = [f"model.verifier.path={tmp_path / 'verifier'}", f"data.path={tmp_path / 'data'}"]
+    cfg = resolved([f"experiment={name}", *paths])
+    validate(cfg)
+    # The preset's own values win over the defaults of the groups it chooses (Hydra's composition order).
+    for key, value in preset_values(name).items():
+        assert OmegaConf.select(OmegaConf.create(cfg), key) == value, key
 
 
-def draft_parameters(draft: dict, flags: dict) -> int:
+def preset_values(name: str) -> dict:
+    """The dotted keys and values an experiment file (and the preset it extends) sets itself, beside `defaults`;
+    read with OmegaConf's YAML loader, as Hydra reads it (1e-5 is a float there), interpolations left out."""
+    text = OmegaConf.to_container(OmegaConf.load(CONF / "experiment" / f"{name}.yaml"), resolve=False)
+    values = {}
+    for entry in text.get("defaults", []):
+        if isinstance(entry, str) and entry.startswith("/experiment/"):  # a base preset
+            values.update(preset_values(entry.removeprefix("/experiment/")))
+
+    def walk(node: dict, prefix: str) -> None:
+        for key, value in node.items():
+            if isinstance(value, dict):
+                walk(value, f"{prefix}{key}.")
+            elif not (isinstance(value, str) and "${" in value):
+                values[f"{prefix}{key}"] = value
+    walk({k: v for k, v in text.items() if k != "defaults"}, "")
+    return values
+
+
+def draft_parameters(draft: DraftConfig, flags: dict) -> int:
     """Parameters of the draft besides embed_tokens and the (frozen, vocabulary-sized) heads."""
     model = meta_draft(draft, flags)
     assert next(model.parameters()).device.type == "meta"
@@ -37,10 +67,9 @@ def kimi_formula(input_norm: bool) -> int:
 
 def test_kimi_k25_scratch_preset():
     cfg = resolved(["experiment=kimi_k25_scratch", *PATHS])
-    assert cfg["optim"]["lr"] == 3e-5 and cfg["optim"]["epochs"] == 5 and cfg["optim"]["warmup_ratio"] == 0.03
-    assert cfg["optim"]["scheduler"] == "cosine" and cfg["distributed"]["nproc_per_node"] == 8
-    assert cfg["distributed"]["strategy"] == "ddp" and cfg["init"]["name"] == "scratch"
-    count = draft_parameters(cfg["model"]["draft"], resolved_flags(cfg["model"]["draft"], SPECULATORS_FLAGS))
+    assert cfg["init"]["recommended_lr"][0] <= cfg["optim"]["lr"] <= cfg["init"]["recommended_lr"][1]
+    draft = DraftConfig(**cfg["model"]["draft"])
+    count = draft_parameters(draft, resolved_flags(draft, SPECULATORS_FLAGS))
     print(f"\nkimi_k25_scratch draft: {count:,} parameters besides embed_tokens and lm_head")
     assert count == kimi_formula(input_norm=True)
 
@@ -50,6 +79,8 @@ def test_kimi_k25_finetune_k2_preset():
     assert cfg["init"]["name"] == "pretrained" and cfg["init"]["vocab"] == "remap"
     assert cfg["optim"]["lr"] < 3e-5  # below the scratch run's lr
     assert cfg["init"]["recommended_lr"][0] <= cfg["optim"]["lr"] <= cfg["init"]["recommended_lr"][1]
-    count = draft_parameters(cfg["model"]["draft"], resolved_flags(cfg["model"]["draft"], SPECFORGE_FLAGS))
-    print(f"\nkimi_k25_finetune_k2 draft (SpecForge layout flags): {count:,} parameters besides embed_tokens and lm_head")
+    draft = DraftConfig(**cfg["model"]["draft"])
+    count = draft_parameters(draft, resolved_flags(draft, SPECFORGE_FLAGS))
+    print(f"\nkimi_k25_finetune_k2 draft (SpecForge layout flags): {count:,} parameters besides embed_tokens "
+          "and lm_head")
     assert count == kimi_formula(input_norm=False)

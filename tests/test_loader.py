@@ -11,10 +11,10 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from eagle3.data.loader import build_loaders
 from eagle3.data.hsfiles import DataError
+from eagle3.data.loader import build_loaders
 from eagle3.data.reader import split_hidden
-from eagle3.train import to_device
+from eagle3.data.reader import to_device
 
 # The sampler warns about the two long documents on purpose.
 pytestmark = pytest.mark.filterwarnings("ignore:Found .* samples longer than batch_max_length")
@@ -102,6 +102,7 @@ def test_micro_batches_equal_speculators_field_by_field(data_bf16, sharding):
 
 
 def tiny_draft(flags: dict):
+    from eagle3.config import DraftConfig
     from eagle3.init.build import SPECULATORS_FLAGS, bare_draft
 
     draft = {"vocab_size": VOCAB, "hidden_size": H, "intermediate_size": 64, "num_attention_heads": 2,
@@ -109,7 +110,7 @@ def tiny_draft(flags: dict):
              "rms_norm_eps": 1e-6, "hidden_act": "silu", "draft_vocab_size": 32, "aux_layer_ids": [1, 2, 3],
              "ttt_steps": 3}
     torch.manual_seed(0)
-    model = bare_draft(draft, {**SPECULATORS_FLAGS, **flags}, "cpu", attn_impl="sdpa")
+    model = bare_draft(DraftConfig(**draft), {**SPECULATORS_FLAGS, **flags}, "cpu", attn_impl="sdpa")
     ids = torch.arange(0, VOCAB, 2)
     t2d = torch.zeros(VOCAB, dtype=torch.bool)
     t2d[ids] = True
@@ -204,7 +205,8 @@ def test_a_missing_file_stops_the_reader_with_its_path(broken):
 
 
 def test_wrong_shapes_dtypes_and_truncated_files_are_refused(broken):
-    with pytest.raises(DataError, match=r"hs_0\.safetensors: hidden_states is BF16 \[1, 4, 32\], expected BF16 \[1, 4, 16\]"):
+    shape_error = r"hs_0\.safetensors: hidden_states is BF16 \[1, 4, 32\], expected BF16 \[1, 4, 16\]"
+    with pytest.raises(DataError, match=shape_error):
         build_loaders(broken, T, 16, AUX, RATIO, seed=0)  # the first file is checked at once
     path = broken / "hidden_states" / "hs_3.safetensors"
     tensors = load_file(str(path))

@@ -17,8 +17,8 @@ from omegaconf import OmegaConf
 from safetensors.torch import load_file, save_file
 
 from conftest import ROOT, compose_cfg
-from eagle3.data.prepare import batch_plan, load_causal_lm
 from eagle3.data.verifier import tiny_verifier_dir
+from eagle3.data.verifier_forward import batch_plan, load_causal_lm
 
 AUX = [1, 2, 3]
 
@@ -42,8 +42,10 @@ def write_jsonl(path: Path, rows: list) -> Path:
 @pytest.fixture(scope="module")
 def verifier(cache_dir) -> Path:
     """The tiny default's verifier (vocab 1024, hidden 128, 4 layers), as `python launch.py` builds it."""
+    from eagle3.config import TinyVerifierConfig
+
     cfg = OmegaConf.to_container(compose_cfg(), resolve=True)
-    return tiny_verifier_dir(cfg["model"]["verifier"]["tiny"], str(cache_dir))
+    return tiny_verifier_dir(TinyVerifierConfig(**cfg["model"]["verifier"]["tiny"]), str(cache_dir))
 
 
 @pytest.fixture(scope="module")
@@ -53,7 +55,8 @@ def id_rows() -> list[dict]:
     for _ in range(24):
         n = rng.randint(12, 60)
         prompt = rng.randint(2, 8)
-        rows.append({"input_ids": [rng.randrange(1024) for _ in range(n)], "loss_mask": [0] * prompt + [1] * (n - prompt)})
+        rows.append({"input_ids": [rng.randrange(1024) for _ in range(n)],
+                     "loss_mask": [0] * prompt + [1] * (n - prompt)})
     return rows
 
 
@@ -149,6 +152,7 @@ def test_prepare_refuses_to_overwrite_another_dataset(prepared, verifier, id_row
     assert [p.name for p in foreign.iterdir()] == ["notes.txt"]
 
 
+@pytest.mark.slow
 def test_chat_messages_train_on_the_assistant_turns(verifier, tmp_path):
     from tokenizers import Tokenizer, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
@@ -184,6 +188,7 @@ def test_chat_messages_train_on_the_assistant_turns(verifier, tmp_path):
     assert rows[1]["loss_mask"].tolist() == [0] * 6 + [1] * 3
 
 
+@pytest.mark.slow
 def test_bad_rows_are_an_error_or_a_counted_skip(verifier, id_rows, tmp_path):
     empty = write_jsonl(tmp_path / "empty.jsonl", [])
     proc = prepare(verifier, empty, tmp_path / "e")
@@ -223,15 +228,18 @@ def train_on(data: Path, cache_dir: Path, tmp_path: Path, *overrides) -> tuple[s
     return proc, run_dir
 
 
+@pytest.mark.slow
 def test_trainer_refuses_data_from_other_layers_or_another_verifier(prepared, cache_dir, tmp_path):
     proc, run_dir = train_on(prepared, cache_dir, tmp_path, "model.draft.aux_layer_ids=[0,1,2]", "optim.max_steps=0")
     assert proc.returncode == 1 and "Traceback" not in proc.stderr
-    assert "model.draft.aux_layer_ids=[0, 1, 2] but" in proc.stderr and "holds the hidden states of layers [1, 2, 3]" in proc.stderr
+    assert "model.draft.aux_layer_ids=[0, 1, 2] but" in proc.stderr
+    assert "holds the hidden states of layers [1, 2, 3]" in proc.stderr
     assert not (run_dir / "checkpoints").exists()
     proc, _ = train_on(prepared, cache_dir, tmp_path / "v", "model.verifier.tiny.init_std=0.03", "optim.max_steps=0")
     assert proc.returncode == 1 and "the data's hidden states come from another verifier" in proc.stderr
 
 
+@pytest.mark.slow
 def test_trainer_stops_on_bad_rows_or_skips_and_counts_them(prepared, cache_dir, tmp_path):
     data = tmp_path / "data"
     shutil.copytree(prepared, data)
@@ -254,6 +262,7 @@ def test_trainer_stops_on_bad_rows_or_skips_and_counts_them(prepared, cache_dir,
     assert (data / "d2t-512.npy").is_file() and (data / "t2d-512.npy").is_file()
 
 
+@pytest.mark.slow
 def test_data_without_a_record_is_accepted_with_a_warning(prepared, cache_dir, tmp_path):
     data = tmp_path / "data"
     shutil.copytree(prepared, data)
@@ -266,6 +275,7 @@ def test_data_without_a_record_is_accepted_with_a_warning(prepared, cache_dir, t
     assert proc.returncode == 0 and (data / "d2t-512.npy").stat().st_mtime_ns == stamp  # reused, not rebuilt
 
 
+@pytest.mark.slow
 def test_check_flags_out_of_vocabulary_ids_and_empty_loss_masks(verifier, tmp_path):
     from eagle3.data.check import check_dataset
     from eagle3.data.prepare import write_dataset

@@ -13,7 +13,7 @@ from omegaconf import OmegaConf
 from safetensors.torch import load_file, save_file
 
 from conftest import SMALL_DATA, compose_cfg, launch
-from eagle3.config import lr_advice
+from eagle3.config import DraftConfig, PretrainedInitConfig, VocabPolicy, lr_advice, validate
 from eagle3.export import export
 from eagle3.init import InitContext, build_draft, preflight_draft
 from eagle3.init.build import meta_draft
@@ -33,7 +33,9 @@ def context(run_inputs, overrides: list[str] | None = None, **init) -> InitConte
     resolved, verifier_dir, data_dir = run_inputs
     init_cfg = {"name": "pretrained", "key_map": {"midlayer.": "layers.0."}, "vocab": "remap",
                 "train_lm_head": False, "recommended_lr": [1e-6, 3e-5], **init}
-    return InitContext(draft=dict(resolved["model"]["draft"]), init=init_cfg, verifier_dir=verifier_dir,
+    init_cfg["vocab"] = VocabPolicy(init_cfg["vocab"])
+    return InitContext(draft=DraftConfig(**resolved["model"]["draft"]), init=PretrainedInitConfig(**init_cfg),
+                       verifier_dir=verifier_dir,
                        data_dir=data_dir, attn_impl="sdpa", overrides=overrides or [])
 
 
@@ -107,7 +109,7 @@ def test_specforge_layout_loads_as_speculators_converter_converts_it(specforge_e
     assert report["layout"] == "specforge" and len(report["keys"]["renamed"]) == 10
     flags = report["architecture"]["flags"]
     Eagle3Converter().convert(specforge_export, tmp_path / "converted", base_model=str(ctx.verifier_dir),
-                              validate=False, eagle_aux_hidden_state_layer_ids=list(ctx.draft["aux_layer_ids"]),
+                              validate=False, eagle_aux_hidden_state_layer_ids=list(ctx.draft.aux_layer_ids),
                               **flags)
     converted = load_file(str(tmp_path / "converted" / "model.safetensors"))
     ours = model.state_dict()
@@ -182,11 +184,11 @@ def test_bad_checkpoint_stops_the_launcher_before_any_checkpoint(specforge_expor
 
 def test_architecture_mismatch_stops_unless_set_on_the_command_line(trained_run, run_inputs):
     ctx = context(run_inputs, path=str(trained_run / "checkpoints" / "best"), vocab="keep")
-    ctx.draft["norm_before_fc"] = False  # e.g. from a model config file; the checkpoint says True
+    ctx.draft.norm_before_fc = False  # e.g. from a model config file; the checkpoint says True
     with pytest.raises(CheckpointError, match="norm_before_fc: the run says False, the checkpoint True"):
         preflight_draft(ctx)
     ctx.overrides = ["model.draft.norm_before_fc=false"]
-    ctx.draft["aux_layer_ids"] = [0, 1, 2]
+    ctx.draft.aux_layer_ids = [0, 1, 2]
     with pytest.raises(CheckpointError, match=r"aux_layer_ids: the run says \[0, 1, 2\], the checkpoint \[1, 2, 3\]"):
         preflight_draft(ctx)
 
@@ -200,28 +202,31 @@ def test_aq_medai_k2_table_maps_completely_onto_a_kimi_draft_on_meta():
         "fc.weight": (h, 3 * h), "norm.weight": (h,), "lm_head.weight": (dv, h), "d2t": (dv,), "t2d": (vocab,),
         "midlayer.hidden_norm.weight": (h,), "midlayer.input_layernorm.weight": (h,),
         "midlayer.post_attention_layernorm.weight": (h,),
-        "midlayer.self_attn.q_proj.weight": (heads * hd, 2 * h), "midlayer.self_attn.k_proj.weight": (heads * hd, 2 * h),
+        "midlayer.self_attn.q_proj.weight": (heads * hd, 2 * h),
+        "midlayer.self_attn.k_proj.weight": (heads * hd, 2 * h),
         "midlayer.self_attn.v_proj.weight": (heads * hd, 2 * h), "midlayer.self_attn.o_proj.weight": (h, heads * hd),
         "midlayer.mlp.gate_proj.weight": (inter, h), "midlayer.mlp.up_proj.weight": (inter, h),
         "midlayer.mlp.down_proj.weight": (h, inter),
     }
-    model = meta_draft(draft, SPECFORGE_FLAGS)
+    model = meta_draft(DraftConfig(**draft), SPECFORGE_FLAGS)
     assert next(model.parameters()).device.type == "meta"
     shapes = {k.replace("midlayer.", "layers.0."): v for k, v in table.items()}
     plan = plan_load(shapes, {k: tuple(v.shape) for k, v in model.state_dict().items()})
     assert plan["missing"] == plan["unexpected"] == plan["mismatched"] == []
     assert len(plan["loaded"]) == 12
-    trainable = sum(p.numel() for n, p in model.named_parameters() if not n.startswith(("embed", "verifier", "lm_head")))
+    trainable = sum(p.numel() for n, p in model.named_parameters()
+                    if not n.startswith(("embed", "verifier", "lm_head")))
     print(f"\nKimi-K2 draft on meta: {trainable:,} trainable parameters besides lm_head")
 
 
 def test_lr_outside_the_initializers_range_is_flagged():
     resolved = OmegaConf.to_container(compose_cfg(["init=pretrained", "init.path=/x", "optim.lr=5e-5"]),
                                       resolve=True, enum_to_str=True)
-    text, outside = lr_advice(resolved)
+    cfg = validate(resolved)
+    text, outside = lr_advice(cfg.optim, cfg.init)
     assert outside and "recommends 1e-06 .. 3e-05" in text and "above" in text
-    resolved["optim"]["lr"] = 2e-5
-    assert not lr_advice(resolved)[1]
+    cfg.optim.lr = 2e-5
+    assert not lr_advice(cfg.optim, cfg.init)[1]
 
 
 def test_sharded_checkpoint_loads_like_a_single_file(specforge_export, run_inputs, tmp_path):

@@ -25,15 +25,18 @@ def small_run(cache_dir: Path, run_dir: Path, overrides: list[str]):
     from eagle3.launch import materialize_inputs
 
     os.environ["EAGLE3_CACHE"] = str(cache_dir)
-    cfg = OmegaConf.to_container(compose_cfg(["logger.mode=disabled", *SMALL_DATA, *overrides]), resolve=True,
-                                 enum_to_str=True)
-    cfg["run"] = {"dir": str(run_dir), "name": "t", "group": "t", "choices": {}, "overrides": []}
+    from eagle3.config import run_config
+
+    plain = OmegaConf.to_container(compose_cfg(["logger.mode=disabled", *SMALL_DATA, *overrides]), resolve=True,
+                                   enum_to_str=True)
+    plain["run"] = {"dir": str(run_dir), "name": "t", "group": "t", "choices": {}, "overrides": []}
+    cfg = run_config(plain)
     run_dir.mkdir(parents=True)
     verifier_dir, data_dir = materialize_inputs(cfg)
-    draft = cfg["model"]["draft"]
-    loaders = build_loaders(data_dir, cfg["data"]["total_seq_len"], draft["hidden_size"], len(draft["aux_layer_ids"]),
-                            cfg["data"]["train_ratio"], cfg["seed"])
-    model, _ = build_draft(InitContext(draft, cfg["init"], verifier_dir, data_dir, "sdpa", []))
+    draft = cfg.model.draft
+    loaders = build_loaders(data_dir, cfg.data.total_seq_len, draft.hidden_size, len(draft.aux_layer_ids),
+                            cfg.data.train_ratio, cfg.seed)
+    model, _ = build_draft(InitContext(draft, cfg.init, verifier_dir, data_dir, "sdpa", []))
     return cfg, model, loaders
 
 
@@ -58,19 +61,22 @@ def train_poisoned(cache_dir, run_dir, nan_calls, overrides):
 
     cfg, model, (train_loader, val_loader) = small_run(cache_dir, run_dir, ["logger.log_every=1", *overrides])
     poison(model, nan_calls)
-    with Tracker(run_dir, cfg) as tracker:
-        return train(model, train_loader, val_loader, cfg, torch.device("cpu"), World(), tracker, run_dir)
+    with Tracker(run_dir, cfg.logger, cfg.run) as tracker:
+        return train(model, train_loader, val_loader, cfg.model.draft, cfg.optim, cfg.logger.log_every,
+                     torch.device("cpu"), World(), tracker, run_dir)
 
 
+@pytest.mark.slow
 def test_non_finite_steps_are_skipped_and_counted(cache_dir, tmp_path):
-    summary = train_poisoned(cache_dir, tmp_path / "run", {3, 5}, ["optim.max_steps=8"])
-    assert summary["steps"] == 8
+    progress = train_poisoned(cache_dir, tmp_path / "run", {3, 5}, ["optim.max_steps=8"])
+    assert progress.step == 8 and progress.skipped_steps == 2
     rows = [r for r in read_rows(tmp_path / "run") if r["split"] == "train"]
     assert rows[-1]["skipped_steps"] == 2
     assert all(torch.isfinite(torch.tensor(r["loss"])) for r in rows)
-    assert torch.isfinite(torch.tensor(summary["final"]["loss"]))
+    assert torch.isfinite(torch.tensor(progress.final["loss"]))
 
 
+@pytest.mark.slow
 def test_too_many_in_a_row_stop_with_a_loadable_last(cache_dir, tmp_path):
     from eagle3.checkpoint import load_draft, load_trainer_state
     from eagle3.train import RunStopped
@@ -84,6 +90,7 @@ def test_too_many_in_a_row_stop_with_a_loadable_last(cache_dir, tmp_path):
     assert all(torch.isfinite(p).all() for p in model.parameters() if p.requires_grad)
 
 
+@pytest.mark.slow
 def test_sigterm_saves_a_checkpoint_that_resume_continues(cache_dir, tmp_path):
     run_dir = tmp_path / "run"
     args = [f"hydra.run.dir={run_dir}", "optim.epochs=3", "logger.log_every=1", "logger.mode=disabled", *SMALL_DATA]
@@ -151,7 +158,16 @@ MALFORMED = [
 ]
 
 
-@pytest.mark.parametrize("overrides,key", MALFORMED, ids=[" ".join(o) for o, _ in MALFORMED])
+# One of each kind of mistake (a value of the wrong type, a misspelt key, a range, an unknown option, a missing
+# required value, a path that does not exist) runs in the fast tier; each is a launch.py process of its own
+# (1-3 s on 2 busy cores), so the rest of the 37 run in the full tier.
+FAST_MALFORMED = {"optim.lr=abc", "optim.lrr=1", "optim.warmup_ratio=2", "init=nope", "data=offline",
+                  "model.verifier.path=/nope", "resume=/nope"}
+
+
+@pytest.mark.parametrize("overrides,key", [
+    pytest.param(o, k, id=" ".join(o), marks=() if " ".join(o) in FAST_MALFORMED else pytest.mark.slow)
+    for o, k in MALFORMED])
 def test_malformed_override_is_one_message_naming_the_key(overrides, key, tmp_path):
     run_dir = tmp_path / "run"
     proc = launch([*overrides, f"hydra.run.dir={run_dir}"], tmp_path / "cache", timeout=120)
@@ -162,6 +178,7 @@ def test_malformed_override_is_one_message_naming_the_key(overrides, key, tmp_pa
     assert not (run_dir / "checkpoints").exists()
 
 
+@pytest.mark.slow
 def test_a_run_dir_without_room_for_two_checkpoints_is_refused(cache_dir, tmp_path, monkeypatch):
     import shutil as shutil_module
 

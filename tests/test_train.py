@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -26,8 +27,10 @@ def test_run_dir_contract(trained_run):
 
     summary = json.loads((trained_run / "summary.json").read_text())
     assert summary["steps"] > 0 and summary["tokens_per_s"] > 0
-    for key in ["data_dir", "verifier_dir"]:
-        assert (trained_run.parent / summary[key]).exists() or __import__("os").path.isdir(summary[key])
+    # The inputs the run read, as absolute paths that hold what they are: a dataset and a Hugging Face model dir.
+    for key, entry in [("data_dir", "hidden_states"), ("verifier_dir", "config.json")]:
+        path = Path(summary[key])
+        assert path.is_absolute() and (path / entry).exists(), (key, path)
 
 
 def test_metrics_rows(trained_run):
@@ -54,12 +57,12 @@ def test_it_learns(trained_run):
 
 
 def test_best_checkpoint_loads_with_speculators_and_reproduces_val_loss(trained_run):
+    from speculators.losses import resolve_loss_config
     from speculators.models.eagle3 import Eagle3DraftModel
 
     from eagle3.checkpoint import load_draft
     from eagle3.data.loader import build_loaders
     from eagle3.train import run_validation
-    from speculators.losses import resolve_loss_config
 
     cfg = yaml.safe_load((trained_run / "resolved_config.yaml").read_text())
     summary = json.loads((trained_run / "summary.json").read_text())
@@ -90,6 +93,7 @@ def test_existing_run_dir_is_refused_and_kept(trained_run, cache_dir):
     assert (trained_run / "checkpoints" / "best" / "model.safetensors").stat().st_mtime == mtime
 
 
+@pytest.mark.slow
 def test_max_steps_zero_is_the_probe_alone(cache_dir, tmp_path):
     run_dir = tmp_path / "probe"
     proc = launch([f"hydra.run.dir={run_dir}", "optim.max_steps=0", "logger.mode=disabled", *SMALL_DATA], cache_dir)

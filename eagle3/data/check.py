@@ -25,10 +25,9 @@ from typing import Any
 import numpy as np
 from tqdm import tqdm
 
-from eagle3.config import ConfigError
 from eagle3.data.hsfiles import Problem, TensorSpec, file_problem, hs_path, read_header
 from eagle3.data.rows import ArrowRows
-
+from eagle3.errors import ConfigError, DataError, UserError
 
 # Above this share of rows cut by data.total_seq_len, the start-up check stops the run instead of warning:
 # a long-tail row or two is normal, a tenth of the data losing its end is a config mistake.
@@ -123,7 +122,7 @@ def check_dataset(data_dir: str | Path, num_slots: int | None = None, hidden_siz
     try:
         rows = ArrowRows(data_dir)
     except Exception as e:  # noqa: BLE001  (datasets raises several types for a dir it cannot read)
-        raise ConfigError(f"{data_dir} is not a dataset saved with datasets.save_to_disk ({e})") from None
+        raise DataError(f"{data_dir} is not a dataset saved with datasets.save_to_disk ({e})") from None
     record = read_record(data_dir) or {}
     hidden_size = hidden_size or record.get("hidden_size")
     if num_slots is None and "aux_layer_ids" in record:
@@ -186,7 +185,7 @@ def main(argv: list[str] | None = None) -> int:
         report = check_dataset(args.data_dir, vocab_size=vocab, full=not args.quick, progress=True,
                                total_seq_len=args.total_seq_len)
         truncation = report.truncation_warning()
-    except ConfigError as e:
+    except UserError as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
     print(report.summary(first=10))

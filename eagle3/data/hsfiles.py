@@ -14,16 +14,12 @@ from typing import NamedTuple
 import numpy as np
 import torch
 
-from eagle3.config import ConfigError
+from eagle3.errors import DataError
 from eagle3.tensorfile import HeaderError, TensorSpec, read_specs
 
 FLOAT_DTYPES = {"BF16": torch.bfloat16, "F16": torch.float16, "F32": torch.float32}
 DTYPE_NAMES = {v: k for k, v in FLOAT_DTYPES.items()}
 INT_DTYPES = {"I64": np.int64, "I32": np.int32}
-
-
-class DataError(ConfigError):
-    """A hidden-state file is missing, unreadable, or disagrees with its Arrow row or the draft's shape."""
 
 
 def hs_path(data_dir: Path, row: int) -> Path:

@@ -13,7 +13,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from eagle3.config import ConfigError
+from eagle3.errors import ConfigError, DataError
 
 Row = tuple[list[int], list[int]]  # (input_ids, loss_mask)
 
@@ -31,7 +31,7 @@ class BadSamples:
 
     def bad(self, where: str, kind: str, detail: str) -> None:
         if self.policy == "error":
-            raise ConfigError(f"{where}: {detail} (on_bad_sample=skip leaves such rows out and counts them)")
+            raise DataError(f"{where}: {detail} (on_bad_sample=skip leaves such rows out and counts them)")
         self.skipped[kind] += 1
         if len(self.examples) < 5:
             self.examples.append(f"{where}: {detail}")
@@ -44,7 +44,7 @@ def read_rows(path: Path, max_len: int, vocab_size: int, bad: BadSamples,
               tokenize_chat: Callable[[list[dict[str, Any]]], Row] | None = None) -> list[Row]:
     """The usable rows of a JSONL file, in file order. `tokenize_chat` is needed only for `messages` rows."""
     if not path.is_file():
-        raise ConfigError(f"{path} does not exist; expected a JSONL file of {{\"input_ids\", \"loss_mask\"}} or "
+        raise DataError(f"{path} does not exist; expected a JSONL file of {{\"input_ids\", \"loss_mask\"}} or "
                           f"{{\"messages\"}} rows")
     rows: list[Row] = []
     with open(path) as f:
@@ -70,7 +70,7 @@ def read_rows(path: Path, max_len: int, vocab_size: int, bad: BadSamples,
                 rows.append((ids, mask))
     if not rows:
         skipped = f" ({sum(bad.skipped.values())} rows skipped: {dict(bad.skipped)})" if bad.skipped else ""
-        raise ConfigError(f"{path} holds no usable rows{skipped}")
+        raise DataError(f"{path} holds no usable rows{skipped}")
     return rows
 
 
@@ -82,13 +82,13 @@ def _parse(line: str, where: str, bad: BadSamples, tokenize_chat) -> Row | None:
         return None
     if isinstance(item, dict) and "input_ids" in item:
         ids, mask = item["input_ids"], item.get("loss_mask")
-        if not (_ints(ids) and _ints(mask) and len(ids) == len(mask) and ids):
+        if not (_ints(ids) and _ints(mask) and mask is not None and len(ids) == len(mask) and ids):
             bad.bad(where, "malformed", "input_ids and loss_mask must be non-empty lists of integers of equal length")
             return None
         return list(ids), [int(m != 0) for m in mask]
     if isinstance(item, dict) and isinstance(item.get("messages"), list):
         if tokenize_chat is None:
-            raise ConfigError(f"{where}: a messages row, but the verifier has no tokenizer with a chat template; "
+            raise DataError(f"{where}: a messages row, but the verifier has no tokenizer with a chat template; "
                               f"give input_ids and loss_mask instead")
         try:
             return tokenize_chat(item["messages"])
@@ -114,10 +114,10 @@ class ChatTokenizer:
         try:
             self.tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
         except (OSError, ValueError) as e:
-            raise ConfigError(f"{model_dir}: messages rows need the model's tokenizer, which did not load ({e}); "
+            raise DataError(f"{model_dir}: messages rows need the model's tokenizer, which did not load ({e}); "
                               f"give input_ids rows instead") from None
         if not self.tokenizer.chat_template:
-            raise ConfigError(f"{model_dir}: its tokenizer has no chat template, so messages rows cannot be "
+            raise DataError(f"{model_dir}: its tokenizer has no chat template, so messages rows cannot be "
                               f"rendered; give input_ids rows instead")
 
     def render(self, messages: list[dict[str, Any]], generation_prompt: bool) -> list[int]:

@@ -5,6 +5,11 @@ Sharding: a step consumes `world_size * grad_accum` packed micro-batches, and sp
 is asked for exactly that many replicas; rank r takes micro-replicas r*A .. r*A+A-1. So a 2-rank job and a
 1-process job with grad_accum=2 see the same micro-batches in every step, and the global batch in tokens
 stays fixed when the world size changes with grad_accum.
+
+Validation is not a step: its split is packed once, as for one replica (every val row in exactly one pack,
+the same packs for any world size or grad_accum), and rank r takes packs r, r + W, r + 2W, ... Ranks whose
+share is one pack short repeat a pack at the end so that every rank runs the same number of forwards (DDP's
+buffer broadcast and FSDP's all-gathers are collectives); `ValShardSampler.counted` says how many count.
 """
 
 from __future__ import annotations
@@ -16,7 +21,7 @@ import numpy as np
 import torch
 from torch.utils.data import Sampler
 
-from eagle3.config import ConfigError
+from eagle3.errors import DataError
 from eagle3.data.hsfiles import file_dtype
 from eagle3.data.reader import PackedLoader
 from eagle3.data.rows import ArrowRows
@@ -56,6 +61,31 @@ class ShardedBatchSampler(Sampler):
         return iter(micro_batches[self.skip:])
 
 
+class ValShardSampler(Sampler):
+    """This rank's share of the val packs (see the module doc): the first `counted` are its own, then repeats
+    of a pack to keep the forward count equal on every rank, whose metrics the val pass must not count."""
+
+    def __init__(self, lengths: list[int], total_seq_len: int, world_size: int, rank: int):
+        from speculators.train.distributed_batch_sampler import MultipackDistributedBatchSamplerV2
+
+        # One replica: speculators' packing drops the rows left over when fewer remain than replicas; with one,
+        # none is dropped. A fixed seed: runs with different seeds are compared on the same packs.
+        packs = list(MultipackDistributedBatchSamplerV2(total_seq_len, lengths, num_replicas=1, rank=0, seed=0))
+        own = packs[rank::world_size]
+        self.counted = len(own)
+        per_rank = -(-len(packs) // world_size)
+        self.packs = own + [packs[0]] * (per_rank - len(own))
+
+    def set_epoch(self, epoch: int, skip_steps: int = 0) -> None:
+        """Validation has one fixed order: the same packs in every pass."""
+
+    def __len__(self) -> int:
+        return len(self.packs)
+
+    def __iter__(self) -> Iterator[list[int]]:
+        return iter(self.packs)
+
+
 def build_loaders(data_dir: str | Path, total_seq_len: int, hidden_size: int, num_aux_layers: int,
                   train_ratio: float, seed: int, *, world_size: int = 1, rank: int = 0, grad_accum: int = 1,
                   prefetch: int = 2, rows: Sequence[int] | None = None,
@@ -75,19 +105,19 @@ def build_loaders(data_dir: str | Path, total_seq_len: int, hidden_size: int, nu
     splits = {"train": kept[kept < split_idx], "val": kept[kept >= split_idx]}
     for split, split_rows in splits.items():
         if not len(split_rows):
-            raise ConfigError(f"{data_dir}: the {split} split is empty ({len(arrow)} rows, train_ratio "
+            raise DataError(f"{data_dir}: the {split} split is empty ({len(arrow)} rows, train_ratio "
                               f"{train_ratio}, {len(kept)} rows kept)")
     dtype = file_dtype(Path(data_dir), int(kept[0]))
 
-    def loader(split: str, sampler_seed: int) -> PackedLoader:
-        split_rows = splits[split]
-        sampler = ShardedBatchSampler(arrow.seq_len[split_rows].tolist(), total_seq_len, world_size, rank,
-                                      grad_accum, sampler_seed)
-        return PackedLoader(Path(data_dir), arrow, split_rows, sampler, total_seq_len, hidden_size, num_aux_layers,
+    def loader(split: str, sampler: Sampler) -> PackedLoader:
+        return PackedLoader(Path(data_dir), arrow, splits[split], sampler, total_seq_len, hidden_size, num_aux_layers,
                             dtype, prefetch, torch.device(device))
 
-    # Validation keeps one fixed order, so that runs with different seeds are compared on the same batches.
-    train, val = loader("train", seed), loader("val", 0)
+    def lengths(split: str) -> list[int]:
+        return arrow.seq_len[splits[split]].tolist()
+
+    train = loader("train", ShardedBatchSampler(lengths("train"), total_seq_len, world_size, rank, grad_accum, seed))
+    val = loader("val", ValShardSampler(lengths("val"), total_seq_len, world_size, rank))
     train.check_row(int(kept[0]))  # a draft shape that does not fit the data stops the run here, not mid-step
     return train, val
 

@@ -6,37 +6,34 @@
     <out>/hidden_states/hs_<i>.safetensors                  hidden_states [seq, n_aux + 1, H], token_ids [seq]
     <out>/token_freq.pt                                     {token_id: count} over loss-masked tokens
 
-The aux slots are Hugging Face `output_hidden_states[i]` (the residual stream entering decoder layer i,
-which is what vLLM's extract_hidden_states captures); the last slot is the final layer's output before
-the final norm, because speculators applies the verifier's norm itself. `<out>/eagle3_data.json` records
-which verifier, aux layers and hidden size the hidden states hold (eagle3/data/record.py).
+The hidden states come from eagle3/data/verifier_forward.py. `<out>/eagle3_data.json` records which verifier,
+aux layers and hidden size they hold (eagle3/data/record.py). `write_dataset` is also how the synthetic data
+is written.
 """
 
 from __future__ import annotations
 
+import argparse
 import logging
-import os
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import torch
-from tqdm import tqdm
 
-from eagle3.config import ConfigError
+from eagle3.config import BadSamplePolicy, DataConfig
 from eagle3.data.cache import cache_key
-from eagle3.data.record import read_record, verifier_fingerprint, write_record
 from eagle3.data.jsonl import Row
+from eagle3.data.record import read_record, verifier_fingerprint, write_record
+from eagle3.data.verifier_forward import (
+    load_causal_lm,
+    pre_final_norm,  # noqa: F401  (eagle3/eval/drafting.py imports it from here)
+    write_hidden_states,
+)
+from eagle3.errors import ConfigError, DataError, UserError
+from eagle3.verifier_shape import default_aux_layer_ids
 
 log = logging.getLogger(__name__)
-
-
-def load_causal_lm(model_dir: str | Path, device: str = "cpu", dtype: torch.dtype = torch.float32) -> torch.nn.Module:
-    from transformers import AutoModelForCausalLM
-
-    model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=dtype)
-    return model.to(device).eval()
 
 
 def write_dataset(model: torch.nn.Module, verifier_dir: Path, rows: Sequence[Row], out_dir: Path,
@@ -81,11 +78,11 @@ def _claim(out_dir: Path, record: dict[str, Any]) -> None:
         if existing["verifier"]["config_hash"] != record["verifier"]["config_hash"]:
             differs.insert(0, "verifier")
         if differs:
-            raise ConfigError(f"{out_dir} holds another preparation (its {', '.join(differs)} differ from this "
+            raise DataError(f"{out_dir} holds another preparation (its {', '.join(differs)} differ from this "
                               f"one's); nothing was overwritten: choose another output dir")
         log.info("%s holds this preparation%s: resuming", out_dir, "" if existing.get("complete") else ", unfinished")
     elif out_dir.is_dir() and any(out_dir.iterdir()):
-        raise ConfigError(f"{out_dir} is not empty and was not written by python -m eagle3.data.prepare; nothing "
+        raise DataError(f"{out_dir} is not empty and was not written by python -m eagle3.data.prepare; nothing "
                           f"was overwritten: choose another output dir")
     out_dir.mkdir(parents=True, exist_ok=True)
     write_record(out_dir, {**record, "complete": False})
@@ -114,93 +111,7 @@ def _save_rows(rows: Sequence[Row], out_dir: Path) -> None:
     save_token_frequency_distribution(dataset, str(out_dir / "token_freq.pt"))
 
 
-def batch_plan(lengths: Sequence[int], batch_tokens: int) -> list[list[int]]:
-    """Row indices grouped into forward batches of at most `batch_tokens` padded tokens, longest rows first.
-    It depends only on the lengths, so a resumed preparation recomputes each row in the same batch as the
-    first attempt did, and its files come out bit-identical."""
-    order = sorted(range(len(lengths)), key=lambda i: (-lengths[i], i))
-    batches: list[list[int]] = []
-    for i in order:
-        if batches and (len(batches[-1]) + 1) * lengths[batches[-1][0]] <= batch_tokens:
-            batches[-1].append(i)
-        else:
-            batches.append([i])
-    return batches
-
-
-@torch.no_grad()
-def write_hidden_states(model: torch.nn.Module, rows: Sequence[Row], hs_dir: Path, aux_layer_ids: Sequence[int],
-                        batch_tokens: int, dtype: torch.dtype) -> int:
-    """`hs_<i>.safetensors` for every row whose file is missing or unusable; returns how many were written."""
-    import numpy as np
-    from safetensors.torch import save_file
-
-    from eagle3.data.check import hidden_state_problem
-    from eagle3.data.hsfiles import DTYPE_NAMES
-
-    hs_dir.mkdir(parents=True, exist_ok=True)
-    slots, hidden, dtype_name = len(aux_layer_ids) + 1, model.config.hidden_size, DTYPE_NAMES[dtype]
-    todo = {i for i, (ids, _) in enumerate(tqdm(rows, desc="checking existing hidden states", unit="row",
-                                                leave=False, mininterval=1.0))
-            if hidden_state_problem(hs_dir / f"hs_{i}.safetensors", np.asarray(ids, dtype=np.int64), slots,
-                                    hidden, dtype_name)}
-    batches = [b for b in batch_plan([len(ids) for ids, _ in rows], batch_tokens) if todo.intersection(b)]
-    if len(todo) < len(rows):
-        log.info("%d of %d hidden-state files are already there and valid: kept", len(rows) - len(todo), len(rows))
-    device = next(model.parameters()).device
-    with pre_final_norm(model) as pre_norm:
-        with tqdm(total=len(todo), desc="verifier hidden states", unit="row", dynamic_ncols=True) as bar:
-            for batch in batches:
-                lengths = [len(rows[i][0]) for i in batch]
-                ids = torch.zeros(len(batch), max(lengths), dtype=torch.long)
-                attn = torch.zeros_like(ids)
-                for b, i in enumerate(batch):  # right padding: causal attention keeps real positions exact
-                    ids[b, :lengths[b]] = torch.tensor(rows[i][0])
-                    attn[b, :lengths[b]] = 1
-                pre_norm.clear()
-                out = model(input_ids=ids.to(device), attention_mask=attn.to(device), output_hidden_states=True)
-                layers = [out.hidden_states[i] for i in aux_layer_ids] + [pre_norm[-1]]
-                stacked = torch.stack(layers, dim=2).to("cpu", dtype)  # [B, T, n_aux + 1, H]
-                for b, i in enumerate(batch):
-                    if i in todo:
-                        file = hs_dir / f"hs_{i}.safetensors"
-                        tmp = file.with_name(f".{file.name}.tmp")  # renamed into place: never half a file
-                        save_file({"hidden_states": stacked[b, :lengths[b]].contiguous(),
-                                   "token_ids": ids[b, :lengths[b]].clone()}, str(tmp))
-                        os.replace(tmp, file)
-                        bar.update()
-    return len(todo)
-
-
-@contextmanager
-def pre_final_norm(model: torch.nn.Module) -> Iterator[list[torch.Tensor]]:
-    """Collects the input of the model's final norm at every forward: the last layer's output before the norm,
-    the verifier's last slot in speculators' format (Hugging Face's last hidden state is after the norm)."""
-    decoder = model.get_decoder() if hasattr(model, "get_decoder") else None
-    norm = getattr(decoder, "norm", None)
-    if norm is None:
-        raise ConfigError(f"{type(model).__name__}: no final norm found at model.get_decoder().norm, so the last "
-                          f"layer's pre-norm output cannot be captured (Llama-style decoders have one)")
-    captured: list[torch.Tensor] = []
-    hook = norm.register_forward_pre_hook(lambda _m, args: captured.append(args[0]))
-    try:
-        yield captured
-    finally:
-        hook.remove()
-
-
-def default_aux_layer_ids(num_layers: int) -> list[int]:
-    """EAGLE-3's choice, low, middle and high: [2, N//2, N-3] in output_hidden_states indexing (SpecForge counts
-    layer outputs and writes [1, N//2-1, N-4] for the same layers)."""
-    ids = [2, num_layers // 2, num_layers - 3]
-    if len(set(ids)) < 3 or min(ids) < 1:
-        raise ConfigError(f"the verifier has {num_layers} layers, too few for the default aux layers "
-                          f"[2, N//2, N-3] = {ids}: give --aux-layer-ids")
-    return ids
-
-
 def main(argv: list[str] | None = None) -> int:
-    import argparse
     import sys
 
     parser = argparse.ArgumentParser(prog="python -m eagle3.data.prepare",
@@ -210,27 +121,31 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--data", type=Path, required=True,
                         help='JSONL: {"input_ids": [...], "loss_mask": [...]} or {"messages": [...]} per line '
                              "(messages use the model dir's tokenizer and chat template; assistant turns are trained)")
-    parser.add_argument("--out", type=Path, required=True, help="output dataset dir (resumed if it holds this preparation)")
+    parser.add_argument("--out", type=Path, required=True,
+                        help="output dataset dir (resumed if it holds this preparation)")
     parser.add_argument("--aux-layer-ids", type=int, nargs="+",
                         help="verifier layers fed to the draft, output_hidden_states indexing (default [2, N//2, N-3])")
-    parser.add_argument("--max-len", type=int, default=8192, help="tokens per row; longer rows are truncated and counted")
+    parser.add_argument("--max-len", type=int, default=8192,
+                        help="tokens per row; longer rows are truncated and counted")
     parser.add_argument("--batch-tokens", type=int, default=16384, help="padded tokens per verifier forward")
     parser.add_argument("--device", default="auto", choices=["auto", "cuda", "cpu"])
-    parser.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"],
+    # The options a run's `data` config also has default to its schema's values (eagle3/config.py DataConfig).
+    parser.add_argument("--dtype", default=DataConfig.hidden_states_dtype, choices=["bfloat16", "float16", "float32"],
                         help="dtype the hidden states are stored in")
-    parser.add_argument("--on-bad-sample", default="error", choices=["error", "skip"],
+    parser.add_argument("--on-bad-sample", default=DataConfig.on_bad_sample.value,
+                        choices=[p.value for p in BadSamplePolicy],
                         help="a row that cannot be used: stop with its line number, or leave it out and count it")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     try:
         prepare(args)
-    except ConfigError as e:
+    except UserError as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
     return 0
 
 
-def prepare(args) -> dict[str, Any]:
+def prepare(args: argparse.Namespace) -> dict[str, Any]:
     from eagle3.console import quiet_libraries
     from eagle3.data.jsonl import BadSamples, ChatTokenizer, read_rows
 
@@ -238,13 +153,14 @@ def prepare(args) -> dict[str, Any]:
     if not (args.model / "config.json").is_file():
         raise ConfigError(f"--model {args.model}: not a Hugging Face model dir (no config.json)")
     verifier = verifier_fingerprint(args.model)
-    aux = args.aux_layer_ids or default_aux_layer_ids(verifier["num_hidden_layers"])
+    aux = args.aux_layer_ids or default_aux_layer_ids(verifier["num_hidden_layers"], "give --aux-layer-ids")
     if args.max_len < 2 or args.batch_tokens < 1:
         raise ConfigError("--max-len must be at least 2 and --batch-tokens at least 1")
     chat: list[ChatTokenizer] = []  # built on the first messages row: input_ids data needs no tokenizer
 
-    def tokenize_chat(messages):
-        chat or chat.append(ChatTokenizer(args.model))
+    def tokenize_chat(messages: list[dict[str, Any]]) -> Row:
+        if not chat:
+            chat.append(ChatTokenizer(args.model))
         return chat[0](messages)
 
     bad = BadSamples(args.on_bad_sample)

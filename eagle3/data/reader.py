@@ -28,11 +28,12 @@ import threading
 import weakref
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
 
-from eagle3.config import ConfigError
+from eagle3.errors import ConfigError
 from eagle3.data.hsfiles import check_file, hs_path, open_file, read_into
 from eagle3.data.rows import ArrowRows
 
@@ -42,6 +43,19 @@ def split_hidden(buffer: torch.Tensor) -> dict[str, torch.Tensor]:
     t, slots, h = buffer.shape[0] - 1, buffer.shape[1], buffer.shape[2]
     return {"hidden_states": buffer[:t, :slots - 1].view(1, t, (slots - 1) * h),
             "verifier_last_hidden_states": buffer[1:, slots - 1].unsqueeze(0)}
+
+
+def to_device(batch: dict[str, Any], device: torch.device) -> dict[str, torch.Tensor]:
+    """The model's inputs from a micro-batch: its tensors on `device`; the reader's hidden-state buffer goes in
+    one copy and is split there into hidden_states and verifier_last_hidden_states (views), in the compute
+    dtype: float32 on CPU (no autocast there), the files' bf16 on CUDA (under bf16 autocast)."""
+    out = {k: v.to(device, non_blocking=True) for k, v in batch.items()
+           if isinstance(v, torch.Tensor) and k != "hidden_buffer"}
+    if "hidden_buffer" in batch:
+        dtype = torch.float32 if device.type == "cpu" else torch.bfloat16
+        views = split_hidden(batch["hidden_buffer"].to(device, non_blocking=True))
+        out.update({k: v.to(dtype) for k, v in views.items()})
+    return out
 
 
 class PackedLoader:
@@ -65,13 +79,13 @@ class PackedLoader:
         self.total_seq_len, self.hidden_size, self.num_aux = total_seq_len, hidden_size, num_aux_layers
         self.dtype, self.prefetch, self.device = dtype, prefetch, device
         self.ring: list[tuple[torch.Tensor, memoryview]] = []
-        self._active: weakref.ref | None = None
+        self._active: weakref.ref[_Pass] | None = None
 
     def __len__(self) -> int:
         return len(self.batch_sampler)
 
     def __iter__(self) -> _Pass:
-        previous = self._active and self._active()
+        previous = self._active() if self._active is not None else None
         if previous is not None:
             previous.close()  # its thread may still be filling the ring this pass is about to use
         if not self.ring:

@@ -15,7 +15,8 @@ import os
 from pathlib import Path
 from typing import Any
 
-from eagle3.config import ConfigError
+from eagle3.config import DraftConfig
+from eagle3.errors import DataError
 
 log = logging.getLogger(__name__)
 
@@ -31,7 +32,7 @@ def verifier_fingerprint(verifier_dir: str | Path) -> dict[str, Any]:
     try:
         config = json.loads(file.read_text())
     except (OSError, ValueError) as e:
-        raise ConfigError(f"{file}: cannot read the verifier's config ({e})") from None
+        raise DataError(f"{file}: cannot read the verifier's config ({e})") from None
     stable = {k: v for k, v in config.items() if k not in VOLATILE_KEYS}
     digest = hashlib.sha256(json.dumps(stable, sort_keys=True).encode()).hexdigest()[:16]
     text = config.get("text_config", config)  # multimodal configs nest the language model's
@@ -53,32 +54,32 @@ def read_record(data_dir: Path) -> dict[str, Any] | None:
     try:
         return json.loads(file.read_text())
     except ValueError as e:
-        raise ConfigError(f"{file}: not JSON ({e}); it is written by python -m eagle3.data.prepare") from None
+        raise DataError(f"{file}: not JSON ({e}); it is written by python -m eagle3.data.prepare") from None
 
 
-def check_record(data_dir: Path, verifier_dir: Path, draft: dict[str, Any]) -> dict[str, Any] | None:
+def check_record(data_dir: Path, verifier_dir: Path, draft: DraftConfig) -> dict[str, Any] | None:
     """Refuses data whose hidden states came from another verifier, other aux layers or another hidden size
     than the run's; warns when the data carries no record (speculators' own pipeline writes none)."""
     record = read_record(data_dir)
     if record is None:
         log.warning("%s has no %s (not written by python -m eagle3.data.prepare): cannot check that its hidden "
-                    "states come from %s at aux layers %s", data_dir, RECORD, verifier_dir, draft["aux_layer_ids"])
+                    "states come from %s at aux layers %s", data_dir, RECORD, verifier_dir, draft.aux_layer_ids)
         return None
     if not record.get("complete", False):
-        raise ConfigError(f"{data_dir}: its preparation did not finish ({RECORD} says complete: false); run the "
+        raise DataError(f"{data_dir}: its preparation did not finish ({RECORD} says complete: false); run the "
                           f"same python -m eagle3.data.prepare command again, it resumes")
     ours = verifier_fingerprint(verifier_dir)
     theirs = record["verifier"]
     if theirs["config_hash"] != ours["config_hash"]:
-        raise ConfigError(f"the data's hidden states come from another verifier: {data_dir} was prepared from "
+        raise DataError(f"the data's hidden states come from another verifier: {data_dir} was prepared from "
                           f"{theirs['path']} (config hash {theirs['config_hash']}), this run's verifier is "
                           f"{verifier_dir} (config hash {ours['config_hash']})")
-    if list(record["aux_layer_ids"]) != list(draft["aux_layer_ids"]):
-        raise ConfigError(f"model.draft.aux_layer_ids={list(draft['aux_layer_ids'])} but {data_dir} holds the "
+    if list(record["aux_layer_ids"]) != list(draft.aux_layer_ids):
+        raise DataError(f"model.draft.aux_layer_ids={list(draft.aux_layer_ids)} but {data_dir} holds the "
                           f"hidden states of layers {record['aux_layer_ids']} (Hugging Face output_hidden_states "
                           f"indexing); set model.draft.aux_layer_ids={record['aux_layer_ids']} or prepare the data "
                           f"again")
-    if record["hidden_size"] != draft["hidden_size"]:
-        raise ConfigError(f"model.draft.hidden_size={draft['hidden_size']} but {data_dir} holds hidden states of "
+    if record["hidden_size"] != draft.hidden_size:
+        raise DataError(f"model.draft.hidden_size={draft.hidden_size} but {data_dir} holds hidden states of "
                           f"size {record['hidden_size']}")
     return record

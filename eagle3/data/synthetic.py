@@ -4,28 +4,30 @@ responses), with their hidden states, built on first use and cached under the sa
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import asdict
 from pathlib import Path
-from typing import Any
 
 import torch
 from tqdm import tqdm
 
+from eagle3.config import SynthConfig
 from eagle3.data.cache import build_once, cache_key
-from eagle3.data.prepare import load_causal_lm, write_dataset
+from eagle3.data.prepare import write_dataset
+from eagle3.data.verifier_forward import load_causal_lm
 from eagle3.data.jsonl import Row
 
 
 @torch.no_grad()
-def sample_rows(model: torch.nn.Module, synth: dict[str, Any]) -> list[Row]:
+def sample_rows(model: torch.nn.Module, synth: SynthConfig) -> list[Row]:
     """Random prompts (masked out of the loss) continued by sampling from `model` itself."""
     vocab = model.config.vocab_size
-    gen = torch.Generator().manual_seed(synth["seed"])
+    gen = torch.Generator().manual_seed(synth.seed)
     rows: list[Row] = []
-    n, bs = synth["num_samples"], synth["batch_size"]
+    n, bs = synth.num_samples, synth.batch_size
     for start in tqdm(range(0, n, bs), desc="sampling sequences", unit="batch", leave=False):
-        prompt = torch.randint(0, vocab, (min(bs, n - start), synth["prompt_len"]), generator=gen)
-        ids = _sample(model, prompt, synth["response_len"], synth["temperature"], gen)
-        mask = [0] * synth["prompt_len"] + [1] * synth["response_len"]
+        prompt = torch.randint(0, vocab, (min(bs, n - start), synth.prompt_len), generator=gen)
+        ids = _sample(model, prompt, synth.response_len, synth.temperature, gen)
+        mask = [0] * synth.prompt_len + [1] * synth.response_len
         rows.extend((seq, mask) for seq in ids.tolist())
     return rows
 
@@ -43,16 +45,16 @@ def _sample(model: torch.nn.Module, prompt: torch.Tensor, new_tokens: int, tempe
     return torch.cat(tokens, dim=1)
 
 
-def synthetic_dataset_dir(verifier_dir: Path, synth: dict[str, Any], aux_layer_ids: Sequence[int],
+def synthetic_dataset_dir(verifier_dir: Path, synth: SynthConfig, aux_layer_ids: Sequence[int],
                           cache_dir: str, dtype: str = "bfloat16") -> Path:
     """The dataset sampled from `verifier_dir` as `synth` says, built on first use and cached by its parameters."""
-    params = {"verifier": str(verifier_dir), "synth": synth, "aux_layer_ids": list(aux_layer_ids), "dtype": dtype}
+    params = {"verifier": str(verifier_dir), "synth": asdict(synth), "aux_layer_ids": list(aux_layer_ids), "dtype": dtype}
     target = Path(cache_dir) / "datasets" / f"synth-{cache_key(params)}"
 
     def build(tmp: Path) -> None:
         model = load_causal_lm(verifier_dir)
         rows = sample_rows(model, synth)
         write_dataset(model, verifier_dir, rows, tmp, aux_layer_ids, dtype=getattr(torch, dtype),
-                      batch_tokens=synth["batch_size"] * (synth["prompt_len"] + synth["response_len"]))
+                      batch_tokens=synth.batch_size * (synth.prompt_len + synth.response_len))
 
     return build_once(target, build, what="synthetic dataset")

@@ -7,44 +7,45 @@ from it; multiplying lm_head by `logit_scale` makes them peaked, as a trained mo
 from __future__ import annotations
 
 import logging
+from dataclasses import asdict
 from pathlib import Path
-from typing import Any
 
 import torch
 
-from eagle3.data.cache import cache_key, build_once
+from eagle3.config import TinyVerifierConfig
+from eagle3.data.cache import build_once, cache_key
 
 log = logging.getLogger(__name__)
 
 
-def tiny_verifier_dir(tiny: dict[str, Any], cache_dir: str) -> Path:
+def tiny_verifier_dir(tiny: TinyVerifierConfig, cache_dir: str) -> Path:
     """Returns the directory of the tiny verifier described by `tiny`, building it on first use."""
-    target = Path(cache_dir) / "verifiers" / f"tiny-{cache_key(tiny)}"
+    target = Path(cache_dir) / "verifiers" / f"tiny-{cache_key(asdict(tiny))}"
     return build_once(target, lambda tmp: _build(tiny, tmp), what="tiny verifier")
 
 
-def _build(tiny: dict[str, Any], out_dir: Path) -> None:
+def _build(tiny: TinyVerifierConfig, out_dir: Path) -> None:
     from transformers import LlamaConfig, LlamaForCausalLM
 
     config = LlamaConfig(
-        vocab_size=tiny["vocab_size"],
-        hidden_size=tiny["hidden_size"],
-        intermediate_size=tiny["intermediate_size"],
-        num_hidden_layers=tiny["num_layers"],
-        num_attention_heads=tiny["num_heads"],
-        num_key_value_heads=tiny["num_heads"],
-        max_position_embeddings=tiny["max_position_embeddings"],
-        initializer_range=tiny["init_std"],
+        vocab_size=tiny.vocab_size,
+        hidden_size=tiny.hidden_size,
+        intermediate_size=tiny.intermediate_size,
+        num_hidden_layers=tiny.num_layers,
+        num_attention_heads=tiny.num_heads,
+        num_key_value_heads=tiny.num_heads,
+        max_position_embeddings=tiny.max_position_embeddings,
+        initializer_range=tiny.init_std,
         tie_word_embeddings=False,
         bos_token_id=None,
         eos_token_id=None,
         pad_token_id=None,
     )
-    torch.manual_seed(tiny["seed"])
+    torch.manual_seed(tiny.seed)
     model = LlamaForCausalLM(config)
     with torch.no_grad():
-        model.lm_head.weight.mul_(tiny["logit_scale"])
-        derive(model, tiny["perturb_std"], tiny["token_shift"], tiny["perturb_seed"])
+        model.lm_head.weight.mul_(tiny.logit_scale)
+        derive(model, tiny.perturb_std, tiny.token_shift, tiny.perturb_seed)
     model.save_pretrained(out_dir)
 
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from eagle3.config import ConfigError
+from eagle3.errors import DataError
 
 log = logging.getLogger(__name__)
 
@@ -22,7 +22,7 @@ def vocab_mapping(data_dir: Path, draft_vocab_size: int, target_vocab_size: int)
     if d2t_file.is_file() and t2d_file.is_file():
         d2t, t2d = torch.from_numpy(np.load(d2t_file)), torch.from_numpy(np.load(t2d_file))
         if d2t.shape != (draft_vocab_size,) or t2d.shape != (target_vocab_size,):
-            raise ConfigError(f"{d2t_file.name}/{t2d_file.name} in {data_dir} map {d2t.shape[0]} draft tokens onto a "
+            raise DataError(f"{d2t_file.name}/{t2d_file.name} in {data_dir} map {d2t.shape[0]} draft tokens onto a "
                               f"vocabulary of {t2d.shape[0]}, but the run has {draft_vocab_size} and "
                               f"{target_vocab_size}: they belong to another verifier; remove them to rebuild")
         return d2t, t2d

@@ -18,6 +18,9 @@ from typing import Any
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    from eagle3.config import AcceptEvalConfig
+
+    defaults = AcceptEvalConfig()  # the options a training run's eval.accept also has default to its values
     p = argparse.ArgumentParser(prog="python -m eagle3.eval.accept", description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("checkpoint", nargs="?", help="draft checkpoint dir (speculators format); with --run: the "
@@ -27,11 +30,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                                  "summary.json and resolved_config.yaml")
     p.add_argument("--prompts", help="JSONL of {\"input_ids\": [...]} or {\"messages\": [...]} rows "
                                      "(default with --run: the prompts of the run's val split)")
-    p.add_argument("--num-prompts", type=int, default=None,
-                   help="use the first N prompts (default: all of a prompts file, 16 of a val split)")
-    p.add_argument("--k", type=int, default=None, help="draft tokens per verify step (default: the "
-                                                       "checkpoint's speculative_tokens, its training ttt_steps)")
-    p.add_argument("--max-new-tokens", type=int, default=64, help="tokens generated per prompt (default 64)")
+    p.add_argument("--num-prompts", type=int, default=defaults.num_prompts,
+                   help=f"use the first N prompts (default: {defaults.num_prompts}, as eval.accept.num_prompts)")
+    p.add_argument("--k", type=int, default=None, help="draft tokens per verify step (default: the checkpoint's "
+                                                       "speculative_tokens, its training ttt_steps, as eval.accept.k)")
+    p.add_argument("--max-new-tokens", type=int, default=defaults.max_new_tokens,
+                   help=f"tokens generated per prompt (default: {defaults.max_new_tokens}, as eval.accept.max_new_tokens)")
     p.add_argument("--out", help="JSON report path (overwritten if it exists)")
     p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
     p.add_argument("--attn-impl", default="sdpa", choices=["sdpa", "eager"], help="the draft's attention")
@@ -43,12 +47,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
-    from eagle3.config import ConfigError
+    from eagle3.errors import UserError
     from eagle3.eval.measure import LosslessError
 
     try:
         report = run(args)
-    except (ConfigError, LosslessError) as e:
+    except (UserError, LosslessError) as e:
         raise SystemExit(f"error: {e}") from None
     print(format_report(report))
     print(f"report: {report['report_path']}" if report.get("report_path") else "report: not written (no --out)")
@@ -60,7 +64,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     checkpoint, verifier_dir, val_split = resolve_inputs(args)
     if args.k is not None and args.k < 1:
         raise ConfigError(f"--k must be >= 1, got {args.k}")
-    if args.num_prompts is not None and args.num_prompts < 1:
+    if args.num_prompts < 1:
         raise ConfigError(f"--num-prompts must be >= 1, got {args.num_prompts}")
     if args.threads is not None and args.threads < 1:
         raise ConfigError(f"--threads must be >= 1, got {args.threads}")
@@ -75,7 +79,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
     from eagle3.checkpoint import load_draft
     from eagle3.console import quiet_libraries
-    from eagle3.data.prepare import load_causal_lm
+    from eagle3.data.verifier_forward import load_causal_lm
     from eagle3.eval.measure import AcceptanceProbe, torch_threads
     from eagle3.eval.prompts import read_jsonl_prompts, val_split_prompts
 
@@ -84,8 +88,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     if args.prompts:
         prompts, source = read_jsonl_prompts(args.prompts, verifier_dir, args.num_prompts), str(args.prompts)
     else:
+        assert val_split is not None  # resolve_inputs: --prompts, or --run for its val split
         data_dir, train_ratio = val_split
-        prompts = val_split_prompts(data_dir, train_ratio, args.num_prompts or 16)
+        prompts = val_split_prompts(data_dir, train_ratio, args.num_prompts)
         source = f"val split of {data_dir}"
     verifier = load_causal_lm(verifier_dir, device)
     try:
@@ -108,7 +113,7 @@ def resolve_inputs(args: argparse.Namespace) -> tuple[Path, Path, tuple[Path, fl
     """(checkpoint, verifier dir, (data dir, train ratio) of the run's val split or None), checked to exist."""
     import yaml
 
-    from eagle3.config import ConfigError
+    from eagle3.config import ConfigError, run_config
 
     checkpoint, verifier, val_split = args.checkpoint, args.verifier, None
     if args.run:
@@ -118,7 +123,7 @@ def resolve_inputs(args: argparse.Namespace) -> tuple[Path, Path, tuple[Path, fl
             raise ConfigError(f"--run: {run} is not a finished run dir (needs summary.json and resolved_config.yaml); "
                               "pass the checkpoint dir and --verifier instead")
         summary = json.loads(summary_file.read_text())
-        train_ratio = yaml.safe_load(config_file.read_text())["data"]["train_ratio"]
+        train_ratio = run_config(yaml.safe_load(config_file.read_text())).data.train_ratio
         checkpoint = checkpoint or summary["checkpoints"]["best"]
         verifier = verifier or summary["verifier_dir"]
         val_split = (Path(summary["data_dir"]), train_ratio)

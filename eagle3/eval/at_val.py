@@ -2,7 +2,7 @@
 
 Rank 0 holds the verifier (loaded once per run) and the prompts, and measures the unwrapped draft; the other
 ranks wait at a barrier, so all ranks leave the val pass together. FSDP across ranks is refused by
-validate(): rank 0 would hold only a shard.
+AcceptEvalConfig.check(): rank 0 would hold only a shard.
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ from typing import Any
 
 import torch
 
+from eagle3.config import AcceptEvalConfig
 from eagle3.distributed import World, barrier, unwrap
 from eagle3.eval.measure import AcceptanceProbe, LosslessError, torch_threads
 
@@ -20,22 +21,23 @@ log = logging.getLogger(__name__)
 
 
 class AcceptanceAtVal:
-    def __init__(self, cfg: dict[str, Any], verifier_dir: Path, data_dir: Path, device: torch.device, world: World):
-        from eagle3.data.prepare import load_causal_lm
+    def __init__(self, accept: AcceptEvalConfig, train_ratio: float, verifier_dir: Path, data_dir: Path,
+                 device: torch.device, world: World):
+        """`train_ratio` (data.train_ratio) says where the val split starts, whose prompts are used by default."""
+        from eagle3.data.verifier_forward import load_causal_lm
         from eagle3.eval.prompts import read_jsonl_prompts, val_split_prompts
 
-        accept = cfg["eval"]["accept"]
-        self.every, self.world, self.passes = accept["every"], world, 0
+        self.every, self.world, self.passes = accept.every, world, 0
         self.threads = 1 if device.type == "cpu" else None  # see torch_threads
         self.probe: AcceptanceProbe | None = None
         if not world.is_main:
             return
-        if accept["prompts"] is not None:
-            prompts = read_jsonl_prompts(accept["prompts"], verifier_dir, accept["num_prompts"])
+        if accept.prompts is not None:
+            prompts = read_jsonl_prompts(accept.prompts, verifier_dir, accept.num_prompts)
         else:
-            prompts = val_split_prompts(data_dir, cfg["data"]["train_ratio"], accept["num_prompts"])
-        self.probe = AcceptanceProbe(load_causal_lm(verifier_dir, str(device)), prompts, accept["k"],
-                                     accept["max_new_tokens"])
+            prompts = val_split_prompts(data_dir, train_ratio, accept.num_prompts)
+        self.probe = AcceptanceProbe(load_causal_lm(verifier_dir, str(device)), prompts, accept.k,
+                                     accept.max_new_tokens)
 
     def __call__(self, model: torch.nn.Module) -> dict[str, Any]:
         """The accept_* entries of this val pass's row (none at passes that `every` skips)."""

@@ -20,8 +20,14 @@ from typing import Any
 import torch
 
 from eagle3.config import ConfigError
-from eagle3.eval.drafting import (Decode, check_draft, greedy_decode, next_token_logits, speculative_decode,
-                                  verifier_pass)
+from eagle3.eval.drafting import (
+    Decode,
+    check_draft,
+    greedy_decode,
+    next_token_logits,
+    speculative_decode,
+    verifier_pass,
+)
 from eagle3.eval.prompts import Prompt
 
 
@@ -110,7 +116,7 @@ def prompt_origin(prompt: Sequence[int], i: int) -> str:
     return getattr(prompt, "where", f"prompt {i + 1} (1-based)")
 
 
-def check_prompts(prompts: list[list[int]], vocab_size: int, max_prompt_len: int) -> None:
+def check_prompts(prompts: Sequence[Sequence[int]], vocab_size: int, max_prompt_len: int) -> None:
     for i, p in enumerate(prompts):
         where = prompt_origin(p, i)
         if not p:

@@ -3,17 +3,18 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from eagle3.config import ConfigError
 from eagle3.data.jsonl import ChatTokenizer
+from eagle3.errors import DataError
 
 
-class Prompt(list):
+class Prompt(list[int]):
     """A prompt's token ids and where it came from, which messages about it name ("<file> line 3", "val row 57")."""
 
-    def __init__(self, ids, where: str):
+    def __init__(self, ids: Iterable[int], where: str):
         super().__init__(ids)
         self.where = where
 
@@ -23,7 +24,7 @@ def read_jsonl_prompts(path: str | Path, verifier_dir: str | Path, limit: int | 
     template of the tokenizer in `verifier_dir`, with the generation prompt appended)."""
     path = Path(path)
     if not path.is_file():
-        raise ConfigError(f"prompts: {path} does not exist or is not a file")
+        raise DataError(f"prompts: {path} does not exist or is not a file")
     rows: list[dict[str, Any]] = []
     for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
         if not line.strip():
@@ -31,12 +32,12 @@ def read_jsonl_prompts(path: str | Path, verifier_dir: str | Path, limit: int | 
         try:
             row = json.loads(line)
         except json.JSONDecodeError as e:
-            raise ConfigError(f"prompts: {path} line {n} is not JSON ({e})") from None
+            raise DataError(f"prompts: {path} line {n} is not JSON ({e})") from None
         if not isinstance(row, dict) or ("input_ids" in row) == ("messages" in row):
-            raise ConfigError(f"prompts: {path} line {n} must be an object with exactly one of input_ids and messages")
+            raise DataError(f"prompts: {path} line {n} must be an object with exactly one of input_ids and messages")
         rows.append(row | {"line": n})
     if not rows:
-        raise ConfigError(f"prompts: {path} holds no prompts")
+        raise DataError(f"prompts: {path} holds no prompts")
     rows = rows[:limit] if limit else rows
     tokenizer = ChatTokenizer(Path(verifier_dir)) if any("messages" in r for r in rows) else None
     return [Prompt(_prompt_ids(row, tokenizer, path), f"prompts: {path} line {row['line']}") for row in rows]
@@ -47,12 +48,12 @@ def _prompt_ids(row: dict[str, Any], tokenizer, path: Path) -> list[int]:
     if "input_ids" in row:
         ids = row["input_ids"]
         if not isinstance(ids, list) or not ids or not all(isinstance(t, int) and not isinstance(t, bool) for t in ids):
-            raise ConfigError(f"{where}: input_ids must be a non-empty list of integer token ids")
+            raise DataError(f"{where}: input_ids must be a non-empty list of integer token ids")
         return ids
     try:
         ids = tokenizer.render(row["messages"], generation_prompt=True)
     except Exception as e:  # noqa: BLE001  (jinja and tokenizers raise many types for bad messages)
-        raise ConfigError(f"{where}: the chat template cannot render these messages ({type(e).__name__}: {e})") from None
+        raise DataError(f"{where}: the chat template cannot render these messages ({type(e).__name__}: {e})") from None
     return list(ids)
 
 
@@ -65,7 +66,7 @@ def val_split_prompts(data_dir: str | Path, train_ratio: float, limit: int) -> l
     try:
         rows = ArrowRows(data_dir)
     except Exception as e:  # noqa: BLE001  (datasets raises several types for a dir it cannot read)
-        raise ConfigError(f"cannot read the val split of {data_dir} ({type(e).__name__}: {e})") from None
+        raise DataError(f"cannot read the val split of {data_dir} ({type(e).__name__}: {e})") from None
     prompts = []
     for i in range(int(len(rows) * train_ratio), len(rows)):
         mask = rows.loss_mask(i)
@@ -75,5 +76,5 @@ def val_split_prompts(data_dir: str | Path, train_ratio: float, limit: int) -> l
         if len(prompts) == limit:
             break
     if not prompts:
-        raise ConfigError(f"no val row of {data_dir} starts with loss-masked prompt tokens; give a prompts file")
+        raise DataError(f"no val row of {data_dir} starts with loss-masked prompt tokens; give a prompts file")
     return prompts

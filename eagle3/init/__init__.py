@@ -11,14 +11,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from eagle3.config import DraftConfig, InitConfig
+
 if TYPE_CHECKING:
     from speculators.models.eagle3 import Eagle3DraftModel
 
 
 @dataclass
 class InitContext:
-    draft: dict[str, Any]      # model.draft of the run config
-    init: dict[str, Any]       # init of the run config
+    draft: DraftConfig         # model.draft of the run config
+    init: InitConfig           # init of the run config: the options schema of init.name
     verifier_dir: Path
     data_dir: Path
     attn_impl: str             # resolved: sdpa | eager | simple_flex_attention
@@ -45,13 +47,13 @@ def _lookup(name: str) -> tuple[Initializer, Preflight | None]:
 
 
 def preflight_draft(ctx: InitContext) -> None:
-    check = _lookup(ctx.init["name"])[1]
+    check = _lookup(ctx.init.name)[1]
     if check is not None:
         check(ctx)
 
 
 def build_draft(ctx: InitContext) -> "tuple[Eagle3DraftModel, dict[str, Any]]":
-    return _lookup(ctx.init["name"])[0](ctx)
+    return _lookup(ctx.init.name)[0](ctx)
 
 
 from eagle3.init import pretrained, scratch  # noqa: E402,F401  (they register themselves)

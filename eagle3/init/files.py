@@ -11,12 +11,8 @@ import os
 from pathlib import Path
 from typing import Any
 
-from eagle3.config import ConfigError
+from eagle3.errors import CheckpointError
 from eagle3.tensorfile import HeaderError, TensorSpec, read_specs
-
-
-class CheckpointError(ConfigError):
-    """A checkpoint the user pointed at cannot be used as it is; the message names the file and the problem."""
 
 
 def checkpoint_files(path: Path) -> list[Path]:

@@ -15,14 +15,15 @@ wrong tokens. `init.vocab`:
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from eagle3.config import PretrainedInitConfig
 from eagle3.init import InitContext, register
-from eagle3.init.build import FLAGS, SPECULATORS_FLAGS, meta_draft, new_draft
+from eagle3.init.build import FLAGS, SPECULATORS_FLAGS, meta_draft, new_draft, run_flags
 from eagle3.init.files import CheckpointError, checkpoint_files, load_tensors, read_config, tensor_shapes
 
 log = logging.getLogger(__name__)
@@ -32,7 +33,6 @@ SKIPPED = {
     "verifier_lm_head.weight": "the verifier's own head: taken from the verifier",
     "verifier_norm.weight": "the verifier's own final norm: taken from the verifier",
 }
-VOCAB_KEYS = ("d2t", "t2d", "lm_head.weight")
 # SpecForge/EAGLE drafters: the residual is the un-normalized hidden state, fc sees the raw aux states, and
 # the pre-norm output is fed to the next TTT step (speculators' converter defaults agree).
 SPECFORGE_FLAGS = {"norm_before_residual": False, "norm_before_fc": False, "norm_output": False, "fc_norm": False}
@@ -47,7 +47,6 @@ class Source:
     keys: dict[str, str]                      # key in the file -> key after init.key_map
     stated_flags: dict[str, bool]
     stated_aux_ids: list[int] | None          # in Hugging Face output_hidden_states indexing
-    defaults_note: list[str] = field(default_factory=list)
 
 
 def read_source(path: Path, key_map: dict[str, str]) -> Source:
@@ -79,8 +78,7 @@ def resolve_architecture(ctx: InitContext, source: Source) -> tuple[dict[str, bo
     notes = [f"{k}={layout_defaults[k]} (the {source.layout} layout's default: the checkpoint does not state it)"
              for k in FLAGS if k not in source.stated_flags]
     flags, conflicts = {}, []
-    for k in FLAGS:
-        run_value = ctx.draft.get(k)
+    for k, run_value in run_flags(ctx.draft).items():
         if run_value is None or run_value == checkpoint[k]:
             flags[k] = checkpoint[k]
         elif is_explicit(ctx.overrides, f"model.draft.{k}"):
@@ -88,7 +86,7 @@ def resolve_architecture(ctx: InitContext, source: Source) -> tuple[dict[str, bo
             notes.append(f"{k}={run_value} set on the command line; the checkpoint has {checkpoint[k]}")
         else:
             conflicts.append(f"model.draft.{k}: the run says {run_value}, the checkpoint {checkpoint[k]}")
-    run_ids = list(ctx.draft["aux_layer_ids"])
+    run_ids = list(ctx.draft.aux_layer_ids)
     if source.stated_aux_ids is not None and source.stated_aux_ids != run_ids:
         if is_explicit(ctx.overrides, "model.draft.aux_layer_ids"):
             notes.append(f"aux_layer_ids={run_ids} set on the command line; the checkpoint has "
@@ -135,24 +133,30 @@ def check_plan(plan: dict[str, Any], source: Source) -> None:
         raise CheckpointError(f"{source.path} does not fit the run's draft (model.draft):\n  " + "\n  ".join(lines))
 
 
+def options(ctx: InitContext) -> PretrainedInitConfig:
+    """The init options of a pretrained init (the launcher typed them by init.name)."""
+    assert isinstance(ctx.init, PretrainedInitConfig), type(ctx.init)
+    return ctx.init
+
+
 def check_vocab(ctx: InitContext, source: Source) -> None:
-    policy, draft, shapes = ctx.init["vocab"], ctx.draft, source.shapes
-    if "t2d" in shapes and shapes["t2d"][0] != draft["vocab_size"]:
+    policy, draft, shapes = options(ctx).vocab.value, ctx.draft, source.shapes
+    if "t2d" in shapes and shapes["t2d"][0] != draft.vocab_size:
         raise CheckpointError(f"{source.path}: the checkpoint's target vocabulary has {shapes['t2d'][0]} tokens "
-                              f"(t2d), the verifier {draft['vocab_size']} (model.draft.vocab_size)")
+                              f"(t2d), the verifier {draft.vocab_size} (model.draft.vocab_size)")
     rows = shapes.get("lm_head.weight", (0,))[0]
-    if "d2t" not in shapes and rows != draft["vocab_size"]:
+    if "d2t" not in shapes and rows != draft.vocab_size:
         raise CheckpointError(f"{source.path}: lm_head has {rows} rows but no d2t/t2d mapping, and the verifier "
-                              f"vocabulary has {draft['vocab_size']} tokens")
-    if policy in ("keep", "rebuild") and rows != draft["draft_vocab_size"]:
+                              f"vocabulary has {draft.vocab_size} tokens")
+    if policy in ("keep", "rebuild") and rows != draft.draft_vocab_size:
         raise CheckpointError(f"init.vocab={policy} keeps the checkpoint's {rows} lm_head rows, but "
-                              f"model.draft.draft_vocab_size is {draft['draft_vocab_size']}: set it to {rows} "
+                              f"model.draft.draft_vocab_size is {draft.draft_vocab_size}: set it to {rows} "
                               "(or use init.vocab=remap)")
 
 
 def preflight(ctx: InitContext) -> Source:
     """Every check that needs no weights, at full size on the meta device: run before any rank starts."""
-    source = read_source(Path(ctx.init["path"]), dict(ctx.init["key_map"]))
+    source = read_source(Path(options(ctx).path), dict(options(ctx).key_map))
     flags, _ = resolve_architecture(ctx, source)
     check_vocab(ctx, source)
     model_shapes = {k: tuple(v.shape) for k, v in meta_draft(ctx.draft, flags).state_dict().items()}
@@ -166,23 +170,23 @@ def target_ids(d2t: torch.Tensor) -> torch.Tensor:
 
 
 @register("pretrained", preflight=preflight)
-def init_pretrained(ctx: InitContext):
+def init_pretrained(ctx: InitContext) -> tuple[Any, dict[str, Any]]:
     from eagle3.data.vocab import vocab_mapping
 
-    source = read_source(Path(ctx.init["path"]), dict(ctx.init["key_map"]))
+    source = read_source(Path(options(ctx).path), dict(options(ctx).key_map))
     flags, notes = resolve_architecture(ctx, source)
     check_vocab(ctx, source)
     wanted = {raw for raw, key in source.keys.items() if key not in SKIPPED}  # embed_tokens can be GBs
     weights = {source.keys[k]: v for k, v in load_tensors(source.files, wanted).items()}
 
-    draft, policy = ctx.draft, ctx.init["vocab"]
+    draft, policy = ctx.draft, options(ctx).vocab.value
     old_lm_head = weights["lm_head.weight"]
     old_d2t = weights["d2t"].long() if "d2t" in weights else torch.zeros(old_lm_head.shape[0], dtype=torch.long)
-    old_t2d = weights["t2d"].bool() if "t2d" in weights else torch.ones(draft["vocab_size"], dtype=torch.bool)
+    old_t2d = weights["t2d"].bool() if "t2d" in weights else torch.ones(draft.vocab_size, dtype=torch.bool)
     old_ids = target_ids(old_d2t)
     if not torch.equal(torch.nonzero(old_t2d).flatten(), old_ids):
         raise CheckpointError(f"{source.path}: d2t and t2d disagree (t2d's tokens are not i + d2t[i])")
-    data_d2t, data_t2d = vocab_mapping(ctx.data_dir, draft["draft_vocab_size"], draft["vocab_size"])
+    data_d2t, data_t2d = vocab_mapping(ctx.data_dir, draft.draft_vocab_size, draft.vocab_size)
     d2t, t2d = (old_d2t, old_t2d) if policy == "keep" else (data_d2t, data_t2d)
     model = new_draft(draft, flags, ctx.attn_impl, str(ctx.verifier_dir), t2d, d2t)
 
@@ -198,13 +202,13 @@ def init_pretrained(ctx: InitContext):
             head.copy_(old_lm_head.to(head.dtype))
             copied = head.shape[0]
         else:
-            position = torch.full((draft["vocab_size"],), -1, dtype=torch.long)
+            position = torch.full((draft.vocab_size,), -1, dtype=torch.long)
             position[old_ids] = torch.arange(len(old_ids))
             source_row = position[new_ids]
             kept = source_row >= 0
             head[kept] = old_lm_head[source_row[kept]].to(head.dtype)
             copied = int(kept.sum())
-    model.lm_head.weight.requires_grad_(bool(ctx.init["train_lm_head"]))
+    model.lm_head.weight.requires_grad_(bool(options(ctx).train_lm_head))
 
     freq = torch.load(Path(ctx.data_dir) / "token_freq.pt", weights_only=True)
     total = sum(freq.values()) or 1
@@ -216,8 +220,8 @@ def init_pretrained(ctx: InitContext):
         "files": [str(f) for f in source.files],
         "keys": {"loaded": plan["loaded"] + ["lm_head.weight"],
                  "renamed": {k: v for k, v in source.keys.items() if k != v}, "skipped": plan["skipped"]},
-        "renamed_prefixes": dict(ctx.init["key_map"]),
-        "architecture": {"flags": flags, "aux_layer_ids": list(draft["aux_layer_ids"]), "notes": notes},
+        "renamed_prefixes": dict(options(ctx).key_map),
+        "architecture": {"flags": flags, "aux_layer_ids": list(draft.aux_layer_ids), "notes": notes},
         "vocab": {
             "policy": policy,
             "draft_vocab_size": len(d2t),
@@ -230,7 +234,7 @@ def init_pretrained(ctx: InitContext):
             "data_token_share_covered_by_draft_vocab": sum(freq.get(i, 0) for i in new_ids.tolist()) / total,
             "lm_head_rows_from_checkpoint": copied,
             "lm_head_rows_from_verifier": len(d2t) - copied,
-            "lm_head_trainable": bool(ctx.init["train_lm_head"]),
+            "lm_head_trainable": bool(options(ctx).train_lm_head),
         },
     }
     log_report(report)

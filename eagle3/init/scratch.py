@@ -2,18 +2,20 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from eagle3.init import InitContext, register
 from eagle3.init.build import SPECULATORS_FLAGS, new_draft, resolved_flags
 
 
 @register("scratch")
-def init_scratch(ctx: InitContext):
+def init_scratch(ctx: InitContext) -> tuple[Any, dict[str, Any]]:
     from eagle3.data.vocab import vocab_mapping
 
     draft = ctx.draft
-    d2t, t2d = vocab_mapping(ctx.data_dir, draft["draft_vocab_size"], draft["vocab_size"])
+    d2t, t2d = vocab_mapping(ctx.data_dir, draft.draft_vocab_size, draft.vocab_size)
     flags = resolved_flags(draft, SPECULATORS_FLAGS)
     model = new_draft(draft, flags, ctx.attn_impl, str(ctx.verifier_dir), t2d, d2t)
-    report = {"initializer": "scratch", "flags": flags, "draft_vocab_size": draft["draft_vocab_size"],
+    report = {"initializer": "scratch", "flags": flags, "draft_vocab_size": draft.draft_vocab_size,
               "vocab": "built from the data's token frequencies (token_freq.pt)"}
     return model, report

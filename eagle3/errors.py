@@ -1,0 +1,27 @@
+"""The errors a user can cause, by kind: each is reported as one message and a non-zero exit, no traceback.
+
+The launcher and the CLIs catch `UserError`; anything else is a bug and keeps its traceback. Imports nothing
+heavy: the launcher's light paths go through it.
+"""
+
+from __future__ import annotations
+
+
+class UserError(Exception):
+    """A problem the user can fix (in the config, on disk, in the data); the message says what and where."""
+
+
+class ConfigError(UserError, ValueError):
+    """A config value or a command-line option is wrong or missing."""
+
+
+class DataError(UserError):
+    """A dataset is missing, unreadable, or disagrees with itself or with the run's model config."""
+
+
+class CheckpointError(UserError):
+    """A checkpoint the user pointed at cannot be used as it is; the message names the file and the problem."""
+
+
+class RunStopped(UserError):
+    """Training cannot go on as configured; the message says why and what was kept."""

@@ -1,0 +1,74 @@
+"""What a run has done, as typed records: the training loop's `Progress` (saved in checkpoints/last's
+trainer_state.pt, so a resumed run continues it) and the `RunSummary` (`<run_dir>/summary.json`).
+
+Both are stored as plain dicts of numbers, strings and metric rows (`dataclasses.asdict`), so trainer_state.pt
+loads with `torch.load(weights_only=True)` and summary.json keeps its keys for eagle3.compare and other readers.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+from eagle3.errors import CheckpointError
+
+Row = dict[str, Any]  # a metrics.jsonl row: {"step", "split", "epoch", "loss", "tau_sim", ...}
+
+
+@dataclass
+class Progress:
+    """Where the training loop is; the loop advances it, step logging adds the tokens it counted."""
+
+    step: int = 0                 # optimizer steps taken (skipped ones included)
+    epoch: int = 0                # epochs completed
+    step_in_epoch: int = 0        # steps taken in the current epoch
+    tokens: float = 0.0           # trained tokens, counted at each train row (summed over ranks)
+    train_wall_s: float = 0.0     # seconds in the loop, across resumes
+    skipped_steps: int = 0        # steps with a non-finite loss or gradient: nothing applied
+    step0: Row = field(default_factory=dict)   # the val row before any update
+    best: Row = field(default_factory=dict)    # the val row with the highest tau_sim so far
+    final: Row = field(default_factory=dict)   # the latest val row
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, saved: dict[str, Any], where: Path) -> Progress:
+        names = {f.name for f in fields(cls)}
+        if set(saved) != names:
+            raise CheckpointError(f"{where}: its progress has keys {sorted(saved)}, this version saves {sorted(names)}; "
+                                  "it was written by another version of eagle3 and cannot be resumed by this one")
+        return cls(**saved)
+
+
+@dataclass
+class RunSummary:
+    """summary.json: step-0, final and best val rows, steps, tokens/s, wall time, checkpoints, and the verifier
+    and data dirs the run used."""
+
+    steps: int
+    tokens: float
+    tokens_per_s: float | None    # None when no training step ran (optim.max_steps=0)
+    train_wall_s: float
+    step0: Row
+    final: Row
+    best: Row
+    checkpoints: dict[str, str]   # "last" and "best" -> checkpoint dir
+    verifier_dir: str
+    data_dir: str
+    device: str
+    world_size: int
+
+    @classmethod
+    def of(cls, progress: Progress, checkpoints_dir: Path, verifier_dir: Path, data_dir: Path, device: str,
+           world_size: int) -> RunSummary:
+        wall = progress.train_wall_s
+        return cls(steps=progress.step, tokens=progress.tokens,
+                   tokens_per_s=progress.tokens / wall if wall > 0 else None, train_wall_s=wall,
+                   step0=progress.step0, final=progress.final, best=progress.best,
+                   checkpoints={"last": str(checkpoints_dir / "last"), "best": str(checkpoints_dir / "best")},
+                   verifier_dir=str(verifier_dir), data_dir=str(data_dir), device=device, world_size=world_size)
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)

@@ -1,0 +1,54 @@
+"""Stopping a run on a signal: SIGTERM (preemption) or Ctrl-C lets the current step finish, then the loop saves
+`checkpoints/last` and exits resumably, all ranks at the same step."""
+
+from __future__ import annotations
+
+import logging
+import signal
+import threading
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+from eagle3.distributed import World, reduce_sums
+
+log = logging.getLogger(__name__)
+
+
+class StopRequest:
+    """SIGTERM (preemption) or Ctrl-C: the current step finishes, `last` is saved, the run exits resumably.
+    A second Ctrl-C exits at once."""
+
+    SIGNALS = (signal.SIGTERM, signal.SIGINT)
+
+    def __init__(self) -> None:
+        self.signum: int | None = None
+        self.previous: dict[int, Any] = {}
+        if threading.current_thread() is threading.main_thread():
+            self.previous = {s: signal.signal(s, self._handle) for s in self.SIGNALS}
+
+    def _handle(self, signum: int, frame: FrameType | None) -> None:
+        if self.signum is not None and signum == signal.SIGINT:
+            raise KeyboardInterrupt
+        self.signum = signum
+        log.warning("%s received: finishing this step, then saving checkpoints/last (Ctrl-C again exits at once)",
+                    signal.Signals(signum).name)
+
+    def requested(self, world: World) -> bool:
+        """Whether any rank was signalled (a collective when distributed, so all ranks stop at the same step)."""
+        flag = float(self.signum is not None)
+        if world.distributed:
+            flag = reduce_sums({"stop": flag}, world)["stop"]
+        return flag > 0
+
+    def exit(self, run_dir: Path, step: int) -> None:
+        signum = self.signum or signal.SIGTERM
+        self.restore()
+        log.warning("interrupted at step %d; checkpoints/last holds it. Continue with: python launch.py resume=%s",
+                    step, run_dir)
+        raise SystemExit(128 + signum)
+
+    def restore(self) -> None:
+        for s, handler in self.previous.items():
+            signal.signal(s, handler)
+        self.previous = {}
