@@ -3,10 +3,18 @@
     python -m eagle3.compare outputs/multirun/2026-11-29/10-00-00            # a sweep dir
     python -m eagle3.compare outputs/2026-11-29/10-00-00 outputs/...         # run dirs, or both
     python -m eagle3.compare SWEEP --format csv --plot sweep.png
+    python -m eagle3.compare SWEEP --confirm 3       # + measured acceptance of the 3 best by tau_sim
 
 Columns: every config key whose value differs between the runs, then step-0, best and final val
 metrics. Runs are ranked by tau_sim (simulated acceptance length), not loss: acceptance can peak while
-loss still falls. A run that failed or never evaluated is listed as such, at the bottom.
+loss still falls. A run that failed or never evaluated is listed as such, at the bottom. With the step costs
+of a deployment (--baseline-ms, --verify-ms, --draft-ms), a predicted-speedup column is added and the runs
+are ranked by it: what serving would gain (eagle3.eval.speedup's model).
+
+tau_sim is an estimate that orders drafts cheaply; `--confirm N` measures acceptance (eagle3.eval.accept) of
+the N best runs by tau_sim (those without an `accept_k*.json` yet: a rerun measures nothing twice), and prints
+the runs that have one ranked both ways, side by side. A sweep dir holding an Optuna study (`study.db`) adds its
+history to the plot.
 """
 
 from __future__ import annotations
@@ -114,7 +122,8 @@ def steps_to_reach(run: Run, target: float) -> int | None:
     return next((r["step"] for r in run.val_rows if r["tau_sim"] >= target), None)
 
 
-def table(runs: list[Run], baseline: str | None = None) -> tuple[list[str], list[list[str]]]:
+def table(runs: list[Run], baseline: str | None = None,
+          costs: dict[str, float] | None = None) -> tuple[list[str], list[list[str]]]:
     keys = differing_keys(runs)
     header = ["run", "status", *keys, "tau_sim@0", "best tau_sim", "best step", "final tau_sim", "loss@0",
               "final loss"]
@@ -126,8 +135,11 @@ def table(runs: list[Run], baseline: str | None = None) -> tuple[list[str], list
                              f"(labels: {', '.join(r.label for r in runs)})")
         target = base.best_tau
         header.append(f"steps to {baseline}'s best")
+    predicted = {id(r): predicted_speedup(r, costs) for r in runs} if costs else {}
+    if costs:
+        header += ["pred. speedup", "at k", "rates"]
     body = []
-    for run in rank(runs):
+    for run in rank(runs) if not costs else rank_by_speedup(runs, predicted):
         cells = [run.label, run.status, *(_fmt(run.config.get(k)) for k in keys)]
         if run.summary:
             s = run.summary
@@ -137,6 +149,9 @@ def table(runs: list[Run], baseline: str | None = None) -> tuple[list[str], list
             cells += val_row_cells(run.val_rows)
         if target is not None:
             cells.append(_fmt(steps_to_reach(run, target)) if run.val_rows else "-")
+        if costs:
+            p = predicted[id(run)]
+            cells += [f"{p['speedup']:.3f}", str(p["k"]), p["source"]] if p else ["-"] * 3
         body.append(cells)
     return header, body
 
@@ -147,6 +162,34 @@ def val_row_cells(val_rows: list[dict[str, Any]]) -> list[str]:
     best = max(val_rows, key=lambda r: r["tau_sim"], default={})
     return [_fmt(step0.get("tau_sim")), _fmt(best.get("tau_sim")), _fmt(best.get("step")), "-",
             _fmt(step0.get("loss")), "-"]
+
+
+# --- predicted serving speedup (eagle3.eval.speedup) for given step costs ---------------------------------------
+
+def predicted_speedup(run: Run, costs: dict[str, float]) -> dict[str, Any] | None:
+    """The best predicted speedup over k of `run` at `costs` (baseline_ms, verify_ms, draft_ms): from the measured
+    accept rates of its greedy accept_k*.json report with the largest k if it has one ("measured"), else from its
+    best val row's full_acc_* ("estimate": teacher-forced, usually above what serving accepts)."""
+    from eagle3.eval.speedup import StepCosts, predict
+
+    rates, source = None, "estimate"
+    reports = sorted(run.path.glob("accept_k*.json"), key=lambda f: f.stem)
+    greedy = [json.loads(f.read_text()) for f in reports if "_t" not in f.stem]
+    if greedy:
+        rates, source = max(greedy, key=lambda r: r["k"])["accept_rate"], "measured"
+    elif run.summary:
+        best = run.summary["best"]
+        rates = [best[f"full_acc_{j}"] for j in range(len(best)) if f"full_acc_{j}" in best]
+    if not rates:
+        return None
+    ks = range(1, len(rates) + 1)
+    prediction = predict(rates, StepCosts(costs["baseline_ms"], {k: costs["verify_ms"] for k in ks}, costs["draft_ms"]))
+    best = prediction["rows"][prediction["best_k"] - 1]
+    return {"speedup": best["speedup"], "k": best["k"], "source": source}
+
+
+def rank_by_speedup(runs: list[Run], predicted: dict[int, dict[str, Any] | None]) -> list[Run]:
+    return sorted(runs, key=lambda r: (predicted[id(r)] is None, -(predicted[id(r)] or {"speedup": 0.0})["speedup"]))
 
 
 def _fmt(value: Any) -> str:
@@ -170,8 +213,9 @@ def render(header: list[str], body: list[list[str]], fmt: str) -> str:
     return "\n".join(lines) + "\n"
 
 
-def plot(runs: list[Run], out: Path) -> None:
-    """Val tau_sim and val loss against step for every run; per-position accuracy of the best run."""
+def plot(runs: list[Run], out: Path, history: StudyHistory | None = None) -> None:
+    """Val tau_sim and val loss against step for every run; per-position accuracy of the best run; the
+    study's objective by trial, if the sweep was an Optuna study."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -181,7 +225,7 @@ def plot(runs: list[Run], out: Path) -> None:
     evaluated = [r for r in rank(runs) if r.val_rows]
     if not evaluated:
         raise SystemExit("error: no run has val rows to plot")
-    fig, axes = plt.subplots(1, 3, figsize=(17, 5))
+    fig, axes = plt.subplots(1, 3 + (history is not None), figsize=(17 + 5.5 * (history is not None), 5))
     for run in evaluated:
         name = ", ".join(f"{k.split('.')[-1]}={_fmt(run.config.get(k))}" for k in keys) or run.label
         steps = [r["step"] for r in run.val_rows]
@@ -202,6 +246,8 @@ def plot(runs: list[Run], out: Path) -> None:
         ax.set_ylabel(ylabel)
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
+    if history is not None:
+        plot_history(axes[3], history)
     fig.tight_layout()
     fig.savefig(out, dpi=110)
     plt.close(fig)
@@ -214,13 +260,153 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--plot", type=Path, help="write a PNG of the val curves here")
     parser.add_argument("--baseline", help="a run's label (first column, e.g. '#0'): adds the step at which each "
                                            "run first reached that run's best tau_sim")
+    parser.add_argument("--baseline-ms", type=float, help="with --verify-ms: adds the serving speedup each run's "
+                                                           "accept rates predict (eagle3.eval.speedup) and ranks by "
+                                                           "it; the verifier's plain decoding, ms per token")
+    parser.add_argument("--verify-ms", type=float, help="the verifier's forward over a verify step's k+1 tokens, ms")
+    parser.add_argument("--draft-ms", type=float, default=0.0, help="one draft forward, ms (default 0)")
+    parser.add_argument("--confirm", type=int, metavar="N", help="measure acceptance (eagle3.eval.accept --run) of "
+                        "the N best runs by tau_sim (those without an accept_k*.json yet), then rank the measured runs "
+                        "by tau_sim and by accept_len side by side (0: only the rankings)")
     args = parser.parse_args(argv)
+    costs = None
+    if args.baseline_ms is not None or args.verify_ms is not None:
+        if args.baseline_ms is None or args.verify_ms is None or min(args.baseline_ms, args.verify_ms) <= 0 \
+                or args.draft_ms < 0:
+            raise SystemExit("error: the predicted speedup needs --baseline-ms and --verify-ms (> 0), "
+                             "and --draft-ms >= 0")
+        costs = {"baseline_ms": args.baseline_ms, "verify_ms": args.verify_ms, "draft_ms": args.draft_ms}
     runs = find_runs(args.paths)
-    sys.stdout.write(render(*table(runs, args.baseline), args.format))
+    failed_measurements = confirm(runs, args.confirm) if args.confirm is not None else []
+    sys.stdout.write(render(*table(runs, args.baseline, costs), args.format))
+    if args.confirm is not None:
+        sys.stdout.write(rankings_text(runs, args.format))
     if args.plot:
-        plot(runs, args.plot)
+        plot(runs, args.plot, study_history(args.paths))
         print(f"plot: {args.plot}", file=sys.stderr)
-    return 0
+    return 1 if failed_measurements else 0
+
+
+# --- measured acceptance beside tau_sim (--confirm) -------------------------------------------------------------
+
+
+def accept_report(run: Run) -> dict[str, Any] | None:
+    """The run's `accept_k<k>.json` (eagle3.eval.accept --run), k = its ttt_steps if there are several."""
+    # Greedy reports only: tau_sim is a greedy estimate, and at T > 0 eagle3.eval.accept writes accept_k<k>_t<T>.json.
+    reports = sorted(f for f in run.path.glob("accept_k*.json") if "_t" not in f.stem)
+    if not reports:
+        return None
+    preferred = run.path / f"accept_k{run.config.get('model.draft.ttt_steps')}.json"
+    return json.loads((preferred if preferred in reports else reports[0]).read_text())
+
+
+def confirm(runs: list[Run], n: int) -> list[str]:
+    """Measures acceptance of the n best completed runs by tau_sim that have no report yet; returns the
+    runs whose measurement failed (each said on stderr), the others' reports are in their run dirs."""
+    if n < 0:
+        raise SystemExit(f"error: --confirm must be >= 0, got {n}")
+    from eagle3.errors import UserError
+    from eagle3.eval import accept
+    from eagle3.eval.measure import LosslessError
+
+    failed = []
+    for run in [r for r in rank(runs) if r.status == "completed"][:n]:
+        if accept_report(run) is not None:
+            continue
+        print(f"measuring acceptance of {run.label} ({run.path.name}) ...", file=sys.stderr, flush=True)
+        try:
+            report = accept.run(accept.parse_args(["--run", str(run.path)]))
+        except (UserError, LosslessError) as e:
+            print(f"error: {run.label}: {e}", file=sys.stderr)
+            failed.append(run.label)
+            continue
+        print(f"{run.label}: accept_len {report['accept_len']:.4f} ({report['report_path']}, "
+              f"{report['wall_s']:.1f} s)", file=sys.stderr)
+    return failed
+
+
+def rankings(runs: list[Run]) -> tuple[list[str], list[list[str]]]:
+    """The runs with measured acceptance, ranked by best val tau_sim and by accept_len, side by side."""
+    measured: list[tuple[Run, float, dict[str, Any]]] = []  # (run, its best tau_sim, its accept report)
+    for run in runs:
+        report = accept_report(run)
+        if run.best_tau is not None and report is not None:
+            measured.append((run, run.best_tau, report))
+    by_tau = sorted(measured, key=lambda m: -m[1])
+    by_accept = sorted(by_tau, key=lambda m: -m[2]["accept_len"])  # ties keep their tau_sim order
+    header = ["rank", "by tau_sim", "best tau_sim", "its accept_len", "by accept_len", "accept_len",
+              "its best tau_sim"]
+    body = [[str(i + 1), t.label, _fmt(t_tau), _fmt(t_report["accept_len"]), a.label, _fmt(a_report["accept_len"]),
+             _fmt(a_tau)] for i, ((t, t_tau, t_report), (a, a_tau, a_report)) in enumerate(zip(by_tau, by_accept))]
+    return header, body
+
+
+def rankings_text(runs: list[Run], fmt: str) -> str:
+    header, body = rankings(runs)
+    if not body:
+        return "" if fmt == "csv" else "\nno run has measured acceptance (accept_k*.json) yet\n"
+    if fmt == "csv":
+        return "\n" + render(header, body, fmt)
+    reports = [accept_report(r) for r in runs if r.best_tau is not None]
+    settings = {(r["k"], r["prompts"], r["max_new_tokens"]) for r in reports if r is not None}
+    what = "; ".join(f"k={k}, {p} prompts x {t} tokens" for k, p, t in sorted(settings))
+    return (f"\nmeasured acceptance ({what}) against tau_sim, {len(body)} runs ranked both ways:\n"
+            + render(header, body, fmt))
+
+
+# --- an Optuna study's history (sweeps made with hydra/sweeper=optuna) ------------------------------------------
+
+STUDY_FILE = "study.db"  # hydra_plugins/eagle3_optuna_sweeper keeps the study here, in the sweep dir
+
+
+@dataclass
+class StudyHistory:
+    objective: str
+    direction: str
+    trials: list[tuple[int, str, float | None]]   # (number, state, value) in trial order
+
+
+def study_history(paths: list[Path]) -> StudyHistory | None:
+    """The trials of the Optuna study in the one sweep dir given, if it holds one (optuna imported only then)."""
+    files = [p / STUDY_FILE for p in paths if (p / STUDY_FILE).is_file()]
+    if len(files) != 1 or len(paths) != 1:
+        return None
+    import optuna
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    storage = f"sqlite:///{files[0].resolve()}"
+    names = optuna.get_all_study_names(storage)
+    if len(names) != 1:
+        return None
+    study = optuna.load_study(study_name=names[0], storage=storage)
+    trials = [(t.number, t.state.name, t.value) for t in study.get_trials(deepcopy=False)]
+    return StudyHistory(study.user_attrs.get("objective") or "objective", study.direction.name.lower(), trials)
+
+
+def best_so_far(history: StudyHistory) -> list[tuple[int, float]]:
+    """(trial number, best value among the completed trials up to it) at each completed trial."""
+    better = max if history.direction == "maximize" else min
+    out: list[tuple[int, float]] = []
+    for number, state, value in history.trials:
+        if state == "COMPLETE" and value is not None:
+            out.append((number, value if not out else better(out[-1][1], value)))
+    return out
+
+
+def plot_history(ax, history: StudyHistory) -> None:
+    done = [(n, v) for n, s, v in history.trials if s == "COMPLETE" and v is not None]
+    failed = [n for n, s, _ in history.trials if s == "FAIL"]
+    if done:
+        ax.plot(*zip(*done), "o", label=f"trial {history.objective}")
+        ax.step(*zip(*best_so_far(history)), where="post", label="best so far")
+    if failed:
+        low = min((v for _, v in done), default=0.0)
+        ax.plot(failed, [low] * len(failed), "x", color="red", label="failed")
+    ax.set_title(f"Optuna study: {history.objective} by trial ({history.direction})")
+    ax.set_xlabel("trial")
+    ax.set_ylabel(history.objective)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
 
 
 if __name__ == "__main__":

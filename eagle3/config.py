@@ -47,6 +47,14 @@ class BadSamplePolicy(str, Enum):
     skip = "skip"
 
 
+class Objective(str, Enum):
+    """What a run returns to a sweeper (eagle3/objective.py): its best val tau_sim, or the measured acceptance
+    of that val pass."""
+
+    tau_sim = "tau_sim"
+    accept_len = "accept_len"
+
+
 class Strategy(str, Enum):
     ddp = "ddp"
     fsdp = "fsdp"
@@ -114,6 +122,9 @@ class DraftConfig:
     norm_before_fc: bool | None = None
     norm_output: bool | None = None
     fc_norm: bool | None = None
+    # Recompute the decoder layer in the backward instead of keeping its activations (eagle3/recompute.py):
+    # less activation memory for about one more layer forward per TTT step.
+    gradient_checkpointing: bool = False
 
     def check(self) -> None:
         _require(self.ttt_steps >= 1, "model.draft.ttt_steps", "must be >= 1")
@@ -162,14 +173,16 @@ class DataConfig:
     hidden_states_dtype: str = "bfloat16"
     on_bad_sample: BadSamplePolicy = BadSamplePolicy.error
 
-    def check(self) -> None:
+    def check(self, dataset_required: bool = True) -> None:
+        """`dataset_required=False` (plan=true, which reads no data): data.path need only be a directory, so a run
+        can be planned before its dataset is prepared into it."""
         _require(0 < self.train_ratio < 1, "data.train_ratio", f"must be in (0, 1), got {self.train_ratio}")
         _require(self.total_seq_len > 0, "data.total_seq_len", "must be > 0")
         _require(self.prefetch >= 0, "data.prefetch", f"must be >= 0, got {self.prefetch}")
         _require((self.path is None) != (self.synth is None), "data",
                  "set exactly one of data.path (a speculators-format dataset) and data.synth")
         if self.path is not None:
-            _require_dir(self.path, "data.path", ["hidden_states"],
+            _require_dir(self.path, "data.path", ["hidden_states"] if dataset_required else [],
                          "a speculators-format dataset: Arrow rows (input_ids, loss_mask, seq_len) saved with "
                          "datasets.save_to_disk, hidden_states/hs_<i>.safetensors and token_freq.pt")
 
@@ -246,6 +259,9 @@ class DistributedConfig:
     strategy: Strategy = Strategy.ddp
     nproc_per_node: int = 1
     nnodes: int = 1
+    # GB of memory per device for the plan's fit check when no GPU is visible (plan=true on a laptop);
+    # null: a visible GPU's free memory (torch.cuda.mem_get_info), else no check.
+    device_memory_gb: float | None = None
     node_rank: int = MISSING                # MISSING, not 0: multinode must not default it silently
     rdzv_endpoint: str | None = MISSING
     backend: str = "auto"
@@ -257,6 +273,9 @@ class DistributedConfig:
 
     def check(self) -> None:
         _require(self.nproc_per_node >= 1, "distributed.nproc_per_node", "must be >= 1")
+        memory = self.device_memory_gb
+        _require(memory is None or (math.isfinite(memory) and memory > 0), "distributed.device_memory_gb",
+                 f"must be null or a positive number of GB, got {memory}")
         _require(self.nnodes >= 1, "distributed.nnodes", "must be >= 1")
         _require(0 <= self.node_rank < self.nnodes, "distributed.node_rank",
                  f"must be in [0, distributed.nnodes={self.nnodes})")
@@ -287,12 +306,15 @@ class AcceptEvalConfig:
     k: int = 3
     max_new_tokens: int = 32
     every: int = 1                  # measure at every N-th val pass, the step-0 pass first
+    temperature: float = 0.0        # sampling temperature (0: greedy; > 0: speculative sampling, seeded by `seed`)
 
     def check(self, dist: DistributedConfig) -> None:
         # The verifier it needs always exists: ModelConfig.check requires model.verifier.path or .tiny.
         for key, low in (("k", 1), ("num_prompts", 1), ("max_new_tokens", 2), ("every", 1)):
             value = getattr(self, key)
             _require(value >= low, f"eval.accept.{key}", f"must be >= {low}, got {value}")
+        # `not >=` also refuses NaN, which would otherwise sample from NaN logits.
+        _require(self.temperature >= 0, "eval.accept.temperature", f"must be >= 0, got {self.temperature}")
         if not self.enabled:
             return
         _require(dist.strategy != Strategy.fsdp or dist.world_size == 1, "eval.accept.enabled",
@@ -323,15 +345,24 @@ class TrainConfig:
     cache_dir: str = MISSING
     device: str = "auto"
     resume: str | None = None
+    # true: print the memory and time plan of this config per rank (eagle3/plan.py) and exit; builds nothing
+    plan: bool = False
+    objective: Objective = Objective.tau_sim   # returned to a sweeper (hydra/sweeper=optuna); conf/train.yaml
 
-    def check(self) -> None:
-        """The checks a type cannot express, each raising ConfigError naming the key."""
+    def check(self, dataset_required: bool = True) -> None:
+        """The checks a type cannot express, each raising ConfigError naming the key. `dataset_required=False`:
+        data.path need not hold a dataset yet (DataConfig.check)."""
         self.optim.check()
-        self.data.check()
+        self.data.check(dataset_required)
         self.model.check()
         _require(self.device in ("auto", "cpu", "cuda"), "device", "must be auto, cpu or cuda")
         self.distributed.check()
         self.eval.accept.check(self.distributed)
+        accept = self.eval.accept
+        # accept_len exists only where the val pass that chose the best checkpoint measured acceptance.
+        _require(self.objective != Objective.accept_len or (accept.enabled and accept.every == 1), "objective",
+                 "accept_len needs measured acceptance at every val pass: add eval.accept.enabled=true"
+                 + ("" if accept.every == 1 else " and eval.accept.every=1") + ", or use objective=tau_sim")
 
 
 @dataclass
@@ -370,10 +401,11 @@ def register_configs() -> None:
     cs.store(group="logger", name="base_logger", node=LoggerConfig)
 
 
-def run_config(plain: dict[str, Any]) -> RunConfig:
+def run_config(plain: dict[str, Any], dataset_required: bool = True) -> RunConfig:
     """The typed, checked run config from its plain form: the resolved composition plus `run`, or a run dir's
-    resolved_config.yaml (an old run dir goes through the same schemas and checks as a fresh run)."""
-    cfg = _typed(RunConfig, plain)
+    resolved_config.yaml (an old run dir goes through the same schemas and checks as a fresh run).
+    `dataset_required=False` is for plan=true, which reads no data: data.path need only be a directory."""
+    cfg = _typed(RunConfig, plain, dataset_required)
     assert isinstance(cfg, RunConfig)
     return cfg
 
@@ -383,7 +415,7 @@ def validate(plain: dict[str, Any]) -> TrainConfig:
     return _typed(TrainConfig, plain)
 
 
-def _typed(schema_type: type[TrainConfig], plain: dict[str, Any]) -> TrainConfig:
+def _typed(schema_type: type[TrainConfig], plain: dict[str, Any], dataset_required: bool = True) -> TrainConfig:
     # Merging into the schemas refuses a key none of them has, which composition lets through when it is added
     # with `+` (`+optim.lr_warmup=0.1`), and converts each value to its type; then every part's check() runs.
     init = plain.get("init")
@@ -399,7 +431,7 @@ def _typed(schema_type: type[TrainConfig], plain: dict[str, Any]) -> TrainConfig
         reason = str(e).splitlines()[0]
         raise ConfigError(f"{key}: {reason}" if key else reason) from None
     assert isinstance(cfg, TrainConfig)
-    cfg.check()
+    cfg.check(dataset_required)
     return cfg
 
 

@@ -1,5 +1,6 @@
 """What launch.py does with a composed config: resolve it, type and check it once (eagle3/config.py's
-`run_config`), write the run dir, build the verifier and data, then run the rank in this process or start the
+`run_config`), plan it (eagle3/plan.py: refuse what cannot fit; plan=true prints the plan and stops), write the
+run dir, build the verifier and data, then run the rank in this process or start the
 ranks with torch's elastic launcher. Past this module the run config is a typed `RunConfig`.
 
 In a multirun each job passes through here in turn (Hydra's basic launcher), so each job gets fresh rank
@@ -23,30 +24,37 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import InterpolationResolutionError, MissingMandatoryValue
 
-from eagle3.config import RunConfig, lr_advice, run_config
+from eagle3.config import PretrainedInitConfig, RunConfig, TrainConfig, lr_advice, run_config
 from eagle3.errors import ConfigError, DataError, UserError
+from eagle3.objective import objective_value
 from eagle3.verifier_shape import unresolvable
 
 if TYPE_CHECKING:
-    from eagle3.summary import RunSummary
+    from eagle3.plan import Plan
+    from eagle3.progress import RunSummary
 
 log = logging.getLogger(__name__)
 
 
 def launch(cfg: DictConfig) -> float | None:
-    """Runs one job; returns its best val tau_sim (the objective a sweeper would maximise)."""
+    """Runs one job; returns its objective (cfg.objective: best val tau_sim or accept_len) for a sweeper."""
     hydra = HydraConfig.get()
     multirun = hydra.mode is not None and hydra.mode.name == "MULTIRUN"
     run_dir = Path(cfg.resume if cfg.resume else hydra.runtime.output_dir).resolve()
     start = time.perf_counter()
     run_cfg = None  # set once the run dir is this run's: from then on a failure is recorded in it
     try:
+        if cfg.plan:  # plan (issue 19): print the memory/time plan and stop; no run dir, nothing built
+            show_plan(cfg, hydra, run_dir)
+            return None
         run_cfg = load_for_resume(run_dir, hydra) if cfg.resume else fresh_run(cfg, hydra, run_dir)
         verifier_dir, data_dir = materialize_inputs(run_cfg)
         rows = check_data(run_cfg, verifier_dir, data_dir)
         if not cfg.resume:
             preflight(run_cfg, verifier_dir, data_dir)
         summary = run_job(run_cfg, verifier_dir, data_dir, rows)
+        # Inside the try: a run whose best val pass has no accept_len is a failed trial, recorded as such.
+        objective = objective_value(run_cfg.objective, summary.best) if summary is not None else None
     except Exception as e:
         error = f"{type(e).__name__}: {e}"
         if run_cfg is not None or multirun:  # a single run's dir may be another run's until its config is written
@@ -61,13 +69,14 @@ def launch(cfg: DictConfig) -> float | None:
     if multirun:
         update_sweep_index(hydra, run_dir, "completed", summary)
     log.info("done in %.1f s", time.perf_counter() - start)
-    return summary.best["tau_sim"]
+    return objective
 
 
 def fresh_run(cfg: DictConfig, hydra, run_dir: Path) -> RunConfig:
     """The typed run config of a new run, checked, and written to the run dir as resolved_config.yaml."""
     resolved = resolve(cfg, hydra, run_dir)
     run_cfg = run_config(resolved)
+    refuse_if_it_cannot_fit(run_cfg)  # plan (issue 19): before anything is written or any rank starts
     advice, outside = lr_advice(run_cfg.optim, run_cfg.init)
     (log.warning if outside else log.info)(advice)
     if run_cfg.distributed.node_rank == 0:
@@ -101,6 +110,71 @@ def resolve(cfg: DictConfig, hydra, run_dir: Path) -> dict[str, Any]:
     return resolved
 
 
+# >>> plan (issue 19): plan=true and the fit guard; the plan itself is eagle3/plan.py.
+def run_plan(cfg: TrainConfig) -> Plan:
+    """The plan of this run (eagle3.plan) with what the machine and the disk say (eagle3.plan_inputs)."""
+    from eagle3.plan import make_plan
+    from eagle3.plan_inputs import dataset_stats, device_and_memory, verifier_size
+
+    draft, dist = cfg.model.draft, cfg.distributed
+    kind, memory, source = device_and_memory(cfg.device, dist.device_memory_gb, in_process=dist.world_size == 1)
+    verifier_bytes, verifier_note = verifier_size(cfg.model.verifier) if cfg.eval.accept.enabled else (0, "")
+    train_lm_head = isinstance(cfg.init, PretrainedInitConfig) and cfg.init.train_lm_head
+    return make_plan(draft, cfg.data, cfg.optim, dist, device_type=kind, device_memory=memory,
+                     device_memory_source=source, train_lm_head=train_lm_head,
+                     data_stats=dataset_stats(cfg.data, draft.hidden_size, draft.aux_layer_ids),
+                     verifier_bytes=verifier_bytes, verifier_note=verifier_note)
+
+
+def show_plan(cfg: DictConfig, hydra, run_dir: Path) -> None:
+    """`plan=true`: types and checks the config as a run would, except that data.path need not hold a dataset yet
+    (a plan reads no data), prints the plan, and removes the run dir Hydra made for this job when nothing but
+    Hydra's own files is in it, also when the config is refused. With `resume=<run dir>`: the plan of that run,
+    from its own config."""
+    from eagle3.plan import format_plan
+
+    try:
+        if cfg.resume:
+            run_cfg = run_config(read_run_config(Path(cfg.resume)), dataset_required=False)
+        else:
+            run_cfg = run_config(resolve(cfg, hydra, run_dir), dataset_required=False)
+        print(format_plan(run_plan(run_cfg)), flush=True)
+    finally:
+        remove_if_only_hydras(Path(hydra.runtime.output_dir), hydra.job.name)
+
+
+def remove_if_only_hydras(hydra_dir: Path, job_name: str) -> None:
+    """Removes the run dir Hydra made for a job that wrote nothing into it (and its date dir, when then empty)."""
+    if hydra_dir.is_dir() and {p.name for p in hydra_dir.iterdir()} <= {".hydra", f"{job_name}.log"}:
+        import shutil
+
+        shutil.rmtree(hydra_dir)
+        try:
+            hydra_dir.parent.rmdir()  # Hydra's date dir, when this was its only run
+        except OSError:
+            pass
+
+
+def refuse_if_it_cannot_fit(cfg: TrainConfig) -> None:
+    """Stops a run whose planned peak per rank exceeds the device's memory (eagle3.plan.check_fits)."""
+    from eagle3.plan import check_fits, human
+
+    plan = run_plan(cfg)
+    check_fits(plan)
+    of = f"of {human(plan.device_memory)} ({plan.device_memory_source})" if plan.device_memory else \
+        f"({plan.device_memory_source})"
+    log.info("plan: about %s per rank %s; python launch.py plan=true ... for the terms", human(plan.peak), of)
+# <<< plan (issue 19)
+
+
+def read_run_config(run_dir: Path) -> dict[str, Any]:
+    """A run dir's resolved_config.yaml, plain."""
+    config_file = run_dir / "resolved_config.yaml"
+    if not config_file.is_file():
+        raise ConfigError(f"resume: {run_dir} is not a run dir (no resolved_config.yaml)")
+    return yaml.safe_load(config_file.read_text())
+
+
 def load_for_resume(run_dir: Path, hydra) -> RunConfig:
     """The run's own resolved config, through the same schemas and checks as a fresh run's; resuming changes
     nothing about the run."""
@@ -108,12 +182,9 @@ def load_for_resume(run_dir: Path, hydra) -> RunConfig:
     if others:
         raise ConfigError(f"resume continues a run with its own resolved_config.yaml and takes no other "
                           f"overrides; remove: {' '.join(others)}")
-    config_file, state = run_dir / "resolved_config.yaml", run_dir / "checkpoints" / "last" / "trainer_state.pt"
-    if not config_file.is_file():
-        raise ConfigError(f"resume: {run_dir} is not a run dir (no resolved_config.yaml)")
+    resolved, state = read_run_config(run_dir), run_dir / "checkpoints" / "last" / "trainer_state.pt"
     if not state.is_file():
         raise ConfigError(f"resume: {run_dir} has no resumable checkpoint ({state} is missing)")
-    resolved = yaml.safe_load(config_file.read_text())
     resolved["resume"] = str(run_dir)
     log.info("resuming %s", run_dir)
     return run_config(resolved)

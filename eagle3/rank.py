@@ -10,6 +10,7 @@ import json
 import logging
 import os
 from pathlib import Path
+
 import torch
 
 from eagle3.checkpoint import check_disk, load_draft, load_trainer_state
@@ -19,6 +20,7 @@ from eagle3.data.loader import build_loaders
 from eagle3.distributed import World, close_world, init_world, wrap_model
 from eagle3.init import InitContext, build_draft
 from eagle3.progress import RunSummary
+from eagle3.recompute import recompute_decoder_layers
 from eagle3.track import Tracker
 from eagle3.train import train
 
@@ -99,6 +101,8 @@ def _train_on(world: World, device: torch.device, cfg: RunConfig, run_dir: Path,
         model, init_report = build_draft(ctx)
         if world.is_main:
             (run_dir / "init_report.json").write_text(json.dumps(init_report, indent=2) + "\n")
+    if draft.gradient_checkpointing:  # a run dir from before the knob reads its schema default (false)
+        recompute_decoder_layers(model)
     if world.is_main:
         check_disk(run_dir, model)
     model = wrap_model(model.to(device), world, device)
@@ -107,7 +111,8 @@ def _train_on(world: World, device: torch.device, cfg: RunConfig, run_dir: Path,
     if cfg.eval.accept.enabled:
         from eagle3.eval.at_val import AcceptanceAtVal
 
-        at_val = AcceptanceAtVal(cfg.eval.accept, cfg.data.train_ratio, verifier_dir, data_dir, device, world)
+        at_val = AcceptanceAtVal(cfg.eval.accept, cfg.data.train_ratio, verifier_dir, data_dir, device, world,
+                                 seed=cfg.seed)
     resume_step = resume_state["progress"]["step"] if resume_state else None
     with Tracker(run_dir, cfg.logger, cfg.run, plain_config(cfg), enabled=world.is_main,
                  resume_step=resume_step) as tracker:

@@ -1,5 +1,6 @@
-"""Measured acceptance (eagle3.eval) on the tiny verifier: lossless, faithful to speculators' draft, and telling
-an untrained draft from a trained one; the CLI, its errors, and eval.accept in training."""
+"""Measured acceptance (eagle3.eval) on the tiny verifier: lossless (token for token at T = 0, in distribution at
+T > 0), the KV-cached harness equal to the uncached one, faithful to speculators' draft, and telling an untrained
+draft from a trained one; the CLI, its errors, and eval.accept in training."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import json
 import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -140,6 +142,49 @@ def test_speculative_output_is_greedy_output(inputs, k):
         assert all(0 <= n <= k for n in spec.accepted)
 
 
+@pytest.mark.parametrize("attn_impl", ["sdpa", "eager"])
+def test_cached_harness_equals_uncached_at_greedy(inputs, attn_impl):
+    """The KV-cached harness (verifier cache cropped to the accepted prefix, draft step-0 cache) makes exactly the
+    uncached harness's decisions: the same tokens and the same accepted count at every verify step."""
+    from eagle3.eval.drafting import plain_decode, speculative_decode
+
+    draft = load(inputs["summary"], attn_impl=attn_impl)
+    total = 0
+    for k in (1, 3):
+        for prompt in inputs["prompts"][:6]:
+            uncached = speculative_decode(inputs["verifier"], draft, prompt, k, 32, [1, 2, 3], cached=False)
+            cached = speculative_decode(inputs["verifier"], draft, prompt, k, 32, [1, 2, 3], cached=True)
+            assert cached.tokens == uncached.tokens and cached.accepted == uncached.accepted
+            assert plain_decode(inputs["verifier"], prompt, 32) == uncached.tokens
+            total += sum(cached.accepted)
+    assert total > 10  # the drafts were accepted often enough for the cache crops to matter
+
+
+def test_draft_q_lives_on_the_target_vocabulary(inputs):
+    """q at T over target ids: draft id i at i + d2t[i], zero for the target tokens the draft cannot propose."""
+    from eagle3.eval.drafting import Sampling, draft_probs
+
+    draft = load(inputs["summary"])
+    logits = torch.randn(draft.lm_head.out_features)
+    q = draft_probs(draft, logits, Sampling(0.7))
+    assert q.shape == (draft.t2d.shape[0],) and float(q.sum()) == pytest.approx(1.0)
+    assert torch.equal(q > 0, draft.t2d.bool())
+    in_vocab = torch.arange(logits.shape[0]) + draft.d2t
+    torch.testing.assert_close(q[in_vocab], torch.softmax(logits / 0.7, -1))
+
+
+def test_sampled_acceptance_is_reproducible_and_reported(inputs):
+    from eagle3.eval.measure import AcceptanceProbe
+
+    draft = load(inputs["summary"])
+    first, again = (AcceptanceProbe(inputs["verifier"], inputs["prompts"][:4], 3, 16, temperature=0.8, seed=5)
+                    .measure(draft, teacher_forced=False) for _ in range(2))
+    assert first["temperature"] == 0.8 and first["lossless"] is None and first["seed"] == 5
+    assert first["accept_rate"] == again["accept_rate"] and first["verify_steps"] == again["verify_steps"]
+    assert first["accept_len"] == pytest.approx(1 + sum(first["accept_rate"]))
+    assert all(a >= b for a, b in zip(first["accept_rate"], first["accept_rate"][1:]))
+
+
 def test_untrained_accepts_about_one_and_trained_clearly_more(inputs, strong_run):
     from eagle3.eval.measure import AcceptanceProbe
 
@@ -166,6 +211,27 @@ def test_lossless_failure_names_prompt_and_position(inputs):
     with pytest.raises(LosslessError,
                        match=r"prompt 2 \(1-based\), new token #2: speculative 9, greedy 8; .*not a tie"):
         check_lossless(inputs["verifier"], [prompt, prompt], [[1, 2, 3], [4, 5, 9]], [[1, 2, 3], [4, 5, 8]])
+
+
+def test_val_pass_samples_at_its_temperature_seeded_by_the_run(inputs):
+    """eval.accept.temperature > 0 at val passes: speculative sampling seeded by the run's seed, so a pass
+    measures what a probe with that seed measures, and every pass of the same draft draws the same tokens."""
+    from eagle3.config import AcceptEvalConfig
+    from eagle3.distributed import World
+    from eagle3.eval.at_val import AcceptanceAtVal
+    from eagle3.eval.measure import AcceptanceProbe
+
+    summary, draft = inputs["summary"], load(inputs["summary"])
+    accept = AcceptEvalConfig(enabled=True, num_prompts=3, max_new_tokens=12, temperature=0.8)
+    at_val = AcceptanceAtVal(accept, 0.9, Path(summary["verifier_dir"]), Path(summary["data_dir"]),
+                             torch.device("cpu"), World(), seed=11)
+    first, again = at_val(draft), at_val(draft)
+    probe = AcceptanceProbe(inputs["verifier"], inputs["prompts"][:3], 3, 12, temperature=0.8, seed=11)
+    expected = probe.measure(draft, teacher_forced=False)["accept_rate"]
+    for row in (first, again):
+        assert [row[f"accept_rate_{j}"] for j in range(3)] == expected
+    other_seed = AcceptanceProbe(inputs["verifier"], inputs["prompts"][:3], 3, 12, temperature=0.8, seed=12)
+    assert other_seed.measure(draft, teacher_forced=False)["accept_rate"] != expected  # the seed is used
 
 
 def test_accept_len_in_every_val_row(strong_run):
@@ -198,6 +264,18 @@ def test_cli_run_and_prompt_files(strong_run, inputs, tmp_path):
     assert report["k"] == 3 and report["prompt_source"].startswith("val split of")
     with pytest.raises(SystemExit, match="accept_k3.json exists"):
         main(["--run", str(strong_run), "--num-prompts", "2", "--max-new-tokens", "8"])
+
+    # At T > 0: speculative sampling, its own report name, the temperature in the report; --no-cache runs too.
+    main(["--run", str(strong_run), "--num-prompts", "2", "--max-new-tokens", "8", "--temperature", "0.7",
+          "--seed", "3"])
+    report = json.loads((strong_run / "accept_k3_t0.7.json").read_text())
+    assert report["temperature"] == 0.7 and report["seed"] == 3 and report["cached"] is True
+    assert len(report["accept_rate"]) == 3 and report["lossless"] is None
+    main(["--run", str(strong_run), "--num-prompts", "2", "--max-new-tokens", "8", "--no-cache",
+          "--out", str(tmp_path / "uncached.json")])
+    uncached = json.loads((tmp_path / "uncached.json").read_text())
+    assert uncached["cached"] is False and uncached["accept_rate"] == json.loads(
+        (strong_run / "accept_k3.json").read_text())["accept_rate"]
 
 
 def test_cli_messages_with_a_chat_template(strong_run, inputs, tmp_path):
@@ -248,6 +326,8 @@ def bad_cli_inputs(strong_run, inputs, tmp_path):
         (["--run", str(strong_run), "--k", "0", "--out", str(tmp_path / "x.json")], "--k must be >= 1"),
         (["--run", str(tmp_path)], "is not a finished run dir"),
         (["--run", str(strong_run), "--threads", "0", "--out", str(tmp_path / "x.json")], "--threads must be >= 1"),
+        (["--run", str(strong_run), "--temperature", "-1", "--out", str(tmp_path / "x.json")],
+         "--temperature must be >= 0"),
         ([str(tmp_path / "missing"), "--verifier", verifier, "--prompts", p("oov")], "does not exist"),
         ([best, "--verifier", str(tmp_path), "--prompts", p("oov")], "has no config.json"),
         ([best, "--verifier", verifier], "give --prompts"),
@@ -279,6 +359,8 @@ def test_bad_cli_input_is_one_message(strong_run, inputs, tmp_path):
     ("eval.accept.max_new_tokens=1", "eval.accept.max_new_tokens"),
     ("eval.accept.every=0", "eval.accept.every"),
     ("eval.accept.prompts=/missing.jsonl", "eval.accept.prompts"),
+    ("eval.accept.temperature=-0.5", "eval.accept.temperature"),
+    ("eval.accept.temperature=nan", "eval.accept.temperature"),
 ])
 def test_accept_config_is_checked(override, key):
     resolved = OmegaConf.to_container(compose_cfg(["eval.accept.enabled=true", override]), resolve=True,
@@ -294,3 +376,111 @@ def test_accept_with_fsdp_across_ranks_is_refused_and_off_by_default():
         validate(resolved)
     default = OmegaConf.to_container(compose_cfg(), resolve=True)
     assert default["eval"]["accept"]["enabled"] is False and default["eval"]["accept"]["k"] == 3
+
+
+# Lossless at T > 0 is a statement about distributions. A small verifier of 48 tokens (lm_head x 15: spread
+# next-token distributions) and a draft of 24 of them whose head is flattened (x 0.3), so that q differs from p
+# everywhere and p has mass outside the draft vocabulary. Measured with N = 600: the correct rule's p-values
+# 0.62 / 0.09 / 0.43 at new tokens 0 / 1 / 2; a rule accepting whenever the draft token is the verifier's argmax
+# 2.5e-14 at new token 1.
+SAMPLES, NEW_TOKENS, K, TEMPERATURE = 600, 3, 2, 1.0
+
+
+@pytest.fixture(scope="module")
+def spread_pair(tmp_path_factory):
+    from speculators.train.vocab_mapping import build_vocab_mappings_from_distribution
+
+    from eagle3.config import DraftConfig, TinyVerifierConfig
+    from eagle3.data.verifier import tiny_verifier_dir
+    from eagle3.data.verifier_forward import load_causal_lm
+    from eagle3.init.build import SPECULATORS_FLAGS, new_draft
+
+    vocab, draft_vocab, hidden = 48, 24, 32
+    tiny = TinyVerifierConfig(vocab_size=vocab, hidden_size=hidden, intermediate_size=64, num_layers=2,
+                              num_heads=2, max_position_embeddings=64, init_std=0.02, logit_scale=15.0, seed=0,
+                              perturb_std=0.0, token_shift=0.0, perturb_seed=1)
+    verifier_dir = tiny_verifier_dir(tiny, str(tmp_path_factory.mktemp("spread")))
+    d2t, t2d = build_vocab_mappings_from_distribution({i: vocab - i for i in range(vocab)},
+                                                       draft_vocab_size=draft_vocab, target_vocab_size=vocab)
+    draft_cfg = DraftConfig(hidden_size=hidden, intermediate_size=64, num_attention_heads=2, num_key_value_heads=2,
+                            head_dim=16, max_position_embeddings=64, rope_theta=10000.0, rms_norm_eps=1e-6,
+                            hidden_act="silu", vocab_size=vocab, aux_layer_ids=[0, 1], draft_vocab_size=draft_vocab,
+                            ttt_steps=K)
+    torch.manual_seed(0)
+    draft = new_draft(draft_cfg, SPECULATORS_FLAGS, "sdpa", str(verifier_dir), t2d, d2t).float().eval()
+    with torch.no_grad():
+        draft.lm_head.weight.mul_(0.3)
+    verifier = load_causal_lm(verifier_dir)
+    prompt = [3, 7, 1, 12]
+    # The reference: plain sampling of the verifier at T, all samples in one batch (no eagle3 code involved).
+    gen = torch.Generator().manual_seed(1)
+    ids = torch.tensor([prompt] * SAMPLES)
+    with torch.no_grad():
+        for _ in range(NEW_TOKENS):
+            probs = torch.softmax(verifier(input_ids=ids).logits[:, -1].float() / TEMPERATURE, -1)
+            ids = torch.cat([ids, torch.multinomial(probs, 1, generator=gen)], 1)
+    return {"verifier": verifier, "draft": draft, "prompt": prompt, "plain": ids[:, len(prompt):].tolist()}
+
+
+def two_sample_chi2_p(a: list[int], b: list[int]) -> float:
+    """p-value of a two-sample chi-square test of equal sizes; tokens seen fewer than 10 times in all share a bin."""
+    from collections import Counter
+
+    ca, cb = Counter(a), Counter(b)
+    cells, rest = [], [0, 0]
+    for token in set(a) | set(b):
+        if ca[token] + cb[token] >= 10:
+            cells.append((ca[token], cb[token]))
+        else:
+            rest[0], rest[1] = rest[0] + ca[token], rest[1] + cb[token]
+    if sum(rest):
+        cells.append(tuple(rest))
+    stat = sum((x - y) ** 2 / (x + y) for x, y in cells)
+    df = len(cells) - 1
+    return float(torch.special.gammaincc(torch.tensor(df / 2, dtype=torch.float64),
+                                         torch.tensor(stat / 2, dtype=torch.float64)))
+
+
+def argmax_rule(p, q, token, sampling):
+    """A wrong acceptance rule: accept whenever the draft's token is the verifier's most likely one."""
+    return token == int(p.argmax())
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("rule", ["speculative sampling", "argmax (wrong)"])
+def test_sampling_is_lossless_in_distribution(spread_pair, rule):
+    """Speculative sampling's tokens at new positions 0..2 are distributed as the verifier's plain sampling at the
+    same T (chi-square p > 1e-3 at each), and the test has the power to see a wrong acceptance rule
+    (p < 1e-6 at some position)."""
+    from eagle3.eval.drafting import Sampling, accept_draft_token, speculative_decode
+
+    accept_rule = accept_draft_token if rule == "speculative sampling" else argmax_rule
+    sampling = Sampling(TEMPERATURE, seed=2)
+    spec = [speculative_decode(spread_pair["verifier"], spread_pair["draft"], spread_pair["prompt"], K, NEW_TOKENS,
+                               [0, 1], sampling, cached=True, accept_rule=accept_rule).tokens
+            for _ in range(SAMPLES)]
+    p_values = [two_sample_chi2_p([s[i] for s in spec], [s[i] for s in spread_pair["plain"]])
+                for i in range(NEW_TOKENS)]
+    if accept_rule is accept_draft_token:
+        assert min(p_values) > 1e-3, p_values
+        # Tokens outside the draft vocabulary (q = 0) were produced, by the residual or the bonus draw.
+        draft = spread_pair["draft"]
+        assert any(not bool(draft.t2d[t]) for s in spec for t in s[1:])
+    else:
+        assert min(p_values) < 1e-6, p_values
+
+
+def test_speedup_measures_costs_and_checks_them_by_decoding(strong_run, tmp_path, capsys):
+    """`eagle3.eval.speedup --measure --wallclock` on a real run: its report's structure (no timing is asserted)."""
+    from eagle3.eval.speedup import main
+
+    out = tmp_path / "speedup.json"
+    main(["--run", str(strong_run), "--measure", "--wallclock", "--num-prompts", "2", "--max-new-tokens", "8",
+          "--context", "16", "--json", str(out)])
+    assert "ESTIMATE" in capsys.readouterr().out  # rates from the run's val full_acc_*
+    report = json.loads(out.read_text())
+    assert [r["k"] for r in report["rows"]] == [1, 2, 3] and report["best_k"] in (1, 2, 3)
+    assert report["baseline_ms"] > 0 and report["draft_ms"] > 0 and sorted(report["verify_ms"]) == ["1", "2", "3"]
+    for row in report["wallclock"]:
+        assert row["measured_speedup_wall"] > 0 and row["measured_speedup_cpu"] > 0
+        assert len(row["accept_rate"]) == row["k"]

@@ -17,6 +17,7 @@ OPTIONS = [(g, p.stem) for g in GROUPS for p in sorted((CONF / g).glob("*.yaml")
 # Values only the user can give: they must be marked required, never defaulted.
 REQUIRED = {("model", "kimi_k25"): ["model.verifier.path"], ("model", "auto"): ["model.verifier.path"],
             ("model", "llama3_8b"): ["model.verifier.path"], ("model", "qwen3_8b"): ["model.verifier.path"],
+            ("model", "llama31_8b"): ["model.verifier.path"],
             ("data", "offline"): ["data.path"],
             ("init", "pretrained"): ["init.path"],
             ("distributed", "multinode"): ["distributed.node_rank", "distributed.rdzv_endpoint"]}
@@ -67,6 +68,7 @@ def test_default_config_is_valid():
     ("data.train_ratio=1.0", "data.train_ratio"),
     ("model.draft.draft_vocab_size=5000", "model.draft.draft_vocab_size"),
     ("model.draft.attn_impl=flash", "model.draft.attn_impl"),
+    ("distributed.device_memory_gb=0", "distributed.device_memory_gb"),
 ])
 def test_validate_names_the_key(override, key):
     resolved = OmegaConf.to_container(compose_cfg([override]), resolve=True, enum_to_str=True)

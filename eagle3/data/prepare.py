@@ -25,11 +25,7 @@ from eagle3.config import BadSamplePolicy, DataConfig
 from eagle3.data.cache import cache_key
 from eagle3.data.jsonl import Row
 from eagle3.data.record import read_record, verifier_fingerprint, write_record
-from eagle3.data.verifier_forward import (
-    load_causal_lm,
-    pre_final_norm,  # noqa: F401  (eagle3/eval/drafting.py imports it from here)
-    write_hidden_states,
-)
+from eagle3.data.verifier_forward import load_causal_lm, write_hidden_states
 from eagle3.errors import ConfigError, DataError, UserError
 from eagle3.verifier_shape import default_aux_layer_ids
 

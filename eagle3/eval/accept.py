@@ -2,10 +2,12 @@
 
     python -m eagle3.eval.accept --run outputs/<date>/<time>                  # the run's best draft, val prompts
     python -m eagle3.eval.accept CKPT --verifier DIR --prompts p.jsonl --k 4   # any checkpoint and verifier
+    python -m eagle3.eval.accept --run RUN --temperature 0.7                   # acceptance when serving at T
 
-Prints a table and writes a JSON report (`--out`; with `--run`, `<run>/accept_k<k>.json` by default, never
-overwritten). The speculative output is checked against the verifier's plain greedy decoding on every run;
-a difference exits non-zero naming the first prompt and position.
+Prints a table and writes a JSON report (`--out`; with `--run`, `<run>/accept_k<k>.json` by default, or
+`accept_k<k>_t<T>.json` at T > 0, never overwritten). At temperature 0 the speculative output is checked
+against the verifier's plain greedy decoding on every run; a difference exits non-zero naming the first
+prompt and position. At T > 0 it is speculative sampling (seeded), lossless in distribution.
 """
 
 from __future__ import annotations
@@ -35,7 +37,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--k", type=int, default=None, help="draft tokens per verify step (default: the checkpoint's "
                                                        "speculative_tokens, its training ttt_steps, as eval.accept.k)")
     p.add_argument("--max-new-tokens", type=int, default=defaults.max_new_tokens,
-                   help=f"tokens generated per prompt (default: {defaults.max_new_tokens}, as eval.accept.max_new_tokens)")
+                   help=f"tokens generated per prompt (default: {defaults.max_new_tokens}, "
+                        "as eval.accept.max_new_tokens)")
+    p.add_argument("--temperature", type=float, default=defaults.temperature,
+                   help=f"sampling temperature of draft and verifier (default: {defaults.temperature:g}, as "
+                        "eval.accept.temperature; 0: greedy, > 0: speculative sampling)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the sampling generator at temperature > 0 "
+                                                       "(a training run's val passes use its seed)")
+    p.add_argument("--no-cache", dest="cached", action="store_false",
+                   help="recompute every forward over the whole prefix (the slower reference harness)")
     p.add_argument("--out", help="JSON report path (overwritten if it exists)")
     p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
     p.add_argument("--attn-impl", default="sdpa", choices=["sdpa", "eager"], help="the draft's attention")
@@ -68,10 +78,13 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         raise ConfigError(f"--num-prompts must be >= 1, got {args.num_prompts}")
     if args.threads is not None and args.threads < 1:
         raise ConfigError(f"--threads must be >= 1, got {args.threads}")
+    if not args.temperature >= 0:
+        raise ConfigError(f"--temperature must be >= 0, got {args.temperature}")
     out = Path(args.out) if args.out else None
     k = args.k or default_k(checkpoint)
     if out is None and args.run:
-        out = Path(args.run) / f"accept_k{k}.json"
+        out = Path(args.run) / (f"accept_k{k}.json" if args.temperature == 0 else
+                                f"accept_k{k}_t{args.temperature:g}.json")
         if out.exists():
             raise ConfigError(f"{out} exists and is not overwritten; pass --out to write the report elsewhere")
 
@@ -97,7 +110,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         draft = load_draft(checkpoint, args.attn_impl, device, verifier_dir=verifier_dir).float()
     except (OSError, ValueError) as e:
         raise ConfigError(f"cannot load the draft {checkpoint} for the verifier {verifier_dir}: {e}") from None
-    probe = AcceptanceProbe(verifier, prompts, k, args.max_new_tokens)
+    probe = AcceptanceProbe(verifier, prompts, k, args.max_new_tokens, args.temperature, args.seed, args.cached)
     with torch_threads(args.threads or (1 if device == "cpu" else None)):
         measured = probe.measure(draft)
     report = {"checkpoint": str(checkpoint), "verifier": str(verifier_dir), "prompt_source": source,
@@ -151,11 +164,14 @@ def default_k(checkpoint: Path) -> int:
 
 def format_report(r: dict[str, Any]) -> str:
     """A short table: measured acceptance beside the teacher-forced estimate on the same sequences."""
+    sampled = r["temperature"] > 0
+    how = f"temperature {r['temperature']:g} (seed {r['seed']})" if sampled else "greedy"
     lines = [
-        f"acceptance: k={r['k']}, {r['prompts']} prompts x {r['max_new_tokens']} new tokens, "
-        f"{r['verify_steps']} verify steps, {r['wall_s']:.1f} s",
+        f"acceptance: k={r['k']}, {how}, {r['prompts']} prompts x {r['max_new_tokens']} new tokens, "
+        f"{r['verify_steps']} verify steps, {r['wall_s']:.1f} s ({'KV-cached' if r['cached'] else 'uncached'})",
         f"{'accept_len':<14}{r['accept_len']:>10.4f}   measured: tokens per verify step (bonus token included)",
-        f"{'tau_sim':<14}{r['tau_sim']:>10.4f}   teacher-forced on the same sequences, ttt_steps={r['tau_sim_ttt_steps']}",
+        f"{'tau_sim':<14}{r['tau_sim']:>10.4f}   teacher-forced on the same sequences, "
+        f"ttt_steps={r['tau_sim_ttt_steps']}",
         f"{'chain_len':<14}{r['chain_len_mean']:>10.4f}   mean over positions of the chain a draft started there "
         f"would get accepted; harmonic mean {r['chain_len_harmonic']:.4f}",
         f"{'position':<14}{'accept_rate':>12}{'full_acc':>12}",
@@ -163,8 +179,13 @@ def format_report(r: dict[str, Any]) -> str:
     for j in range(max(r["k"], r["tau_sim_ttt_steps"])):
         cells = [r["accept_rate"][j] if j < r["k"] else None, r["full_acc"][j] if j < len(r["full_acc"]) else None]
         lines.append(f"{j:<14}" + "".join(f"{c:>12.4f}" if c is not None else f"{'-':>12}" for c in cells))
-    lines.append(f"greedy tokens outside the draft vocabulary: {100 * r['greedy_outside_draft_vocab']:.1f}%")
-    lines.append(f"lossless: the speculative output equals the verifier's greedy output for all {r['prompts']} prompts")
+    if sampled:
+        lines.append(f"sampled tokens outside the draft vocabulary: {100 * r['sampled_outside_draft_vocab']:.1f}%")
+        lines.append("lossless in distribution (speculative sampling; checked by the test suite, not per run)")
+    else:
+        lines.append(f"greedy tokens outside the draft vocabulary: {100 * r['greedy_outside_draft_vocab']:.1f}%")
+        lines.append(f"lossless: the speculative output equals the verifier's greedy output for all {r['prompts']} "
+                     "prompts")
     return "\n".join(lines)
 
 

@@ -22,8 +22,9 @@ log = logging.getLogger(__name__)
 
 class AcceptanceAtVal:
     def __init__(self, accept: AcceptEvalConfig, train_ratio: float, verifier_dir: Path, data_dir: Path,
-                 device: torch.device, world: World):
-        """`train_ratio` (data.train_ratio) says where the val split starts, whose prompts are used by default."""
+                 device: torch.device, world: World, *, seed: int):
+        """`train_ratio` (data.train_ratio) says where the val split starts, whose prompts are used by default;
+        `seed` (the run's seed) seeds the sampling at eval.accept.temperature > 0, the same at every val pass."""
         from eagle3.data.verifier_forward import load_causal_lm
         from eagle3.eval.prompts import read_jsonl_prompts, val_split_prompts
 
@@ -37,7 +38,7 @@ class AcceptanceAtVal:
         else:
             prompts = val_split_prompts(data_dir, train_ratio, accept.num_prompts)
         self.probe = AcceptanceProbe(load_causal_lm(verifier_dir, str(device)), prompts, accept.k,
-                                     accept.max_new_tokens)
+                                     accept.max_new_tokens, accept.temperature, seed)
 
     def __call__(self, model: torch.nn.Module) -> dict[str, Any]:
         """The accept_* entries of this val pass's row (none at passes that `every` skips)."""

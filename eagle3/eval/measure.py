@@ -8,6 +8,9 @@ Definitions (those of serving):
   Every verify step proposes all k tokens, and in a chain token j is accepted only if token j-1 is, so the
   rates lie in [0, 1], never increase with j, and accept_len = 1 + sum_j accept_rate[j] (as tau_sim =
   1 + sum_j full_acc_j).
+At temperature T > 0 the decoding is speculative sampling (eagle3.eval.drafting.verify), so the rates are those
+of serving at T; the output is then a sample, checked lossless in distribution by the test suite rather than
+token by token here.
 """
 
 from __future__ import annotations
@@ -22,9 +25,11 @@ import torch
 from eagle3.config import ConfigError
 from eagle3.eval.drafting import (
     Decode,
+    Sampling,
     check_draft,
     greedy_decode,
     next_token_logits,
+    plain_decode,
     speculative_decode,
     verifier_pass,
 )
@@ -38,9 +43,14 @@ class LosslessError(RuntimeError):
 class AcceptanceProbe:
     """A verifier and a fixed set of prompts, loaded once; measures any draft against them. The verifier's
     greedy continuations (the reference of the lossless check) do not depend on the draft and are computed
-    once, at the first measurement."""
+    once, at the first measurement. At `temperature` > 0 every measurement samples with a generator seeded
+    from `seed` (the same draws for the same draft). `cached`: the KV-cached harness (same decisions as the
+    uncached one, faster)."""
 
-    def __init__(self, verifier: torch.nn.Module, prompts: Sequence[Sequence[int]], k: int, max_new_tokens: int):
+    def __init__(self, verifier: torch.nn.Module, prompts: Sequence[Sequence[int]], k: int, max_new_tokens: int,
+                 temperature: float = 0.0, seed: int = 0, cached: bool = True):
+        if temperature < 0:
+            raise ConfigError(f"temperature must be >= 0, got {temperature}")
         if k < 1:
             raise ConfigError(f"k must be >= 1, got {k}")
         if max_new_tokens < 2:
@@ -49,6 +59,7 @@ class AcceptanceProbe:
         if not prompts:
             raise ConfigError("no prompts")
         self.verifier, self.k, self.max_new_tokens = verifier, k, max_new_tokens
+        self.temperature, self.seed, self.cached = float(temperature), seed, cached
         # Kept with their origin (a file's line, a val row), which error messages name.
         self.prompts = [Prompt(p, prompt_origin(p, i)) for i, p in enumerate(prompts)]
         self.greedy: list[list[int]] | None = None
@@ -57,29 +68,39 @@ class AcceptanceProbe:
 
     @torch.no_grad()
     def measure(self, draft: torch.nn.Module, teacher_forced: bool = True) -> dict[str, Any]:
-        """Decodes every prompt speculatively, checks it against greedy decoding, and reports the acceptance and
-        (if `teacher_forced`) tau_sim of the same sequences. Raises LosslessError naming the first prompt and
-        position that differ."""
+        """Decodes every prompt speculatively and reports the acceptance and (if `teacher_forced`) tau_sim of the
+        same sequences. Greedy (T = 0): checks the output against the verifier's greedy decoding and raises
+        LosslessError naming the first prompt and position that differ. T > 0: the sequences are samples."""
         check_draft(draft)
         aux_ids = aux_layer_ids(draft, self.verifier)
+        sampling = Sampling(self.temperature, self.seed)
         was_training = draft.training
         draft.eval()
         try:
             start = time.perf_counter()
-            decodes = [speculative_decode(self.verifier, draft, p, self.k, self.max_new_tokens, aux_ids)
-                       for p in self.prompts]
+            decodes = [speculative_decode(self.verifier, draft, p, self.k, self.max_new_tokens, aux_ids, sampling,
+                                          cached=self.cached) for p in self.prompts]
             decode_s = time.perf_counter() - start
-            if self.greedy is None:
-                self.greedy = [greedy_decode(self.verifier, p, self.max_new_tokens) for p in self.prompts]
-            check_lossless(self.verifier, self.prompts, [d.tokens for d in decodes], self.greedy)
-            tau = (teacher_forced_tau(self.verifier, draft, self.prompts, self.greedy, self.k, aux_ids)
+            if sampling.greedy:
+                if self.greedy is None:
+                    self.greedy = [plain_decode(self.verifier, p, self.max_new_tokens) if self.cached else
+                                   greedy_decode(self.verifier, p, self.max_new_tokens) for p in self.prompts]
+                check_lossless(self.verifier, self.prompts, [d.tokens for d in decodes], self.greedy)
+                sequences = self.greedy
+            else:
+                sequences = [d.tokens for d in decodes]
+            tau = (teacher_forced_tau(self.verifier, draft, self.prompts, sequences, self.k, aux_ids)
                    if teacher_forced else {})
         finally:
             draft.train(was_training)
-        return {**acceptance(decodes, self.k), **tau,
-                "greedy_outside_draft_vocab": outside_draft_vocab(draft, self.greedy),
+        vocab = ({"greedy_outside_draft_vocab": outside_draft_vocab(draft, sequences)} if sampling.greedy else
+                 {"sampled_outside_draft_vocab": outside_draft_vocab(draft, sequences)})
+        return {**acceptance(decodes, self.k), **tau, **vocab,
                 "prompts": len(self.prompts), "k": self.k, "max_new_tokens": self.max_new_tokens,
-                "tokens_generated": sum(len(d.tokens) for d in decodes), "lossless": True,
+                "temperature": self.temperature, "seed": self.seed if not sampling.greedy else None,
+                "cached": self.cached, "tokens_generated": sum(len(d.tokens) for d in decodes),
+                # T > 0: lossless in distribution, which the test suite checks (not per run: one sample says little).
+                "lossless": True if sampling.greedy else None,
                 "decode_s": decode_s, "wall_s": time.perf_counter() - start}
 
 

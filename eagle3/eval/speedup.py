@@ -1,0 +1,391 @@
+"""Does a drafter pay off? The serving speedup that per-position accept rates predict at given step costs.
+
+    python -m eagle3.eval.speedup --accept-rates 0.5 0.3 0.2 --baseline-ms 12.2 --verify-ms 30 --draft-ms 1
+    python -m eagle3.eval.speedup --accept RUN/accept_k3.json --run RUN --measure     # costs measured here
+    python -m eagle3.eval.speedup --run RUN --measure --wallclock                     # and checked by decoding
+
+The model (one sequence, chain drafts, as eagle3.eval.accept decodes):
+    tokens_per_step(k) = 1 + sum_{j<k} r_j        r_j: share of verify steps whose draft token j is accepted
+    step_ms(k)         = verify_ms(k) + k * draft_ms
+    speedup(k)         = (tokens_per_step(k) / step_ms(k)) / (1 / baseline_ms)
+baseline_ms is the verifier's plain decoding step (one token per forward); verify_ms(k) its forward over the
+k+1 tokens of a verify step; draft_ms one draft forward (a chain of k costs k of them). The break-even
+acceptance length at k is step_ms(k) / baseline_ms: below it, speculation is slower than plain decoding.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from eagle3.errors import ConfigError, UserError
+
+
+@dataclass
+class StepCosts:
+    """Milliseconds per step: the verifier's plain decoding step, its verify step per k, one draft forward."""
+
+    baseline_ms: float
+    verify_ms: dict[int, float]  # k -> the verifier's forward over k+1 new tokens
+    draft_ms: float
+    source: str = "given"
+
+
+def predict(rates: Sequence[float], costs: StepCosts) -> dict[str, Any]:
+    """One row per k = 1..len(rates) (the k a row's rates cover), the best k and its break-even acceptance."""
+    rows = []
+    for k in range(1, len(rates) + 1):
+        tokens_per_step = 1.0 + sum(rates[:k])
+        step_ms = costs.verify_ms[k] + k * costs.draft_ms
+        rows.append({"k": k, "tokens_per_step": tokens_per_step, "step_ms": step_ms,
+                     "tokens_per_s": 1000.0 * tokens_per_step / step_ms,
+                     "speedup": tokens_per_step / step_ms * costs.baseline_ms,
+                     "break_even_accept_len": step_ms / costs.baseline_ms})
+    best = max(rows, key=lambda r: r["speedup"])
+    return {"best_k": best["k"], "break_even_accept_len": best["break_even_accept_len"],
+            "pays_off": best["speedup"] > 1.0, "baseline_ms": costs.baseline_ms,
+            "baseline_tokens_per_s": 1000.0 / costs.baseline_ms, "draft_ms": costs.draft_ms,
+            "costs_source": costs.source, "accept_rates": list(rates), "rows": rows}
+
+
+def check_rates(rates: Sequence[float]) -> list[float]:
+    rates = [float(r) for r in rates]
+    if not rates:
+        raise ConfigError("no accept rates")
+    if not all(0.0 <= r <= 1.0 for r in rates):
+        raise ConfigError(f"accept rates must lie in [0, 1], got {rates}")
+    if any(b > a + 1e-9 for a, b in zip(rates, rates[1:])):
+        raise ConfigError(f"accept rates of a chain cannot increase with the position (token j+1 is accepted only "
+                          f"if token j is), got {rates}")
+    return rates
+
+
+def rates_from_report(path: Path) -> tuple[list[float], str]:
+    """accept_rate of an `eagle3.eval.accept` report (measured)."""
+    if not path.is_file():
+        raise ConfigError(f"--accept: {path} does not exist or is not a file")
+    try:
+        report = json.loads(path.read_text())
+        rates = report["accept_rate"]
+    except (json.JSONDecodeError, KeyError, TypeError):
+        raise ConfigError(f"--accept: {path} is not an eagle3.eval.accept report (no accept_rate)") from None
+    return rates, f"measured: {path} (k={report.get('k')}, temperature {report.get('temperature', 0.0):g})"
+
+
+def rates_from_run(run: Path) -> tuple[list[float], str]:
+    """full_acc_j of the run's best val row: teacher-forced, an estimate that overstates served acceptance."""
+    summary_file = run / "summary.json"
+    if not summary_file.is_file():
+        raise ConfigError(f"--run: {run} is not a finished run dir (no summary.json)")
+    best = json.loads(summary_file.read_text())["best"]
+    rates = [best[f"full_acc_{j}"] for j in range(len(best)) if f"full_acc_{j}" in best]
+    if not rates:
+        raise ConfigError(f"--run: the best val row of {run} has no full_acc_* entries")
+    return rates, (f"ESTIMATE: val full_acc_* of {run} (teacher-forced, step {best.get('step')}); served acceptance "
+                   "is usually lower, measure it with python -m eagle3.eval.accept")
+
+
+def given_costs(args: argparse.Namespace, max_k: int) -> StepCosts:
+    if args.baseline_ms is None or args.verify_ms is None:
+        raise ConfigError("give the step costs (--baseline-ms and --verify-ms, optionally --draft-ms) or --measure")
+    verify = args.verify_ms
+    if len(verify) not in (1, max_k):
+        raise ConfigError(f"--verify-ms takes one value (the same for every k) or one per k = 1..{max_k}, "
+                          f"got {len(verify)}")
+    values = [args.baseline_ms, *verify, args.draft_ms]
+    if not all(v >= 0 for v in values) or args.baseline_ms <= 0 or min(verify) <= 0:
+        raise ConfigError(f"step costs must be positive milliseconds, got baseline {args.baseline_ms}, verify "
+                          f"{verify}, draft {args.draft_ms}")
+    return StepCosts(args.baseline_ms, {k: verify[0 if len(verify) == 1 else k - 1] for k in range(1, max_k + 1)},
+                     args.draft_ms, "given")
+
+
+def measure_costs(verifier, draft, ks: Sequence[int], context_len: int, repeats: int = 40,
+                  clock: str = "wall") -> StepCosts:
+    """The harness's own step costs (eagle3.eval.drafting, KV-cached) at `context_len` tokens of context, on the
+    models' device: the median over `repeats` of the plain decoding step (verifier forward over 1 new token and
+    the choice of it), the verify step (forward over k+1 new tokens with aux states, the acceptance, the crop,
+    the aux bookkeeping), and one draft forward (a chain of one token after one newly accepted token). The
+    pieces are timed in turn within each repeat, so that a busy machine slows them alike."""
+    import statistics
+
+    import torch
+
+    from eagle3.eval.drafting import GREEDY, DraftChain, VerifierCache, choose, crop_to, verify
+    from eagle3.eval.measure import aux_layer_ids
+
+    aux_ids = aux_layer_ids(draft, verifier)
+    device = next(verifier.parameters()).device
+    gen = torch.Generator().manual_seed(0)
+    ids = torch.randint(0, verifier.config.vocab_size, (context_len + repeats + max(ks) + 8,), generator=gen).tolist()
+    with torch.no_grad():
+        plain = VerifierCache(verifier)
+        plain.forward(ids[:context_len])
+
+        def plain_step():  # as plain_decode: one token, chosen (its crop, which plain decoding has not, is untimed)
+            logits, _ = plain.forward(ids[context_len:context_len + 1])
+            choose(logits[-1], GREEDY)
+
+        checker = VerifierCache(verifier, aux_ids)
+        _, aux = checker.forward(ids[:context_len])
+
+        def verify_step(k):
+            def step():
+                logits, new_aux = checker.forward(ids[context_len:context_len + 1 + k])
+                n, _ = verify(ids[context_len + 1:context_len + 1 + k], logits, None, GREEDY)
+                checker.crop(context_len)
+                torch.cat([aux, new_aux[:n + 1]])
+            return step
+
+        chain = DraftChain(draft, cached=True)
+        chain.propose(ids[:context_len], aux[:context_len - 1], 1)
+
+        def draft_step():
+            chain.propose(ids[:context_len + 1], aux[:context_len], 1)
+            crop_to(chain.cache, context_len - 1)  # the same one new index again next time
+            chain.length = context_len - 1
+
+        pieces: dict[Any, Callable[[], Any]] = {"baseline": plain_step, "draft": draft_step,
+                                                **{k: verify_step(k) for k in ks}}
+        samples: dict[Any, list[float]] = {name: [] for name in pieces}
+        for r in range(repeats + 3):  # the first three warm up
+            for name, fn in pieces.items():
+                step_ms = timed(fn, device)[0][clock] * 1000.0
+                if name == "baseline":
+                    plain.crop(context_len)
+                if r >= 3:
+                    samples[name].append(step_ms)
+    ms = {name: statistics.median(v) for name, v in samples.items()}
+    return StepCosts(ms["baseline"], {k: ms[k] for k in ks}, ms["draft"],
+                     f"measured here ({device.type}, context {context_len} tokens, {clock} time)")
+
+
+def default_clock(device: str) -> str:
+    """CPU time of the process on a CPU with torch on one thread: the work itself, which other processes on a
+    shared machine do not stretch as they stretch wall time; wall time on a GPU (kernels run asynchronously)."""
+    import torch
+
+    return "cpu" if device == "cpu" and torch.get_num_threads() == 1 else "wall"
+
+
+def timed(fn, device) -> tuple[dict[str, float], Any]:
+    """({"wall": seconds, "cpu": seconds of the process's CPU time}, fn's result); CUDA synchronized."""
+    import time
+
+    import torch
+
+    cuda = torch.device(device).type == "cuda"
+    if cuda:
+        torch.cuda.synchronize()
+    wall, cpu = time.perf_counter(), time.process_time()
+    out = fn()
+    if cuda:
+        torch.cuda.synchronize()
+    return {"wall": time.perf_counter() - wall, "cpu": time.process_time() - cpu}, out
+
+
+def format_prediction(p: dict[str, Any], rates_source: str) -> str:
+    lines = [f"accept rates: {' '.join(f'{r:.4f}' for r in p['accept_rates'])}   ({rates_source})",
+             f"costs ({p['costs_source']}): baseline {p['baseline_ms']:.3f} ms/token "
+             f"({p['baseline_tokens_per_s']:.1f} tokens/s), draft {p['draft_ms']:.3f} ms/forward",
+             f"{'k':>3}{'tokens/step':>13}{'step ms':>10}{'tokens/s':>11}{'speedup':>9}{'break-even':>12}"]
+    for r in p["rows"]:
+        lines.append(f"{r['k']:>3}{r['tokens_per_step']:>13.3f}{r['step_ms']:>10.3f}{r['tokens_per_s']:>11.1f}"
+                     f"{r['speedup']:>9.3f}{r['break_even_accept_len']:>12.3f}")
+    best = next(r for r in p["rows"] if r["k"] == p["best_k"])
+    if p["pays_off"]:
+        lines.append(f"best k = {p['best_k']}: {best['speedup']:.2f}x over no speculation "
+                     f"(break-even acceptance length there: {p['break_even_accept_len']:.2f} tokens/step)")
+    else:
+        lines.append(f"SLOWDOWN at every k: the best, k = {p['best_k']}, runs at {best['speedup']:.2f}x; it needs "
+                     f"{p['break_even_accept_len']:.2f} tokens per verify step to break even and gets "
+                     f"{best['tokens_per_step']:.2f}. Serve without this drafter, or cut the verify step's cost.")
+    return "\n".join(lines)
+
+
+def wallclock(verifier, draft, prompts: Sequence[Sequence[int]], ks: Sequence[int], max_new_tokens: int,
+              measure: Callable[[], StepCosts], rounds: int = 5) -> list[dict[str, Any]]:
+    """Checks the model against real decoding here. Each round measures the step costs (`measure`), then decodes
+    `prompts` plainly and, for each k, speculatively (greedy, the KV-cached harness), and pairs the speedup
+    predicted from that round's costs and the accept rates its decoding measured with that round's measured
+    ratio (plain time / speculative time, wall and CPU): a machine busier in one round than another then
+    moves prediction and measurement together. Reported: the medians over the rounds."""
+    import functools
+    import statistics
+
+    from eagle3.eval.drafting import plain_decode, speculative_decode
+    from eagle3.eval.measure import acceptance, aux_layer_ids
+
+    aux_ids = aux_layer_ids(draft, verifier)
+    device = next(verifier.parameters()).device
+
+    def decode_plain() -> list[Any]:
+        return [plain_decode(verifier, p, max_new_tokens) for p in prompts]
+
+    def decode_speculative(k: int) -> list[Any]:
+        return [speculative_decode(verifier, draft, p, k, max_new_tokens, aux_ids, cached=True) for p in prompts]
+
+    runs: dict[Any, Callable[[], Any]] = {"plain": decode_plain,
+                                          **{k: functools.partial(decode_speculative, k) for k in ks}}
+    per_round: dict[int, dict[str, list[float]]] = {k: {"predicted": [], "wall": [], "cpu": []} for k in ks}
+    rates = {}
+    for _ in range(rounds):
+        costs = measure()
+        seconds = {}
+        for name, fn in runs.items():
+            seconds[name], out = timed(fn, device)
+            if name != "plain":
+                rates[name] = acceptance(out, name)["accept_rate"]
+        for k in ks:
+            per_round[k]["predicted"].append(predict(rates[k], costs)["rows"][k - 1]["speedup"])
+            for clock in ("wall", "cpu"):
+                per_round[k][clock].append(seconds["plain"][clock] / seconds[k][clock])
+    rows = []
+    for k in ks:
+        predicted = statistics.median(per_round[k]["predicted"])
+        row = {"k": k, "accept_rate": rates[k], "predicted_speedup": predicted, "rounds": per_round[k]}
+        for clock in ("wall", "cpu"):
+            measured = statistics.median(per_round[k][clock])
+            row |= {f"measured_speedup_{clock}": measured, f"error_{clock}": predicted / measured - 1}
+        rows.append(row)
+    return rows
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m eagle3.eval.speedup", description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter,
+                                epilog=__doc__.split("\n\n", 1)[1])
+    p.add_argument("--accept", type=Path, help="an eagle3.eval.accept report (accept_k*.json): measured rates")
+    p.add_argument("--accept-rates", type=float, nargs="+", metavar="R", help="per-position accept rates r_0 r_1 ...")
+    p.add_argument("--run", type=Path, help="a finished run dir: its best val full_acc_* as rates (an estimate) "
+                                            "unless --accept/--accept-rates; its draft and verifier for --measure")
+    p.add_argument("--checkpoint", help="draft checkpoint dir for --measure (default with --run: its best)")
+    p.add_argument("--verifier", help="verifier dir for --measure (default with --run: the run's)")
+    p.add_argument("--baseline-ms", type=float, help="the verifier's plain decoding: ms per token")
+    p.add_argument("--verify-ms", type=float, nargs="+", metavar="MS",
+                   help="the verifier's forward over k+1 tokens, ms: one value for every k, or one per k")
+    p.add_argument("--draft-ms", type=float, default=0.0, help="one draft forward, ms (default 0)")
+    p.add_argument("--measure", action="store_true", help="measure the step costs here with the draft and verifier")
+    p.add_argument("--context", type=int, default=64, help="context length (tokens) the costs are measured at")
+    p.add_argument("--wallclock", action="store_true", help="also decode the run's val prompts with and without "
+                                                            "speculation and compare the measured ratio (needs --run)")
+    p.add_argument("--num-prompts", type=int, default=8, help="prompts decoded by --wallclock (default 8)")
+    p.add_argument("--max-new-tokens", type=int, default=64, help="tokens per prompt for --wallclock (default 64)")
+    p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
+    p.add_argument("--clock", choices=["wall", "cpu"], default=None,
+                   help="what --measure times (default: cpu time on a CPU with one torch thread, which a busy "
+                        "shared machine does not stretch; wall time on a GPU)")
+    p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default on CPU: 1)")
+    p.add_argument("--json", type=Path, help="write the prediction here")
+    return p.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    try:
+        result, text = run(args)
+    except UserError as e:  # also a run's data or checkpoint problem, found by resolve_inputs or load_draft
+        raise SystemExit(f"error: {e}") from None
+    print(text)
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(result, indent=2) + "\n")
+        print(f"json: {args.json}")
+
+
+def run(args: argparse.Namespace) -> tuple[dict[str, Any], str]:
+    sources = [s for s in (args.accept, args.accept_rates) if s is not None]
+    if len(sources) > 1:
+        raise ConfigError("give one source of accept rates: --accept or --accept-rates")
+    if args.accept is not None:
+        rates, source = rates_from_report(args.accept)
+    elif args.accept_rates is not None:
+        rates, source = args.accept_rates, "given"
+    elif args.run is not None:
+        rates, source = rates_from_run(args.run)
+    else:
+        raise ConfigError("give accept rates: --accept accept_k*.json, --accept-rates r0 r1 ..., or --run RUN "
+                          "(its val full_acc_*, an estimate)")
+    rates = check_rates(rates)
+    ks = list(range(1, len(rates) + 1))
+    if not (args.measure or args.wallclock):
+        costs = given_costs(args, len(rates))
+        prediction = predict(rates, costs)
+        return {**prediction, "accept_source": source}, format_prediction(prediction, source)
+    if args.wallclock and args.run is None:
+        raise ConfigError("--wallclock decodes the val prompts of a run: give --run")
+    if args.context < 2:
+        raise ConfigError(f"--context must be >= 2, got {args.context}")
+    verifier, draft, device = load_models(args)
+    max_positions = getattr(verifier.config, "max_position_embeddings", None) or 1 << 30
+    if args.context + len(rates) + 1 > max_positions:
+        raise ConfigError(f"--context {args.context} + a verify step of {len(rates) + 1} tokens passes the verifier's "
+                          f"max_position_embeddings ({max_positions})")
+    from eagle3.eval.measure import torch_threads
+
+    with torch_threads(args.threads or (1 if device == "cpu" else None)):
+        clock = args.clock or default_clock(device)
+        costs = measure_costs(verifier, draft, ks, args.context, clock=clock)
+        prediction = predict(rates, costs)
+        result = {**prediction, "accept_source": source, "verify_ms": costs.verify_ms}
+        text = format_prediction(prediction, source)
+        if args.wallclock:
+            from eagle3.eval.accept import resolve_inputs
+            from eagle3.eval.prompts import val_split_prompts
+
+            val_split = resolve_inputs(accept_args(args))[2]
+            assert val_split is not None  # --wallclock requires --run, whose val split it is
+            data_dir, train_ratio = val_split
+            prompts = val_split_prompts(data_dir, train_ratio, args.num_prompts)
+            rows = wallclock(verifier, draft, prompts, ks, args.max_new_tokens,
+                             lambda: measure_costs(verifier, draft, ks, args.context, clock=clock))
+            result["wallclock"] = rows
+            text += "\n" + format_wallclock(rows, len(prompts), args.max_new_tokens)
+    return result, text
+
+
+def format_wallclock(rows: list[dict[str, Any]], prompts: int, max_new_tokens: int) -> str:
+    lines = [f"decoding, KV-cached harness, {prompts} prompts x {max_new_tokens} greedy tokens, speculative vs plain; "
+             "medians over rounds, each predicted from its own measured costs and the rates its decoding measured:",
+             f"{'k':>3}{'accept_len':>12}{'predicted':>11}{'wall':>8}{'error':>8}{'cpu':>8}{'error':>8}"]
+    for r in rows:
+        lines.append(f"{r['k']:>3}{1 + sum(r['accept_rate']):>12.3f}{r['predicted_speedup']:>11.3f}"
+                     f"{r['measured_speedup_wall']:>8.3f}{100 * r['error_wall']:>7.1f}%"
+                     f"{r['measured_speedup_cpu']:>8.3f}{100 * r['error_cpu']:>7.1f}%")
+    return "\n".join(lines)
+
+
+def accept_args(args: argparse.Namespace) -> argparse.Namespace:
+    return argparse.Namespace(checkpoint=args.checkpoint, verifier=args.verifier, run=args.run,
+                              prompts=None if args.run else "-")
+
+
+def load_models(args: argparse.Namespace):
+    """The draft and verifier of --run or --checkpoint/--verifier, as eagle3.eval.accept loads them."""
+    import torch
+
+    from eagle3.checkpoint import load_draft
+    from eagle3.console import quiet_libraries
+    from eagle3.data.verifier_forward import load_causal_lm
+    from eagle3.eval.accept import resolve_inputs
+
+    if args.run is None and not (args.checkpoint and args.verifier):
+        raise ConfigError("--measure needs the models: --run RUN, or --checkpoint and --verifier")
+    checkpoint, verifier_dir, _ = resolve_inputs(accept_args(args))
+    quiet_libraries()
+    device = "cuda" if args.device == "cuda" or (args.device == "auto" and torch.cuda.is_available()) else "cpu"
+    verifier = load_causal_lm(verifier_dir, device)
+    try:
+        draft = load_draft(checkpoint, "sdpa", device, verifier_dir=verifier_dir).float().eval()
+    except (OSError, ValueError) as e:
+        raise ConfigError(f"cannot load the draft {checkpoint} for the verifier {verifier_dir}: {e}") from None
+    return verifier, draft, device
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

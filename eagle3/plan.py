@@ -1,0 +1,344 @@
+"""The memory and time plan of a run, per rank, computed from the config alone (`launch.py plan=true`).
+
+Pure arithmetic over the typed config parts: no torch, no speculators, nothing built. It counts every tensor
+the trainer holds on a rank: the draft's parameters as speculators builds them (Eagle3DraftModel: the frozen
+verifier embedding and heads, fc, one decoder layer whose attention takes the 2H-wide [embedding, hidden]
+input, the norms, the d2t/t2d buffers), gradients and AdamW's two fp32 moments (sharded under FSDP), the
+reader's hidden-state buffers (eagle3/data/reader.py), and the activations autograd keeps for one
+micro-batch through `ttt_steps` test-time-training steps (derived from speculators' forward; see
+`_activations`), plus the largest transient of the backward. tests/test_plan.py checks the parameter
+counts against the real model on the meta device, and the planned peak against the measured one on CPU
+(bench/plan_memory.py prints the ratios).
+
+Figures are in bytes; the formatter prints GiB. The CUDA figures (bf16 autocast, flex attention by default)
+follow the same derivation with the compute dtype's sizes; they were not measured on a GPU yet.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from eagle3.config import DataConfig, DistributedConfig, DraftConfig, OptimConfig
+from eagle3.errors import ConfigError
+
+GIB = 1024 ** 3
+# speculators' training defaults for a fresh draft; the same dict as eagle3.init.build.SPECULATORS_FLAGS
+# (which imports torch; a test keeps the two equal).
+DEFAULT_FLAGS = {"norm_before_residual": True, "norm_before_fc": True, "norm_output": True, "fc_norm": False}
+DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4}
+# Dense bf16 peak of one device (NVIDIA's H100/H200 SXM datasheet, without sparsity) and the share of it a
+# one-layer draft's step reaches: an assumption to be replaced by bench/gpu.py's measured MFU.
+PEAK_FLOPS = {"cuda": 989e12, "cpu": 1e11}
+UTILIZATION = 0.35
+# The guard refuses a peak above this share of the device's memory (the allocator's fragmentation, CUDA
+# context and library workspaces need the rest).
+FIT_SHARE = 0.95
+
+
+@dataclass
+class Term:
+    name: str
+    bytes: int
+    note: str = ""
+    on_device: bool = True  # False: host memory (the reader's ring on a GPU run)
+
+
+@dataclass
+class Plan:
+    device_type: str
+    world_size: int
+    strategy: str
+    attn_impl: str
+    gradient_checkpointing: bool
+    terms: list[Term]
+    trainable_params: int
+    frozen_params: int
+    tokens_per_step: int
+    flops_per_step: float
+    step_seconds: float
+    device_memory: int | None
+    device_memory_source: str
+    steps_per_epoch: int | None = None
+    total_steps: int | None = None
+    data_notes: list[str] = field(default_factory=list)
+
+    @property
+    def peak(self) -> int:
+        return sum(t.bytes for t in self.terms if t.on_device)
+
+    @property
+    def largest(self) -> Term:
+        return max((t for t in self.terms if t.on_device), key=lambda t: t.bytes)
+
+    def fits(self) -> bool:
+        return self.device_memory is None or self.peak <= FIT_SHARE * self.device_memory
+
+
+@dataclass
+class DataStats:
+    """What the plan knows about an offline dataset: train rows' token counts and the hidden-state bytes on disk."""
+
+    train_tokens: int
+    train_rows: int
+    total_tokens: int
+    hidden_bytes_on_disk: int
+
+
+def parameter_counts(draft: DraftConfig, train_lm_head: bool = False) -> dict[str, tuple[int, bool]]:
+    """{tensor group: (elements, trainable)} of the Eagle3DraftModel speculators builds for `draft`."""
+    h, n_aux = draft.hidden_size, len(draft.aux_layer_ids)
+    q, kv = draft.num_attention_heads * draft.head_dim, draft.num_key_value_heads * draft.head_dim
+    flags = {k: getattr(draft, k) if getattr(draft, k) is not None else v for k, v in DEFAULT_FLAGS.items()}
+    counts = {
+        "embed_tokens (verifier's, frozen)": (draft.vocab_size * h, False),
+        "lm_head (draft vocab)": (draft.draft_vocab_size * h, train_lm_head),
+        "verifier_lm_head (targets, frozen)": (draft.draft_vocab_size * h, False),
+        "verifier_norm (frozen)": (h, False),
+        "fc (aux hidden states -> H)": (n_aux * h * h, True),
+        # q/k/v take the concatenated [embedding, hidden] input: 2H wide.
+        "decoder layer attention": (2 * h * q + 2 * 2 * h * kv + q * h, True),
+        "decoder layer MLP": (3 * h * draft.intermediate_size, True),
+        "norms": (h * (3 + 1) + (n_aux * h if flags["norm_before_fc"] else 0)
+                  + (n_aux * h if flags["fc_norm"] else 0), True),
+    }
+    return counts
+
+
+def buffer_bytes(draft: DraftConfig) -> int:
+    """t2d (bool over the verifier vocabulary) and d2t (int64 offsets), present when the draft vocab is smaller."""
+    if draft.draft_vocab_size == draft.vocab_size:
+        return 0
+    return draft.vocab_size + 8 * draft.draft_vocab_size
+
+
+def _activations(draft: DraftConfig, seq: int, attn_impl: str, device_type: str,
+                 checkpointing: bool) -> tuple[list[Term], int]:
+    """Activations of one micro-batch of `seq` tokens, and the largest backward transient.
+
+    Per TTT step, speculators' forward (core.py) keeps for the backward, in elements per token: the layer's
+    [embedding, hidden] input (2H, held by the norms' views) and the normed concat q/k/v read (2H); the two
+    input norms' normed halves (2H); q after rotary and the attention output twice (3 x heads*head_dim, the
+    o_proj input is a contiguous copy); the post-attention residual and its normed (2H); the MLP's input (H);
+    the MLP's gate, up, act and product (4I); the final norm's input and normed (2H); the loss's
+    log-probabilities and target probabilities (2 x draft vocab, fp32). One more H-wide tensor per step is
+    counted because the measurement (bench/plan_memory.py) shows it alive, without a named owner. The cache's
+    keys and values grow by T each step, and step t's attention keeps the concatenated ones:
+    2 x kv*head_dim x (t+1). Eager attention keeps the softmax (heads x T x T(t+1)); sdpa keeps its additive
+    mask (T x T(t+1), compute dtype); flex neither.
+    Before the steps: the input norm over the n aux states (2 nH) and the targets (T x draft vocab).
+    """
+    h, n_aux, steps = draft.hidden_size, len(draft.aux_layer_ids), draft.ttt_steps
+    qd, kvd, inter, dv = (draft.num_attention_heads * draft.head_dim, draft.num_key_value_heads * draft.head_dim,
+                          draft.intermediate_size, draft.draft_vocab_size)
+    heads = draft.num_attention_heads
+    cuda = device_type == "cuda"
+    c = 2 if cuda else 4            # compute dtype: bf16 autocast on CUDA, fp32 on CPU
+    norm = 4 + 2 if cuda else 4     # a norm's saved elements: fp32 and, under autocast, the bf16 copy
+    # CPU (eager loss): fp32 log-probabilities and target probabilities; CUDA (speculators' fused Triton loss):
+    # contiguous copies of the step's logits and targets in bf16.
+    loss = 2 if cuda else 4
+    cache_kv = 2 * kvd * steps * (steps + 1) // 2  # sum over steps of the concatenated keys and values
+    layer_step = (4 * h + 3 * qd + 2 * h + 4 * inter) * c + 4 * h * norm  # without the cache and score terms
+    outside_step = 2 * h * norm + 2 * dv * loss
+    tri = steps * (steps + 1) // 2  # sum over steps of (t + 1): key length of step t in units of T
+    score_bytes = {"eager": heads * (4 + (2 if cuda else 0)), "sdpa": c}.get(attn_impl, 0)
+    score_name = {"eager": "softmax scores (heads x T x T(t+1)) per TTT step",
+                  "sdpa": "additive attention mask (T x T(t+1)) per TTT step"}.get(attn_impl)
+    first = 2 * n_aux * h * norm + dv * c
+
+    terms = [Term("activations: input norm + targets", seq * first, "before the TTT steps")]
+    if not checkpointing:
+        terms.append(Term(f"activations: decoder layer x {steps} TTT steps", seq * (steps * layer_step + cache_kv * c),
+                          "incl. the keys/values each step's attention keeps"))
+        terms.append(Term(f"activations: final norm + loss x {steps}", seq * steps * outside_step))
+        if score_name:
+            terms.append(Term(f"attention score term ({attn_impl}): {score_name}", seq * seq * tri * score_bytes,
+                              f"{'heads x ' if attn_impl == 'eager' else ''}T^2 x {tri} x bytes"))
+        else:  # flex attention keeps no score matrix, only the log-sum-exp per head and query
+            terms.append(Term(f"attention score term ({attn_impl}): log-sum-exp only, no T x T matrix",
+                              seq * heads * steps * 4))
+    else:
+        # The checkpoint keeps each step's layer input (2H) and the earlier steps' keys/values (its inputs);
+        # sdpa/eager masks stay alive in the recompute's closure; one step's layer lives again in the backward.
+        past_kv = 2 * kvd * (steps - 1) * steps // 2
+        terms.append(Term(f"activations: layer inputs + cache x {steps} TTT steps (checkpointed)",
+                          seq * (steps * 2 * h * c + past_kv * c)))
+        terms.append(Term(f"activations: final norm + loss x {steps}", seq * steps * outside_step))
+        if score_name:
+            # speculators' masks as built: bool for sdpa (converted to the compute dtype inside the kernel
+            # call), additive float for eager.
+            mask_bytes = 1 if attn_impl == "sdpa" else c
+            terms.append(Term(f"attention masks ({attn_impl}, kept for the recompute)",
+                              seq * seq * tri * mask_bytes, "T^2 x sum(t+1) x bytes"))
+        recompute = seq * (layer_step + 2 * kvd * steps * c)
+        if score_name:  # the last step's score matrix (eager) or converted mask (sdpa), alive again
+            recompute += seq * seq * steps * score_bytes
+    # The largest transient: the last step's loss working set (logits, log-probs, probs, elementwise loss),
+    # or eager attention's score gradients (two of the last step's score matrices).
+    loss_transient = seq * dv * (c + 3 * loss)
+    score_grads = 2 * heads * seq * seq * steps * 4 if attn_impl == "eager" else 0
+    transient = max(loss_transient, score_grads)
+    if checkpointing:
+        # The last step's layer is recomputed after its loss and final norm were backwarded (freed); the peak
+        # is the larger of that and the forward's loss transient.
+        recompute = max(0, recompute - seq * outside_step)
+        terms.append(Term("recomputed layer (last TTT step, in the backward)", recompute))
+        transient = max(loss_transient - recompute, score_grads)
+    return terms, transient
+
+
+def hidden_buffers(draft: DraftConfig, data: DataConfig, device_type: str) -> list[Term]:
+    """The reader's ring and what one micro-batch becomes on the device (eagle3/data/reader.py, train.to_device)."""
+    h, slots, t = draft.hidden_size, len(draft.aux_layer_ids) + 1, data.total_seq_len
+    file_bytes = DTYPE_BYTES.get(data.hidden_states_dtype, 2)
+    one = (t + 1) * slots * h * file_bytes
+    ring = data.prefetch + 1
+    cuda = device_type == "cuda"
+    terms = [Term(f"hidden-state ring: {ring} x (T+1) x {slots} x H ({data.hidden_states_dtype})", ring * one,
+                  "host, page-locked" if cuda else "host", on_device=not cuda)]
+    if cuda:
+        terms.append(Term("hidden states on the device (one micro-batch)", one))
+        if file_bytes != 2:
+            terms.append(Term("hidden states cast to bf16", t * slots * h * 2))
+    else:
+        terms.append(Term("hidden states cast to fp32 (one micro-batch)", t * slots * h * 4))
+    return terms
+
+
+def step_flops(draft: DraftConfig, seq: int, train_lm_head: bool, checkpointing: bool) -> float:
+    """Matrix-multiply FLOPs of one micro-batch: 6x trainable weights (forward, backward to inputs and weights),
+    4x the frozen lm_head, 2x the targets' head once, and attention (QK^T and AV, causal half) per TTT step."""
+    counts = parameter_counts(draft, train_lm_head)
+    h, steps = draft.hidden_size, draft.ttt_steps
+    trainable = sum(n for name, (n, tr) in counts.items() if tr and name != "norms")
+    head = draft.draft_vocab_size * h
+    layer = counts["decoder layer attention"][0] + counts["decoder layer MLP"][0]
+    per_token = steps * (6 * trainable + (0 if train_lm_head else 4 * head)) + 2 * head
+    if checkpointing:
+        per_token += steps * 2 * layer
+    qd = draft.num_attention_heads * draft.head_dim
+    attention = sum(3 * 2 * 2 * qd * (seq / 2 + t * 1) for t in range(steps))  # keys: the causal half + diagonals
+    return seq * (per_token + attention)
+
+
+def make_plan(draft: DraftConfig, data: DataConfig, optim: OptimConfig, dist: DistributedConfig, *,
+              device_type: str, device_memory: int | None, device_memory_source: str, train_lm_head: bool = False,
+              data_stats: DataStats | None = None, verifier_bytes: int = 0, verifier_note: str = "") -> Plan:
+    """The per-rank memory terms and the time per optimizer step of a run with these config parts."""
+    world, strategy, gradient_checkpointing = dist.world_size, dist.strategy.value, draft.gradient_checkpointing
+    fsdp = strategy == "fsdp" and world > 1
+    attn = draft.attn_impl if draft.attn_impl != "auto" else ("simple_flex_attention" if device_type == "cuda"
+                                                               else "sdpa")
+    counts = parameter_counts(draft, train_lm_head)
+    trainable = sum(n for n, tr in counts.values() if tr)
+    frozen = sum(n for n, tr in counts.values() if not tr)
+    shard = world if fsdp else 1
+    terms = [
+        Term(f"parameters, frozen ({_count(frozen)}, fp32)", 4 * frozen // shard,
+             f"sharded over {world}" if fsdp else "replicated"),
+        Term(f"parameters, trainable ({_count(trainable)}, fp32)", 4 * trainable // shard,
+             f"sharded over {world}" if fsdp else "replicated"),
+        Term("buffers d2t/t2d", buffer_bytes(draft)),
+        Term("gradients (fp32)", 4 * trainable // shard),
+        Term("AdamW state (2 fp32 moments)", 8 * trainable // shard, f"sharded over {world}" if fsdp else ""),
+    ]
+    if fsdp:
+        # FSDP2 all-gathers a group's parameters in the compute dtype; the root group (everything but the
+        # decoder layer, the frozen embedding included) stays gathered through forward and backward.
+        gathered = 2 if device_type == "cuda" else 4
+        terms.append(Term("FSDP all-gathered parameters (root + layer)", gathered * (trainable + frozen),
+                          "compute dtype, during forward/backward"))
+    elif world > 1:
+        terms.append(Term("DDP gradient buckets", 4 * trainable, "a second copy of the gradients"))
+    terms += hidden_buffers(draft, data, device_type)
+    act_terms, transient = _activations(draft, data.total_seq_len, attn, device_type, gradient_checkpointing)
+    terms += act_terms
+    terms.append(Term("largest transient of the backward", transient))
+    if verifier_bytes:
+        terms.append(Term("verifier in the training process (rank 0)", verifier_bytes, verifier_note))
+
+    tokens_per_step = data.total_seq_len * optim.grad_accum * world
+    flops = step_flops(draft, data.total_seq_len, train_lm_head, gradient_checkpointing) * optim.grad_accum
+    step_seconds = flops / (PEAK_FLOPS[device_type] * UTILIZATION)
+    plan = Plan(device_type=device_type, world_size=world, strategy=strategy if world > 1 else "single",
+                attn_impl=attn, gradient_checkpointing=gradient_checkpointing, terms=terms,
+                trainable_params=trainable, frozen_params=frozen,
+                tokens_per_step=tokens_per_step, flops_per_step=flops, step_seconds=step_seconds,
+                device_memory=device_memory, device_memory_source=device_memory_source)
+    if data_stats is not None:
+        plan.steps_per_epoch = max(1, math.ceil(data_stats.train_tokens / tokens_per_step))
+        plan.total_steps = plan.steps_per_epoch * optim.epochs
+        if optim.max_steps is not None:
+            plan.total_steps = min(plan.total_steps, optim.max_steps)
+        per_token = data_stats.hidden_bytes_on_disk / max(1, data_stats.total_tokens)
+        plan.data_notes = [f"dataset: {data_stats.train_rows} train rows, {data_stats.train_tokens:,} train tokens "
+                           f"of {data_stats.total_tokens:,}",
+                           f"hidden states on disk: {per_token:,.0f} bytes/token, "
+                           f"{data_stats.hidden_bytes_on_disk / GIB:.2f} GiB in all"]
+    else:
+        slots = len(draft.aux_layer_ids) + 1
+        per_token = slots * draft.hidden_size * DTYPE_BYTES.get(data.hidden_states_dtype, 2)
+        plan.data_notes = ["no data rows to count (no dataset yet): per-step figures only",
+                           f"hidden states on disk: {per_token:,} bytes/token ({slots} x H x "
+                           f"{data.hidden_states_dtype}); 1 B tokens = {per_token * 1e9 / 1024 ** 4:.1f} TiB"]
+    return plan
+
+
+def check_fits(plan: Plan) -> None:
+    """Raises ConfigError naming the largest term and the knobs that shrink it when the peak does not fit."""
+    if plan.device_memory is None or plan.fits():
+        return
+    big = plan.largest
+    # Only the knobs this config has not turned already.
+    knobs = ["a smaller data.total_seq_len with a larger optim.grad_accum (same global batch)"]
+    if plan.strategy != "fsdp":
+        knobs.append("distributed=fsdp (shards parameters, gradients and AdamW state over the ranks)")
+    if not plan.gradient_checkpointing:
+        knobs.append("model.draft.gradient_checkpointing=true (recomputes the decoder layer in the backward)")
+    if plan.attn_impl in ("eager", "sdpa"):
+        knobs.append("model.draft.attn_impl=simple_flex_attention (no T x T score or mask matrix; CUDA only)")
+    raise ConfigError(
+        f"this run needs about {human(plan.peak)} per rank, over {FIT_SHARE:.0%} of the device's "
+        f"{human(plan.device_memory)} ({plan.device_memory_source}); the largest term is "
+        f"{big.name}: {human(big.bytes)}. To shrink it: {'; '.join(knobs)}. "
+        f"The whole plan: python launch.py plan=true <your overrides>")
+
+
+def human(n: float) -> str:
+    """Bytes as GiB, or MiB below one GiB."""
+    return f"{n / GIB:.1f} GiB" if n >= GIB else f"{n / 2 ** 20:.1f} MiB"
+
+
+def _count(n: int) -> str:
+    return f"{n / 1e9:.3f} B" if n >= 1e8 else f"{n / 1e6:.3f} M"
+
+
+def format_plan(plan: Plan) -> str:
+    lines = [f"plan per rank: {plan.world_size} rank(s), {plan.strategy}, {plan.device_type}, "
+             f"attention {plan.attn_impl}",
+             f"  parameters: {plan.trainable_params:,} trainable, {plan.frozen_params:,} frozen"]
+    width = max(len(t.name) for t in plan.terms)
+    unit, scale = ("GiB", GIB) if plan.peak >= GIB else ("MiB", 2 ** 20)
+    for t in plan.terms:
+        where = "" if t.on_device else "  [host]"
+        lines.append(f"  {t.name:<{width}}  {t.bytes / scale:9.3f} {unit}{where}{'  ' + t.note if t.note else ''}")
+    lines.append(f"  {'peak on the device':<{width}}  {plan.peak / scale:9.3f} {unit}  (largest: {plan.largest.name})")
+    if plan.device_memory is None:
+        lines.append(f"  device memory: {plan.device_memory_source}")
+    else:
+        share = plan.peak / plan.device_memory
+        verdict = "fits" if plan.fits() else f"DOES NOT FIT (limit {FIT_SHARE:.0%})"
+        lines.append(f"  device memory: {human(plan.device_memory)} ({plan.device_memory_source}): "
+                     f"{share:.0%} used, {verdict}")
+    lines.append(f"  tokens per optimizer step: {plan.tokens_per_step:,} (total_seq_len x grad_accum x ranks)")
+    peak_name = "dense bf16 peak of an H100/H200" if plan.device_type == "cuda" else "a rough CPU figure"
+    lines.append(f"  step time: about {plan.step_seconds:.2f} s ({plan.flops_per_step / 1e12:.3g} TFLOP per rank "
+                 f"at an assumed {UTILIZATION:.0%} of {PEAK_FLOPS[plan.device_type] / 1e12:g} TFLOP/s, "
+                 f"{peak_name})")
+    if plan.steps_per_epoch is not None and plan.total_steps is not None:
+        hours = plan.total_steps * plan.step_seconds / 3600
+        lines.append(f"  steps: about {plan.steps_per_epoch:,} per epoch (tokens / tokens per step; packing adds "
+                     f"some), {plan.total_steps:,} in the run, about {hours:.1f} h")
+    lines += [f"  {note}" for note in plan.data_notes]
+    return "\n".join(lines)
