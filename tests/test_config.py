@@ -17,7 +17,6 @@ OPTIONS = [(g, p.stem) for g in GROUPS for p in sorted((CONF / g).glob("*.yaml")
 # Values only the user can give: they must be marked required, never defaulted.
 REQUIRED = {("model", "kimi_k25"): ["model.verifier.path"], ("model", "auto"): ["model.verifier.path"],
             ("model", "llama3_8b"): ["model.verifier.path"], ("model", "qwen3_8b"): ["model.verifier.path"],
-            ("model", "llama31_8b"): ["model.verifier.path"],
             ("data", "offline"): ["data.path"],
             ("init", "pretrained"): ["init.path"],
             ("distributed", "multinode"): ["distributed.node_rank", "distributed.rdzv_endpoint"]}
