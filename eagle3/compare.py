@@ -145,8 +145,8 @@ def table(runs: list[Run], baseline: str | None = None,
             s = run.summary
             cells += [_fmt(s["step0"]["tau_sim"]), _fmt(s["best"]["tau_sim"]), str(s["best"]["step"]),
                       _fmt(s["final"]["tau_sim"]), _fmt(s["step0"]["loss"]), _fmt(s["final"]["loss"])]
-        else:
-            cells += ["-"] * 6
+        else:  # failed or incomplete: what its metrics.jsonl holds (no final values: it did not finish)
+            cells += val_row_cells(run.val_rows)
         if target is not None:
             cells.append(_fmt(steps_to_reach(run, target)) if run.val_rows else "-")
         if costs:
@@ -154,6 +154,14 @@ def table(runs: list[Run], baseline: str | None = None,
             cells += [f"{p['speedup']:.3f}", str(p["k"]), p["source"]] if p else ["-"] * 3
         body.append(cells)
     return header, body
+
+
+def val_row_cells(val_rows: list[dict[str, Any]]) -> list[str]:
+    """tau_sim@0, best tau_sim, best step, final tau_sim, loss@0, final loss of a run without summary.json."""
+    step0 = next((r for r in val_rows if r["step"] == 0), {})
+    best = max(val_rows, key=lambda r: r["tau_sim"], default={})
+    return [_fmt(step0.get("tau_sim")), _fmt(best.get("tau_sim")), _fmt(best.get("step")), "-",
+            _fmt(step0.get("loss")), "-"]
 
 
 # --- predicted serving speedup (eagle3.eval.speedup) for given step costs ---------------------------------------

@@ -17,13 +17,14 @@ import math
 from dataclasses import dataclass, field
 from enum import Enum
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from eagle3.errors import ConfigError
+
 
 def _require(ok: bool, key: str, problem: str) -> None:
     if not ok:
@@ -84,8 +85,8 @@ class TinyVerifierConfig:
 class VerifierConfig:
     # MISSING, not None: a YAML `???` merged onto a default keeps the default, so options that need a
     # user-given path would silently get null.
-    path: Optional[str] = MISSING
-    tiny: Optional[TinyVerifierConfig] = None
+    path: str | None = MISSING
+    tiny: TinyVerifierConfig | None = None
 
     def check(self) -> None:
         _require((self.path is None) != (self.tiny is None), "model.verifier",
@@ -133,10 +134,10 @@ class DraftConfig:
     attn_impl: str = "auto"
     # Architecture flags; null = as the initializer says (scratch: speculators' defaults; pretrained: the
     # checkpoint's, or its layout's known defaults).
-    norm_before_residual: Optional[bool] = None
-    norm_before_fc: Optional[bool] = None
-    norm_output: Optional[bool] = None
-    fc_norm: Optional[bool] = None
+    norm_before_residual: bool | None = None
+    norm_before_fc: bool | None = None
+    norm_output: bool | None = None
+    fc_norm: bool | None = None
     # Recompute the decoder layer in the backward instead of keeping its activations (eagle3/recompute.py):
     # less activation memory for about one more layer forward per TTT step.
     gradient_checkpointing: bool = False
@@ -162,6 +163,11 @@ class ModelConfig:
 
     def check(self) -> None:
         self.draft.check()
+        # Both set: a model option with its own tiny verifier (model=tiny) got a path; its draft is sized after
+        # the tiny one, so training against the path would not fit. Said before verifier.check's generic message.
+        _require(self.verifier.path is None or self.verifier.tiny is None, "model.verifier.path",
+                 f"model={self.name} builds its own tiny verifier and sizes the draft after it; for your own "
+                 "verifier use model=auto model.verifier.path=<dir> (the draft's shape is read from its config.json)")
         self.verifier.check()
         depth = self.verifier.num_layers()
         if depth is not None:
@@ -190,8 +196,8 @@ MIN_SEQ_LEN = 2  # data.total_seq_len: one input token and its next token, the s
 @dataclass
 class DataConfig:
     name: str = MISSING
-    path: Optional[str] = MISSING
-    synth: Optional[SynthConfig] = None
+    path: str | None = MISSING
+    synth: SynthConfig | None = None
     total_seq_len: int = 1024
     train_ratio: float = 0.9
     prefetch: int = 2
@@ -253,15 +259,15 @@ INIT_SCHEMAS: dict[str, type[InitConfig]] = {"scratch": ScratchInitConfig, "pret
 class OptimConfig:
     lr: float = 1e-4
     epochs: int = 1
-    max_steps: Optional[int] = None
+    max_steps: int | None = None
     warmup_ratio: float = 0.015
     weight_decay: float = 0.0
     betas: list[float] = field(default_factory=lambda: [0.9, 0.95])
     grad_clip: float = 0.5
     scheduler: Scheduler = Scheduler.cosine
     grad_accum: int = 1
-    checkpoint_every: Optional[int] = None
-    eval_every: Optional[int] = None
+    checkpoint_every: int | None = None
+    eval_every: int | None = None
     max_skipped_steps: int = 10
 
     def check(self) -> None:
@@ -290,7 +296,7 @@ class DistributedConfig:
     # null: a visible GPU's free memory (torch.cuda.mem_get_info), else no check.
     device_memory_gb: float | None = None
     node_rank: int = MISSING                # MISSING, not 0: multinode must not default it silently
-    rdzv_endpoint: Optional[str] = MISSING
+    rdzv_endpoint: str | None = MISSING
     backend: str = "auto"
     max_restarts: int = 0
 
@@ -316,7 +322,7 @@ class DistributedConfig:
 class LoggerConfig:
     mode: LoggerMode = LoggerMode.offline
     project: str = "eagle3"
-    entity: Optional[str] = None
+    entity: str | None = None
     tags: list[str] = field(default_factory=list)
     log_every: int = 10
 
@@ -328,7 +334,7 @@ class AcceptEvalConfig:
     takes its option defaults from here."""
 
     enabled: bool = False
-    prompts: Optional[str] = None   # JSONL of input_ids or messages rows; null: the val split's prompts
+    prompts: str | None = None   # JSONL of input_ids or messages rows; null: the val split's prompts
     num_prompts: int = 8
     k: int = 3
     max_new_tokens: int = 32
@@ -371,7 +377,7 @@ class TrainConfig:
     seed: int = 0
     cache_dir: str = MISSING
     device: str = "auto"
-    resume: Optional[str] = None
+    resume: str | None = None
     # true: print the memory and time plan of this config per rank (eagle3/plan.py) and exit; builds nothing
     plan: bool = False
     objective: Objective = Objective.tau_sim   # returned to a sweeper (hydra/sweeper=optuna); conf/train.yaml
@@ -417,6 +423,9 @@ def register_configs() -> None:
     # Sweep sub-dir names come from the overrides; `experiment=k2_to_k25/remap` must not nest a directory.
     if not OmegaConf.has_resolver("dirname_safe"):
         OmegaConf.register_new_resolver("dirname_safe", lambda s: str(s).replace("/", "-"))
+    from eagle3.verifier_shape import register_resolvers  # model=auto: ${verifier_config:<path>,<key>}
+
+    register_resolvers()
     cs = ConfigStore.instance()
     cs.store(name="base_train", node=TrainConfig)
     cs.store(group="model", name="base_model", node=ModelConfig)

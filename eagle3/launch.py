@@ -24,13 +24,14 @@ from typing import TYPE_CHECKING, Any
 import yaml
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
-from omegaconf.errors import MissingMandatoryValue
+from omegaconf.errors import InterpolationResolutionError, MissingMandatoryValue
 
 from eagle3.config import PretrainedInitConfig, RunConfig, TrainConfig, lr_advice, run_config
 from eagle3.console import resume_command
 from eagle3.errors import ConfigError, DataError, Interrupted, UserError
 from eagle3.objective import objective_value
 from eagle3.rank_errors import RankFailed, first_rank_error
+from eagle3.verifier_shape import unresolvable
 
 if TYPE_CHECKING:
     from eagle3.plan import Plan
@@ -109,6 +110,8 @@ def resolve(cfg: DictConfig, hydra, run_dir: Path) -> dict[str, Any]:
         container = OmegaConf.to_container(cfg, resolve=True, throw_on_missing=True, enum_to_str=True)
     except MissingMandatoryValue as e:
         raise ConfigError(f"{e.full_key} is required and has no value: set it, e.g. `{e.full_key}=...`") from None
+    except InterpolationResolutionError as e:  # e.g. model=auto without the verifier's config.json
+        raise ConfigError(unresolvable(e)) from None
     assert isinstance(container, dict)
     resolved = {str(k): v for k, v in container.items()}
     choices = {g: c for g, c in hydra.runtime.choices.items() if not g.startswith("hydra") and c is not None}
@@ -262,7 +265,7 @@ def check_data(cfg: RunConfig, verifier_dir: Path, data_dir: Path) -> list[int] 
     draft, policy = cfg.model.draft, cfg.data.on_bad_sample.value
     check_record(data_dir, verifier_dir, draft)
     report = check_dataset(data_dir, num_slots=len(draft.aux_layer_ids) + 1, hidden_size=draft.hidden_size,
-                           vocab_size=draft.vocab_size)
+                           vocab_size=draft.vocab_size, total_seq_len=cfg.data.total_seq_len)
     run_dir = Path(cfg.run.dir)
     if not cfg.resume and cfg.distributed.node_rank == 0:
         (run_dir / "data_check.json").write_text(json.dumps({**report.as_dict(), "policy": policy,
@@ -273,6 +276,9 @@ def check_data(cfg: RunConfig, verifier_dir: Path, data_dir: Path) -> list[int] 
                         f"everything, NaN included")
     if report.bad:
         log.warning("%s\nskipping them (data.on_bad_sample=skip)", report.summary())
+    truncation = report.truncation_warning()  # raises above eagle3.data.check.TRUNCATION_ERROR_SHARE
+    if truncation:
+        log.warning(truncation)
     # Built once here, so that ranks only read the cached d2t/t2d files.
     vocab_mapping(data_dir, draft.draft_vocab_size, draft.vocab_size)
     return report.good_rows if report.bad else None

@@ -207,8 +207,9 @@ def test_untrained_accepts_about_one_and_trained_clearly_more(inputs, strong_run
 def test_lossless_failure_names_prompt_and_position(inputs):
     from eagle3.eval.measure import LosslessError, check_lossless
 
-    prompt = inputs["prompts"][0]
-    with pytest.raises(LosslessError, match=r"prompt #1, new token #2: speculative 9, greedy 8; .*not a tie"):
+    prompt = list(inputs["prompts"][0])  # plain ids: no origin to name, so the message counts from 1
+    with pytest.raises(LosslessError,
+                       match=r"prompt 2 \(1-based\), new token #2: speculative 9, greedy 8; .*not a tie"):
         check_lossless(inputs["verifier"], [prompt, prompt], [[1, 2, 3], [4, 5, 9]], [[1, 2, 3], [4, 5, 8]])
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 
@@ -14,7 +15,8 @@ from eagle3.config import ConfigError, validate
 GROUPS = ["model", "data", "init", "optim", "distributed", "logger"]
 OPTIONS = [(g, p.stem) for g in GROUPS for p in sorted((CONF / g).glob("*.yaml"))]
 # Values only the user can give: they must be marked required, never defaulted.
-REQUIRED = {("model", "kimi_k25"): ["model.verifier.path"], ("model", "llama31_8b"): ["model.verifier.path"],
+REQUIRED = {("model", "kimi_k25"): ["model.verifier.path"], ("model", "auto"): ["model.verifier.path"],
+            ("model", "llama3_8b"): ["model.verifier.path"], ("model", "qwen3_8b"): ["model.verifier.path"],
             ("data", "offline"): ["data.path"],
             ("init", "pretrained"): ["init.path"],
             ("distributed", "multinode"): ["distributed.node_rank", "distributed.rdzv_endpoint"]}
@@ -25,7 +27,11 @@ def user_values(tmp_path) -> dict:
     verifier, data = tmp_path / "verifier", tmp_path / "data"
     (data / "hidden_states").mkdir(parents=True)
     verifier.mkdir()
-    (verifier / "config.json").write_text("{}")
+    # model=auto and its presets read the draft's shape from the verifier's config.json
+    # (a vocabulary above the presets' pinned draft vocabulary of 32000, as Llama's and Qwen's are)
+    (verifier / "config.json").write_text(json.dumps({
+        "hidden_size": 64, "num_attention_heads": 4, "intermediate_size": 128, "vocab_size": 152064,
+        "num_hidden_layers": 36, "max_position_embeddings": 128, "rope_theta": 10000.0, "rms_norm_eps": 1e-6}))
     return {"model.verifier.path": str(verifier), "data.path": str(data), "init.path": str(tmp_path),
             "distributed.node_rank": 1, "distributed.rdzv_endpoint": "node0:29500"}
 

@@ -17,8 +17,8 @@ from omegaconf import OmegaConf
 from safetensors.torch import load_file, save_file
 
 from conftest import ROOT, compose_cfg
-from eagle3.data.verifier_forward import batch_plan, load_causal_lm
 from eagle3.data.verifier import tiny_verifier_dir
+from eagle3.data.verifier_forward import batch_plan, load_causal_lm
 
 AUX = [1, 2, 3]
 
@@ -65,7 +65,7 @@ def prepared(verifier, id_rows, tmp_path_factory) -> Path:
     tmp = tmp_path_factory.mktemp("prepared")
     proc = prepare(verifier, write_jsonl(tmp / "rows.jsonl", id_rows), tmp / "data", "--dtype", "float32")
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert "python launch.py data=offline" in proc.stderr  # the next command, ready to paste
+    assert "python launch.py model=auto" in proc.stderr  # the next command, ready to paste
     return tmp / "data"
 
 

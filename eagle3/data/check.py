@@ -1,11 +1,15 @@
 """Checking a speculators-format dataset before it costs a GPU day.
 
-    python -m eagle3.data.check <data_dir> [--quick]
+    python -m eagle3.data.check <data_dir> [--quick] [--total-seq-len N]
 
 Every row must have its `hidden_states/hs_<i>.safetensors`, with `hidden_states` of shape [seq_len, n_aux + 1,
 hidden] and `token_ids` equal to the row's `input_ids`; the token ids must lie in the vocabulary and the loss
 mask must not be empty. These need only the Arrow columns and each file's header and token ids, so the
 trainer runs them at start-up (`quick`). The full check also reads every hidden state for NaN and inf.
+
+Given the run's `data.total_seq_len`, the check also counts the rows a micro-batch cannot hold whole: the
+trainer cuts them to `total_seq_len` tokens. A few are a warning; more than TRUNCATION_ERROR_SHARE of the
+rows stop the run, since then most of what was prepared is never trained on.
 """
 
 from __future__ import annotations
@@ -21,10 +25,27 @@ from typing import Any
 import numpy as np
 from tqdm import tqdm
 
-from eagle3.errors import DataError, UserError
 from eagle3.data.hsfiles import Problem, TensorSpec, file_problem, hs_path, read_header
 from eagle3.data.rows import ArrowRows
+from eagle3.errors import ConfigError, DataError, UserError
 
+# Above this share of rows cut by data.total_seq_len, the start-up check stops the run instead of warning:
+# a long-tail row or two is normal, a tenth of the data losing its end is a config mistake.
+TRUNCATION_ERROR_SHARE = 0.10
+
+
+@dataclass
+class Truncation:
+    """Rows longer than one micro-batch (`data.total_seq_len`), which the trainer cuts to fit."""
+
+    total_seq_len: int
+    rows: int = 0                 # rows cut
+    tokens_lost: int = 0          # their tokens past the cut
+    longest: int = 0              # the longest row's seq_len
+
+    def as_dict(self) -> dict[str, int]:
+        return {"total_seq_len": self.total_seq_len, "rows": self.rows, "tokens_lost": self.tokens_lost,
+                "longest_row": self.longest}
 
 
 @dataclass
@@ -33,6 +54,7 @@ class CheckReport:
     rows: int
     bad: dict[int, tuple[str, str]] = field(default_factory=dict)  # row -> (kind, detail)
     full: bool = False
+    truncation: Truncation | None = None  # with the run's total_seq_len: the rows it cuts
 
     @property
     def good_rows(self) -> list[int]:
@@ -51,9 +73,26 @@ class CheckReport:
         return "\n".join(lines)
 
     def as_dict(self) -> dict[str, Any]:
-        return {"data_dir": self.data_dir, "rows": self.rows, "bad": len(self.bad), "counts": self.counts(),
-                "full": self.full, "first_bad": [{"row": i, "kind": k, "detail": d}
-                                                 for i, (k, d) in sorted(self.bad.items())[:20]]}
+        out = {"data_dir": self.data_dir, "rows": self.rows, "bad": len(self.bad), "counts": self.counts(),
+               "full": self.full, "first_bad": [{"row": i, "kind": k, "detail": d}
+                                                for i, (k, d) in sorted(self.bad.items())[:20]]}
+        if self.truncation is not None:
+            out["truncated"] = self.truncation.as_dict()
+        return out
+
+    def truncation_warning(self) -> str | None:
+        """None when every row fits a micro-batch; a warning when a few do not; raises ConfigError when more
+        than TRUNCATION_ERROR_SHARE of the rows would be cut."""
+        cut = self.truncation
+        if cut is None or not cut.rows:
+            return None
+        text = (f"{self.data_dir}: {cut.rows} of {self.rows} rows are longer than data.total_seq_len="
+                f"{cut.total_seq_len} and are cut to it, losing {cut.tokens_lost} tokens (longest row: {cut.longest} "
+                f"tokens). Set data.total_seq_len={cut.longest - 1} or more to train on them whole, or prepare "
+                f"the data with --max-len {cut.total_seq_len + 1}")
+        if cut.rows > TRUNCATION_ERROR_SHARE * self.rows:
+            raise ConfigError(f"{text}. More than {TRUNCATION_ERROR_SHARE:.0%} of the rows: stopping.")
+        return text
 
 
 def hidden_state_problem(file: Path, ids: np.ndarray, num_slots: int | None, hidden_size: int | None,
@@ -74,8 +113,9 @@ def hidden_state_problem(file: Path, ids: np.ndarray, num_slots: int | None, hid
 
 def check_dataset(data_dir: str | Path, num_slots: int | None = None, hidden_size: int | None = None,
                   vocab_size: int | None = None, dtype: str | None = None, full: bool = False,
-                  progress: bool = False) -> CheckReport:
-    """Checks every row of `data_dir`; sizes left None are taken from the record or the first file."""
+                  progress: bool = False, total_seq_len: int | None = None) -> CheckReport:
+    """Checks every row of `data_dir`; sizes left None are taken from the record or the first file. With
+    `total_seq_len` (tokens per micro-batch), also counts the rows the trainer would cut to it."""
     from eagle3.data.record import read_record
 
     data_dir = Path(data_dir)
@@ -88,6 +128,8 @@ def check_dataset(data_dir: str | Path, num_slots: int | None = None, hidden_siz
     if num_slots is None and "aux_layer_ids" in record:
         num_slots = len(record["aux_layer_ids"]) + 1
     report = CheckReport(str(data_dir), len(rows), full=full)
+    if total_seq_len is not None:
+        report.truncation = count_truncated(np.asarray(rows.seq_len, dtype=np.int64), total_seq_len)
     for i in tqdm(range(report.rows), desc="checking rows", unit="row", leave=False, mininterval=1.0,
                   disable=not (progress or report.rows >= 5000)):
         ids = rows.input_ids(i)
@@ -96,6 +138,15 @@ def check_dataset(data_dir: str | Path, num_slots: int | None = None, hidden_siz
         if problem:
             report.bad[i] = problem
     return report
+
+
+def count_truncated(seq_lens: np.ndarray, total_seq_len: int) -> Truncation:
+    # A row of L tokens trains on L - 1 positions (inputs shifted by one against their targets); a micro-batch
+    # holds total_seq_len of them, so rows with L - 1 > total_seq_len are cut.
+    positions = seq_lens - 1
+    over = positions > total_seq_len
+    return Truncation(total_seq_len, int(over.sum()), int((positions[over] - total_seq_len).sum()),
+                      int(seq_lens.max(initial=0)))
 
 
 def _row_problem(ids: np.ndarray, mask: np.ndarray, seq_len: int, vocab_size: int | None) -> Problem | None:
@@ -124,16 +175,22 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("data_dir", type=Path)
     parser.add_argument("--quick", action="store_true", help="skip the NaN/inf scan (reads headers and token ids only)")
     parser.add_argument("--vocab-size", type=int, help="the verifier's vocabulary size (default: from the record)")
+    parser.add_argument("--total-seq-len", type=int,
+                        help="the run's data.total_seq_len: also count the rows the trainer would cut to it")
     args = parser.parse_args(argv)
     from eagle3.data.record import read_record
 
     try:
         vocab = args.vocab_size or ((read_record(args.data_dir) or {}).get("verifier") or {}).get("vocab_size")
-        report = check_dataset(args.data_dir, vocab_size=vocab, full=not args.quick, progress=True)
+        report = check_dataset(args.data_dir, vocab_size=vocab, full=not args.quick, progress=True,
+                               total_seq_len=args.total_seq_len)
+        truncation = report.truncation_warning()
     except UserError as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
     print(report.summary(first=10))
+    if truncation:
+        print(f"warning: {truncation}", file=sys.stderr)
     return 1 if report.bad else 0
 
 

@@ -26,8 +26,9 @@ from eagle3.console import shell_override
 from eagle3.data.cache import cache_key
 from eagle3.data.jsonl import Row
 from eagle3.data.record import read_record, verifier_fingerprint, write_record
-from eagle3.data.verifier_forward import default_aux_layer_ids, load_causal_lm, write_hidden_states
+from eagle3.data.verifier_forward import load_causal_lm, write_hidden_states
 from eagle3.errors import ConfigError, DataError, UserError
+from eagle3.verifier_shape import default_aux_layer_ids
 
 log = logging.getLogger(__name__)
 
@@ -117,16 +118,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--data", type=Path, required=True,
                         help='JSONL: {"input_ids": [...], "loss_mask": [...]} or {"messages": [...]} per line '
                              "(messages use the model dir's tokenizer and chat template; assistant turns are trained)")
-    parser.add_argument("--out", type=Path, required=True, help="output dataset dir (resumed if it holds this preparation)")
+    parser.add_argument("--out", type=Path, required=True,
+                        help="output dataset dir (resumed if it holds this preparation)")
     parser.add_argument("--aux-layer-ids", type=int, nargs="+",
                         help="verifier layers fed to the draft, output_hidden_states indexing (default [2, N//2, N-3])")
-    parser.add_argument("--max-len", type=int, default=8192, help="tokens per row; longer rows are truncated and counted")
+    parser.add_argument("--max-len", type=int, default=8192,
+                        help="tokens per row; longer rows are truncated and counted")
     parser.add_argument("--batch-tokens", type=int, default=16384, help="padded tokens per verifier forward")
     parser.add_argument("--device", default="auto", choices=["auto", "cuda", "cpu"])
     # The options a run's `data` config also has default to its schema's values (eagle3/config.py DataConfig).
     parser.add_argument("--dtype", default=DataConfig.hidden_states_dtype, choices=["bfloat16", "float16", "float32"],
                         help="dtype the hidden states are stored in")
-    parser.add_argument("--on-bad-sample", default=DataConfig.on_bad_sample.value, choices=[p.value for p in BadSamplePolicy],
+    parser.add_argument("--on-bad-sample", default=DataConfig.on_bad_sample.value,
+                        choices=[p.value for p in BadSamplePolicy],
                         help="a row that cannot be used: stop with its line number, or leave it out and count it")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
@@ -146,7 +150,7 @@ def prepare(args: argparse.Namespace) -> dict[str, Any]:
     if not (args.model / "config.json").is_file():
         raise ConfigError(f"--model {args.model}: not a Hugging Face model dir (no config.json)")
     verifier = verifier_fingerprint(args.model)
-    aux = args.aux_layer_ids or default_aux_layer_ids(verifier["num_hidden_layers"])
+    aux = args.aux_layer_ids or default_aux_layer_ids(verifier["num_hidden_layers"], "give --aux-layer-ids")
     if args.max_len < 2 or args.batch_tokens < 1:
         raise ConfigError("--max-len must be at least 2 and --batch-tokens at least 1")
     chat: list[ChatTokenizer] = []  # built on the first messages row: input_ids data needs no tokenizer
@@ -168,12 +172,27 @@ def prepare(args: argparse.Namespace) -> dict[str, Any]:
     record = write_dataset(model, args.model, rows, args.out, aux, args.batch_tokens, getattr(torch, args.dtype),
                            notes)
     tokens = sum(len(ids) for ids, _ in rows)
-    log.info("wrote %s: %d rows, %d tokens, %d hidden-state files (%d kept from before)\ntrain on it with:\n"
-             "  python launch.py data=offline %s %s %s",
+    log.info("wrote %s: %d rows, %d tokens, %d hidden-state files (%d kept from before)\ntrain on it with:\n  %s",
              args.out, len(rows), tokens, record["hidden_state_files_written"],
-             len(rows) - record["hidden_state_files_written"], shell_override("data.path", args.out),
-             shell_override("model.verifier.path", args.model), shell_override("model.draft.aux_layer_ids", aux))
+             len(rows) - record["hidden_state_files_written"], train_command(args.out, args.model, aux))
     return record
+
+
+def train_command(data_dir: Path, model_dir: Path, aux_layer_ids: Sequence[int]) -> str:
+    """The launch.py command that trains on this data, runnable as printed: model=auto reads the draft's shape
+    from the verifier's config.json; aux layer ids only when they differ from the default model=auto derives."""
+
+    from eagle3.verifier_shape import verifier_config
+
+    parts = ["python launch.py model=auto", shell_override("model.verifier.path", model_dir.resolve()),
+             "data=offline", shell_override("data.path", data_dir.resolve())]
+    try:
+        default = verifier_config(model_dir, "aux_layer_ids")
+    except ConfigError:
+        default = None  # too few layers for the default: the ids must be given
+    if list(aux_layer_ids) != default:
+        parts.append(shell_override("model.draft.aux_layer_ids", list(aux_layer_ids)))
+    return " ".join(parts)
 
 
 if __name__ == "__main__":

@@ -104,13 +104,3 @@ def pre_final_norm(model: torch.nn.Module) -> Iterator[list[torch.Tensor]]:
         yield captured
     finally:
         hook.remove()
-
-
-def default_aux_layer_ids(num_layers: int) -> list[int]:
-    """EAGLE-3's choice, low, middle and high: [2, N//2, N-3] in output_hidden_states indexing (SpecForge counts
-    layer outputs and writes [1, N//2-1, N-4] for the same layers)."""
-    ids = [2, num_layers // 2, num_layers - 3]
-    if len(set(ids)) < 3 or min(ids) < 1:
-        raise ConfigError(f"the verifier has {num_layers} layers, too few for the default aux layers "
-                          f"[2, N//2, N-3] = {ids}: give --aux-layer-ids")
-    return ids

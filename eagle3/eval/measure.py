@@ -33,6 +33,7 @@ from eagle3.eval.drafting import (
     speculative_decode,
     verifier_pass,
 )
+from eagle3.eval.prompts import Prompt
 
 
 class LosslessError(RuntimeError):
@@ -59,7 +60,8 @@ class AcceptanceProbe:
             raise ConfigError("no prompts")
         self.verifier, self.k, self.max_new_tokens = verifier, k, max_new_tokens
         self.temperature, self.seed, self.cached = float(temperature), seed, cached
-        self.prompts = [list(p) for p in prompts]
+        # Kept with their origin (a file's line, a val row), which error messages name.
+        self.prompts = [Prompt(p, prompt_origin(p, i)) for i, p in enumerate(prompts)]
         self.greedy: list[list[int]] | None = None
         max_positions = getattr(verifier.config, "max_position_embeddings", None) or 1 << 30
         check_prompts(self.prompts, verifier.config.vocab_size, max_positions - max_new_tokens - k)
@@ -130,16 +132,21 @@ def aux_layer_ids(draft: torch.nn.Module, verifier: torch.nn.Module) -> list[int
     return ids
 
 
-def check_prompts(prompts: list[list[int]], vocab_size: int, max_prompt_len: int) -> None:
+def prompt_origin(prompt: Sequence[int], i: int) -> str:
+    """Where a prompt came from: a file's line (1-based) or a val row, as eagle3.eval.prompts records it."""
+    return getattr(prompt, "where", f"prompt {i + 1} (1-based)")
+
+
+def check_prompts(prompts: Sequence[Sequence[int]], vocab_size: int, max_prompt_len: int) -> None:
     for i, p in enumerate(prompts):
+        where = prompt_origin(p, i)
         if not p:
-            raise ConfigError(f"prompt #{i} is empty")
+            raise ConfigError(f"{where}: the prompt is empty")
         bad = [t for t in p if not 0 <= t < vocab_size]
         if bad:
-            raise ConfigError(f"prompt #{i} has token ids outside the verifier's vocabulary [0, {vocab_size}): "
-                              f"{bad[:5]}")
+            raise ConfigError(f"{where}: token ids outside the verifier's vocabulary [0, {vocab_size}): {bad[:5]}")
         if len(p) > max_prompt_len:
-            raise ConfigError(f"prompt #{i} has {len(p)} tokens; with max_new_tokens and k it would pass the "
+            raise ConfigError(f"{where}: {len(p)} prompt tokens; with max_new_tokens and k it would pass the "
                               f"verifier's max_position_embeddings (at most {max_prompt_len} prompt tokens)")
 
 
@@ -166,8 +173,8 @@ def check_lossless(verifier: torch.nn.Module, prompts: Sequence[Sequence[int]], 
                f"forwards of different lengths can flip, so this may be numerics rather than a drafting bug"
                if gap <= 1e-4 * max(1.0, float(top2[0].abs())) else
                f"the verifier's top two logits there differ by {gap:.3g} (not a tie): a bug in the drafting loop")
-        raise LosslessError(f"speculative decoding is not lossless: prompt #{i}, new token #{pos}: speculative "
-                            f"{spec[pos]}, greedy {ref[pos]}; {tie}")
+        raise LosslessError(f"speculative decoding is not lossless: {prompt_origin(prompts[i], i)}, new token "
+                            f"#{pos}: speculative {spec[pos]}, greedy {ref[pos]}; {tie}")
 
 
 @torch.no_grad()

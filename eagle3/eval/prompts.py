@@ -3,14 +3,23 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from eagle3.errors import DataError
 from eagle3.data.jsonl import ChatTokenizer
+from eagle3.errors import DataError
 
 
-def read_jsonl_prompts(path: str | Path, verifier_dir: str | Path, limit: int | None = None) -> list[list[int]]:
+class Prompt(list[int]):
+    """A prompt's token ids and where it came from, which messages about it name ("<file> line 3", "val row 57")."""
+
+    def __init__(self, ids: Iterable[int], where: str):
+        super().__init__(ids)
+        self.where = where
+
+
+def read_jsonl_prompts(path: str | Path, verifier_dir: str | Path, limit: int | None = None) -> list[Prompt]:
     """Rows `{"input_ids": [...]}` (token ids as they are) or `{"messages": [...]}` (rendered with the chat
     template of the tokenizer in `verifier_dir`, with the generation prompt appended)."""
     path = Path(path)
@@ -31,7 +40,7 @@ def read_jsonl_prompts(path: str | Path, verifier_dir: str | Path, limit: int | 
         raise DataError(f"prompts: {path} holds no prompts")
     rows = rows[:limit] if limit else rows
     tokenizer = ChatTokenizer(Path(verifier_dir)) if any("messages" in r for r in rows) else None
-    return [_prompt_ids(row, tokenizer, path) for row in rows]
+    return [Prompt(_prompt_ids(row, tokenizer, path), f"prompts: {path} line {row['line']}") for row in rows]
 
 
 def _prompt_ids(row: dict[str, Any], tokenizer, path: Path) -> list[int]:
@@ -48,7 +57,7 @@ def _prompt_ids(row: dict[str, Any], tokenizer, path: Path) -> list[int]:
     return list(ids)
 
 
-def val_split_prompts(data_dir: str | Path, train_ratio: float, limit: int) -> list[list[int]]:
+def val_split_prompts(data_dir: str | Path, train_ratio: float, limit: int) -> list[Prompt]:
     """The loss-masked-out start of each val row (the prompt before the first trained token), in order, for
     the first `limit` rows that have one. The split is training's (eagle3.data.loader: the rows from
     int(len * train_ratio) on)."""
@@ -63,7 +72,7 @@ def val_split_prompts(data_dir: str | Path, train_ratio: float, limit: int) -> l
         mask = rows.loss_mask(i)
         start = int(mask.argmax()) if mask.any() else len(mask)
         if 0 < start < len(mask):  # a prompt, and something after it that training learned to continue
-            prompts.append(rows.input_ids(i)[:start].tolist())
+            prompts.append(Prompt(rows.input_ids(i)[:start].tolist(), f"val row {i} of {data_dir}"))
         if len(prompts) == limit:
             break
     if not prompts:

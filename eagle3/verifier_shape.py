@@ -1,0 +1,118 @@
+"""The draft's shape read from the verifier's config.json, for `model=auto` (OmegaConf resolvers).
+
+    draft:
+      hidden_size: ${verifier_config:${..verifier.path},hidden_size}
+
+`verifier_config` returns a key of `<path>/config.json` (of its `text_config` for multimodal configs), or one
+derived from it where configs differ in how they state it:
+  head_dim              config's head_dim, else hidden_size // num_attention_heads
+  num_key_value_heads   config's, else num_attention_heads (no grouped-query attention)
+  rope_theta            config's rope_theta, else rope_parameters.rope_theta (transformers 5 stores it there)
+  hidden_act            config's, else silu
+  draft_vocab_size      min(32000, vocab_size): EAGLE-3's and SpecForge's draft vocabulary
+  aux_layer_ids         EAGLE-3's [2, N//2, N-3] for N = num_hidden_layers (Hugging Face output_hidden_states
+                        indexing; SpecForge writes [1, N//2-1, N-4] for the same layers)
+A missing path, an unreadable file or a missing key is a ConfigError naming the key to set by hand.
+Imports only json: `launch.py --cfg job` resolves nothing, and the run config resolves this once.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+from eagle3.errors import ConfigError
+
+DRAFT_VOCAB_CAP = 32000  # draft tokens at most: EAGLE-3's and SpecForge's default draft vocabulary
+
+
+def verifier_config(path: Any, key: str) -> Any:
+    """The draft dimension `key` for the verifier at `path` (the `verifier_config` resolver)."""
+    if path is None or not str(path).strip():
+        raise ConfigError("model=auto reads the draft's shape from the verifier's config.json: set "
+                          "model.verifier.path=<a local Hugging Face model dir>")
+    file = Path(str(path)) / "config.json"
+    try:
+        stamp = os.stat(file).st_mtime_ns
+    except OSError:
+        raise ConfigError(f"model.verifier.path: {path} has no config.json (model=auto reads the draft's shape "
+                          f"from it); expected a local Hugging Face model dir") from None
+    config = _read(str(file), stamp)
+    derive = DERIVED.get(key)
+    value = derive(config) if derive else config.get(key)
+    if value is None:
+        raise ConfigError(f"{file} has no {key} (model=auto reads the draft's {key} from it); set "
+                          f"model.draft.{key}=... on the command line")
+    return value
+
+
+def default_aux_layer_ids(num_layers: int, how_to_set: str = "set model.draft.aux_layer_ids=[...]") -> list[int]:
+    """EAGLE-3's choice, low, middle and high: [2, N//2, N-3] in output_hidden_states indexing (SpecForge counts
+    layer outputs and writes [1, N//2-1, N-4] for the same layers). The one definition: model=auto derives the
+    draft's ids with it, and data preparation its default --aux-layer-ids. `how_to_set` ends the message for a
+    verifier with too few layers (the caller's own option)."""
+    ids = [2, num_layers // 2, num_layers - 3]
+    if len(set(ids)) < 3 or min(ids) < 1:
+        raise ConfigError(f"the verifier has {num_layers} layers, too few for the default aux layers "
+                          f"[2, N//2, N-3] = {ids}: {how_to_set}")
+    return ids
+
+
+@lru_cache(maxsize=8)
+def _read(file: str, stamp: int) -> dict[str, Any]:  # keyed by mtime too: a rewritten file is read again
+    try:
+        config = json.loads(Path(file).read_text())
+    except (OSError, ValueError) as e:
+        raise ConfigError(f"{file}: cannot read the verifier's config ({e})") from None
+    if not isinstance(config, dict):
+        raise ConfigError(f"{file}: not a Hugging Face config (not a JSON object)")
+    return config.get("text_config") or config  # multimodal configs nest the language model's
+
+
+def _head_dim(c: dict[str, Any]) -> int | None:
+    if c.get("head_dim"):
+        return c["head_dim"]
+    if c.get("hidden_size") and c.get("num_attention_heads"):
+        return c["hidden_size"] // c["num_attention_heads"]
+    return None
+
+
+def _rope_theta(c: dict[str, Any]) -> float | None:
+    theta = c.get("rope_theta") or (c.get("rope_parameters") or {}).get("rope_theta")
+    return None if theta is None else float(theta)
+
+
+def _aux_layer_ids(c: dict[str, Any]) -> list[int] | None:
+    layers = c.get("num_hidden_layers")
+    return None if layers is None else default_aux_layer_ids(layers)
+
+
+DERIVED = {
+    "head_dim": _head_dim,
+    "num_key_value_heads": lambda c: c.get("num_key_value_heads") or c.get("num_attention_heads"),
+    "rope_theta": _rope_theta,
+    "hidden_act": lambda c: c.get("hidden_act") or "silu",
+    "draft_vocab_size": lambda c: None if c.get("vocab_size") is None else min(DRAFT_VOCAB_CAP, c["vocab_size"]),
+    "aux_layer_ids": _aux_layer_ids,
+}
+
+
+def unresolvable(error: Exception) -> str:
+    """One message for a ${...} the run config cannot resolve (a ConfigError raised here, or a missing key)."""
+    text = str(error).split("\n")[0].removeprefix("ConfigError raised while resolving interpolation: ")
+    if "verifier.tiny" in text:  # model=tiny's draft is sized after its own tiny verifier
+        text += ("; model=tiny builds its own verifier (model.verifier.tiny): for your own verifier use model=auto "
+                 "model.verifier.path=<dir>, which reads the draft's shape from its config.json")
+    key = getattr(error, "full_key", None)
+    # Messages that already name the key to set start with it ("model.verifier.path: ..."); others get it.
+    return text if text.startswith("model") or not key else f"{key}: {text}"
+
+
+def register_resolvers() -> None:
+    from omegaconf import OmegaConf
+
+    if not OmegaConf.has_resolver("verifier_config"):
+        OmegaConf.register_new_resolver("verifier_config", verifier_config)
