@@ -22,8 +22,9 @@ REQUIRED = {("model", "kimi_k25"): ["model.verifier.path"], ("model", "auto"): [
             ("distributed", "multinode"): ["distributed.node_rank", "distributed.rdzv_endpoint"]}
 
 
-def user_values(tmp_path) -> dict:
-    """Values a user gives for the REQUIRED keys, each one that validate() accepts (paths that exist)."""
+def user_values(tmp_path, num_layers: int = 36) -> dict:
+    """Values a user gives for the REQUIRED keys, each one that validate() accepts (paths that exist); the
+    verifier's depth bounds the aux layer ids."""
     verifier, data = tmp_path / "verifier", tmp_path / "data"
     (data / "hidden_states").mkdir(parents=True)
     verifier.mkdir()
@@ -31,7 +32,7 @@ def user_values(tmp_path) -> dict:
     # (a vocabulary above the presets' pinned draft vocabulary of 32000, as Llama's and Qwen's are)
     (verifier / "config.json").write_text(json.dumps({
         "hidden_size": 64, "num_attention_heads": 4, "intermediate_size": 128, "vocab_size": 152064,
-        "num_hidden_layers": 36, "max_position_embeddings": 128, "rope_theta": 10000.0, "rms_norm_eps": 1e-6}))
+        "num_hidden_layers": num_layers, "max_position_embeddings": 128, "rope_theta": 10000.0, "rms_norm_eps": 1e-6}))
     return {"model.verifier.path": str(verifier), "data.path": str(data), "init.path": str(tmp_path),
             "distributed.node_rank": 1, "distributed.rdzv_endpoint": "node0:29500"}
 
@@ -39,7 +40,8 @@ def user_values(tmp_path) -> dict:
 @pytest.mark.parametrize("group,option", OPTIONS, ids=[f"{g}={o}" for g, o in OPTIONS])
 def test_every_option_composes_and_validates(group, option, tmp_path):
     cfg = compose_cfg([f"{group}={option}"])
-    values = user_values(tmp_path)
+    # kimi_k25 pins aux ids [2, 30, 58] for Kimi-K2.5's 61 layers
+    values = user_values(tmp_path, num_layers=61 if option == "kimi_k25" else 36)
     for key in REQUIRED.get((group, option), []):
         parent, leaf = key.rsplit(".", 1)
         assert OmegaConf.is_missing(OmegaConf.select(cfg, parent), leaf), key
