@@ -93,8 +93,7 @@ def raw_pass(files: list[tuple[Path, int, int]], buf: memoryview, bytes_per_toke
 def loader_pass(loader, epoch: int, device) -> float:
     import torch
 
-    from eagle3.data.reader import split_hidden
-    from eagle3.data.reader import to_device
+    from eagle3.data.reader import split_hidden, to_device
 
     loader.batch_sampler.set_epoch(epoch)
     start = time.perf_counter()

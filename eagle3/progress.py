@@ -37,7 +37,8 @@ class Progress:
     def from_dict(cls, saved: dict[str, Any], where: Path) -> Progress:
         names = {f.name for f in fields(cls)}
         if set(saved) != names:
-            raise CheckpointError(f"{where}: its progress has keys {sorted(saved)}, this version saves {sorted(names)}; "
+            raise CheckpointError(f"{where}: its progress has keys {sorted(saved)}, this version saves "
+                                  f"{sorted(names)}; "
                                   "it was written by another version of eagle3 and cannot be resumed by this one")
         return cls(**saved)
 

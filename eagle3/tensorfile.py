@@ -44,7 +44,8 @@ def read_specs(fd: int) -> dict[str, TensorSpec]:
                                     base + t["data_offsets"][1])
                    for name, t in header.items() if name != "__metadata__"}
     except (AttributeError, KeyError, TypeError, IndexError) as e:
-        raise HeaderError(f"not a safetensors file (its header does not list dtype, shape and offsets: {e!r})") from None
+        raise HeaderError(f"not a safetensors file (its header does not list dtype, shape and offsets: "
+                          f"{e!r})") from None
     needed = max((t.end for t in tensors.values()), default=base)
     if needed > size:
         raise HeaderError(f"truncated: its header needs {needed:,} bytes, the file has {size:,}")

@@ -31,7 +31,7 @@ class Tracker:
         self._file: IO[str] | None = None
         self._wandb: Any = None
 
-    def __enter__(self) -> "Tracker":
+    def __enter__(self) -> Tracker:
         if not self.enabled:
             return self
         metrics = self.run_dir / "metrics.jsonl"

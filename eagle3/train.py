@@ -9,7 +9,7 @@ import logging
 import math
 import re
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable
 from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
 from typing import Any
@@ -20,8 +20,16 @@ from tqdm import tqdm
 from eagle3.checkpoint import save_checkpoint
 from eagle3.config import DraftConfig, OptimConfig
 from eagle3.data.reader import PackedLoader, to_device
-from eagle3.distributed import (World, barrier, full_model_state, full_optimizer_state, grad_sync,
-                                load_optimizer_state, reduce_sums, unwrap)
+from eagle3.distributed import (
+    World,
+    barrier,
+    full_model_state,
+    full_optimizer_state,
+    grad_sync,
+    load_optimizer_state,
+    reduce_sums,
+    unwrap,
+)
 from eagle3.errors import RunStopped
 from eagle3.progress import Progress, Row
 from eagle3.stop import StopRequest
@@ -290,7 +298,7 @@ def not_finite_message(where: str, nonfinite_rows: int, rows_here: list[int], ra
                 f"weights give it (diverged training or a broken init); it is not used to rank checkpoints. {kept} "
                 f"Lower optim.lr or check init")
     shown = ", ".join(f"hs_{r}.safetensors" for r in rows_here[:5]) + (", ..." if len(rows_here) > 5 else "")
-    named = f" ({shown}{' on rank %d' % rank if rank else ''})" if rows_here else ""
+    named = f" ({shown}{f' on rank {rank}' if rank else ''})" if rows_here else ""
     return (f"{where}: the val loss is not finite: {nonfinite_rows} val row(s) hold non-finite hidden states"
             f"{named}; it is not used to rank checkpoints. {kept} data.on_bad_sample=skip leaves such rows out of "
             f"validation (counted as skipped_rows in each val row); python -m eagle3.data.check <data dir> "
@@ -353,7 +361,8 @@ def accumulate(into: dict[str, Any], metrics: dict[str, torch.Tensor]) -> None:
 
 def summarize(sums: dict[str, float]) -> dict[str, float]:
     """Ratios of the counted metrics (train rows: speculators' per-micro-batch means, averaged over the window's
-    micro-batches; val rows: token-weighted, see val_counts), and tau_sim = 1 + sum_k full_acc_k (simulated chain acceptance length)."""
+    micro-batches; val rows: token-weighted, see val_counts), and tau_sim = 1 + sum_k full_acc_k (simulated chain
+    acceptance length)."""
     from speculators.train.utils import normalize_counted_metrics
 
     metrics = normalize_counted_metrics(dict(sums))

@@ -9,9 +9,9 @@ from safetensors.torch import load_file
 
 from eagle3.config import SynthConfig, TinyVerifierConfig
 from eagle3.data.prepare import write_dataset
-from eagle3.data.verifier_forward import load_causal_lm
 from eagle3.data.synthetic import sample_rows, synthetic_dataset_dir
 from eagle3.data.verifier import tiny_verifier_dir
+from eagle3.data.verifier_forward import load_causal_lm
 
 TINY = TinyVerifierConfig(hidden_size=64, num_layers=4, num_heads=4, intermediate_size=128, vocab_size=256,
             max_position_embeddings=128, init_std=0.02, logit_scale=40.0, seed=0, perturb_std=0.0, token_shift=0.0,

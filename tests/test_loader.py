@@ -13,8 +13,7 @@ from safetensors.torch import load_file, save_file
 
 from eagle3.data.hsfiles import DataError
 from eagle3.data.loader import build_loaders
-from eagle3.data.reader import split_hidden
-from eagle3.data.reader import to_device
+from eagle3.data.reader import split_hidden, to_device
 
 # The sampler warns about the two long documents on purpose.
 pytestmark = pytest.mark.filterwarnings("ignore:Found .* samples longer than batch_max_length")

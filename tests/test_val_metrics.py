@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 import torch
 from safetensors.torch import load_file, save_file
+from test_loader import AUX, LENGTHS, RATIO, VOCAB, H, T, tiny_draft
 
 from conftest import SMALL_DATA, launch, read_rows
-from test_loader import AUX, H, LENGTHS, RATIO, T, VOCAB, tiny_draft
 
 pytestmark = pytest.mark.filterwarnings("ignore:Found .* samples longer than batch_max_length")
 

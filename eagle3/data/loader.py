@@ -21,10 +21,10 @@ import numpy as np
 import torch
 from torch.utils.data import Sampler
 
-from eagle3.errors import DataError
 from eagle3.data.hsfiles import file_dtype
 from eagle3.data.reader import PackedLoader
 from eagle3.data.rows import ArrowRows
+from eagle3.errors import DataError
 
 
 class ShardedBatchSampler(Sampler):

@@ -33,9 +33,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from eagle3.errors import ConfigError
 from eagle3.data.hsfiles import check_file, hs_path, open_file, read_into
 from eagle3.data.rows import ArrowRows
+from eagle3.errors import ConfigError
 
 
 def split_hidden(buffer: torch.Tensor) -> dict[str, torch.Tensor]:

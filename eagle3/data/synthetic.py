@@ -12,9 +12,9 @@ from tqdm import tqdm
 
 from eagle3.config import SynthConfig
 from eagle3.data.cache import build_once, cache_key
+from eagle3.data.jsonl import Row
 from eagle3.data.prepare import write_dataset
 from eagle3.data.verifier_forward import load_causal_lm
-from eagle3.data.jsonl import Row
 
 
 @torch.no_grad()
@@ -48,7 +48,8 @@ def _sample(model: torch.nn.Module, prompt: torch.Tensor, new_tokens: int, tempe
 def synthetic_dataset_dir(verifier_dir: Path, synth: SynthConfig, aux_layer_ids: Sequence[int],
                           cache_dir: str, dtype: str = "bfloat16") -> Path:
     """The dataset sampled from `verifier_dir` as `synth` says, built on first use and cached by its parameters."""
-    params = {"verifier": str(verifier_dir), "synth": asdict(synth), "aux_layer_ids": list(aux_layer_ids), "dtype": dtype}
+    params = {"verifier": str(verifier_dir), "synth": asdict(synth), "aux_layer_ids": list(aux_layer_ids),
+              "dtype": dtype}
     target = Path(cache_dir) / "datasets" / f"synth-{cache_key(params)}"
 
     def build(tmp: Path) -> None:

@@ -52,7 +52,7 @@ def preflight_draft(ctx: InitContext) -> None:
         check(ctx)
 
 
-def build_draft(ctx: InitContext) -> "tuple[Eagle3DraftModel, dict[str, Any]]":
+def build_draft(ctx: InitContext) -> tuple[Eagle3DraftModel, dict[str, Any]]:
     return _lookup(ctx.init.name)[0](ctx)
 
 

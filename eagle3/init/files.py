@@ -34,7 +34,8 @@ def checkpoint_files(path: Path) -> list[Path]:
     if single.is_file():
         return [single]
     pickles = sorted(p.name for p in path.glob("*.bin")) + sorted(p.name for p in path.glob("*.pt*"))
-    hint = f" (found {', '.join(pickles)}: pickle files are never loaded, convert them to safetensors)" if pickles else ""
+    hint = (f" (found {', '.join(pickles)}: pickle files are never loaded, convert them to safetensors)"
+            if pickles else "")
     raise CheckpointError(f"{path}: no model.safetensors or model.safetensors.index.json{hint}")
 
 
