@@ -38,27 +38,16 @@ SHAPES = {
 def build(shape: dict, device, seed: int = 0, attn_impl: str | None = None):
     """A draft at `shape` with random weights; flex attention on CUDA (as training there), sdpa elsewhere, unless
     `attn_impl` says otherwise."""
-    import torch
-
+    from bench.common import random_draft
     from eagle3.config import DraftConfig
-    from eagle3.init.build import SPECULATORS_FLAGS, bare_draft
 
     draft = {"vocab_size": shape["vocab"], "hidden_size": shape["hidden"], "intermediate_size": shape["intermediate"],
              "num_attention_heads": shape["heads"], "num_key_value_heads": shape["kv_heads"],
              "head_dim": shape["head_dim"], "max_position_embeddings": shape["seq"] + 16, "rope_theta": 500000.0,
              "rms_norm_eps": 1e-5, "hidden_act": "silu", "draft_vocab_size": shape["draft_vocab"],
              "aux_layer_ids": [2, 16, 29], "ttt_steps": 3}
-    torch.manual_seed(seed)
-    model = bare_draft(DraftConfig(**draft), SPECULATORS_FLAGS, "cpu",
-                       attn_impl=attn_impl or ("simple_flex_attention" if device.type == "cuda" else "sdpa"))
-    ids = torch.sort(torch.randperm(shape["vocab"])[: shape["draft_vocab"]]).values
-    t2d = torch.zeros(shape["vocab"], dtype=torch.bool)
-    t2d[ids] = True
-    model.load_vocab_mappings(t2d, ids - torch.arange(len(ids)))
-    with torch.no_grad():
-        for p in (model.embed_tokens.weight, model.lm_head.weight, model.verifier_lm_head.weight):
-            p.normal_(0, 0.02)
-        model.verifier_norm.weight.fill_(1.0)
+    attn_impl = attn_impl or ("simple_flex_attention" if device.type == "cuda" else "sdpa")
+    model = random_draft(DraftConfig(**draft), attn_impl, std=0.02, seed=seed)
     return model, draft
 
 

@@ -83,21 +83,10 @@ def draft_config(seq: int, ttt_steps: int, attn: str, checkpointing: bool):
 
 def build_model(draft, seed: int = 0):
     """A real Eagle3DraftModel of `draft` on CPU with the frozen verifier parts filled, as training holds it."""
-    import torch
-
-    from eagle3.init.build import SPECULATORS_FLAGS, bare_draft
+    from bench.common import random_draft
     from eagle3.recompute import recompute_decoder_layers
 
-    torch.manual_seed(seed)
-    model = bare_draft(draft, SPECULATORS_FLAGS, "cpu", attn_impl=draft.attn_impl)
-    ids = torch.sort(torch.randperm(draft.vocab_size)[: draft.draft_vocab_size]).values
-    t2d = torch.zeros(draft.vocab_size, dtype=torch.bool)
-    t2d[ids] = True
-    model.load_vocab_mappings(t2d, ids - torch.arange(len(ids)))
-    with torch.no_grad():
-        for p in (model.embed_tokens.weight, model.lm_head.weight, model.verifier_lm_head.weight):
-            p.normal_(0, 0.05)
-        model.verifier_norm.weight.fill_(1.0)
+    model = random_draft(draft, draft.attn_impl, std=0.05, seed=seed)
     if draft.gradient_checkpointing:
         recompute_decoder_layers(model)
     return model
