@@ -446,9 +446,10 @@ def run_config(plain: dict[str, Any], dataset_required: bool = True) -> RunConfi
     return cfg
 
 
-def validate(plain: dict[str, Any]) -> TrainConfig:
-    """The typed, checked composed config (no `run` part) from its plain, resolved form."""
-    return _typed(TrainConfig, plain)
+def validate(plain: dict[str, Any], dataset_required: bool = True) -> TrainConfig:
+    """The typed, checked composed config (no `run` part) from its plain, resolved form (`dataset_required`: as
+    for run_config)."""
+    return _typed(TrainConfig, plain, dataset_required)
 
 
 def _typed(schema_type: type[TrainConfig], plain: dict[str, Any], dataset_required: bool = True) -> TrainConfig:

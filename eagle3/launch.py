@@ -11,6 +11,7 @@ Nothing here imports torch or speculators before the config is known to be good.
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import json
 import logging
 import os
@@ -62,18 +63,23 @@ def launch(cfg: DictConfig) -> float | None:
     except Interrupted:  # checkpoints/last is saved and the resume line printed: resumable, not failed
         if multirun:
             update_sweep_index(hydra, run_dir, "stopped", None)
-        elif cfg.resume:
+        elif run_cfg is not None and cfg.resume:
             update_resumed_sweep_job(run_dir, "stopped", None)
         raise
     except Exception as e:
         error = f"{type(e).__name__}: {e}"
-        if run_cfg is not None or multirun:  # a single run's dir may be another run's until its config is written
+        # Records go only where they describe this job: its own run dir (once its config is written, or a sweep
+        # job's fresh dir), never a run that a refused command pointed at (resume=, a reused hydra.sweep.dir).
+        ours = run_cfg is not None or (multirun and not cfg.resume
+                                       and not (run_dir / "resolved_config.yaml").exists())
+        if ours:
             record_failure(run_dir, error, getattr(e, "rank_traceback", None))
         if multirun:
-            update_sweep_index(hydra, run_dir, "failed", None, error)
+            if ours:
+                update_sweep_index(hydra, run_dir, "failed", None, error)
             log.error("job %d (%s) failed: %s\n  run dir: %s", hydra.job.num,
                       " ".join(hydra.overrides.task) or "no overrides", e, run_dir)
-        elif cfg.resume:
+        elif ours and cfg.resume:
             update_resumed_sweep_job(run_dir, "failed", None, error)
         if isinstance(e, (UserError, RankFailed)) and not multirun and os.environ.get("HYDRA_FULL_ERROR") != "1":
             raise SystemExit(f"error: {e}") from None  # one message on the console, no traceback
@@ -395,15 +401,19 @@ def write_index_entry(sweep_dir: Path, job: dict[str, Any], status: str, summary
                       error: str | None) -> None:
     """Replaces the job's entry (by `num`) in `<sweep_dir>/index.json`. A stopped job gets its resume command."""
     index_file = sweep_dir / "index.json"
-    jobs = json.loads(index_file.read_text())["jobs"] if index_file.exists() else []
     entry = {**job, "status": status, "error": error}
     if status == "stopped":
         entry["resume"] = resume_command(job["run_dir"])
     if summary is not None:
         entry.update(steps=summary.steps, best_tau_sim=summary.best["tau_sim"], best_step=summary.best["step"],
                      final_loss=summary.final["loss"], final_tau_sim=summary.final["tau_sim"])
-    jobs = [j for j in jobs if j["num"] != entry["num"]] + [entry]
-    tmp = index_file.with_suffix(".tmp")
-    tmp.write_text(json.dumps({"sweep_dir": str(sweep_dir.resolve()),
-                               "jobs": sorted(jobs, key=lambda j: j["num"])}, indent=2) + "\n")
-    os.replace(tmp, index_file)
+    # Jobs of a sweep may finish at once (Slurm, optuna's n_jobs): the read-modify-write holds a lock, and each
+    # writer has its own temporary file.
+    with open(sweep_dir / "index.lock", "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        jobs = json.loads(index_file.read_text())["jobs"] if index_file.exists() else []
+        jobs = [j for j in jobs if j["num"] != entry["num"]] + [entry]
+        tmp = index_file.with_name(f".index.{os.getpid()}.tmp")
+        tmp.write_text(json.dumps({"sweep_dir": str(sweep_dir.resolve()),
+                                   "jobs": sorted(jobs, key=lambda j: j["num"])}, indent=2) + "\n")
+        os.replace(tmp, index_file)

@@ -18,6 +18,7 @@ from eagle3.config import RunConfig, plain_config
 from eagle3.console import format_result_table, quiet_libraries, setup_rank_logging
 from eagle3.data.loader import build_loaders
 from eagle3.distributed import World, close_world, init_world, wrap_model
+from eagle3.errors import ConfigError
 from eagle3.init import InitContext, build_draft
 from eagle3.progress import RunSummary
 from eagle3.rank_errors import write_rank_error
@@ -51,7 +52,7 @@ def pick_device(choice: str, local_rank: int) -> torch.device:
     if choice == "cpu" or (choice == "auto" and not torch.cuda.is_available()):
         return torch.device("cpu")
     if not torch.cuda.is_available():
-        raise RuntimeError("device=cuda but no CUDA device is available")
+        raise ConfigError("device=cuda but no CUDA device is available")  # launch.check_devices says it first
     return torch.device("cuda", local_rank)
 
 

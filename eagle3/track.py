@@ -9,6 +9,7 @@ run continues the same wandb run.
 from __future__ import annotations
 
 import json
+import math
 import os
 import uuid
 from pathlib import Path
@@ -36,13 +37,16 @@ class Tracker:
             return self
         metrics = self.run_dir / "metrics.jsonl"
         if self.resume_step is not None and metrics.exists():
-            # Rows logged after the checkpoint we resume from are replayed by the resumed run.
-            kept = [line for line in metrics.read_text().splitlines()
-                    if line.strip() and json.loads(line)["step"] <= self.resume_step]
-            metrics.write_text("".join(line + "\n" for line in kept))
-        self._file = open(metrics, "a", encoding="utf-8")
+            # Rows logged after the checkpoint we resume from are replayed by the resumed run; a line cut short by
+            # the kill (or a full disk) is dropped with them.
+            kept = [line for line in metrics.read_text().splitlines() if _step_of(line) <= self.resume_step]
+            tmp = metrics.with_name(".metrics.jsonl.tmp")
+            tmp.write_text("".join(line + "\n" for line in kept))
+            os.replace(tmp, metrics)
+        # wandb first: if it cannot start, no file is left open.
         if self.logger.mode != LoggerMode.disabled:
             self._wandb = self._init_wandb(self.logger)
+        self._file = open(metrics, "a", encoding="utf-8")
         return self
 
     def _init_wandb(self, logger: LoggerConfig) -> Any:
@@ -93,3 +97,11 @@ class Tracker:
             self._file.close()
         if self._wandb is not None:
             self._wandb.finish(exit_code=0 if exc_type is None else 1)
+
+
+def _step_of(line: str) -> float:
+    """The step of a metrics.jsonl row; infinity for a line that is not a whole row (never kept on resume)."""
+    try:
+        return json.loads(line)["step"]
+    except (ValueError, KeyError, TypeError):
+        return math.inf

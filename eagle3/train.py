@@ -116,46 +116,56 @@ def train(model: torch.nn.Module, train_loader: PackedLoader, val_loader: Packed
              optim.lr)
     steps = StepLog(tracker, world, scheduler, log_every, total_steps, progress)
     skipped_in_a_row, stop = 0, StopRequest()
-    model.train()
-    for epoch in range(progress.epoch, optim.epochs):
-        if progress.step >= total_steps:
-            break
-        sampler.set_epoch(epoch, skip_steps=progress.step_in_epoch)
-        micro_batches = iter(train_loader)
-        while progress.step_in_epoch < steps_per_epoch and progress.step < total_steps:
-            grad_norm = train_step(model, micro_batches, optim.grad_accum, optimizer, scheduler, trainable,
-                                   optim.grad_clip, device, autocast, call_kwargs, world, steps.window)
-            progress.step += 1
-            progress.step_in_epoch += 1
-            skipped_in_a_row = skipped_in_a_row + 1 if grad_norm is None else 0
-            progress.skipped_steps += grad_norm is None
-            if grad_norm is None and world.is_main:  # the train rows count them too, but only every log_every
-                log.warning("step %d skipped: non-finite loss or gradient, weights unchanged (%d skipped so far, "
-                            "%d in a row; optim.max_skipped_steps=%d in a row stops the run)", progress.step,
-                            progress.skipped_steps, skipped_in_a_row, optim.max_skipped_steps)
-            steps.after_step(progress, epoch, grad_norm)
-            step, mid_epoch = progress.step, progress.step_in_epoch < steps_per_epoch
-            if skipped_in_a_row >= optim.max_skipped_steps:
-                save("last", progress)  # skipped steps changed no weight: this is the last good state
-                raise RunStopped(f"{skipped_in_a_row} optimizer steps in a row had a non-finite loss or gradient "
-                                 f"(steps {step - skipped_in_a_row + 1}..{step}), so the run stopped; "
-                                 f"checkpoints/last holds the weights from before them. Lower optim.lr or check "
-                                 f"the data; optim.max_skipped_steps sets how many are tolerated")
-            if stop.requested(world):
-                save("last", progress)
-                stop.exit(run_dir, step)
-            if optim.eval_every and step % optim.eval_every == 0 and mid_epoch and step < total_steps:
-                evaluate_and_keep_best(progress, epoch)
-            if optim.checkpoint_every and step % optim.checkpoint_every == 0 and mid_epoch:
-                save("last", progress)
-        # End of an epoch (or of max_steps): evaluate, then checkpoint.
-        if progress.step_in_epoch >= steps_per_epoch:
-            progress.epoch, progress.step_in_epoch = epoch + 1, 0
-        evaluate_and_keep_best(progress, epoch + 1)
-        progress.train_wall_s = steps.wall()
-        save("last", progress)
-    steps.close()
-    stop.restore()
+    try:
+        model.train()
+        for epoch in range(progress.epoch, optim.epochs):
+            if progress.step >= total_steps:
+                break
+            sampler.set_epoch(epoch, skip_steps=progress.step_in_epoch)
+            micro_batches = iter(train_loader)
+            while progress.step_in_epoch < steps_per_epoch and progress.step < total_steps:
+                grad_norm = train_step(model, micro_batches, optim.grad_accum, optimizer, scheduler, trainable,
+                                       optim.grad_clip, device, autocast, call_kwargs, world, steps.window)
+                progress.step += 1
+                progress.step_in_epoch += 1
+                skipped_in_a_row = skipped_in_a_row + 1 if grad_norm is None else 0
+                progress.skipped_steps += grad_norm is None
+                if grad_norm is None and world.is_main:  # the train rows count them too, but only every log_every
+                    log.warning("step %d skipped: non-finite loss or gradient, weights unchanged (%d skipped so far, "
+                                "%d in a row; optim.max_skipped_steps=%d in a row stops the run)", progress.step,
+                                progress.skipped_steps, skipped_in_a_row, optim.max_skipped_steps)
+                steps.after_step(progress, epoch, grad_norm)
+                step, mid_epoch = progress.step, progress.step_in_epoch < steps_per_epoch
+                if skipped_in_a_row >= optim.max_skipped_steps:
+                    save("last", progress)  # skipped steps changed no weight: this is the last good state
+                    raise RunStopped(f"{skipped_in_a_row} optimizer steps in a row had a non-finite loss or gradient "
+                                     f"(steps {step - skipped_in_a_row + 1}..{step}), so the run stopped; "
+                                     f"checkpoints/last holds the weights from before them. Lower optim.lr or check "
+                                     f"the data; optim.max_skipped_steps sets how many are tolerated")
+                if stop.requested(world):
+                    save("last", progress)
+                    stop.exit(run_dir, step)
+                if optim.eval_every and step % optim.eval_every == 0 and mid_epoch and step < total_steps:
+                    evaluate_and_keep_best(progress, epoch)
+                if optim.checkpoint_every and step % optim.checkpoint_every == 0 and mid_epoch:
+                    save("last", progress)
+            # End of an epoch (or of max_steps): evaluate, then checkpoint.
+            if progress.step_in_epoch >= steps_per_epoch:
+                progress.epoch, progress.step_in_epoch = epoch + 1, 0
+            evaluate_and_keep_best(progress, epoch + 1)
+            progress.train_wall_s = steps.wall()
+            save("last", progress)
+        if progress.final.get("step") != progress.step:
+            # Resumed from a stop after the run's last step, before that step's val pass: the pass is still owed.
+            epoch = progress.epoch
+            if progress.step_in_epoch >= steps_per_epoch:
+                progress.epoch, progress.step_in_epoch = epoch + 1, 0
+            evaluate_and_keep_best(progress, epoch + 1)
+            progress.train_wall_s = steps.wall()
+            save("last", progress)
+    finally:  # also when the run stops with an error: the next job of a sweep gets its handlers back
+        steps.close()
+        stop.restore()
     if total_steps == 0:  # max_steps=0: the probe alone
         save("last", progress)
     return progress

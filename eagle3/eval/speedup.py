@@ -53,7 +53,9 @@ def predict(rates: Sequence[float], costs: StepCosts) -> dict[str, Any]:
             "costs_source": costs.source, "accept_rates": list(rates), "rows": rows}
 
 
-def check_rates(rates: Sequence[float]) -> list[float]:
+def check_rates(rates: Any) -> list[float]:
+    if not isinstance(rates, list | tuple) or not all(isinstance(r, int | float) for r in rates):
+        raise ConfigError(f"accept rates must be a list of numbers, got {rates!r}")
     rates = [float(r) for r in rates]
     if not rates:
         raise ConfigError("no accept rates")
@@ -82,7 +84,11 @@ def rates_from_run(run: Path) -> tuple[list[float], str]:
     summary_file = run / "summary.json"
     if not summary_file.is_file():
         raise ConfigError(f"--run: {run} is not a finished run dir (no summary.json)")
-    best = json.loads(summary_file.read_text())["best"]
+    try:
+        best = json.loads(summary_file.read_text())["best"]
+        assert isinstance(best, dict)
+    except (ValueError, KeyError, TypeError, AssertionError):
+        raise ConfigError(f"--run: {summary_file} is not a run summary (no best val row)") from None
     rates = [best[f"full_acc_{j}"] for j in range(len(best)) if f"full_acc_{j}" in best]
     if not rates:
         raise ConfigError(f"--run: the best val row of {run} has no full_acc_* entries")
@@ -319,8 +325,10 @@ def run(args: argparse.Namespace) -> tuple[dict[str, Any], str]:
         return {**prediction, "accept_source": source}, format_prediction(prediction, source)
     if args.wallclock and args.run is None:
         raise ConfigError("--wallclock decodes the val prompts of a run: give --run")
-    if args.context < 2:
-        raise ConfigError(f"--context must be >= 2, got {args.context}")
+    for flag, value, low in (("--context", args.context, 2), ("--num-prompts", args.num_prompts, 1),
+                             ("--max-new-tokens", args.max_new_tokens, 2), ("--threads", args.threads or 1, 1)):
+        if value < low:
+            raise ConfigError(f"{flag} must be >= {low}, got {value}")
     verifier, draft, device = load_models(args)
     max_positions = getattr(verifier.config, "max_position_embeddings", None) or 1 << 30
     if args.context + len(rates) + 1 > max_positions:

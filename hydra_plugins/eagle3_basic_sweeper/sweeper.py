@@ -51,7 +51,8 @@ def job_config_problem(job_cfg: DictConfig) -> Optional[str]:  # noqa: UP045
     try:
         plain = OmegaConf.to_container(task_cfg, resolve=True, throw_on_missing=True, enum_to_str=True)
         assert isinstance(plain, dict)
-        check_devices(validate({str(k): v for k, v in plain.items()}))
+        # plan=true reads no data (as one plan=true run): its data.path need only be a directory.
+        check_devices(validate({str(k): v for k, v in plain.items()}, dataset_required=not plain.get("plan")))
     except MissingMandatoryValue as e:
         return f"{e.full_key} is required and has no value"
     except (UserError, OmegaConfBaseException) as e:

@@ -1,0 +1,47 @@
+"""What a run writes about itself goes only where it belongs: a refused command never rewrites the records of the
+run it pointed at, and a resumed run's metrics.jsonl survives a row cut short by the kill."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from conftest import launch
+from eagle3.config import LoggerConfig, LoggerMode
+from eagle3.console import hydra_override
+from eagle3.track import Tracker
+
+
+def fake_sweep_job(tmp_path: Path) -> tuple[Path, Path, str]:
+    """A sweep dir whose job 0 completed: its run dir (with a config, no checkpoint) and its index entry."""
+    sweep = tmp_path / "sweep"
+    job = sweep / "0_optim.lr=0.001"
+    job.mkdir(parents=True)
+    (job / "resolved_config.yaml").write_text("seed: 0\n")
+    index = json.dumps({"sweep_dir": str(sweep), "jobs": [
+        {"num": 0, "name": "optim.lr=0.001", "run_dir": str(job), "overrides": ["optim.lr=0.001"],
+         "status": "completed", "error": None, "steps": 6, "best_tau_sim": 1.2, "best_step": 6,
+         "final_loss": 30.0, "final_tau_sim": 1.2}]}, indent=2) + "\n"
+    (sweep / "index.json").write_text(index)
+    return sweep, job, index
+
+
+def test_a_refused_resume_leaves_the_sweep_index_and_the_run_alone(tmp_path):
+    sweep, job, index = fake_sweep_job(tmp_path)
+    resume = hydra_override("resume", str(job))
+    for args in ([resume, "optim.lr=1"], [resume]):  # extra overrides; no checkpoint to resume
+        proc = launch(args, tmp_path / "cache")
+        assert proc.returncode != 0 and "error:" in proc.stderr, proc.stderr[-2000:]
+        assert "Traceback" not in proc.stderr
+        assert (sweep / "index.json").read_text() == index
+        assert not (job / "failure.json").exists()
+
+
+def test_resume_drops_rows_after_the_checkpoint_and_a_torn_last_line(tmp_path):
+    rows = [{"step": s, "split": "train", "loss": 1.0} for s in (10, 20, 30)]
+    metrics = tmp_path / "metrics.jsonl"
+    metrics.write_text("".join(json.dumps(r) + "\n" for r in rows) + '{"step": 40, "spl')  # killed mid-write
+    with Tracker(tmp_path, LoggerConfig(mode=LoggerMode.disabled), resume_step=20) as tracker:
+        tracker.log({"step": 30, "split": "train", "loss": 0.5})
+    assert [json.loads(line) for line in metrics.read_text().splitlines()] == [
+        rows[0], rows[1], {"step": 30, "split": "train", "loss": 0.5}]
