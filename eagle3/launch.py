@@ -44,6 +44,14 @@ log = logging.getLogger(__name__)
 def launch(cfg: DictConfig) -> float | None:
     """Runs one job; returns its objective (cfg.objective: best val tau_sim or accept_len) for a sweeper."""
     hydra = HydraConfig.get()
+    try:
+        return run_one_job(cfg, hydra)
+    finally:
+        if cfg.resume:  # the resumed run logs into its own dir: the dir Hydra made for this command holds nothing
+            remove_if_only_hydras(Path(hydra.runtime.output_dir), hydra.job.name)
+
+
+def run_one_job(cfg: DictConfig, hydra) -> float | None:
     multirun = hydra.mode is not None and hydra.mode.name == "MULTIRUN"
     run_dir = Path(cfg.resume if cfg.resume else hydra.runtime.output_dir).resolve()
     start = time.perf_counter()
@@ -53,6 +61,10 @@ def launch(cfg: DictConfig) -> float | None:
             show_plan(cfg, hydra, run_dir)
             return None
         run_cfg = load_for_resume(run_dir, hydra) if cfg.resume else fresh_run(cfg, hydra, run_dir)
+        if cfg.resume:  # its log goes on in its own launch.log
+            handler = logging.FileHandler(run_dir / "launch.log")
+            handler.setFormatter(logging.Formatter("[%(asctime)s][%(name)s][%(levelname)s] - %(message)s"))
+            logging.getLogger().addHandler(handler)
         verifier_dir, data_dir = materialize_inputs(run_cfg)
         rows = check_data(run_cfg, verifier_dir, data_dir)
         if not cfg.resume:
