@@ -276,6 +276,8 @@ def main(argv: list[str] | None = None) -> int:
             raise SystemExit("error: the predicted speedup needs --baseline-ms and --verify-ms (> 0), "
                              "and --draft-ms >= 0")
         costs = {"baseline_ms": args.baseline_ms, "verify_ms": args.verify_ms, "draft_ms": args.draft_ms}
+    if args.plot and args.plot.suffix.lower() not in (".png", ".pdf", ".svg"):
+        raise SystemExit(f"error: --plot {args.plot}: give a .png, .pdf or .svg file name")
     runs = find_runs(args.paths)
     failed_measurements = confirm(runs, args.confirm) if args.confirm is not None else []
     sys.stdout.write(render(*table(runs, args.baseline, costs), args.format))

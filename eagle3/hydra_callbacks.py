@@ -12,6 +12,8 @@ from typing import Any
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 
+RUN_MARKS = ("checkpoints", "metrics.jsonl")  # what makes a dir another run's (launch.refuse_to_overwrite)
+
 
 def output_dir_problem(path: Path) -> str | None:
     """Why `path` cannot be a run's output dir (an existing file, or a dir or parent no file can be written
@@ -38,9 +40,20 @@ class CheckOutputDir(Callback):
 
     def on_run_start(self, config: DictConfig, **kwargs: Any) -> None:
         self._check(config, "hydra.run.dir")
+        run_dir = Path(str(OmegaConf.select(config, "hydra.run.dir"))).absolute()
+        if not OmegaConf.select(config, "resume") and any((run_dir / p).exists() for p in RUN_MARKS):
+            # Refused here, before Hydra rewrites the run's .hydra/ (the launcher's own check comes too late).
+            raise SystemExit(f"error: {run_dir} already holds a run (checkpoints or metrics.jsonl); nothing was "
+                             f"overwritten: continue it with resume=, or choose another hydra.run.dir")
 
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
         self._check(config, "hydra.sweep.dir")
+        sweep_dir = Path(str(OmegaConf.select(config, "hydra.sweep.dir"))).absolute()
+        continues = "optuna" in str(OmegaConf.select(config, "hydra.sweeper._target_") or "")
+        if not continues and (sweep_dir / "index.json").exists():
+            # A second grid in the same dir would renumber its jobs from 0 over the first one's entries.
+            raise SystemExit(f"error: {sweep_dir} already holds a sweep (index.json); nothing was overwritten: "
+                             f"choose another hydra.sweep.dir")
 
     @staticmethod
     def _check(config: DictConfig, key: str) -> None:

@@ -20,7 +20,7 @@ import time
 import traceback
 import uuid
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import IO, TYPE_CHECKING, Any
 
 import yaml
 from hydra.core.hydra_config import HydraConfig
@@ -116,8 +116,8 @@ def fresh_run(cfg: DictConfig, hydra, run_dir: Path) -> RunConfig:
     advice, outside = lr_advice(run_cfg.optim, run_cfg.init)
     (log.warning if outside else log.info)(advice)
     if run_cfg.distributed.node_rank == 0:
+        hold_run_dir(run_dir)
         refuse_to_overwrite(run_dir)
-        run_dir.mkdir(parents=True, exist_ok=True)
         (run_dir / "resolved_config.yaml").write_text(OmegaConf.to_yaml(resolved))
     return run_cfg
 
@@ -221,6 +221,8 @@ def load_for_resume(run_dir: Path, hydra) -> RunConfig:
     resolved, state = read_run_config(run_dir), run_dir / "checkpoints" / "last" / "trainer_state.pt"
     if not state.is_file():
         raise ConfigError(f"resume: {run_dir} has no resumable checkpoint ({state} is missing)")
+    if resolved.get("distributed", {}).get("node_rank", 0) == 0:
+        hold_run_dir(run_dir)
     resolved["resume"] = str(run_dir)
     log.info("resuming %s", run_dir)
     run_cfg = run_config(resolved)
@@ -244,6 +246,23 @@ def check_devices(cfg: TrainConfig) -> None:
                           f"machine has {torch.cuda.device_count()}")
 
 
+_held_run_dirs: list[IO[str]] = []  # open lock files: a run dir's lock lasts as long as this process
+
+
+def hold_run_dir(run_dir: Path) -> None:
+    """Takes the run dir for this process, so that two runs started in the same second (Hydra names run dirs by
+    the second) or two resumes of one run cannot write into one dir together."""
+    run_dir.mkdir(parents=True, exist_ok=True)
+    lock = open(run_dir / ".lock", "a")
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        lock.close()
+        raise ConfigError(f"{run_dir} is in use by another run (started in the same second, or resuming it); "
+                          f"nothing was written: choose another hydra.run.dir") from None
+    _held_run_dirs.append(lock)
+
+
 def refuse_to_overwrite(run_dir: Path) -> None:
     if (run_dir / "checkpoints").exists() or (run_dir / "metrics.jsonl").exists():
         raise ConfigError(f"{run_dir} already holds a run (checkpoints or metrics.jsonl); nothing was "
@@ -257,8 +276,14 @@ def materialize_inputs(cfg: RunConfig) -> tuple[Path, Path]:
     from eagle3.data.synthetic import synthetic_dataset_dir
     from eagle3.data.verifier import tiny_verifier_dir
 
-    quiet_libraries()
     verifier, data = cfg.model.verifier, cfg.data
+    if verifier.path is None or data.path is None:  # something is built into the cache: it must be writable
+        from eagle3.hydra_callbacks import output_dir_problem
+
+        problem = output_dir_problem(Path(cfg.cache_dir).absolute())
+        if problem:
+            raise ConfigError(f"cache_dir: {problem}; set cache_dir (or $EAGLE3_CACHE) to a writable dir")
+    quiet_libraries()
     if verifier.path is not None:
         verifier_dir = Path(verifier.path)
     else:

@@ -6,6 +6,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+
 from conftest import launch
 from eagle3.config import LoggerConfig, LoggerMode
 from eagle3.console import hydra_override
@@ -45,3 +47,52 @@ def test_resume_drops_rows_after_the_checkpoint_and_a_torn_last_line(tmp_path):
         tracker.log({"step": 30, "split": "train", "loss": 0.5})
     assert [json.loads(line) for line in metrics.read_text().splitlines()] == [
         rows[0], rows[1], {"step": 30, "split": "train", "loss": 0.5}]
+
+
+def test_two_runs_cannot_hold_one_run_dir(tmp_path):
+    from eagle3.errors import ConfigError
+    from eagle3.launch import _held_run_dirs, hold_run_dir
+
+    hold_run_dir(tmp_path / "run")
+    try:
+        with pytest.raises(ConfigError, match="in use by another run"):
+            hold_run_dir(tmp_path / "run")  # a second open file of the lock, as a second process would hold
+    finally:
+        _held_run_dirs.pop().close()
+
+
+def test_a_dir_holding_a_run_or_a_sweep_is_refused_before_hydra_writes_into_it(tmp_path):
+    run = tmp_path / "run"
+    (run / ".hydra").mkdir(parents=True)
+    (run / "metrics.jsonl").write_text("")
+    (run / ".hydra" / "overrides.yaml").write_text("- optim.lr=0.001\n")
+    proc = launch([f"hydra.run.dir={run}", "optim.lr=5e-4"], tmp_path / "cache")
+    assert proc.returncode != 0 and "already holds a run" in proc.stderr and "Traceback" not in proc.stderr
+    assert (run / ".hydra" / "overrides.yaml").read_text() == "- optim.lr=0.001\n"
+    sweep = tmp_path / "sweep"
+    sweep.mkdir()
+    (sweep / "index.json").write_text('{"jobs": []}\n')
+    proc = launch(["-m", f"hydra.sweep.dir={sweep}", "optim.lr=1e-3,2e-3"], tmp_path / "cache")
+    assert proc.returncode != 0 and "already holds a sweep" in proc.stderr and "Traceback" not in proc.stderr
+    assert (sweep / "index.json").read_text() == '{"jobs": []}\n'
+
+
+def test_a_dataset_without_readable_token_counts_is_one_data_error(tmp_path):
+    from eagle3.data.vocab import vocab_mapping
+    from eagle3.errors import DataError
+
+    with pytest.raises(DataError, match="no token_freq.pt"):
+        vocab_mapping(tmp_path, 8, 16)
+    (tmp_path / "token_freq.pt").write_bytes(b"not a torch file")
+    with pytest.raises(DataError, match="cannot be read as token counts"):
+        vocab_mapping(tmp_path, 8, 16)
+
+
+def test_speedup_never_overwrites_its_json(tmp_path):
+    from eagle3.eval.speedup import main
+
+    target = tmp_path / "summary.json"
+    target.write_text("{}")
+    with pytest.raises(SystemExit, match="exists; nothing was overwritten"):
+        main(["--accept-rates", "0.5", "--baseline-ms", "1", "--verify-ms", "2", "--json", str(target)])
+    assert target.read_text() == "{}"

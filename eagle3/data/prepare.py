@@ -147,6 +147,8 @@ def prepare(args: argparse.Namespace) -> dict[str, Any]:
     from eagle3.data.jsonl import BadSamples, ChatTokenizer, read_rows
 
     quiet_libraries()
+    if args.out.exists() and not args.out.is_dir():
+        raise ConfigError(f"--out: {args.out} is an existing file, not a directory")
     if not (args.model / "config.json").is_file():
         raise ConfigError(f"--model {args.model}: not a Hugging Face model dir (no config.json)")
     verifier = verifier_fingerprint(args.model)

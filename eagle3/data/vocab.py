@@ -20,7 +20,11 @@ def vocab_mapping(data_dir: Path, draft_vocab_size: int, target_vocab_size: int)
     data_dir = Path(data_dir)
     d2t_file, t2d_file = data_dir / f"d2t-{draft_vocab_size}.npy", data_dir / f"t2d-{draft_vocab_size}.npy"
     if d2t_file.is_file() and t2d_file.is_file():
-        d2t, t2d = torch.from_numpy(np.load(d2t_file)), torch.from_numpy(np.load(t2d_file))
+        try:  # allow_pickle stays False: a cache file is only ever plain arrays
+            d2t, t2d = torch.from_numpy(np.load(d2t_file)), torch.from_numpy(np.load(t2d_file))
+        except (OSError, ValueError) as e:
+            raise DataError(f"{d2t_file.name}/{t2d_file.name} in {data_dir} cannot be read as the cached draft "
+                            f"vocabulary ({e}); remove them to rebuild") from None
         if d2t.shape != (draft_vocab_size,) or t2d.shape != (target_vocab_size,):
             raise DataError(f"{d2t_file.name}/{t2d_file.name} in {data_dir} map {d2t.shape[0]} draft tokens onto a "
                               f"vocabulary of {t2d.shape[0]}, but the run has {draft_vocab_size} and "
@@ -28,7 +32,15 @@ def vocab_mapping(data_dir: Path, draft_vocab_size: int, target_vocab_size: int)
         return d2t, t2d
     from speculators.train.vocab_mapping import build_vocab_mappings_from_distribution
 
-    freq = torch.load(data_dir / "token_freq.pt", weights_only=True)
+    freq_file = data_dir / "token_freq.pt"
+    if not freq_file.is_file():
+        raise DataError(f"{data_dir} has no token_freq.pt (the loss tokens' counts the draft vocabulary is built "
+                        "from); python -m eagle3.data.prepare writes it, as speculators' pipeline does")
+    try:
+        freq = torch.load(freq_file, weights_only=True)
+    except Exception as e:  # torch raises pickle, zip and runtime errors alike for a file that is not its format
+        raise DataError(f"{freq_file} cannot be read as token counts ({type(e).__name__}: "
+                        f"{str(e).splitlines()[0] if str(e) else ''}); prepare the dataset again") from None
     d2t, t2d = build_vocab_mappings_from_distribution(freq, draft_vocab_size, target_vocab_size)
     try:
         for file, tensor in ((d2t_file, d2t), (t2d_file, t2d)):

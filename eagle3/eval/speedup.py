@@ -74,7 +74,7 @@ def rates_from_report(path: Path) -> tuple[list[float], str]:
     try:
         report = json.loads(path.read_text())
         rates = report["accept_rate"]
-    except (json.JSONDecodeError, KeyError, TypeError):
+    except (ValueError, KeyError, TypeError):  # ValueError: not JSON, or not text
         raise ConfigError(f"--accept: {path} is not an eagle3.eval.accept report (no accept_rate)") from None
     return rates, f"measured: {path} (k={report.get('k')}, temperature {report.get('temperature', 0.0):g})"
 
@@ -294,6 +294,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     try:
+        if args.json is not None and args.json.exists():
+            raise ConfigError(f"--json: {args.json} exists; nothing was overwritten: choose another path")
         result, text = run(args)
     except UserError as e:  # also a run's data or checkpoint problem, found by resolve_inputs or load_draft
         raise SystemExit(f"error: {e}") from None
