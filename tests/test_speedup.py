@@ -50,6 +50,7 @@ def test_cli_json_and_sources(tmp_path, capsys):
     # One verify cost per k, and the rates of an eagle3.eval.accept report.
     report = tmp_path / "accept_k2.json"
     report.write_text(json.dumps({"accept_rate": [0.9, 0.7], "k": 2, "temperature": 0.7}))
+    out.unlink()  # --json never overwrites
     main(["--accept", str(report), "--baseline-ms", "10", "--verify-ms", "10", "12", "--json", str(out)])
     assert "measured" in capsys.readouterr().out
     rows = json.loads(out.read_text())["rows"]
@@ -60,6 +61,7 @@ def test_cli_json_and_sources(tmp_path, capsys):
     run.mkdir()
     (run / "summary.json").write_text(json.dumps({"best": {"step": 9, "full_acc_0": 0.4, "full_acc_1": 0.2,
                                                            "tau_sim": 1.6}}))
+    out.unlink()
     main(["--run", str(run), "--baseline-ms", "10", "--verify-ms", "11", "--json", str(out)])
     assert "ESTIMATE" in capsys.readouterr().out
     assert json.loads(out.read_text())["accept_rates"] == [0.4, 0.2]
