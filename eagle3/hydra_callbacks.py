@@ -12,8 +12,6 @@ from typing import Any
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 
-RUN_MARKS = ("checkpoints", "metrics.jsonl")  # what makes a dir another run's (launch.refuse_to_overwrite)
-
 
 def output_dir_problem(path: Path) -> str | None:
     """Why `path` cannot be a run's output dir (an existing file, or a dir or parent no file can be written
@@ -40,11 +38,15 @@ class CheckOutputDir(Callback):
 
     def on_run_start(self, config: DictConfig, **kwargs: Any) -> None:
         self._check(config, "hydra.run.dir")
-        run_dir = Path(str(OmegaConf.select(config, "hydra.run.dir"))).absolute()
-        if not OmegaConf.select(config, "resume") and any((run_dir / p).exists() for p in RUN_MARKS):
-            # Refused here, before Hydra rewrites the run's .hydra/ (the launcher's own check comes too late).
-            raise SystemExit(f"error: {run_dir} already holds a run (checkpoints or metrics.jsonl); nothing was "
-                             f"overwritten: continue it with resume=, or choose another hydra.run.dir")
+        if not OmegaConf.select(config, "resume"):
+            # The launcher's own check, here before Hydra rewrites the run's .hydra/ (the launcher runs too late).
+            from eagle3.errors import UserError
+            from eagle3.launch import refuse_to_overwrite
+
+            try:
+                refuse_to_overwrite(Path(str(OmegaConf.select(config, "hydra.run.dir"))).absolute())
+            except UserError as e:
+                raise SystemExit(f"error: {e}") from None
 
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
         self._check(config, "hydra.sweep.dir")
