@@ -36,7 +36,7 @@ def save_checkpoint(model: torch.nn.Module, state_dict: dict[str, torch.Tensor],
 def check_disk(run_dir: Path, model: torch.nn.Module) -> None:
     """Refuses to start when the run dir's filesystem cannot hold two checkpoints (`last` with its optimizer
     state, and `best`), so that a long run does not die at its first save."""
-    from eagle3.config import ConfigError
+    from eagle3.errors import ConfigError
 
     weights = sum(t.numel() * t.element_size() for t in model.state_dict().values())
     optimizer = sum(2 * p.numel() * 4 for p in model.parameters() if p.requires_grad)  # AdamW's two fp32 moments

@@ -69,7 +69,7 @@ def main(argv: list[str] | None = None) -> None:
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
-    from eagle3.config import ConfigError
+    from eagle3.errors import ConfigError
 
     checkpoint, verifier_dir, val_split = resolve_inputs(args)
     if args.k is not None and args.k < 1:
@@ -126,7 +126,8 @@ def resolve_inputs(args: argparse.Namespace) -> tuple[Path, Path, tuple[Path, fl
     """(checkpoint, verifier dir, (data dir, train ratio) of the run's val split or None), checked to exist."""
     import yaml
 
-    from eagle3.config import ConfigError, run_config
+    from eagle3.config import run_config
+    from eagle3.errors import ConfigError
 
     checkpoint, verifier, val_split = args.checkpoint, args.verifier, None
     if args.run:

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from eagle3.config import ConfigError
+from eagle3.errors import ConfigError
 
 
 @dataclass

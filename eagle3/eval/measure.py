@@ -22,7 +22,7 @@ from typing import Any
 
 import torch
 
-from eagle3.config import ConfigError
+from eagle3.errors import ConfigError
 from eagle3.eval.drafting import (
     Decode,
     Sampling,
