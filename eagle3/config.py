@@ -190,6 +190,16 @@ class SynthConfig:
     seed: int = 0
 
 
+@dataclass
+class OnlineConfig:
+    """data=online: the verifier computes the hidden states inside the training loop (eagle3/data/online.py)."""
+
+    # true: shard the verifier across the job's ranks (FSDP2, forward only) for verifiers that do not fit one device;
+    # false: a full copy on every rank
+    shard_verifier: bool = False
+
+
+HIDDEN_STATES_DTYPES = ("bfloat16", "float16", "float32")
 MIN_SEQ_LEN = 2  # data.total_seq_len: one input token and its next token, the shortest pair training shifts
 
 
@@ -203,6 +213,7 @@ class DataConfig:
     prefetch: int = 2
     hidden_states_dtype: str = "bfloat16"
     on_bad_sample: BadSamplePolicy = BadSamplePolicy.error
+    online: OnlineConfig | None = None   # set (data=online): hidden states from the verifier in the loop
 
     def check(self, dataset_required: bool = True) -> None:
         """`dataset_required=False` (plan=true, which reads no data): data.path need only be a directory, so a run
@@ -212,9 +223,18 @@ class DataConfig:
                  f"must be at least {MIN_SEQ_LEN}, got {self.total_seq_len}: a packed micro-batch must hold one "
                  f"token and the next one it predicts (training shifts each row by one)")
         _require(self.prefetch >= 0, "data.prefetch", f"must be >= 0, got {self.prefetch}")
+        _require(self.hidden_states_dtype in HIDDEN_STATES_DTYPES, "data.hidden_states_dtype",
+                 f"must be one of {', '.join(HIDDEN_STATES_DTYPES)}, got {self.hidden_states_dtype}")
         _require((self.path is None) != (self.synth is None), "data",
                  "set exactly one of data.path (a speculators-format dataset) and data.synth")
-        if self.path is not None:
+        if self.online is not None:
+            if self.path is not None and dataset_required:
+                p = Path(self.path)
+                _require(p.is_file() or (p.is_dir() and any(p.glob("*.arrow"))), "data.path",
+                         f"{self.path} is neither a JSONL file nor a dataset dir with Arrow rows; data=online reads "
+                         f"token rows: a JSONL of {{\"input_ids\", \"loss_mask\"}} or {{\"messages\"}} rows, or a "
+                         f"speculators-format dataset (its hidden states are not read)")
+        elif self.path is not None:
             _require_dir(self.path, "data.path", ["hidden_states"] if dataset_required else [],
                          "a speculators-format dataset: Arrow rows (input_ids, loss_mask, seq_len) saved with "
                          "datasets.save_to_disk, hidden_states/hs_<i>.safetensors and token_freq.pt")
@@ -395,6 +415,10 @@ class TrainConfig:
         self.distributed.check()
         self.eval.accept.check(self.distributed)
         accept = self.eval.accept
+        online = self.data.online
+        _require(not (online is not None and online.shard_verifier and accept.enabled), "eval.accept.enabled",
+                 "measures on rank 0 with the whole verifier, and data.online.shard_verifier=true shards it across "
+                 "the ranks; measure the saved checkpoint afterwards with python -m eagle3.eval.accept --run <run dir>")
         # accept_len exists only where the val pass that chose the best checkpoint measured acceptance.
         _require(self.objective != Objective.accept_len or (accept.enabled and accept.every == 1), "objective",
                  "accept_len needs measured acceptance at every val pass: add eval.accept.enabled=true"

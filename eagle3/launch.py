@@ -132,6 +132,9 @@ def resolve(cfg: DictConfig, hydra, run_dir: Path) -> dict[str, Any]:
         raise ConfigError(unresolvable(e)) from None
     assert isinstance(container, dict)
     resolved = {str(k): v for k, v in container.items()}
+    data = resolved.get("data")
+    if isinstance(data, dict) and data.get("online") is not None and data.get("path") is not None:
+        data["synth"] = None  # data=online samples rows only without a data.path: the given rows replace them
     choices = {g: c for g, c in hydra.runtime.choices.items() if not g.startswith("hydra") and c is not None}
     multirun = hydra.mode is not None and hydra.mode.name == "MULTIRUN"
     name = hydra.job.override_dirname or run_dir.name
@@ -277,7 +280,7 @@ def materialize_inputs(cfg: RunConfig) -> tuple[Path, Path]:
     from eagle3.data.verifier import tiny_verifier_dir
 
     verifier, data = cfg.model.verifier, cfg.data
-    if verifier.path is None or data.path is None:  # something is built into the cache: it must be writable
+    if verifier.path is None or data.path is None or data.online is not None:  # the cache is written: writable?
         from eagle3.hydra_callbacks import output_dir_problem
 
         problem = output_dir_problem(Path(cfg.cache_dir).absolute())
@@ -289,6 +292,10 @@ def materialize_inputs(cfg: RunConfig) -> tuple[Path, Path]:
     else:
         assert verifier.tiny is not None  # VerifierConfig.check: exactly one of them
         verifier_dir = tiny_verifier_dir(verifier.tiny, cfg.cache_dir)
+    if data.online is not None:  # token rows only: the hidden states are computed in the loop
+        from eagle3.data.token_rows import token_rows_dir
+
+        return verifier_dir, token_rows_dir(data, verifier_dir, cfg.cache_dir)
     if data.path is not None:
         return verifier_dir, Path(data.path)
     assert data.synth is not None  # DataConfig.check: exactly one of them
@@ -306,17 +313,25 @@ def check_data(cfg: RunConfig, verifier_dir: Path, data_dir: Path) -> list[int] 
     from eagle3.data.vocab import vocab_mapping
 
     draft, policy = cfg.model.draft, cfg.data.on_bad_sample.value
-    check_record(data_dir, verifier_dir, draft)
-    report = check_dataset(data_dir, num_slots=len(draft.aux_layer_ids) + 1, hidden_size=draft.hidden_size,
-                           vocab_size=draft.vocab_size, total_seq_len=cfg.data.total_seq_len)
+    if cfg.data.online is not None:  # no hidden states to check: the verifier that will compute them instead
+        from eagle3.data.online import check_online_verifier
+
+        positions = check_online_verifier(verifier_dir, draft)
+        report = check_dataset(data_dir, vocab_size=draft.vocab_size, total_seq_len=cfg.data.total_seq_len,
+                               hidden_states=False, max_positions=positions)
+    else:
+        check_record(data_dir, verifier_dir, draft)
+        report = check_dataset(data_dir, num_slots=len(draft.aux_layer_ids) + 1, hidden_size=draft.hidden_size,
+                               vocab_size=draft.vocab_size, total_seq_len=cfg.data.total_seq_len)
     run_dir = Path(cfg.run.dir)
     if not cfg.resume and cfg.distributed.node_rank == 0:
         (run_dir / "data_check.json").write_text(json.dumps({**report.as_dict(), "policy": policy,
                                                              "skipped_rows": sorted(report.bad)}, indent=2) + "\n")
     if report.bad and policy == "error":
+        full_check = ("" if cfg.data.online is not None else f"; python -m eagle3.data.check "
+                      f"{shlex.quote(str(data_dir))} checks everything, NaN included")
         raise DataError(f"{report.summary()}\ndata.on_bad_sample=skip trains without them (counted in "
-                        f"data_check.json); python -m eagle3.data.check {shlex.quote(str(data_dir))} checks "
-                        f"everything, NaN included")
+                        f"data_check.json){full_check}")
     if report.bad:
         log.warning("%s\nskipping them (data.on_bad_sample=skip)", report.summary())
     truncation = report.truncation_warning()  # raises above eagle3.data.check.TRUNCATION_ERROR_SHARE

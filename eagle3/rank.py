@@ -86,8 +86,14 @@ def run_rank(cfg: RunConfig, verifier_dir: Path, data_dir: Path, rows: list[int]
 
 def _train_on(world: World, device: torch.device, cfg: RunConfig, run_dir: Path, verifier_dir: Path,
               data_dir: Path, rows: list[int] | None) -> RunSummary | None:
-    torch.manual_seed(cfg.seed)
     draft = cfg.model.draft
+    verifier = None
+    if cfg.data.online is not None:  # before seeding: loading must not move the draft's initialization
+        from eagle3.data.online import load_online_verifier
+
+        verifier = load_online_verifier(verifier_dir, draft.aux_layer_ids, device, world,
+                                        cfg.data.online.shard_verifier)
+    torch.manual_seed(cfg.seed)
     attn_impl = draft.attn_impl
     if attn_impl == "auto":  # flex attention has no backward on CPU
         attn_impl = "simple_flex_attention" if device.type == "cuda" else "sdpa"
@@ -105,6 +111,8 @@ def _train_on(world: World, device: torch.device, cfg: RunConfig, run_dir: Path,
         prefetch=cfg.data.prefetch,
         rows=rows,
         device=device,
+        verifier=verifier,
+        hidden_states_dtype=getattr(torch, cfg.data.hidden_states_dtype),
     )
     last = run_dir / "checkpoints" / "last"
     resume_state = None
@@ -128,7 +136,7 @@ def _train_on(world: World, device: torch.device, cfg: RunConfig, run_dir: Path,
         from eagle3.eval.at_val import AcceptanceAtVal
 
         at_val = AcceptanceAtVal(cfg.eval.accept, cfg.data.train_ratio, verifier_dir, data_dir, device, world,
-                                 seed=cfg.seed)
+                                 seed=cfg.seed, verifier=verifier.model if verifier is not None else None)
     resume_step = resume_state["progress"]["step"] if resume_state else None
     with Tracker(run_dir, cfg.logger, cfg.run, plain_config(cfg), enabled=world.is_main,
                  resume_step=resume_step) as tracker:

@@ -12,14 +12,14 @@ import time
 from collections.abc import Callable, Iterable
 from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from tqdm import tqdm
 
 from eagle3.checkpoint import save_checkpoint
 from eagle3.config import DraftConfig, OptimConfig
-from eagle3.data.reader import PackedLoader, to_device
+from eagle3.data.reader import to_device
 from eagle3.distributed import (
     World,
     barrier,
@@ -35,12 +35,15 @@ from eagle3.progress import Progress, Row
 from eagle3.stop import StopRequest
 from eagle3.track import Tracker
 
+if TYPE_CHECKING:
+    from eagle3.data.loader import Loader
+
 log = logging.getLogger(__name__)
 
 __all__ = ["train", "train_step", "make_scheduler", "run_validation", "summarize", "to_device", "RunStopped"]
 
 
-def train(model: torch.nn.Module, train_loader: PackedLoader, val_loader: PackedLoader, draft: DraftConfig,
+def train(model: torch.nn.Module, train_loader: Loader, val_loader: Loader, draft: DraftConfig,
           optim: OptimConfig, log_every: int, device: torch.device, world: World, tracker: Tracker, run_dir: Path,
           resume_state: dict[str, Any] | None = None,
           at_val: Callable[[torch.nn.Module], Row] | None = None, on_bad_sample: str = "error") -> Progress:

@@ -113,9 +113,12 @@ def hidden_state_problem(file: Path, ids: np.ndarray, num_slots: int | None, hid
 
 def check_dataset(data_dir: str | Path, num_slots: int | None = None, hidden_size: int | None = None,
                   vocab_size: int | None = None, dtype: str | None = None, full: bool = False,
-                  progress: bool = False, total_seq_len: int | None = None) -> CheckReport:
+                  progress: bool = False, total_seq_len: int | None = None, hidden_states: bool = True,
+                  max_positions: int | None = None) -> CheckReport:
     """Checks every row of `data_dir`; sizes left None are taken from the record or the first file. With
-    `total_seq_len` (tokens per micro-batch), also counts the rows the trainer would cut to it."""
+    `total_seq_len` (tokens per micro-batch), also counts the rows the trainer would cut to it.
+    `hidden_states=False` (data=online: the verifier computes them) checks the token rows alone, and
+    `max_positions` (the verifier's) makes a longer row a bad one."""
     from eagle3.data.record import read_record
 
     data_dir = Path(data_dir)
@@ -134,7 +137,11 @@ def check_dataset(data_dir: str | Path, num_slots: int | None = None, hidden_siz
                   disable=not (progress or report.rows >= 5000)):
         ids = rows.input_ids(i)
         problem = _row_problem(ids, rows.loss_mask(i), int(rows.seq_len[i]), vocab_size)
-        problem = problem or hidden_state_problem(hs_path(data_dir, i), ids, num_slots, hidden_size, dtype, full)
+        if problem is None and max_positions is not None and len(ids) > max_positions:
+            problem = Problem("too_long", f"{len(ids)} tokens, beyond the verifier's {max_positions} positions "
+                                          f"(max_position_embeddings)")
+        if problem is None and hidden_states:
+            problem = hidden_state_problem(hs_path(data_dir, i), ids, num_slots, hidden_size, dtype, full)
         if problem:
             report.bad[i] = problem
     return report

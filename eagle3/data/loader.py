@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -25,6 +26,11 @@ from eagle3.data.hsfiles import file_dtype
 from eagle3.data.reader import PackedLoader
 from eagle3.data.rows import ArrowRows
 from eagle3.errors import DataError
+
+if TYPE_CHECKING:
+    from eagle3.data.online import OnlineLoader, OnlineVerifier
+
+    Loader = PackedLoader | OnlineLoader
 
 
 class ShardedBatchSampler(Sampler):
@@ -89,13 +95,16 @@ class ValShardSampler(Sampler):
 def build_loaders(data_dir: str | Path, total_seq_len: int, hidden_size: int, num_aux_layers: int,
                   train_ratio: float, seed: int, *, world_size: int = 1, rank: int = 0, grad_accum: int = 1,
                   prefetch: int = 2, rows: Sequence[int] | None = None,
-                  device: torch.device = torch.device("cpu")) -> tuple[PackedLoader, PackedLoader]:
+                  device: torch.device = torch.device("cpu"), verifier: OnlineVerifier | None = None,
+                  hidden_states_dtype: torch.dtype = torch.bfloat16) -> tuple[Loader, Loader]:
     """Train and val loaders of this rank's packed, EAGLE-3-shifted micro-batches (see eagle3.data.reader).
 
     The split is speculators' ArrowDataset's: the first int(len(dataset) * train_ratio) rows train, the rest
     validate, and row i's hidden states are hidden_states/hs_<i>.safetensors. `rows` (indices into the whole
     dataset) keeps only those rows in either split, without moving the boundary: a start-up check drops bad
     rows this way. `prefetch`: micro-batches read ahead; `device`: where they go (CUDA: page-locked buffers).
+    With a `verifier` (data=online), the hidden states come from it instead of files (eagle3.data.online), in
+    `hidden_states_dtype`; data_dir then needs only the Arrow rows.
     """
     arrow = ArrowRows(data_dir)
     split_idx = int(len(arrow) * train_ratio)
@@ -107,11 +116,15 @@ def build_loaders(data_dir: str | Path, total_seq_len: int, hidden_size: int, nu
         if not len(split_rows):
             raise DataError(f"{data_dir}: the {split} split is empty ({len(arrow)} rows, train_ratio "
                               f"{train_ratio}, {len(kept)} rows kept)")
-    dtype = file_dtype(Path(data_dir), int(kept[0]))
 
-    def loader(split: str, sampler: Sampler) -> PackedLoader:
+    def loader(split: str, sampler: Sampler) -> Loader:
+        if verifier is not None:
+            from eagle3.data.online import OnlineLoader
+
+            return OnlineLoader(verifier, arrow, splits[split], sampler, total_seq_len, num_aux_layers, hidden_size,
+                                hidden_states_dtype)
         return PackedLoader(Path(data_dir), arrow, splits[split], sampler, total_seq_len, hidden_size, num_aux_layers,
-                            dtype, prefetch, torch.device(device))
+                            file_dtype(Path(data_dir), int(kept[0])), prefetch, torch.device(device))
 
     def lengths(split: str) -> list[int]:
         return arrow.seq_len[splits[split]].tolist()
@@ -120,4 +133,3 @@ def build_loaders(data_dir: str | Path, total_seq_len: int, hidden_size: int, nu
     val = loader("val", ValShardSampler(lengths("val"), total_seq_len, world_size, rank))
     train.check_row(int(kept[0]))  # a draft shape that does not fit the data stops the run here, not mid-step
     return train, val
-

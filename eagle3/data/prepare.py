@@ -26,6 +26,7 @@ from eagle3.console import shell_override
 from eagle3.data.cache import cache_key
 from eagle3.data.jsonl import Row
 from eagle3.data.record import read_record, verifier_fingerprint, write_record
+from eagle3.data.token_rows import save_rows
 from eagle3.data.verifier_forward import load_causal_lm, write_hidden_states
 from eagle3.errors import ConfigError, DataError, UserError
 from eagle3.verifier_shape import default_aux_layer_ids
@@ -57,7 +58,7 @@ def write_dataset(model: torch.nn.Module, verifier_dir: Path, rows: Sequence[Row
     }
     _claim(out_dir, record)
     if not _rows_saved(out_dir, len(rows)):
-        _save_rows(rows, out_dir)
+        save_rows(rows, out_dir)
     written = write_hidden_states(model, rows, out_dir / "hidden_states", aux_layer_ids, batch_tokens, dtype)
     record.update(complete=True, hidden_state_files_written=written)
     write_record(out_dir, record)
@@ -92,20 +93,6 @@ def _rows_saved(out_dir: Path, count: int) -> bool:
         return len(load_from_disk(str(out_dir))) == count and (out_dir / "token_freq.pt").is_file()
     except Exception:  # noqa: BLE001  (not there yet, or half written by an interrupted run)
         return False
-
-
-def _save_rows(rows: Sequence[Row], out_dir: Path) -> None:
-    from datasets import Dataset
-    from speculators.train.vocab_mapping import save_token_frequency_distribution
-
-    dataset = Dataset.from_dict({
-        "input_ids": [ids for ids, _ in rows],
-        "loss_mask": [mask for _, mask in rows],
-        "seq_len": [len(ids) for ids, _ in rows],
-    }).with_format("torch")
-    dataset.save_to_disk(str(out_dir))
-    (out_dir / "token_freq.pt").unlink(missing_ok=True)  # speculators keeps an existing one
-    save_token_frequency_distribution(dataset, str(out_dir / "token_freq.pt"))
 
 
 def main(argv: list[str] | None = None) -> int:

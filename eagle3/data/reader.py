@@ -58,6 +58,40 @@ def to_device(batch: dict[str, Any], device: torch.device) -> dict[str, torch.Te
     return out
 
 
+class Pack:
+    """Where the documents of one micro-batch go (see the module doc), and its small tensors.
+
+    `pieces`: (dataset row, position q_s, positions r_s) per document, in order; its hidden states fill the buffer
+    at q_s .. q_s + r_s - 1 (all slots, the row's first r_s positions) and at q_s + r_s (last slot only, row
+    position r_s), the latter after every document's big part. `end`: the positions filled."""
+
+    def __init__(self, rows: ArrowRows, split_rows: Sequence[int], docs: Sequence[int], total_seq_len: int):
+        t = total_seq_len
+        self.small = {k: np.zeros(t, np.int64) for k in ("input_ids", "loss_mask", "position_ids")}
+        self.small["document_ids"] = np.full(t, -1, np.int64)
+        self.pieces: list[tuple[int, int, int]] = []
+        q = 0
+        for s, i in enumerate(docs):
+            if q >= t:
+                break
+            row = int(split_rows[i])
+            ids = rows.input_ids(row)
+            r = max(0, min(len(ids) - 1, t - q))
+            self.small["input_ids"][q:q + r] = ids[1:r + 1]
+            self.small["loss_mask"][q:q + r] = rows.loss_mask(row)[1:r + 1]
+            self.small["position_ids"][q:q + r] = np.arange(1, r + 1)
+            self.small["document_ids"][q:q + r] = s
+            self.pieces.append((row, q, r))
+            q += r
+        self.end = q
+
+    def batch(self, buf: torch.Tensor) -> dict[str, torch.Tensor]:
+        """The micro-batch, once `buf` holds the pieces' hidden states: the rest of the buffer zeroed."""
+        buf[self.end + 1:].zero_()
+        buf[self.end, :-1].zero_()  # buf[end, last slot] is the last document's tail
+        return {"hidden_buffer": buf, **{k: torch.from_numpy(v)[None] for k, v in self.small.items()}}
+
+
 class PackedLoader:
     """This rank's packed micro-batches of one split, in `batch_sampler`'s order.
 
@@ -99,38 +133,25 @@ class PackedLoader:
 
     def _fill(self, buf: torch.Tensor, raw: memoryview, docs: Sequence[int]) -> dict[str, torch.Tensor]:
         """Reads one pack into `buf` (in the reader thread) and returns its micro-batch."""
-        t, slots, h = self.total_seq_len, self.num_aux + 1, self.hidden_size
+        slots, h = self.num_aux + 1, self.hidden_size
         item, row_bytes = buf.element_size() * h, buf.element_size() * h * slots
-        small = {k: np.zeros(t, np.int64) for k in ("input_ids", "loss_mask", "position_ids")}
-        small["document_ids"] = np.full(t, -1, np.int64)
-        fds, tails, q = [], [], 0
+        pack = Pack(self.rows, self.split_rows, docs, self.total_seq_len)
+        fds, tails = [], []
         try:
-            for s, i in enumerate(docs):
-                if q >= t:
-                    break
-                row = int(self.split_rows[i])
+            for row, q, r in pack.pieces:
                 path = hs_path(self.data_dir, row)
-                ids = self.rows.input_ids(row)
-                r = max(0, min(len(ids) - 1, t - q))
                 fds.append(open_file(path, row))
-                start = check_file(fds[-1], path, row, ids, self.dtype, self.num_aux, self.hidden_size)
+                start = check_file(fds[-1], path, row, self.rows.input_ids(row), self.dtype, self.num_aux, h)
                 read_into(fds[-1], raw[q * row_bytes:(q + r) * row_bytes], start, path)
                 if r:
                     tails.append((fds[-1], path, start + r * row_bytes + self.num_aux * item, q + r))
-                small["input_ids"][q:q + r] = ids[1:r + 1]
-                small["loss_mask"][q:q + r] = self.rows.loss_mask(row)[1:r + 1]
-                small["position_ids"][q:q + r] = np.arange(1, r + 1)
-                small["document_ids"][q:q + r] = s
-                q += r
             # Last: each tail lands on the first row of the next document's big read.
             for fd, path, offset, p in tails:
                 read_into(fd, raw[p * row_bytes + self.num_aux * item:(p + 1) * row_bytes], offset, path)
         finally:
             for fd in fds:
                 os.close(fd)
-        buf[q + 1:].zero_()
-        buf[q, :self.num_aux].zero_()  # buf[q, last slot] is the last document's tail
-        return {"hidden_buffer": buf, **{k: torch.from_numpy(v)[None] for k, v in small.items()}}
+        return pack.batch(buf)
 
     def check_row(self, row: int) -> None:
         """Checks one row's file against the row and the draft's shape, as every read does."""

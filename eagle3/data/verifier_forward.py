@@ -4,7 +4,8 @@ write each row's aux-layer hidden states (plus the last layer's, before the fina
 
 The aux slots are Hugging Face `output_hidden_states[i]` (the residual stream entering decoder layer i,
 which is what vLLM's extract_hidden_states captures); the last slot is the final layer's output before
-the final norm, because speculators applies the verifier's norm itself.
+the final norm, because speculators applies the verifier's norm itself. Both are taken by hooks on the layers'
+and the norm's inputs (`hidden_state_taps`), for preparation, online data and acceptance measurement alike.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
+import numpy as np
 import torch
 from tqdm import tqdm
 
@@ -24,11 +26,41 @@ from eagle3.errors import ConfigError
 log = logging.getLogger(__name__)
 
 
-def load_causal_lm(model_dir: str | Path, device: str = "cpu", dtype: torch.dtype = torch.float32) -> torch.nn.Module:
+def load_causal_lm(model_dir: str | Path, device: str | torch.device = "cpu",
+                   dtype: torch.dtype = torch.float32) -> torch.nn.Module:
+    """The causal LM in `model_dir`, eval mode, on `device`; one ConfigError naming the dir when it cannot be loaded."""
     from transformers import AutoModelForCausalLM
 
-    model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=dtype)
+    try:
+        model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=dtype)
+    except Exception as e:  # noqa: BLE001  (transformers and safetensors raise many types for a bad dir)
+        reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise ConfigError(f"model.verifier.path: {model_dir} cannot be loaded as a Hugging Face causal LM "
+                          f"({type(e).__name__}: {reason})") from None
     return model.to(device).eval()
+
+
+def padded_batch(seqs: Sequence[Sequence[int]]) -> tuple[torch.Tensor, torch.Tensor]:
+    """(input_ids, attention_mask) of `seqs`, right-padded to the longest: causal attention keeps every real
+    position's values exact, whatever follows it."""
+    width = max(len(seq) for seq in seqs)
+    ids = torch.zeros(len(seqs), width, dtype=torch.long)
+    attn = torch.zeros_like(ids)
+    for b, seq in enumerate(seqs):
+        ids[b, :len(seq)] = torch.from_numpy(np.array(seq, dtype=np.int64))  # a copy: Arrow rows are read-only
+        attn[b, :len(seq)] = 1
+    return ids, attn
+
+
+def forward_hidden_states(model: torch.nn.Module, ids: torch.Tensor, attn: torch.Tensor,
+                          taps: dict[int | str, torch.Tensor]) -> torch.Tensor:
+    """[B, T, n_aux + 1, H] on the model's device and in its dtype: the aux layers' inputs, then the last layer's
+    output before the final norm (`taps`: what `hidden_state_taps` collects). Runs the decoder only, without a
+    KV cache: the lm_head's logits (vocabulary x tokens) are never computed."""
+    device = next(model.parameters()).device
+    taps.clear()
+    model.get_decoder()(input_ids=ids.to(device), attention_mask=attn.to(device), use_cache=False)
+    return torch.stack([taps[i] for i in sorted(k for k in taps if isinstance(k, int))] + [taps["last"]], dim=2)
 
 
 def batch_plan(lengths: Sequence[int], batch_tokens: int) -> list[list[int]]:
@@ -49,7 +81,6 @@ def batch_plan(lengths: Sequence[int], batch_tokens: int) -> list[list[int]]:
 def write_hidden_states(model: torch.nn.Module, rows: Sequence[Row], hs_dir: Path, aux_layer_ids: Sequence[int],
                         batch_tokens: int, dtype: torch.dtype) -> int:
     """`hs_<i>.safetensors` for every row whose file is missing or unusable; returns how many were written."""
-    import numpy as np
     from safetensors.torch import save_file
 
     from eagle3.data.check import hidden_state_problem
@@ -64,20 +95,12 @@ def write_hidden_states(model: torch.nn.Module, rows: Sequence[Row], hs_dir: Pat
     batches = [b for b in batch_plan([len(ids) for ids, _ in rows], batch_tokens) if todo.intersection(b)]
     if len(todo) < len(rows):
         log.info("%d of %d hidden-state files are already there and valid: kept", len(rows) - len(todo), len(rows))
-    device = next(model.parameters()).device
-    with pre_final_norm(model) as pre_norm:
+    with hidden_state_taps(model, aux_layer_ids) as taps:
         with tqdm(total=len(todo), desc="verifier hidden states", unit="row", dynamic_ncols=True) as bar:
             for batch in batches:
                 lengths = [len(rows[i][0]) for i in batch]
-                ids = torch.zeros(len(batch), max(lengths), dtype=torch.long)
-                attn = torch.zeros_like(ids)
-                for b, i in enumerate(batch):  # right padding: causal attention keeps real positions exact
-                    ids[b, :lengths[b]] = torch.tensor(rows[i][0])
-                    attn[b, :lengths[b]] = 1
-                pre_norm.clear()
-                out = model(input_ids=ids.to(device), attention_mask=attn.to(device), output_hidden_states=True)
-                layers = [out.hidden_states[i] for i in aux_layer_ids] + [pre_norm[-1]]
-                stacked = torch.stack(layers, dim=2).to("cpu", dtype)  # [B, T, n_aux + 1, H]
+                ids, attn = padded_batch([rows[i][0] for i in batch])
+                stacked = forward_hidden_states(model, ids, attn, taps).to("cpu", dtype)
                 for b, i in enumerate(batch):
                     if i in todo:
                         file = hs_dir / f"hs_{i}.safetensors"
@@ -90,17 +113,28 @@ def write_hidden_states(model: torch.nn.Module, rows: Sequence[Row], hs_dir: Pat
 
 
 @contextmanager
-def pre_final_norm(model: torch.nn.Module) -> Iterator[list[torch.Tensor]]:
-    """Collects the input of the model's final norm at every forward: the last layer's output before the norm,
-    the verifier's last slot in speculators' format (Hugging Face's last hidden state is after the norm)."""
+def hidden_state_taps(model: torch.nn.Module, aux_layer_ids: Sequence[int]) -> Iterator[dict[int | str, torch.Tensor]]:
+    """Collects, at every forward, the input of decoder layer i for each aux id (Hugging Face's
+    output_hidden_states[i], the residual stream entering layer i, what vLLM captures) under the key `position of i
+    in aux_layer_ids`, and the input of the final norm under "last" (the last layer's output before the norm,
+    speculators' last slot; Hugging Face's last hidden state is after it). Hooks rather than output_hidden_states:
+    no tuple of every layer's output is kept, and they also work on layers that FSDP2 wraps."""
     decoder = model.get_decoder() if hasattr(model, "get_decoder") else None
-    norm = getattr(decoder, "norm", None)
-    if norm is None:
-        raise ConfigError(f"{type(model).__name__}: no final norm found at model.get_decoder().norm, so the last "
-                          f"layer's pre-norm output cannot be captured (Llama-style decoders have one)")
-    captured: list[torch.Tensor] = []
-    hook = norm.register_forward_pre_hook(lambda _m, args: captured.append(args[0]))
+    norm, layers = getattr(decoder, "norm", None), getattr(decoder, "layers", None)
+    if norm is None or layers is None:
+        raise ConfigError(f"{type(model).__name__}: no decoder layers and final norm at model.get_decoder().layers "
+                          f"and .norm, so its hidden states cannot be captured (Llama-style decoders have them)")
+    taps: dict[int | str, torch.Tensor] = {}
+
+    def tap(key: int | str):
+        def hook(_module, args, kwargs):
+            taps[key] = args[0] if args else kwargs["hidden_states"]
+        return hook
+
+    hooks = [layers[i].register_forward_pre_hook(tap(k), with_kwargs=True) for k, i in enumerate(aux_layer_ids)]
+    hooks.append(norm.register_forward_pre_hook(tap("last"), with_kwargs=True))
     try:
-        yield captured
+        yield taps
     finally:
-        hook.remove()
+        for hook in hooks:
+            hook.remove()

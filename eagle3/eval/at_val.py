@@ -22,9 +22,10 @@ log = logging.getLogger(__name__)
 
 class AcceptanceAtVal:
     def __init__(self, accept: AcceptEvalConfig, train_ratio: float, verifier_dir: Path, data_dir: Path,
-                 device: torch.device, world: World, *, seed: int):
+                 device: torch.device, world: World, *, seed: int, verifier: torch.nn.Module | None = None):
         """`train_ratio` (data.train_ratio) says where the val split starts, whose prompts are used by default;
-        `seed` (the run's seed) seeds the sampling at eval.accept.temperature > 0, the same at every val pass."""
+        `seed` (the run's seed) seeds the sampling at eval.accept.temperature > 0, the same at every val pass.
+        `verifier`: the one the run already holds (data=online), used instead of loading a second copy."""
         from eagle3.data.verifier_forward import load_causal_lm
         from eagle3.eval.prompts import read_jsonl_prompts, val_split_prompts
 
@@ -37,7 +38,9 @@ class AcceptanceAtVal:
             prompts = read_jsonl_prompts(accept.prompts, verifier_dir, accept.num_prompts)
         else:
             prompts = val_split_prompts(data_dir, train_ratio, accept.num_prompts)
-        self.probe = AcceptanceProbe(load_causal_lm(verifier_dir, str(device)), prompts, accept.k,
+        if verifier is None:
+            verifier = load_causal_lm(verifier_dir, str(device))
+        self.probe = AcceptanceProbe(verifier, prompts, accept.k,
                                      accept.max_new_tokens, accept.temperature, seed)
 
     def __call__(self, model: torch.nn.Module) -> dict[str, Any]:

@@ -40,13 +40,13 @@ def verifier_pass(verifier: torch.nn.Module, ids: Sequence[int], aux_layer_ids: 
     """Logits and hidden states exactly as eagle3/data/prepare.py writes them for training: the aux slots are
     Hugging Face `output_hidden_states[i]` (the residual stream entering layer i, what vLLM captures), the
     last slot the final layer's output before the final norm (speculators applies the verifier norm itself)."""
-    from eagle3.data.verifier_forward import pre_final_norm
+    from eagle3.data.verifier_forward import hidden_state_taps
 
     device = next(verifier.parameters()).device
-    with pre_final_norm(verifier) as pre_norm:
-        out = verifier(input_ids=torch.tensor([list(ids)], device=device), output_hidden_states=True)
-    aux = torch.cat([out.hidden_states[i][0] for i in aux_layer_ids], dim=-1)
-    return VerifierPass(logits=out.logits[0].float(), aux=aux.float(), last=pre_norm[-1][0].float())
+    with hidden_state_taps(verifier, aux_layer_ids) as taps:
+        out = verifier(input_ids=torch.tensor([list(ids)], device=device))
+    aux = torch.cat([taps[k][0] for k in range(len(aux_layer_ids))], dim=-1)
+    return VerifierPass(logits=out.logits[0].float(), aux=aux.float(), last=taps["last"][0].float())
 
 
 def check_draft(draft: torch.nn.Module) -> None:

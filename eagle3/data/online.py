@@ -1,0 +1,139 @@
+"""Online data (data=online): the verifier runs inside the training loop and gives each micro-batch's hidden
+states from its token rows alone, so no hidden state is stored.
+
+A micro-batch is exactly the offline reader's (eagle3/data/reader.py): the same sampler, split and packing
+(`Pack`), the same buffer layout, the hidden states rounded to data.hidden_states_dtype as offline files store
+them. Only the source differs: a document packed at q_s with r_s positions needs the verifier's hidden states at
+its positions 0 .. r_s, so the verifier runs over those r_s + 1 tokens of each document of the pack (one padded
+forward per micro-batch), in the loop's own thread: with data.online.shard_verifier the forward is a collective,
+and every rank must issue it in the same order as the draft's own.
+
+The verifier is loaded once per rank, eval mode, no grad: bf16 on CUDA, fp32 on CPU; a full copy on every rank, or
+sharded across the ranks with FSDP2 (forward only; each rank keeps 1/world of its weights between forwards).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from eagle3.config import DraftConfig
+from eagle3.data.reader import Pack
+from eagle3.data.rows import ArrowRows
+from eagle3.data.verifier_forward import forward_hidden_states, hidden_state_taps, load_causal_lm, padded_batch
+from eagle3.distributed import World
+from eagle3.errors import ConfigError
+
+log = logging.getLogger(__name__)
+
+
+class OnlineVerifier:
+    """The verifier as a source of hidden states: [B, T, n_aux + 1, H] for a batch of token sequences."""
+
+    def __init__(self, model: torch.nn.Module, aux_layer_ids: Sequence[int], sharded: bool = False):
+        self.model, self.aux_layer_ids, self.sharded = model, list(aux_layer_ids), sharded
+        self.device = next(model.parameters()).device
+        self.forward_s = 0.0  # wall time in forwards (on CUDA: the time to queue them, not to run them)
+
+    @torch.no_grad()
+    def __call__(self, seqs: Sequence[Sequence[int] | np.ndarray]) -> torch.Tensor:
+        start = time.perf_counter()
+        ids, attn = padded_batch(seqs)
+        with hidden_state_taps(self.model, self.aux_layer_ids) as taps:
+            out = forward_hidden_states(self.model, ids, attn, taps)
+        self.forward_s += time.perf_counter() - start
+        return out
+
+
+def load_online_verifier(verifier_dir: Path, aux_layer_ids: Sequence[int], device: torch.device, world: World,
+                         shard: bool) -> OnlineVerifier:
+    """The verifier on this rank: a full copy, or (`shard` with more than one rank) an FSDP2 shard of each decoder
+    layer and of the rest of the decoder; its lm_head is then dropped, since the hidden states never need it."""
+    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    if not (shard and world.distributed):
+        model = load_causal_lm(verifier_dir, device, dtype)
+        model.requires_grad_(False)
+        return OnlineVerifier(model, aux_layer_ids)
+    from torch.distributed.fsdp import fully_shard
+
+    # Loaded into host memory, then sharded layer by layer: fully_shard moves each layer's parameters to the
+    # rank's device as it shards them, so a device only ever holds one whole layer.
+    model = load_causal_lm(verifier_dir, "cpu", dtype)
+    model.requires_grad_(False)
+    model.lm_head = None
+    decoder = model.get_decoder()
+    for layer in decoder.layers:
+        fully_shard(layer)
+    fully_shard(decoder)
+    log.info("verifier sharded across %d ranks (data.online.shard_verifier=true)", world.size)
+    return OnlineVerifier(model, aux_layer_ids, sharded=True)
+
+
+def check_online_verifier(verifier_dir: Path, draft: DraftConfig) -> int | None:
+    """What online data needs of the verifier, checked before any rank starts from its config.json alone: the
+    draft's hidden and vocabulary sizes, aux layer ids within its depth, and weights to load. Returns its
+    positions (max_position_embeddings; None when its config does not say), which bound a row's length."""
+    from eagle3.data.record import verifier_fingerprint
+
+    verifier = verifier_fingerprint(verifier_dir)
+    depth, hidden, vocab = verifier["num_hidden_layers"], verifier["hidden_size"], verifier["vocab_size"]
+    where = f"the verifier {verifier_dir}"
+    if isinstance(depth, int) and max(draft.aux_layer_ids) >= depth:
+        raise ConfigError(f"model.draft.aux_layer_ids={list(draft.aux_layer_ids)} goes beyond {where}'s {depth} "
+                          f"decoder layers: ids are in [0, {depth - 1}] (output_hidden_states indexing)")
+    if hidden is not None and hidden != draft.hidden_size:
+        raise ConfigError(f"model.draft.hidden_size={draft.hidden_size} but {where} has hidden size {hidden}; "
+                          f"model=auto reads the draft's shape from its config.json")
+    if vocab is not None and vocab != draft.vocab_size:
+        raise ConfigError(f"model.draft.vocab_size={draft.vocab_size} but {where} has a vocabulary of {vocab}; "
+                          f"model=auto reads the draft's shape from its config.json")
+    weights = [p for pattern in ("*.safetensors", "*.safetensors.index.json", "pytorch_model*.bin")
+               for p in Path(verifier_dir).glob(pattern)]
+    if not weights:
+        raise ConfigError(f"model.verifier.path: {verifier_dir} has a config.json but no weights (model.safetensors "
+                          f"or its index): data=online runs the verifier in every rank")
+    config = json.loads((Path(verifier_dir) / "config.json").read_text())
+    positions = config.get("text_config", config).get("max_position_embeddings")
+    return positions if isinstance(positions, int) else None
+
+
+class OnlineLoader:
+    """This rank's micro-batches of one split, in `batch_sampler`'s order, with hidden states from `verifier`:
+    what PackedLoader gives for the same rows (see the module doc). The buffer is allocated once on the verifier's
+    device and refilled at every micro-batch: a micro-batch is valid until the next one is requested."""
+
+    def __init__(self, verifier: OnlineVerifier, rows: ArrowRows, split_rows: Sequence[int], batch_sampler,
+                 total_seq_len: int, num_aux_layers: int, hidden_size: int, dtype: torch.dtype):
+        self.verifier, self.rows, self.split_rows = verifier, rows, split_rows
+        self.batch_sampler, self.total_seq_len, self.dtype = batch_sampler, total_seq_len, dtype
+        self.shape = (total_seq_len + 1, num_aux_layers + 1, hidden_size)
+        self.buffer: torch.Tensor | None = None
+
+    def __len__(self) -> int:
+        return len(self.batch_sampler)
+
+    def __iter__(self) -> Iterator[dict[str, torch.Tensor]]:
+        for docs in list(self.batch_sampler):
+            yield self.fill(docs)
+
+    def fill(self, docs: Sequence[int]) -> dict[str, torch.Tensor]:
+        if self.buffer is None:
+            self.buffer = torch.empty(self.shape, dtype=self.dtype, device=self.verifier.device)
+        buf, pack = self.buffer, Pack(self.rows, self.split_rows, docs, self.total_seq_len)
+        pieces = [(row, q, r) for row, q, r in pack.pieces if r]
+        if pieces:
+            hidden = self.verifier([self.rows.input_ids(row)[:r + 1] for row, _, r in pieces])
+            for s, (_, q, r) in enumerate(pieces):
+                buf[q:q + r] = hidden[s, :r]
+            for s, (_, q, r) in enumerate(pieces):  # after the big parts, as the offline reader lays them out
+                buf[q + r, -1] = hidden[s, r, -1]
+        return pack.batch(buf)
+
+    def check_row(self, row: int) -> None:
+        """Nothing to check per row: check_online_verifier checked the shapes before any rank started."""

@@ -1,0 +1,137 @@
+"""The token rows online data reads (data=online): a dir of Arrow rows (input_ids, loss_mask, seq_len) with their
+loss tokens' counts (token_freq.pt), which the draft vocabulary (d2t/t2d) is built from and cached next to.
+
+    data.path = a dataset dir      its Arrow rows, as they are (a speculators-format dataset; hidden states unread)
+    data.path = a JSONL file       {"input_ids", "loss_mask"} or {"messages"} rows, as eagle3.data.prepare reads
+                                   them, saved once under <cache_dir>/datasets/rows-<key of the file's bytes>
+    data.path = null               sequences sampled from the verifier as data.synth says (the tiny default's: the
+                                   same rows data=tiny trains on), saved under <cache_dir>/datasets/rows-<key>
+
+No hidden state is computed or written here: eagle3/data/online.py computes them in the training loop.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import sys
+from collections.abc import Sequence
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+from eagle3.config import DataConfig
+from eagle3.data.cache import build_once, cache_key
+from eagle3.data.jsonl import Row
+from eagle3.errors import DataError
+
+log = logging.getLogger(__name__)
+
+ROWS_RECORD = "eagle3_rows.json"  # where the rows came from, and the JSONL rows skipped on the way
+
+
+def token_rows_dir(data: DataConfig, verifier_dir: Path, cache_dir: str) -> Path:
+    """The dir of Arrow rows and token_freq.pt this online run reads, built into the cache on first use."""
+    from eagle3.data.record import verifier_fingerprint
+
+    if data.path is not None and Path(data.path).is_dir():
+        return rows_with_counts(Path(data.path))
+    verifier = verifier_fingerprint(verifier_dir)
+    if data.path is None:
+        synth = data.synth
+        assert synth is not None  # DataConfig.check: exactly one of path and synth
+        params = {"verifier": verifier["config_hash"], "verifier_dir": str(verifier_dir), "synth": asdict(synth)}
+
+        def sample(out: Path) -> None:
+            from eagle3.data.synthetic import sample_rows
+            from eagle3.data.verifier_forward import load_causal_lm
+
+            save_rows(sample_rows(load_causal_lm(verifier_dir), synth), out)
+            _write_record(out, {"source": "sampled from the verifier", "synth": asdict(synth), "verifier": verifier})
+
+        return build_once(Path(cache_dir) / "datasets" / f"rows-{cache_key(params)}", sample, what="token rows")
+
+    jsonl = Path(data.path)
+    policy = data.on_bad_sample.value
+    params = {"jsonl_sha256": file_sha256(jsonl), "verifier": verifier["config_hash"],
+              "tokenizer": tokenizer_hash(verifier_dir), "on_bad_sample": policy}
+
+    def read(out: Path) -> None:
+        from eagle3.data.jsonl import BadSamples, ChatTokenizer, read_rows
+
+        chat: list[ChatTokenizer] = []  # built on the first messages row: input_ids rows need no tokenizer
+
+        def tokenize_chat(messages: list[dict[str, Any]]) -> Row:
+            if not chat:
+                chat.append(ChatTokenizer(verifier_dir))
+            return chat[0](messages)
+
+        bad = BadSamples(policy)
+        # No truncation here: rows longer than the verifier's positions are the start-up check's to report.
+        rows = read_rows(jsonl, sys.maxsize, verifier["vocab_size"], bad, tokenize_chat)
+        if bad.skipped:
+            log.warning("%s: %d rows skipped (data.on_bad_sample=skip): %s", jsonl, sum(bad.skipped.values()),
+                        dict(bad.skipped))
+        save_rows(rows, out)
+        _write_record(out, {"source": str(jsonl.resolve()), **params, **bad.as_dict()})
+
+    return build_once(Path(cache_dir) / "datasets" / f"rows-{cache_key(params)}", read, what="token rows")
+
+
+def save_rows(rows: Sequence[Row], out_dir: Path) -> None:
+    """`rows` as Arrow rows (input_ids, loss_mask, seq_len; torch format) and their loss tokens' counts."""
+    from datasets import Dataset
+    from speculators.train.vocab_mapping import save_token_frequency_distribution
+
+    dataset = Dataset.from_dict({
+        "input_ids": [ids for ids, _ in rows],
+        "loss_mask": [mask for _, mask in rows],
+        "seq_len": [len(ids) for ids, _ in rows],
+    }).with_format("torch")
+    dataset.save_to_disk(str(out_dir))
+    (out_dir / "token_freq.pt").unlink(missing_ok=True)  # speculators keeps an existing one
+    save_token_frequency_distribution(dataset, str(out_dir / "token_freq.pt"))
+
+
+def rows_with_counts(data_dir: Path) -> Path:
+    """A user's dataset dir; its token_freq.pt is computed and written next to the rows when it has none (as
+    speculators' pipeline writes it)."""
+    if (data_dir / "token_freq.pt").is_file():
+        return data_dir
+    from datasets import load_from_disk
+    from speculators.train.vocab_mapping import save_token_frequency_distribution
+
+    try:
+        dataset = load_from_disk(str(data_dir)).with_format("torch")
+    except Exception as e:  # noqa: BLE001  (datasets raises several types for a dir it cannot read)
+        raise DataError(f"data.path: {data_dir} is not a dataset saved with datasets.save_to_disk ({e})") from None
+    log.info("%s has no token_freq.pt: counting its loss tokens for the draft vocabulary", data_dir)
+    try:
+        save_token_frequency_distribution(dataset, str(data_dir / "token_freq.pt"))
+    except OSError as e:
+        raise DataError(f"data.path: {data_dir} has no token_freq.pt (the loss tokens' counts the draft vocabulary "
+                        f"is built from) and it cannot be written there ({e}); make the dir writable once") from None
+    return data_dir
+
+
+def file_sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def tokenizer_hash(verifier_dir: Path) -> str:
+    """The tokenizer and chat template files' content: messages rows render through them."""
+    digest = hashlib.sha256()
+    for file in sorted(Path(verifier_dir).glob("*")):
+        if file.is_file() and (file.name.startswith("tokenizer") or "chat_template" in file.name
+                               or file.suffix in (".model", ".tiktoken")):
+            digest.update(file.name.encode() + file.read_bytes())
+    return digest.hexdigest()[:16]
+
+
+def _write_record(out_dir: Path, record: dict[str, Any]) -> None:
+    (out_dir / ROWS_RECORD).write_text(json.dumps({"format": 1, **record}, indent=2) + "\n")
