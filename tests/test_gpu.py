@@ -26,6 +26,7 @@ import torch
 from omegaconf import OmegaConf
 
 from conftest import SMALL_DATA, compose_cfg, launch, read_rows
+from eagle3.config import RunConfig, run_config
 
 pytestmark = [pytest.mark.gpu,
               pytest.mark.filterwarnings("ignore:flex_attention called without torch.compile")]
@@ -43,13 +44,14 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def run_config(run_dir: Path, cache_dir: Path, overrides: list[str]) -> dict:
-    """The resolved run config as the launcher hands it to a rank (minus the run dir's files)."""
+def gpu_run_config(run_dir: Path, cache_dir: Path, overrides: list[str]) -> RunConfig:
+    """The typed run config as the launcher hands it to a rank (minus the run dir's files)."""
     cfg = OmegaConf.to_container(compose_cfg([f"cache_dir={cache_dir}", *QUICK, *overrides]), resolve=True,
                                  enum_to_str=True)
+    assert isinstance(cfg, dict)
     cfg["run"] = {"dir": str(run_dir), "name": run_dir.name, "group": "gpu", "choices": {}, "overrides": []}
     run_dir.mkdir(parents=True)
-    return cfg
+    return run_config(cfg)
 
 
 class Spy:
@@ -78,6 +80,7 @@ class Spy:
         def spy_to_device(batch, device):
             out = to_device(batch, device)
             self.batches.append({"pinned": batch["hidden_buffer"].is_pinned(), "dtype": out["hidden_states"].dtype,
+                                 "buffer_device": batch["hidden_buffer"].device,
                                  "device": out["hidden_states"].device, "length": out["input_ids"].shape[1]})
             return out
 
@@ -94,7 +97,7 @@ class Spy:
         return dtypes
 
 
-def train_on_gpu(cfg: dict, monkeypatch, one_rank_group: bool = False) -> tuple[dict, Spy, Path, Path]:
+def train_on_gpu(cfg: RunConfig, monkeypatch, one_rank_group: bool = False) -> tuple[dict, Spy, Path, Path]:
     """Runs one rank in this process as the launcher would, on the GPU; returns (summary, spy, verifier, data)."""
     import eagle3.rank
     from eagle3.distributed import World, init_world
@@ -121,8 +124,8 @@ def train_on_gpu(cfg: dict, monkeypatch, one_rank_group: bool = False) -> tuple[
 
         monkeypatch.setattr(eagle3.rank, "init_world", join)
     summary = eagle3.rank.run_rank(cfg, verifier_dir, data_dir)
-    assert not torch.distributed.is_initialized()  # the rank closed its group
-    return summary, spy, verifier_dir, data_dir
+    assert summary is not None and not torch.distributed.is_initialized()  # the rank closed its group
+    return summary.as_dict(), spy, verifier_dir, data_dir
 
 
 def assert_trained_on_cuda(summary: dict, spy: Spy, length: int) -> None:
@@ -136,21 +139,22 @@ def assert_trained_on_cuda(summary: dict, spy: Spy, length: int) -> None:
                                and b["length"] == length for b in spy.batches)
 
 
-def val_loss_of(checkpoint: Path, cfg: dict, data_dir: Path) -> dict:
-    """Val metrics of a checkpoint loaded by speculators onto the GPU, as the trainer computes them there."""
+def val_loss_of(checkpoint: Path, cfg: RunConfig, data_dir: Path, total_seq_len: int | None = None) -> dict:
+    """Val metrics of a checkpoint loaded by speculators onto the GPU, as the trainer computes them there
+    (`total_seq_len`: the packed length the run trained with, when it differs from data.total_seq_len)."""
     from speculators.losses import resolve_loss_config
 
     from eagle3.checkpoint import load_draft
     from eagle3.data.loader import build_loaders
     from eagle3.train import run_validation
 
-    draft = cfg["model"]["draft"]
+    draft = cfg.model.draft
     model = load_draft(checkpoint, "simple_flex_attention", device=CUDA)
     assert next(model.parameters()).device == CUDA
-    _, val = build_loaders(data_dir, cfg["data"]["total_seq_len"], draft["hidden_size"], len(draft["aux_layer_ids"]),
-                           cfg["data"]["train_ratio"], cfg["seed"], device=CUDA)
-    kwargs = {"ttt_steps": draft["ttt_steps"], "ttt_step_loss_decay": draft["ttt_step_loss_decay"],
-              "loss_config": resolve_loss_config(draft["loss"], "fused")}
+    _, val = build_loaders(data_dir, total_seq_len or cfg.data.total_seq_len, draft.hidden_size,
+                           len(draft.aux_layer_ids), cfg.data.train_ratio, cfg.seed, device=CUDA)
+    kwargs = {"ttt_steps": draft.ttt_steps, "ttt_step_loss_decay": draft.ttt_step_loss_decay,
+              "loss_config": resolve_loss_config(draft.loss, "fused")}
     return run_validation(model, val, CUDA, torch.autocast("cuda", dtype=torch.bfloat16), kwargs)
 
 
@@ -189,7 +193,8 @@ def gpu_run(cache_dir, tmp_path_factory):
     monkeypatch = pytest.MonkeyPatch()
     try:
         run_dir = tmp_path_factory.mktemp("gpu") / "single"
-        cfg = run_config(run_dir, cache_dir, ["data.total_seq_len=200", "model.draft.ttt_steps=3", *ACCEPT_AT_VAL])
+        cfg = gpu_run_config(run_dir, cache_dir, ["data.total_seq_len=200", "model.draft.ttt_steps=3",
+                                                  *ACCEPT_AT_VAL])
         summary, spy, verifier_dir, data_dir = train_on_gpu(cfg, monkeypatch)
     finally:
         monkeypatch.undo()
@@ -198,7 +203,7 @@ def gpu_run(cache_dir, tmp_path_factory):
 
 def test_fused_loss_flex_attention_and_bf16_autocast_at_a_length_off_the_block_size(gpu_run):
     run_dir, cfg, summary, spy, _, _ = gpu_run
-    assert cfg["data"]["total_seq_len"] == 200
+    assert cfg.data.total_seq_len == 200
     assert_trained_on_cuda(summary, spy, length=256)  # rounded up to whole flex blocks (eagle3.rank.packed_len)
     assert all(torch.isfinite(torch.tensor(r["loss"])) for r in read_rows(run_dir))
 
@@ -214,11 +219,11 @@ def test_bf16_autocast_reaches_the_draft(gpu_run):
     model = spy.models[-1]
     assert model.fc.weight.dtype == torch.float32 and model.fc.weight.device == CUDA
     dtypes = spy.autocast_dtypes()
-    draft = cfg["model"]["draft"]
-    _, val = build_loaders(data_dir, 256, draft["hidden_size"], len(draft["aux_layer_ids"]),
-                           cfg["data"]["train_ratio"], cfg["seed"], device=CUDA)
-    kwargs = {"ttt_steps": draft["ttt_steps"], "ttt_step_loss_decay": draft["ttt_step_loss_decay"],
-              "loss_config": resolve_loss_config(draft["loss"], "fused")}
+    draft = cfg.model.draft
+    _, val = build_loaders(data_dir, 256, draft.hidden_size, len(draft.aux_layer_ids), cfg.data.train_ratio, cfg.seed,
+                           device=CUDA)
+    kwargs = {"ttt_steps": draft.ttt_steps, "ttt_step_loss_decay": draft.ttt_step_loss_decay,
+              "loss_config": resolve_loss_config(draft.loss, "fused")}
     metrics = run_validation(model, val, CUDA, torch.autocast("cuda", dtype=torch.bfloat16), kwargs)
     assert dtypes == {torch.bfloat16} and torch.isfinite(torch.tensor(metrics["loss"]))
 
@@ -234,8 +239,7 @@ def test_accept_at_val_on_cuda_is_lossless(gpu_run):
 
 def test_checkpoint_loads_with_speculators_on_the_gpu_and_reproduces_val(gpu_run):
     run_dir, cfg, summary, _, _, data_dir = gpu_run
-    cfg = {**cfg, "data": {**cfg["data"], "total_seq_len": 256}}  # the packed length the run trained with
-    metrics = val_loss_of(run_dir / "checkpoints" / "last", cfg, data_dir)
+    metrics = val_loss_of(run_dir / "checkpoints" / "last", cfg, data_dir, total_seq_len=256)  # the packed length
     assert metrics["loss"] == pytest.approx(summary["final"]["loss"], rel=1e-3)
     assert metrics["tau_sim"] == pytest.approx(summary["final"]["tau_sim"], abs=5e-3)
 
@@ -246,7 +250,7 @@ def test_eval_accept_cli_on_cuda_is_lossless(gpu_run, tmp_path):
 
     run_dir, cfg, summary, _, verifier_dir, data_dir = gpu_run
     prompts = tmp_path / "prompts.jsonl"
-    rows = val_split_prompts(data_dir, cfg["data"]["train_ratio"], 4)
+    rows = val_split_prompts(data_dir, cfg.data.train_ratio, 4)
     prompts.write_text("".join(json.dumps({"input_ids": list(map(int, p))}) + "\n" for p in rows))
     report = run(parse_args([str(run_dir / "checkpoints" / "best"), "--verifier", str(verifier_dir), "--prompts",
                              str(prompts), "--device", "cuda", "--max-new-tokens", "24", "--out",
@@ -262,7 +266,7 @@ def test_nccl_world_size_one_trains_saves_and_speculators_loads(strategy, cache_
     from torch.nn.parallel import DistributedDataParallel
 
     run_dir = tmp_path / strategy
-    cfg = run_config(run_dir, cache_dir, [f"distributed={strategy}", "distributed.nproc_per_node=1"])
+    cfg = gpu_run_config(run_dir, cache_dir, [f"distributed={strategy}", "distributed.nproc_per_node=1"])
     summary, spy, _, data_dir = train_on_gpu(cfg, monkeypatch, one_rank_group=True)
     assert_trained_on_cuda(summary, spy, length=512)
     assert isinstance(spy.models[-1], DistributedDataParallel if strategy == "ddp" else FSDPModule)
@@ -275,6 +279,31 @@ def test_nccl_world_size_one_trains_saves_and_speculators_loads(strategy, cache_
 
     state = load_trainer_state(run_dir / "checkpoints" / "last")
     assert state["progress"]["step"] == 8 and state["optimizer"]["state"]
+
+
+def test_online_data_on_the_gpu(cache_dir, tmp_path, monkeypatch):
+    """data=online on CUDA: the verifier, loaded once in bf16 on the GPU, computes each micro-batch's hidden states
+    there (the buffer never leaves the device), and the draft trains with the fused loss and flex attention."""
+    import eagle3.data.online
+
+    loaded = []
+    load = eagle3.data.online.load_online_verifier
+
+    def spy_load(*args, **kwargs):
+        loaded.append(load(*args, **kwargs))
+        return loaded[-1]
+
+    monkeypatch.setattr(eagle3.data.online, "load_online_verifier", spy_load)
+    cfg = gpu_run_config(tmp_path / "online", cache_dir, ["data=online"])
+    summary, spy, _, _ = train_on_gpu(cfg, monkeypatch)
+    assert summary["device"] == "cuda:0" and summary["steps"] == 8
+    assert summary["final"]["loss"] < summary["step0"]["loss"]
+    assert spy.loss_impls[0] == "fused"
+    (verifier,) = loaded
+    weight = next(verifier.model.parameters())
+    assert weight.device == CUDA and weight.dtype == torch.bfloat16 and verifier.forward_s > 0
+    assert spy.batches and all(b["buffer_device"] == CUDA and b["dtype"] == torch.bfloat16 and b["length"] == 512
+                               for b in spy.batches)
 
 
 @pytest.mark.slow
