@@ -361,17 +361,17 @@ def make_plan(draft: DraftConfig, data: DataConfig, optim: OptimConfig, dist: Di
     terms.append(Term("largest transient of the backward", transient))
     for term in act_terms + terms[-1:]:
         term.phase = DRAFT_STEP
-    online = data.online is not None and online_verifier is not None
-    sharded = online and data.online is not None and data.online.shard_verifier and world > 1
-    if online_verifier is not None and data.online is not None:
-        terms += verifier_terms(online_verifier, draft, data, world, device_type, sharded)
+    online = online_verifier if data.online is not None else None
+    # With one rank load_online_verifier keeps a full copy whatever shard_verifier says.
+    sharded = data.online is not None and data.online.shard_verifier and world > 1
+    if online is not None:
+        terms += verifier_terms(online, draft, data, world, device_type, sharded)
     elif verifier_bytes:
         terms.append(Term("verifier in the training process (rank 0)", verifier_bytes, verifier_note))
 
     tokens_per_step = data.total_seq_len * optim.grad_accum * world
     flops = step_flops(draft, data.total_seq_len, train_lm_head, gradient_checkpointing) * optim.grad_accum
-    forward_flops = verifier_flops(online_verifier, data.total_seq_len) * optim.grad_accum if online_verifier and \
-        online else 0.0
+    forward_flops = verifier_flops(online, data.total_seq_len) * optim.grad_accum if online is not None else 0.0
     step_seconds = (flops + forward_flops) / (PEAK_FLOPS[device_type] * UTILIZATION)
     plan = Plan(device_type=device_type, world_size=world, strategy=strategy if world > 1 else "single",
                 attn_impl=attn, gradient_checkpointing=gradient_checkpointing, terms=terms,
@@ -379,14 +379,12 @@ def make_plan(draft: DraftConfig, data: DataConfig, optim: OptimConfig, dist: Di
                 tokens_per_step=tokens_per_step, flops_per_step=flops + forward_flops, step_seconds=step_seconds,
                 device_memory=device_memory, device_memory_source=device_memory_source,
                 verifier_flops_per_step=forward_flops)
-    if online and online_verifier is not None:
+    if online is not None:
         plan.online_verifier = "sharded" if sharded else "full"
-        weights = [t for t in terms if t.on_device and t.name.startswith("verifier") and "forward" not in t.name]
-        plan.verifier_bytes = sum(t.bytes for t in weights)
+        plan.verifier_bytes = _verifier_weight_bytes(terms)
         if not sharded and world > 1:
-            plan.verifier_if_sharded = sum(t.bytes for t in verifier_terms(online_verifier, draft, data, world,
-                                                                           device_type, True)
-                                           if t.on_device and "forward" not in t.name)
+            plan.verifier_if_sharded = _verifier_weight_bytes(verifier_terms(online, draft, data, world, device_type,
+                                                                             True))
     slots = len(draft.aux_layer_ids) + 1
     offline_per_token = slots * draft.hidden_size * DTYPE_BYTES.get(data.hidden_states_dtype, 2)
     offline_formula = f"{slots} x H x {data.hidden_states_dtype}"
@@ -416,6 +414,11 @@ def make_plan(draft: DraftConfig, data: DataConfig, optim: OptimConfig, dist: Di
             plan.data_notes.append(f"hidden states on disk: {offline_per_token:,} bytes/token ({offline_formula}); "
                                    f"{one_b}")
     return plan
+
+
+def _verifier_weight_bytes(terms: list[Term]) -> int:
+    """The device bytes of the online verifier's weights among `terms`, gathered parts included, activations not."""
+    return sum(t.bytes for t in terms if t.on_device and t.name.startswith("verifier ") and " forward:" not in t.name)
 
 
 def check_fits(plan: Plan) -> None:
@@ -448,8 +451,8 @@ def check_fits(plan: Plan) -> None:
                    offline]
         else:
             fix = ["more ranks to shard it over (distributed.nproc_per_node, distributed.nnodes)", offline]
-        verifier = (f"the verifier data=online holds in every rank takes {human(plan.verifier_bytes)} of it "
-                    f"({plan.online_verifier == 'sharded' and 'sharded' or 'a full copy'})")
+        copy = "its share, sharded" if plan.online_verifier == "sharded" else "a full copy"
+        verifier = f"the verifier data=online holds in every rank takes {human(plan.verifier_bytes)} of it ({copy})"
         if plan.verifier_bytes > limit:  # the draft's knobs cannot help
             raise ConfigError(f"{head}; {verifier}, more than the device holds. Instead: {' or '.join(fix)}. {tail}")
         raise ConfigError(f"{head}; {verifier}; the largest term is {big.name}: {human(big.bytes)}. To shrink it: "
