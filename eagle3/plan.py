@@ -285,17 +285,18 @@ def verifier_terms(verifier: VerifierShape, draft: DraftConfig, data: DataConfig
                  "host, at start-up", on_device=False),
         ]
     h, tokens, slots = verifier.hidden_size, data.total_seq_len + 1, len(draft.aux_layer_ids) + 1
-    # One layer at a time, no autograd: the residual stream and its residual copy, the normed input, the layer's
-    # output; q, its rotary copy and the attention output; k, v and k's rotary copy; the MLP's act(gate), up and
-    # their product.
-    per_token = 4 * h + 3 * verifier.q_dim + verifier.kv_dim + verifier.kv_dim // 2 + 3 * verifier.mlp_width
+    # Per token, no autograd, one layer at a time. While the decoder runs: the captured hidden states (the taps hold
+    # each aux layer's input; the residual stream is the latest of them), the layer's normed input, and the larger of
+    # the attention's working set (q, its rotary copy, the attention output; k, v, k's rotary copy; o_proj's output)
+    # and the MLP's (act(gate), up, their product). After it: the taps and their stack [T+1, slots, H].
+    attention = 3 * verifier.q_dim + verifier.kv_dim + verifier.kv_dim // 2 + h
+    running = slots * h + h + max(attention, 3 * verifier.mlp_width)
     terms += [
-        Term("verifier forward: residual stream + one layer's attention/MLP intermediates", tokens * per_token * b,
-             "(T+1) tokens, padding aside", phase=VERIFIER_FORWARD),
-        Term(f"verifier forward: {slots} captured hidden states + their stack [T+1, {slots}, H]",
-             2 * tokens * slots * h * b, "in the verifier's dtype, before the copy into the buffer",
+        Term(f"verifier forward: {slots} captured hidden states + one layer's attention/MLP working set",
+             tokens * max(running, 2 * slots * h) * b, "(T+1) tokens in the verifier's dtype, padding aside",
              phase=VERIFIER_FORWARD),
-        Term("verifier forward: causal mask with padding (T+1)^2, bool", tokens * tokens,
+        # Transformers builds a [docs, 1, L, L] bool mask when the rows are padded (none for a single row).
+        Term("verifier forward: attention mask of the padded rows, (T+1)^2 bool", tokens * tokens,
              "the fused attention kernels keep no score matrix", phase=VERIFIER_FORWARD),
     ]
     return terms
@@ -500,7 +501,8 @@ def format_plan(plan: Plan) -> str:
                  f"at an assumed {UTILIZATION:.0%} of {PEAK_FLOPS[plan.device_type] / 1e12:g} TFLOP/s, "
                  f"{peak_name})")
     if plan.verifier_flops_per_step:
-        lines.append(f"    of which the verifier's forward (data=online): {plan.verifier_flops_per_step / 1e12:.3g} TFLOP")
+        lines.append(f"    of which the verifier's forward (data=online): "
+                     f"{plan.verifier_flops_per_step / 1e12:.3g} TFLOP")
     if plan.steps_per_epoch is not None and plan.total_steps is not None:
         hours = plan.total_steps * plan.step_seconds / 3600
         lines.append(f"  steps: about {plan.steps_per_epoch:,} per epoch (tokens / tokens per step; packing adds "

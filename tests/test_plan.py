@@ -14,7 +14,7 @@ from conftest import ROOT, launch
 
 sys.path.insert(0, str(ROOT / "bench"))
 
-from plan_memory import build_model, compare, draft_config, make_batch, measure, planned  # noqa: E402
+from plan_memory import build_model, compare, draft_config, live_bytes_mode, make_batch, measure, planned  # noqa: E402
 
 from eagle3.config import DraftConfig  # noqa: E402
 from eagle3.errors import ConfigError  # noqa: E402
@@ -346,6 +346,8 @@ def test_an_online_plan_counts_the_tokens_of_sampled_and_arrow_rows_and_no_hidde
     from eagle3.launch import run_plan
 
     sampled = run_plan(_planned_config(["data=online", "device=cpu"]))
+    tiny_verifier_params = 2 * 1024 * 128 + 4 * (4 * 128 * 128 + 3 * 128 * 256 + 2 * 128) + 128
+    assert _term(sampled, "verifier weights (0.919 M params, fp32)") == 4 * tiny_verifier_params  # fp32 on CPU
     assert sampled.total_steps == 174  # the README's 174 steps of the tiny default, online as offline
     assert sampled.data_notes[0] == "dataset: 460 train rows, 58,880 train tokens of 65,536"
     assert "hidden states on disk: none (data=online computes them in the loop)" in sampled.data_notes[1]
@@ -417,6 +419,42 @@ def test_the_verifier_shape_reads_safetensors_headers_unless_quantized(tmp_path)
     (verifier / "config.json").write_text(json.dumps({**gqa, "quantization_config": {"quant_method": "fp8"}}))
     shape = verifier_shape(VerifierConfig(path=str(verifier)))
     assert shape.params > 70 + 3 + 8 and "quantized" in shape.source  # counted from config.json instead
+
+
+@pytest.mark.parametrize("docs", [[1025], [400, 350, 276]], ids=["one row", "three padded rows"])
+def test_the_verifiers_planned_forward_is_within_25_percent_of_the_measured_one(docs):
+    """The online verifier's forward over one micro-batch (T = 1024) on CPU, measured as bench/plan_memory.py measures
+    the draft's step (the bytes of live tensor storages), against the plan's verifier-forward phase."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from eagle3.config import DataConfig, OnlineConfig
+    from eagle3.data.online import OnlineVerifier
+    from eagle3.plan import VERIFIER_FORWARD, verifier_terms
+    from eagle3.plan_inputs import shape_from_config
+
+    config = dict(hidden_size=256, intermediate_size=896, num_hidden_layers=4, num_attention_heads=8,
+                  num_key_value_heads=2, head_dim=32, vocab_size=1000, tie_word_embeddings=False)
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(LlamaConfig(**config, attn_implementation="sdpa")).eval().requires_grad_(False)
+    verifier = OnlineVerifier(model, [1, 2, 3])
+    rows = [torch.randint(0, 1000, (n,)).tolist() for n in docs]
+    verifier(rows)  # a first forward, as the measured draft step follows one
+    tracker = live_bytes_mode()
+    tracker.track(list(model.parameters()), list(model.buffers()))
+    weights = tracker.live
+    with tracker:
+        verifier(rows)
+    measured = tracker.peak - weights
+
+    shape = shape_from_config(config, "")
+    assert shape.params * 4 <= weights <= shape.params * 4 + 1024  # fp32 weights, plus rotary's inverse frequencies
+    draft = DraftConfig(hidden_size=256, intermediate_size=896, num_attention_heads=8, num_key_value_heads=2,
+                        head_dim=32, vocab_size=1000, draft_vocab_size=500, aux_layer_ids=[1, 2, 3])
+    data = DataConfig(name="online", path=None, total_seq_len=1024, online=OnlineConfig())
+    planned_forward = sum(t.bytes for t in verifier_terms(shape, draft, data, 1, "cpu", False)
+                          if t.phase == VERIFIER_FORWARD)
+    assert 0.75 <= planned_forward / measured <= 1.25, (planned_forward, measured)
 
 
 def test_an_online_plan_imports_no_torch(tmp_path):
