@@ -472,4 +472,31 @@ def test_an_online_plan_imports_no_torch(tmp_path):
             "assert not heavy, heavy\n")
     proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr[-3000:]
+
+
+@pytest.mark.slow
+def test_plan_true_online_prints_the_sharded_kimi_verifier_per_rank_and_a_run_is_refused(kimi_dirs, tmp_path,
+                                                                                          cache_dir):
+    verifier, _ = kimi_dirs
+    run_dir = tmp_path / "outputs" / "online-plan"
+    online = ["model=kimi_k25", f"model.verifier.path={verifier}", "data=online", *EIGHT_H200,
+              f"hydra.run.dir={run_dir}"]
+    proc = launch(["plan=true", f"data.path={tmp_path / 'rows-to-come.jsonl'}", "data.online.shard_verifier=true",
+                   *online], cache_dir)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "verifier weights (1025.234 B params without lm_head, bf16), sharded over 8" in proc.stdout
+    assert "DOES NOT FIT" in proc.stdout and "hidden-state ring" not in proc.stdout
+    assert "hidden states on disk: none (data=online" in proc.stdout and "57,344 bytes/token" in proc.stdout
+    assert not run_dir.exists()
+    # The same as a run on one rank: stopped before anything is built, with one message.
+    rows = tmp_path / "rows.jsonl"
+    rows.write_text('{"input_ids": [1, 2, 3], "loss_mask": [0, 1, 1]}\n')
+    refused = launch([f"data.path={rows}", *online[:3], "distributed.device_memory_gb=141",
+                      f"hydra.run.dir={run_dir}"], cache_dir)
+    assert refused.returncode != 0 and "Traceback" not in refused.stderr
+    errors = [line for line in refused.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1, refused.stderr[-2000:]
+    assert "the verifier data=online holds in every rank takes 1911.8 GiB" in errors[0]
+    assert "data.online.shard_verifier=true over more ranks" in errors[0] and "offline data" in errors[0]
+    assert not (run_dir / "resolved_config.yaml").exists()
 # <<< data=online
