@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from eagle3.config import DataConfig, VerifierConfig
+from eagle3.errors import ConfigError
 from eagle3.plan import DTYPE_BYTES, DataStats, VerifierShape
 
 GB = 1e9  # distributed.device_memory_gb is in GB (10^9 bytes), as GPU datasheets state it (H200: 141 GB)
@@ -109,7 +110,12 @@ def verifier_shape(verifier: VerifierConfig) -> VerifierShape:
         return shape_from_config(config, "the tiny verifier's config")
     outer = json.loads((Path(verifier.path) / "config.json").read_text())
     config = outer.get("text_config", outer)  # a multimodal wrapper (Kimi-K2.5) holds the decoder's config inside
-    shape = shape_from_config(config, f"estimated from {verifier.path}/config.json")
+    try:
+        shape = shape_from_config(config, f"estimated from {verifier.path}/config.json")
+    except KeyError as e:
+        raise ConfigError(f"model.verifier.path: {verifier.path}/config.json has no {e}, which the plan of data=online "
+                          f"needs to size the verifier every rank holds (a Llama- or DeepSeek-V3-style decoder config "
+                          f"has it)") from None
     quantized = "quantization_config" in outer or "quantization_config" in config
     counted = safetensors_params(Path(verifier.path)) if not quantized else None
     if counted:

@@ -419,6 +419,9 @@ def test_the_verifier_shape_reads_safetensors_headers_unless_quantized(tmp_path)
     (verifier / "config.json").write_text(json.dumps({**gqa, "quantization_config": {"quant_method": "fp8"}}))
     shape = verifier_shape(VerifierConfig(path=str(verifier)))
     assert shape.params > 70 + 3 + 8 and "quantized" in shape.source  # counted from config.json instead
+    (verifier / "config.json").write_text(json.dumps({"model_type": "gpt2", "n_embd": 64, "n_layer": 2}))
+    with pytest.raises(ConfigError, match=r"config\.json has no 'hidden_size'"):
+        verifier_shape(VerifierConfig(path=str(verifier)))
 
 
 @pytest.mark.parametrize("docs", [[1025], [400, 350, 276]], ids=["one row", "three padded rows"])
