@@ -153,16 +153,21 @@ def resolve(cfg: DictConfig, hydra, run_dir: Path) -> dict[str, Any]:
 def run_plan(cfg: TrainConfig) -> Plan:
     """The plan of this run (eagle3.plan) with what the machine and the disk say (eagle3.plan_inputs)."""
     from eagle3.plan import make_plan
-    from eagle3.plan_inputs import dataset_stats, device_and_memory, verifier_size
+    from eagle3.plan_inputs import dataset_stats, device_and_memory, rows_unknown_reason, verifier_shape, verifier_size
 
     draft, dist = cfg.model.draft, cfg.distributed
     kind, memory, source = device_and_memory(cfg.device, dist.device_memory_gb, in_process=dist.world_size == 1)
-    verifier_bytes, verifier_note = verifier_size(cfg.model.verifier) if cfg.eval.accept.enabled else (0, "")
+    online = cfg.data.online is not None
+    # Online, every rank holds the verifier and eval.accept reuses it; offline only eval.accept loads it (rank 0).
+    accept_loads = cfg.eval.accept.enabled and not online
+    verifier_bytes, verifier_note = verifier_size(cfg.model.verifier) if accept_loads else (0, "")
     train_lm_head = isinstance(cfg.init, PretrainedInitConfig) and cfg.init.train_lm_head
     return make_plan(draft, cfg.data, cfg.optim, dist, device_type=kind, device_memory=memory,
                      device_memory_source=source, train_lm_head=train_lm_head,
                      data_stats=dataset_stats(cfg.data, draft.hidden_size, draft.aux_layer_ids),
-                     verifier_bytes=verifier_bytes, verifier_note=verifier_note)
+                     no_rows_reason=rows_unknown_reason(cfg.data), verifier_bytes=verifier_bytes,
+                     verifier_note=verifier_note,
+                     online_verifier=verifier_shape(cfg.model.verifier) if online else None)
 
 
 def show_plan(cfg: DictConfig, hydra, run_dir: Path) -> None:

@@ -4,7 +4,8 @@ Pure arithmetic over the typed config parts: no torch, no speculators, nothing b
 the trainer holds on a rank: the draft's parameters as speculators builds them (Eagle3DraftModel: the frozen
 verifier embedding and heads, fc, one decoder layer whose attention takes the 2H-wide [embedding, hidden]
 input, the norms, the d2t/t2d buffers), gradients and AdamW's two fp32 moments (sharded under FSDP), the
-reader's hidden-state buffers (eagle3/data/reader.py), and the activations autograd keeps for one
+reader's hidden-state buffers (eagle3/data/reader.py), with data=online the verifier every rank holds and its
+forward (eagle3/data/online.py; `verifier_terms`), and the activations autograd keeps for one
 micro-batch through `ttt_steps` test-time-training steps (derived from speculators' forward; see
 `_activations`), plus the largest transient of the backward. tests/test_plan.py checks the parameter
 counts against the real model on the meta device, and the planned peak against the measured one on CPU
@@ -42,6 +43,32 @@ class Term:
     bytes: int
     note: str = ""
     on_device: bool = True  # False: host memory (the reader's ring on a GPU run)
+    # Terms of one phase of a step are alive together and freed after it; "" = alive throughout. data=online runs
+    # the verifier's forward (for the next micro-batch) and the draft's step one after the other, never together,
+    # so the peak counts the larger phase, not both.
+    phase: str = ""
+
+
+DRAFT_STEP, VERIFIER_FORWARD = "draft step", "verifier forward"
+
+
+@dataclass
+class VerifierShape:
+    """What the plan needs of the verifier that data=online runs in every rank (eagle3.plan_inputs.verifier_shape
+    reads it from its config.json and safetensors headers): parameter counts as loaded, and the widths one token's
+    forward goes through."""
+
+    params: int          # the causal LM as loaded: embedding, decoder layers, final norm, lm_head
+    embedding: int       # embed_tokens + the final norm: the decoder's own parameters (the FSDP2 root when sharded)
+    lm_head: int         # 0 when tied to the embedding; a sharded verifier drops it (hidden states never need it)
+    layer_params: int    # the largest decoder layer (FSDP2 all-gathers one at a time)
+    active_params: int   # decoder weights one token goes through (a MoE: the shared and top-k routed experts only)
+    num_layers: int
+    hidden_size: int
+    q_dim: int           # heads x query head dim
+    kv_dim: int          # keys + values per token, all heads
+    mlp_width: int       # the widest MLP intermediate per token (a MoE: shared + top-k experts)
+    source: str          # where the counts came from
 
 
 @dataclass
@@ -62,10 +89,24 @@ class Plan:
     steps_per_epoch: int | None = None
     total_steps: int | None = None
     data_notes: list[str] = field(default_factory=list)
+    # data=online: "full" (a copy per rank) or "sharded" (data.online.shard_verifier over the ranks); None offline.
+    online_verifier: str | None = None
+    verifier_bytes: int = 0                  # its weights' share of the peak on each rank (all-gathered parts too)
+    verifier_if_sharded: int | None = None   # what that would be with data.online.shard_verifier=true (ranks > 1)
+    verifier_flops_per_step: float = 0.0
+
+    def phase_bytes(self) -> dict[str, int]:
+        phases: dict[str, int] = {}
+        for t in self.terms:
+            if t.on_device and t.phase:
+                phases[t.phase] = phases.get(t.phase, 0) + t.bytes
+        return phases
 
     @property
     def peak(self) -> int:
-        return sum(t.bytes for t in self.terms if t.on_device)
+        """What is alive throughout, plus the larger of the phases that run one after the other."""
+        always = sum(t.bytes for t in self.terms if t.on_device and not t.phase)
+        return always + max(self.phase_bytes().values(), default=0)
 
     @property
     def largest(self) -> Term:
@@ -77,7 +118,7 @@ class Plan:
 
 @dataclass
 class DataStats:
-    """What the plan knows about an offline dataset: train rows' token counts and the hidden-state bytes on disk."""
+    """What the plan knows about a dataset: train rows' token counts and the hidden-state bytes on disk (0 online)."""
 
     train_tokens: int
     train_rows: int
@@ -189,21 +230,82 @@ def _activations(draft: DraftConfig, seq: int, attn_impl: str, device_type: str,
 
 
 def hidden_buffers(draft: DraftConfig, data: DataConfig, device_type: str) -> list[Term]:
-    """The reader's ring and what one micro-batch becomes on the device (eagle3/data/reader.py, train.to_device)."""
+    """The reader's ring and what one micro-batch becomes on the device (eagle3/data/reader.py, train.to_device);
+    online (eagle3/data/online.py OnlineLoader) no ring: the verifier fills a buffer on the device instead."""
     h, slots, t = draft.hidden_size, len(draft.aux_layer_ids) + 1, data.total_seq_len
     file_bytes = DTYPE_BYTES.get(data.hidden_states_dtype, 2)
     one = (t + 1) * slots * h * file_bytes
     ring = data.prefetch + 1
     cuda = device_type == "cuda"
-    terms = [Term(f"hidden-state ring: {ring} x (T+1) x {slots} x H ({data.hidden_states_dtype})", ring * one,
-                  "host, page-locked" if cuda else "host", on_device=not cuda)]
+    if data.online is not None:
+        # The train and the val loader each allocate theirs once and keep it (refilled at every micro-batch).
+        terms = [Term(f"online hidden-state buffers: 2 x (T+1) x {slots} x H ({data.hidden_states_dtype})", 2 * one,
+                      "train and val loader, one each, on the device")]
+    else:
+        terms = [Term(f"hidden-state ring: {ring} x (T+1) x {slots} x H ({data.hidden_states_dtype})", ring * one,
+                      "host, page-locked" if cuda else "host", on_device=not cuda)]
+        if cuda:
+            terms.append(Term("hidden states on the device (one micro-batch)", one))
     if cuda:
-        terms.append(Term("hidden states on the device (one micro-batch)", one))
         if file_bytes != 2:
             terms.append(Term("hidden states cast to bf16", t * slots * h * 2))
     else:
         terms.append(Term("hidden states cast to fp32 (one micro-batch)", t * slots * h * 4))
     return terms
+
+
+def verifier_bytes_per_param(device_type: str) -> int:
+    """data=online loads the verifier in bf16 on CUDA, fp32 on CPU (eagle3/data/online.py load_online_verifier)."""
+    return 2 if device_type == "cuda" else 4
+
+
+def verifier_terms(verifier: VerifierShape, draft: DraftConfig, data: DataConfig, world: int, device_type: str,
+                   sharded: bool) -> list[Term]:
+    """What data=online's verifier holds on each rank: its weights (a full copy, or with `sharded` 1/world of them
+    plus what FSDP2 gathers), and its forward over one micro-batch (no grad, decoder only, no KV cache)."""
+    b = verifier_bytes_per_param(device_type)
+    dtype = "bf16" if b == 2 else "fp32"
+    if not sharded:
+        terms = [Term(f"verifier weights ({_count(verifier.params)} params, {dtype}), a full copy per rank",
+                      verifier.params * b, "data=online" + (", data.online.shard_verifier=false" if world > 1 else ""))]
+    else:
+        kept = verifier.params - verifier.lm_head  # the sharded verifier drops its lm_head
+        terms = [
+            Term(f"verifier weights ({_count(kept)} params without lm_head, {dtype}), sharded over {world}",
+                 math.ceil(kept / world) * b, "data.online.shard_verifier=true"),
+            # FSDP2 does not reshard its root after the forward (it expects the backward to need it at once): the
+            # embedding stays whole on every rank from the first forward on.
+            Term("verifier embedding + final norm, all-gathered (FSDP2 root)", verifier.embedding * b,
+                 "stays gathered after the forward"),
+            # The layer running and the next one, whose all-gather FSDP2 issues ahead (implicit prefetch).
+            Term("verifier decoder layers all-gathered: 2 x the largest", 2 * verifier.layer_params * b,
+                 "during its forward", phase=VERIFIER_FORWARD),
+            # load_online_verifier loads the whole model into host memory, then shards it layer by layer.
+            Term("verifier loaded whole before sharding (each rank's process)", verifier.params * b,
+                 "host, at start-up", on_device=False),
+        ]
+    h, tokens, slots = verifier.hidden_size, data.total_seq_len + 1, len(draft.aux_layer_ids) + 1
+    # Per token, no autograd, one layer at a time. While the decoder runs: the captured hidden states (the taps hold
+    # each aux layer's input; the residual stream is the latest of them), the layer's normed input, and the larger of
+    # the attention's working set (q, its rotary copy, the attention output; k, v, k's rotary copy; o_proj's output)
+    # and the MLP's (act(gate), up, their product). After it: the taps and their stack [T+1, slots, H].
+    attention = 3 * verifier.q_dim + verifier.kv_dim + verifier.kv_dim // 2 + h
+    running = slots * h + h + max(attention, 3 * verifier.mlp_width)
+    terms += [
+        Term(f"verifier forward: {slots} captured hidden states + one layer's attention/MLP working set",
+             tokens * max(running, 2 * slots * h) * b, "(T+1) tokens in the verifier's dtype, padding aside",
+             phase=VERIFIER_FORWARD),
+        # Transformers builds a [docs, 1, L, L] bool mask when the rows are padded (none for a single row).
+        Term("verifier forward: attention mask of the padded rows, (T+1)^2 bool", tokens * tokens,
+             "the fused attention kernels keep no score matrix", phase=VERIFIER_FORWARD),
+    ]
+    return terms
+
+
+def verifier_flops(verifier: VerifierShape, seq: int) -> float:
+    """Matrix-multiply FLOPs of the verifier's forward over one micro-batch: 2 x the weights a token goes through,
+    and attention (QK^T and AV over the causal half) in every layer. No lm_head: it is never run."""
+    return seq * 2 * verifier.active_params + verifier.num_layers * 2 * 2 * verifier.q_dim * seq * seq / 2
 
 
 def step_flops(draft: DraftConfig, seq: int, train_lm_head: bool, checkpointing: bool) -> float:
@@ -224,8 +326,11 @@ def step_flops(draft: DraftConfig, seq: int, train_lm_head: bool, checkpointing:
 
 def make_plan(draft: DraftConfig, data: DataConfig, optim: OptimConfig, dist: DistributedConfig, *,
               device_type: str, device_memory: int | None, device_memory_source: str, train_lm_head: bool = False,
-              data_stats: DataStats | None = None, verifier_bytes: int = 0, verifier_note: str = "") -> Plan:
-    """The per-rank memory terms and the time per optimizer step of a run with these config parts."""
+              data_stats: DataStats | None = None, no_rows_reason: str = "", verifier_bytes: int = 0,
+              verifier_note: str = "", online_verifier: VerifierShape | None = None) -> Plan:
+    """The per-rank memory terms and the time per optimizer step of a run with these config parts.
+    `verifier_bytes`: the verifier eval.accept loads on rank 0 (offline data); `online_verifier`: the one data=online
+    runs in every rank (eval.accept then reuses it: counted once)."""
     world, strategy, gradient_checkpointing = dist.world_size, dist.strategy.value, draft.gradient_checkpointing
     fsdp = strategy == "fsdp" and world > 1
     attn = draft.attn_impl if draft.attn_impl != "auto" else ("simple_flex_attention" if device_type == "cuda"
@@ -255,41 +360,75 @@ def make_plan(draft: DraftConfig, data: DataConfig, optim: OptimConfig, dist: Di
     act_terms, transient = _activations(draft, data.total_seq_len, attn, device_type, gradient_checkpointing)
     terms += act_terms
     terms.append(Term("largest transient of the backward", transient))
-    if verifier_bytes:
+    for term in act_terms + terms[-1:]:
+        term.phase = DRAFT_STEP
+    online = online_verifier if data.online is not None else None
+    # With one rank load_online_verifier keeps a full copy whatever shard_verifier says.
+    sharded = data.online is not None and data.online.shard_verifier and world > 1
+    if online is not None:
+        terms += verifier_terms(online, draft, data, world, device_type, sharded)
+    elif verifier_bytes:
         terms.append(Term("verifier in the training process (rank 0)", verifier_bytes, verifier_note))
 
     tokens_per_step = data.total_seq_len * optim.grad_accum * world
     flops = step_flops(draft, data.total_seq_len, train_lm_head, gradient_checkpointing) * optim.grad_accum
-    step_seconds = flops / (PEAK_FLOPS[device_type] * UTILIZATION)
+    forward_flops = verifier_flops(online, data.total_seq_len) * optim.grad_accum if online is not None else 0.0
+    step_seconds = (flops + forward_flops) / (PEAK_FLOPS[device_type] * UTILIZATION)
     plan = Plan(device_type=device_type, world_size=world, strategy=strategy if world > 1 else "single",
                 attn_impl=attn, gradient_checkpointing=gradient_checkpointing, terms=terms,
                 trainable_params=trainable, frozen_params=frozen,
-                tokens_per_step=tokens_per_step, flops_per_step=flops, step_seconds=step_seconds,
-                device_memory=device_memory, device_memory_source=device_memory_source)
+                tokens_per_step=tokens_per_step, flops_per_step=flops + forward_flops, step_seconds=step_seconds,
+                device_memory=device_memory, device_memory_source=device_memory_source,
+                verifier_flops_per_step=forward_flops)
+    if online is not None:
+        plan.online_verifier = "sharded" if sharded else "full"
+        plan.verifier_bytes = _verifier_weight_bytes(terms)
+        if not sharded and world > 1:
+            plan.verifier_if_sharded = _verifier_weight_bytes(verifier_terms(online, draft, data, world, device_type,
+                                                                             True))
+    slots = len(draft.aux_layer_ids) + 1
+    offline_per_token = slots * draft.hidden_size * DTYPE_BYTES.get(data.hidden_states_dtype, 2)
+    offline_formula = f"{slots} x H x {data.hidden_states_dtype}"
     if data_stats is not None:
         plan.steps_per_epoch = max(1, math.ceil(data_stats.train_tokens / tokens_per_step))
         plan.total_steps = plan.steps_per_epoch * optim.epochs
         if optim.max_steps is not None:
             plan.total_steps = min(plan.total_steps, optim.max_steps)
-        per_token = data_stats.hidden_bytes_on_disk / max(1, data_stats.total_tokens)
         plan.data_notes = [f"dataset: {data_stats.train_rows} train rows, {data_stats.train_tokens:,} train tokens "
-                           f"of {data_stats.total_tokens:,}",
-                           f"hidden states on disk: {per_token:,.0f} bytes/token, "
-                           f"{data_stats.hidden_bytes_on_disk / GIB:.2f} GiB in all"]
+                           f"of {data_stats.total_tokens:,}"]
+        if data.online is not None:
+            offline = data_stats.total_tokens * offline_per_token
+            plan.data_notes.append(f"hidden states on disk: none (data=online computes them in the loop); offline "
+                                   f"data would store {offline_per_token:,} bytes/token ({offline_formula}), "
+                                   f"{offline / GIB:.2f} GiB for these tokens")
+        else:
+            per_token = data_stats.hidden_bytes_on_disk / max(1, data_stats.total_tokens)
+            plan.data_notes.append(f"hidden states on disk: {per_token:,.0f} bytes/token, "
+                                   f"{data_stats.hidden_bytes_on_disk / GIB:.2f} GiB in all")
     else:
-        slots = len(draft.aux_layer_ids) + 1
-        per_token = slots * draft.hidden_size * DTYPE_BYTES.get(data.hidden_states_dtype, 2)
-        plan.data_notes = ["no data rows to count (no dataset yet): per-step figures only",
-                           f"hidden states on disk: {per_token:,} bytes/token ({slots} x H x "
-                           f"{data.hidden_states_dtype}); 1 B tokens = {per_token * 1e9 / 1024 ** 4:.1f} TiB"]
+        one_b = f"1 B tokens = {offline_per_token * 1e9 / 1024 ** 4:.1f} TiB"
+        plan.data_notes = [f"{no_rows_reason or 'no data rows to count (no dataset yet)'}: per-step figures only"]
+        if data.online is not None:
+            plan.data_notes.append(f"hidden states on disk: none (data=online computes them in the loop); offline "
+                                   f"data would store {offline_per_token:,} bytes/token ({offline_formula}): {one_b}")
+        else:
+            plan.data_notes.append(f"hidden states on disk: {offline_per_token:,} bytes/token ({offline_formula}); "
+                                   f"{one_b}")
     return plan
 
 
+def _verifier_weight_bytes(terms: list[Term]) -> int:
+    """The device bytes of the online verifier's weights among `terms`, gathered parts included, activations not."""
+    return sum(t.bytes for t in terms if t.on_device and t.name.startswith("verifier ") and " forward:" not in t.name)
+
+
 def check_fits(plan: Plan) -> None:
-    """Raises ConfigError naming the largest term and the knobs that shrink it when the peak does not fit."""
+    """Raises ConfigError naming the largest term and the knobs that shrink it when the peak does not fit. With
+    data=online the verifier in every rank comes first: shard it over the ranks, or go offline."""
     if plan.device_memory is None or plan.fits():
         return
     big = plan.largest
+    limit = FIT_SHARE * plan.device_memory
     # Only the knobs this config has not turned already.
     knobs = ["a smaller data.total_seq_len with a larger optim.grad_accum (same global batch)"]
     if plan.strategy != "fsdp":
@@ -298,11 +437,29 @@ def check_fits(plan: Plan) -> None:
         knobs.append("model.draft.gradient_checkpointing=true (recomputes the decoder layer in the backward)")
     if plan.attn_impl in ("eager", "sdpa"):
         knobs.append("model.draft.attn_impl=simple_flex_attention (no T x T score or mask matrix; CUDA only)")
-    raise ConfigError(
-        f"this run needs about {human(plan.peak)} per rank, over {FIT_SHARE:.0%} of the device's "
-        f"{human(plan.device_memory)} ({plan.device_memory_source}); the largest term is "
-        f"{big.name}: {human(big.bytes)}. To shrink it: {'; '.join(knobs)}. "
-        f"The whole plan: python launch.py plan=true <your overrides>")
+    head = (f"this run needs about {human(plan.peak)} per rank, over {FIT_SHARE:.0%} of the device's "
+            f"{human(plan.device_memory)} ({plan.device_memory_source})")
+    tail = "The whole plan: python launch.py plan=true <your overrides>"
+    if plan.online_verifier is not None:
+        offline = ("offline data: the hidden states prepared once, with no verifier in the training ranks "
+                   "(python -m eagle3.data.prepare, or speculators' vLLM pipeline for a verifier that needs a "
+                   "serving engine; then data=offline data.path=<that dataset>)")
+        if plan.verifier_if_sharded is not None:
+            fix = [f"data.online.shard_verifier=true (its weights divided over the {plan.world_size} ranks: about "
+                   f"{human(plan.verifier_if_sharded)} per rank)", offline]
+        elif plan.online_verifier == "full":  # one rank: sharding needs more of them
+            fix = ["data.online.shard_verifier=true over more ranks (distributed=ddp distributed.nproc_per_node=N)",
+                   offline]
+        else:
+            fix = ["more ranks to shard it over (distributed.nproc_per_node, distributed.nnodes)", offline]
+        copy = "its share, sharded" if plan.online_verifier == "sharded" else "a full copy"
+        verifier = f"the verifier data=online holds in every rank takes {human(plan.verifier_bytes)} of it ({copy})"
+        if plan.verifier_bytes > limit:  # the draft's knobs cannot help
+            raise ConfigError(f"{head}; {verifier}, more than the device holds. Instead: {' or '.join(fix)}. {tail}")
+        raise ConfigError(f"{head}; {verifier}; the largest term is {big.name}: {human(big.bytes)}. To shrink it: "
+                          f"{'; '.join(fix + knobs)}. {tail}")
+    raise ConfigError(f"{head}; the largest term is {big.name}: {human(big.bytes)}. To shrink it: "
+                      f"{'; '.join(knobs)}. {tail}")
 
 
 def human(n: float) -> str:
@@ -320,9 +477,16 @@ def format_plan(plan: Plan) -> str:
              f"  parameters: {plan.trainable_params:,} trainable, {plan.frozen_params:,} frozen"]
     width = max(len(t.name) for t in plan.terms)
     unit, scale = ("GiB", GIB) if plan.peak >= GIB else ("MiB", 2 ** 20)
+    phases = plan.phase_bytes()
     for t in plan.terms:
         where = "" if t.on_device else "  [host]"
+        if t.phase and len(phases) > 1:
+            where += f"  [{t.phase}]"
         lines.append(f"  {t.name:<{width}}  {t.bytes / scale:9.3f} {unit}{where}{'  ' + t.note if t.note else ''}")
+    if len(phases) > 1:
+        larger = max(phases, key=lambda p: phases[p])
+        lines.append(f"  (the verifier's forward and the draft's step run one after the other: the peak counts the "
+                     f"larger, {larger}; " + ", ".join(f"{p} {b / scale:.3f} {unit}" for p, b in phases.items()) + ")")
     lines.append(f"  {'peak on the device':<{width}}  {plan.peak / scale:9.3f} {unit}  (largest: {plan.largest.name})")
     if plan.device_memory is None:
         lines.append(f"  device memory: {plan.device_memory_source}")
@@ -336,6 +500,9 @@ def format_plan(plan: Plan) -> str:
     lines.append(f"  step time: about {plan.step_seconds:.2f} s ({plan.flops_per_step / 1e12:.3g} TFLOP per rank "
                  f"at an assumed {UTILIZATION:.0%} of {PEAK_FLOPS[plan.device_type] / 1e12:g} TFLOP/s, "
                  f"{peak_name})")
+    if plan.verifier_flops_per_step:
+        lines.append(f"    of which the verifier's forward (data=online): "
+                     f"{plan.verifier_flops_per_step / 1e12:.3g} TFLOP")
     if plan.steps_per_epoch is not None and plan.total_steps is not None:
         hours = plan.total_steps * plan.step_seconds / 3600
         lines.append(f"  steps: about {plan.steps_per_epoch:,} per epoch (tokens / tokens per step; packing adds "

@@ -1,5 +1,6 @@
 """What the plan (eagle3/plan.py) needs from the machine and the disk: the device and its memory, the dataset's
-token counts and hidden-state bytes, and the verifier's size when the training process loads it.
+token counts and hidden-state bytes, and the verifier's size when the training process loads it (its shape too
+for data=online, which runs it in every rank).
 
 Reads only headers and sizes: no weights, no hidden states. torch is imported only to ask a visible GPU.
 """
@@ -7,10 +8,13 @@ Reads only headers and sizes: no weights, no hidden states. torch is imported on
 from __future__ import annotations
 
 import json
+import struct
 from pathlib import Path
+from typing import Any
 
 from eagle3.config import DataConfig, VerifierConfig
-from eagle3.plan import DTYPE_BYTES, DataStats
+from eagle3.errors import ConfigError
+from eagle3.plan import DTYPE_BYTES, DataStats, VerifierShape
 
 GB = 1e9  # distributed.device_memory_gb is in GB (10^9 bytes), as GPU datasheets state it (H200: 141 GB)
 
@@ -39,8 +43,10 @@ def device_and_memory(device: str, device_memory_gb: float | None,
 
 
 def dataset_stats(data: DataConfig, hidden_size: int, aux_layer_ids: list[int]) -> DataStats | None:
-    """Token counts of the train split and the hidden-state bytes on disk; None when there are no rows yet.
-    Synthetic data: from its config (num_samples x (prompt + response) tokens), nothing read."""
+    """Token counts of the train split and the hidden-state bytes on disk; None when there are no rows yet (or,
+    online, a JSONL's: `rows_unknown_reason` says why). Synthetic data: from its config (num_samples x (prompt +
+    response) tokens), nothing read. Online, no hidden state is stored: 0 bytes on disk."""
+    online = data.online is not None
     if data.path is None:
         synth = data.synth
         assert synth is not None  # DataConfig.check: exactly one of path and synth
@@ -48,10 +54,10 @@ def dataset_stats(data: DataConfig, hidden_size: int, aux_layer_ids: list[int]) 
         train_rows = int(synth.num_samples * data.train_ratio)
         per_token = (len(aux_layer_ids) + 1) * hidden_size * DTYPE_BYTES.get(data.hidden_states_dtype, 2)
         return DataStats(train_tokens=train_rows * seq, train_rows=train_rows, total_tokens=synth.num_samples * seq,
-                         hidden_bytes_on_disk=synth.num_samples * seq * per_token)  # what synthesis writes
+                         hidden_bytes_on_disk=0 if online else synth.num_samples * seq * per_token)
     path = Path(data.path)
-    if not any(path.glob("*.arrow")):
-        return None
+    if not path.is_dir() or not any(path.glob("*.arrow")):
+        return None  # online: a JSONL, whose rows are known once read (tokenized) at the run's start
     from eagle3.data.rows import ArrowRows
 
     try:
@@ -59,9 +65,17 @@ def dataset_stats(data: DataConfig, hidden_size: int, aux_layer_ids: list[int]) 
     except Exception:  # noqa: BLE001  (the start-up data check reports a broken dataset with its own message)
         return None
     split = int(len(lengths) * data.train_ratio)
-    hidden = sum(f.stat().st_size for f in (path / "hidden_states").glob("*.safetensors"))
+    hidden = 0 if online else sum(f.stat().st_size for f in (path / "hidden_states").glob("*.safetensors"))
     return DataStats(train_tokens=int(lengths[:split].sum()), train_rows=split, total_tokens=int(lengths.sum()),
                      hidden_bytes_on_disk=hidden)
+
+
+def rows_unknown_reason(data: DataConfig) -> str:
+    """Why dataset_stats has no rows to count ("" for the generic reason: no dataset yet)."""
+    if data.online is not None and data.path is not None and not Path(data.path).is_dir():
+        return (f"the rows of {data.path} are not counted before a run reads and tokenizes them (a JSONL; an Arrow "
+                f"dataset dir as data.path is counted)")
+    return ""
 
 
 def verifier_size(verifier: VerifierConfig) -> tuple[int, str]:
@@ -80,3 +94,84 @@ def verifier_size(verifier: VerifierConfig) -> tuple[int, str]:
     h = tiny.hidden_size
     params = 2 * tiny.vocab_size * h + tiny.num_layers * (4 * h * h + 3 * h * tiny.intermediate_size)
     return 4 * params, "the tiny verifier, fp32"
+
+
+def verifier_shape(verifier: VerifierConfig) -> VerifierShape:
+    """The shape data=online's plan needs (eagle3.plan.VerifierShape): parameter counts from config.json (a Llama-
+    style decoder with grouped-query attention, or DeepSeek-V3's latent attention and mixture of experts), the total
+    from the safetensors headers when the weights are there and unquantized; the tiny verifier from its config."""
+    if verifier.path is None:
+        tiny = verifier.tiny
+        assert tiny is not None  # VerifierConfig.check: exactly one of path and tiny
+        config: dict[str, Any] = {"hidden_size": tiny.hidden_size, "num_hidden_layers": tiny.num_layers,
+                                  "num_attention_heads": tiny.num_heads, "num_key_value_heads": tiny.num_heads,
+                                  "intermediate_size": tiny.intermediate_size, "vocab_size": tiny.vocab_size,
+                                  "tie_word_embeddings": False}
+        return shape_from_config(config, "the tiny verifier's config")
+    outer = json.loads((Path(verifier.path) / "config.json").read_text())
+    config = outer.get("text_config", outer)  # a multimodal wrapper (Kimi-K2.5) holds the decoder's config inside
+    try:
+        shape = shape_from_config(config, f"estimated from {verifier.path}/config.json")
+    except KeyError as e:
+        raise ConfigError(f"model.verifier.path: {verifier.path}/config.json has no {e}, which the plan of data=online "
+                          f"needs to size the verifier every rank holds (a Llama- or DeepSeek-V3-style decoder config "
+                          f"has it)") from None
+    quantized = "quantization_config" in outer or "quantization_config" in config
+    counted = safetensors_params(Path(verifier.path)) if not quantized else None
+    if counted:
+        shape.params, shape.source = counted, f"the safetensors headers in {verifier.path} (shape from config.json)"
+    elif quantized:
+        shape.source += " (its checkpoint is quantized; online loads it at 2 bytes per parameter on CUDA)"
+    return shape
+
+
+def shape_from_config(config: dict[str, Any], source: str) -> VerifierShape:
+    h, layers, vocab = config["hidden_size"], config["num_hidden_layers"], config["vocab_size"]
+    heads = config["num_attention_heads"]
+    if "kv_lora_rank" in config:  # multi-head latent attention (DeepSeek-V3, Kimi-K2): low-rank q and kv
+        nope, rope, v_dim = config["qk_nope_head_dim"], config["qk_rope_head_dim"], config["v_head_dim"]
+        q_rank, kv_rank = config.get("q_lora_rank"), config["kv_lora_rank"]
+        q_dim, kv_dim = heads * (nope + rope), heads * (nope + rope + v_dim)
+        q_proj = h * q_rank + q_rank + q_rank * q_dim if q_rank else h * q_dim
+        attention = q_proj + h * (kv_rank + rope) + kv_rank + kv_rank * heads * (nope + v_dim) + heads * v_dim * h
+    else:
+        head_dim = config.get("head_dim") or h // heads
+        q_dim, kv_dim = heads * head_dim, 2 * config.get("num_key_value_heads", heads) * head_dim
+        attention = h * q_dim + h * kv_dim + q_dim * h
+    dense_width = config.get("intermediate_size", 4 * h)
+    experts = config.get("n_routed_experts") or config.get("num_experts") or config.get("num_local_experts") or 0
+    dense_layers = min(layers, config.get("first_k_dense_replace", 0)) if experts else layers
+    expert_width = config.get("moe_intermediate_size", dense_width)
+    shared, top_k = config.get("n_shared_experts") or 0, config.get("num_experts_per_tok", 1)
+    dense_layer = attention + 3 * h * dense_width + 2 * h
+    moe_layer = attention + (experts + shared) * 3 * h * expert_width + h * experts + 2 * h
+    embedding = vocab * h + h  # embed_tokens and the final norm
+    lm_head = 0 if config.get("tie_word_embeddings", False) else vocab * h
+    moe_layers = layers - dense_layers
+    params = embedding + lm_head + dense_layers * dense_layer + moe_layers * moe_layer
+    moe_active = attention + (shared + top_k) * 3 * h * expert_width
+    active = dense_layers * (attention + 3 * h * dense_width) + moe_layers * moe_active
+    mlp_width = max(dense_width if dense_layers else 0, (shared + top_k) * expert_width if moe_layers else 0)
+    return VerifierShape(params=params, embedding=embedding, lm_head=lm_head,
+                         layer_params=moe_layer if moe_layers else dense_layer, active_params=active,
+                         num_layers=layers, hidden_size=h, q_dim=q_dim, kv_dim=kv_dim, mlp_width=mlp_width,
+                         source=source)
+
+
+def safetensors_params(model_dir: Path) -> int:
+    """Elements of every tensor in the dir's safetensors files, from their headers alone (0 without files)."""
+    total = 0
+    for file in sorted(model_dir.glob("*.safetensors")):
+        try:
+            with open(file, "rb") as f:
+                (size,) = struct.unpack("<Q", f.read(8))
+                header = json.loads(f.read(size))
+        except (OSError, ValueError, struct.error):  # unreadable: the config's estimate stands; loading will say why
+            return 0
+        for name, entry in header.items():
+            if name != "__metadata__":
+                count = 1
+                for dim in entry["shape"]:
+                    count *= dim
+                total += count
+    return total

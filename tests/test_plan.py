@@ -4,6 +4,7 @@ checkpointing (eagle3/recompute.py)."""
 from __future__ import annotations
 
 import json
+import math
 import sys
 from pathlib import Path
 
@@ -13,7 +14,7 @@ from conftest import ROOT, launch
 
 sys.path.insert(0, str(ROOT / "bench"))
 
-from plan_memory import build_model, compare, draft_config, make_batch, measure, planned  # noqa: E402
+from plan_memory import build_model, compare, draft_config, live_bytes_mode, make_batch, measure, planned  # noqa: E402
 
 from eagle3.config import DraftConfig  # noqa: E402
 from eagle3.errors import ConfigError  # noqa: E402
@@ -222,3 +223,283 @@ def test_the_plan_counts_an_offline_datasets_steps_and_bytes(trained_run):
     assert plan.total_steps == summary["steps"]
     hidden = sum(f.stat().st_size for f in (data_dir / "hidden_states").glob("*.safetensors"))
     assert any(f"{hidden / 2**30:.2f} GiB in all" in note for note in plan.data_notes)
+
+
+# >>> data=online: the verifier in every rank (eagle3.plan.verifier_terms, eagle3.plan_inputs.verifier_shape)
+LLAMA_8B_CONFIG = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 4096,
+                   "intermediate_size": 14336, "num_hidden_layers": 32, "num_attention_heads": 32,
+                   "num_key_value_heads": 8, "head_dim": 128, "vocab_size": 128256, "max_position_embeddings": 131072,
+                   "rms_norm_eps": 1e-5, "rope_theta": 500000.0, "tie_word_embeddings": False,
+                   "torch_dtype": "bfloat16"}
+LLAMA_8B_PARAMS = 8_030_261_248  # meta-llama/Llama-3.1-8B-Instruct, as its model card and safetensors index state
+LLAMA_70B_CONFIG = {**LLAMA_8B_CONFIG, "hidden_size": 8192, "intermediate_size": 28672, "num_hidden_layers": 80,
+                    "num_attention_heads": 64}
+EIGHT_H200 = ["distributed=ddp", "distributed.nproc_per_node=8", "distributed.device_memory_gb=141"]
+
+
+def _verifier_dir(tmp_path: Path, name: str, config: dict) -> Path:
+    path = tmp_path / name
+    path.mkdir()
+    (path / "config.json").write_text(json.dumps(config))
+    return path
+
+
+def _planned_config(overrides: list[str]):
+    """The typed config as plan=true types it (launch.show_plan): data.path need not hold rows yet."""
+    from omegaconf import OmegaConf
+
+    from conftest import compose_cfg
+    from eagle3.config import run_config
+
+    plain = OmegaConf.to_container(compose_cfg(["logger.mode=disabled", *overrides]), resolve=True, enum_to_str=True)
+    if plain["data"].get("online") is not None and plain["data"]["path"] is not None:
+        plain["data"]["synth"] = None  # as launch.resolve drops it
+    plain["run"] = {"dir": "", "name": "plan", "group": "plan", "choices": {}, "overrides": []}
+    return run_config(plain, dataset_required=False)
+
+
+def _terms(plan) -> dict[str, int]:
+    return {t.name: t.bytes for t in plan.terms}
+
+
+def _term(plan, prefix: str) -> int:
+    (found,) = [t.bytes for t in plan.terms if t.name.startswith(prefix)]
+    return found
+
+
+def test_an_online_plan_holds_the_verifier_in_every_rank_and_shard_verifier_divides_it(tmp_path):
+    from eagle3.launch import run_plan
+
+    verifier = _verifier_dir(tmp_path, "llama-8b", LLAMA_8B_CONFIG)
+    online = ["model=llama3_8b", f"model.verifier.path={verifier}", "data=online",
+              f"data.path={tmp_path / 'rows-not-there-yet.jsonl'}", "data.total_seq_len=8192", *EIGHT_H200]
+    full = run_plan(_planned_config(online))
+    sharded = run_plan(_planned_config(online + ["data.online.shard_verifier=true"]))
+    offline = run_plan(_planned_config(["model=llama3_8b", f"model.verifier.path={verifier}", "data=offline",
+                                        f"data.path={tmp_path}", "data.total_seq_len=8192", *EIGHT_H200]))
+
+    # A full copy per rank: 8.03 B params in bf16; sharded: 1/8 of them without the lm_head, which it drops.
+    assert _term(full, "verifier weights (8.030 B params, bf16), a full copy per rank") == 2 * LLAMA_8B_PARAMS
+    lm_head = 128256 * 4096
+    assert _term(sharded, "verifier weights") == 2 * math.ceil((LLAMA_8B_PARAMS - lm_head) / 8)
+    assert "sharded over 8" in next(t.name for t in sharded.terms if t.name.startswith("verifier weights"))
+    # What FSDP2 gathers on top: the root (embedding, final norm) for good, two decoder layers during the forward.
+    assert _term(sharded, "verifier embedding + final norm") == 2 * (128256 * 4096 + 4096)
+    layer = 2 * 4096 * 4096 + 2 * 4096 * 1024 + 3 * 4096 * 14336 + 2 * 4096
+    assert _term(sharded, "verifier decoder layers all-gathered") == 2 * 2 * layer
+    assert full.peak - sharded.peak > 0.8 * 2 * LLAMA_8B_PARAMS * 7 / 8
+    assert full.fits() and sharded.fits()
+
+    # The offline reader's ring is gone; one buffer per loader on the device instead.
+    assert any(name.startswith("hidden-state ring") for name in _terms(offline))
+    for plan in (full, sharded):
+        names = _terms(plan)
+        assert not any(name.startswith("hidden-state ring") for name in names)
+        assert names["online hidden-state buffers: 2 x (T+1) x 4 x H (bfloat16)"] == 2 * 8193 * 4 * 4096 * 2
+    # The verifier's forward and the draft's step do not overlap: the peak counts the larger phase only.
+    always = sum(t.bytes for t in full.terms if t.on_device and not t.phase)
+    assert full.peak == always + max(full.phase_bytes().values())
+    assert set(full.phase_bytes()) == {"draft step", "verifier forward"}
+    assert full.verifier_flops_per_step > 0 and full.step_seconds > offline.step_seconds
+    # No hidden states on disk online; the notes say what offline data would have stored (32 KiB per token).
+    assert any("none (data=online" in note and "32,768 bytes/token" in note for note in full.data_notes)
+    assert any("not counted before a run reads" in note for note in full.data_notes)
+
+
+def test_online_eval_accept_reuses_the_verifier_and_offline_loads_it_on_rank_0(tmp_path):
+    from eagle3.launch import run_plan
+
+    verifier = _verifier_dir(tmp_path, "llama-8b", LLAMA_8B_CONFIG)
+    base = ["model=llama3_8b", f"model.verifier.path={verifier}", "eval.accept.enabled=true",
+            "distributed.device_memory_gb=141"]
+    online = run_plan(_planned_config(base + ["data=online", f"data.path={tmp_path / 'rows.jsonl'}"]))
+    offline = run_plan(_planned_config(base + ["data=offline", f"data.path={tmp_path}"]))
+    assert [t.name for t in online.terms if t.name.startswith("verifier") and "forward:" not in t.name] == \
+        ["verifier weights (8.030 B params, bf16), a full copy per rank"]
+    assert "verifier in the training process (rank 0)" in _terms(offline)
+    assert not any(name.startswith("verifier weights") for name in _terms(offline))
+
+
+def test_the_fit_guard_refuses_an_online_verifier_that_does_not_fit_and_says_what_does(tmp_path):
+    from eagle3.launch import refuse_if_it_cannot_fit
+
+    verifier = _verifier_dir(tmp_path, "llama-70b", LLAMA_70B_CONFIG)
+    online = ["model=auto", f"model.verifier.path={verifier}", "data=online", f"data.path={tmp_path / 'rows.jsonl'}",
+              "data.total_seq_len=8192", *EIGHT_H200]
+    with pytest.raises(ConfigError) as refused:  # 70.6 B params x 2 bytes = 131 GiB on each rank
+        refuse_if_it_cannot_fit(_planned_config(online))
+    message = str(refused.value)
+    assert "the verifier data=online holds in every rank takes 131.4 GiB" in message
+    assert "more than the device holds" in message
+    assert "data.online.shard_verifier=true (its weights divided over the 8 ranks" in message
+    assert "offline data" in message and "data=offline" in message and "vLLM" in message
+    assert "distributed=fsdp" not in message  # the draft's knobs cannot help
+    refuse_if_it_cannot_fit(_planned_config(online + ["data.online.shard_verifier=true"]))  # fits, sharded
+    # On one rank sharding needs more ranks first.
+    with pytest.raises(ConfigError, match=r"shard_verifier=true over more ranks.*offline data"):
+        refuse_if_it_cannot_fit(_planned_config(online[:-3] + ["distributed.device_memory_gb=141"]))
+
+
+def test_an_online_plan_counts_the_tokens_of_sampled_and_arrow_rows_and_no_hidden_bytes(tmp_path):
+    from datasets import Dataset
+
+    from eagle3.launch import run_plan
+
+    sampled = run_plan(_planned_config(["data=online", "device=cpu"]))
+    tiny_verifier_params = 2 * 1024 * 128 + 4 * (4 * 128 * 128 + 3 * 128 * 256 + 2 * 128) + 128
+    assert _term(sampled, "verifier weights (0.919 M params, fp32)") == 4 * tiny_verifier_params  # fp32 on CPU
+    assert sampled.total_steps == 174  # the README's 174 steps of the tiny default, online as offline
+    assert sampled.data_notes[0] == "dataset: 460 train rows, 58,880 train tokens of 65,536"
+    assert "hidden states on disk: none (data=online computes them in the loop)" in sampled.data_notes[1]
+    assert "1,024 bytes/token (4 x H x bfloat16), 0.06 GiB for these tokens" in sampled.data_notes[1]
+
+    rows = tmp_path / "rows"
+    lengths = [30, 50, 70, 90, 110, 130, 150, 170, 190, 210]
+    Dataset.from_dict({"input_ids": [[1] * n for n in lengths], "loss_mask": [[1] * n for n in lengths],
+                       "seq_len": lengths}).save_to_disk(str(rows))
+    (rows / "hidden_states").mkdir()
+    (rows / "hidden_states" / "hs_0.safetensors").write_bytes(b"x" * 4096)  # present, not read online
+    arrow = run_plan(_planned_config(["data=online", f"data.path={rows}", "data.train_ratio=0.8", "device=cpu"]))
+    assert arrow.data_notes[0] == f"dataset: 8 train rows, {sum(lengths[:8]):,} train tokens of {sum(lengths):,}"
+    assert arrow.data_notes[1].startswith("hidden states on disk: none")
+
+
+def _meta_params(config) -> int:
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config)
+    return sum(p.numel() for p in model.parameters())
+
+
+def test_the_verifier_shape_counts_the_parameters_transformers_builds():
+    from transformers import DeepseekV3Config, LlamaConfig
+
+    from eagle3.config import TinyVerifierConfig, VerifierConfig
+    from eagle3.plan_inputs import shape_from_config, verifier_shape
+
+    tiny = TinyVerifierConfig()
+    assert verifier_shape(VerifierConfig(path=None, tiny=tiny)).params == _meta_params(LlamaConfig(
+        vocab_size=tiny.vocab_size, hidden_size=tiny.hidden_size, intermediate_size=tiny.intermediate_size,
+        num_hidden_layers=tiny.num_layers, num_attention_heads=tiny.num_heads, tie_word_embeddings=False))
+    gqa = {**LLAMA_8B_CONFIG, "hidden_size": 256, "intermediate_size": 512, "num_hidden_layers": 3,
+           "num_attention_heads": 8, "num_key_value_heads": 2, "head_dim": 32, "vocab_size": 1000}
+    assert shape_from_config(gqa, "").params == _meta_params(LlamaConfig(**gqa))
+    assert shape_from_config({**gqa, "tie_word_embeddings": True}, "").params == \
+        _meta_params(LlamaConfig(**{**gqa, "tie_word_embeddings": True}))
+    assert shape_from_config(LLAMA_8B_CONFIG, "").params == LLAMA_8B_PARAMS
+    # DeepSeek-V3's latent attention and experts (Kimi-K2.5's decoder), small: a dense first layer, then MoE.
+    small_kimi = {**KIMI_CONFIG, "hidden_size": 256, "intermediate_size": 512, "moe_intermediate_size": 64,
+                  "num_hidden_layers": 3, "first_k_dense_replace": 1, "num_attention_heads": 4,
+                  "num_key_value_heads": 4, "n_routed_experts": 8, "n_shared_experts": 1, "num_experts_per_tok": 2,
+                  "kv_lora_rank": 32, "q_lora_rank": 48, "qk_nope_head_dim": 16, "qk_rope_head_dim": 8,
+                  "v_head_dim": 16, "vocab_size": 1000, "n_group": 1, "topk_group": 1}
+    shape = shape_from_config(small_kimi, "")
+    assert shape.params == _meta_params(DeepseekV3Config(**small_kimi))
+    assert shape.layer_params > (shape.params - shape.embedding - shape.lm_head) / 3  # a MoE layer is the largest
+    # Kimi-K2.5 itself: about a trillion parameters (2 TB in bf16), 61 layers.
+    assert 1.0e12 < shape_from_config(KIMI_CONFIG, "").params < 1.05e12
+
+
+def test_the_verifier_shape_reads_safetensors_headers_unless_quantized(tmp_path):
+    import torch
+    from safetensors.torch import save_file
+
+    from eagle3.config import VerifierConfig
+    from eagle3.plan_inputs import verifier_shape
+
+    gqa = {**LLAMA_8B_CONFIG, "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
+           "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16, "vocab_size": 100}
+    verifier = _verifier_dir(tmp_path, "v", gqa)
+    save_file({"a": torch.zeros(10, 7), "b": torch.zeros(3)}, str(verifier / "model-00001.safetensors"))
+    save_file({"c": torch.zeros(2, 2, 2, dtype=torch.bfloat16)}, str(verifier / "model-00002.safetensors"))
+    shape = verifier_shape(VerifierConfig(path=str(verifier)))
+    assert shape.params == 70 + 3 + 8 and "safetensors headers" in shape.source
+    (verifier / "config.json").write_text(json.dumps({**gqa, "quantization_config": {"quant_method": "fp8"}}))
+    shape = verifier_shape(VerifierConfig(path=str(verifier)))
+    assert shape.params > 70 + 3 + 8 and "quantized" in shape.source  # counted from config.json instead
+    (verifier / "config.json").write_text(json.dumps({"model_type": "gpt2", "n_embd": 64, "n_layer": 2}))
+    with pytest.raises(ConfigError, match=r"config\.json has no 'hidden_size'"):
+        verifier_shape(VerifierConfig(path=str(verifier)))
+
+
+@pytest.mark.parametrize("docs", [[1025], [400, 350, 276]], ids=["one row", "three padded rows"])
+def test_the_verifiers_planned_forward_is_within_25_percent_of_the_measured_one(docs):
+    """The online verifier's forward over one micro-batch (T = 1024) on CPU, measured as bench/plan_memory.py measures
+    the draft's step (the bytes of live tensor storages), against the plan's verifier-forward phase."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from eagle3.config import DataConfig, OnlineConfig
+    from eagle3.data.online import OnlineVerifier
+    from eagle3.plan import VERIFIER_FORWARD, verifier_terms
+    from eagle3.plan_inputs import shape_from_config
+
+    config = dict(hidden_size=256, intermediate_size=896, num_hidden_layers=4, num_attention_heads=8,
+                  num_key_value_heads=2, head_dim=32, vocab_size=1000, tie_word_embeddings=False)
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(LlamaConfig(**config, attn_implementation="sdpa")).eval().requires_grad_(False)
+    verifier = OnlineVerifier(model, [1, 2, 3])
+    rows = [torch.randint(0, 1000, (n,)).tolist() for n in docs]
+    verifier(rows)  # a first forward, as the measured draft step follows one
+    tracker = live_bytes_mode()
+    tracker.track(list(model.parameters()), list(model.buffers()))
+    weights = tracker.live
+    with tracker:
+        verifier(rows)
+    measured = tracker.peak - weights
+
+    shape = shape_from_config(config, "")
+    assert shape.params * 4 <= weights <= shape.params * 4 + 1024  # fp32 weights, plus rotary's inverse frequencies
+    draft = DraftConfig(hidden_size=256, intermediate_size=896, num_attention_heads=8, num_key_value_heads=2,
+                        head_dim=32, vocab_size=1000, draft_vocab_size=500, aux_layer_ids=[1, 2, 3])
+    data = DataConfig(name="online", path=None, total_seq_len=1024, online=OnlineConfig())
+    planned_forward = sum(t.bytes for t in verifier_terms(shape, draft, data, 1, "cpu", False)
+                          if t.phase == VERIFIER_FORWARD)
+    assert 0.75 <= planned_forward / measured <= 1.25, (planned_forward, measured)
+
+
+def test_an_online_plan_imports_no_torch(tmp_path):
+    """plan=true stays as light online as offline: headers and config.json only."""
+    import subprocess
+
+    verifier = _verifier_dir(tmp_path, "llama-8b", LLAMA_8B_CONFIG)
+    code = ("import sys; sys.path[:0] = ['tests', 'bench']\n"
+            "from test_plan import _planned_config\n"
+            "from eagle3.launch import run_plan\n"
+            f"plan = run_plan(_planned_config(['model=llama3_8b', 'model.verifier.path={verifier}', 'data=online', "
+            f"'data.path={tmp_path / 'rows.jsonl'}', 'distributed.device_memory_gb=141']))\n"
+            "assert plan.online_verifier == 'full', plan\n"
+            "heavy = sorted(m for m in ('torch', 'speculators', 'transformers', 'datasets') if m in sys.modules)\n"
+            "assert not heavy, heavy\n")
+    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+
+
+@pytest.mark.slow
+def test_plan_true_online_prints_the_sharded_kimi_verifier_per_rank_and_a_run_is_refused(kimi_dirs, tmp_path,
+                                                                                          cache_dir):
+    verifier, _ = kimi_dirs
+    run_dir = tmp_path / "outputs" / "online-plan"
+    online = ["model=kimi_k25", f"model.verifier.path={verifier}", "data=online", *EIGHT_H200,
+              f"hydra.run.dir={run_dir}"]
+    proc = launch(["plan=true", f"data.path={tmp_path / 'rows-to-come.jsonl'}", "data.online.shard_verifier=true",
+                   *online], cache_dir)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "verifier weights (1025.234 B params without lm_head, bf16), sharded over 8" in proc.stdout
+    assert "DOES NOT FIT" in proc.stdout and "hidden-state ring" not in proc.stdout
+    assert "hidden states on disk: none (data=online" in proc.stdout and "57,344 bytes/token" in proc.stdout
+    assert not run_dir.exists()
+    # The same as a run on one rank: stopped before anything is built, with one message.
+    rows = tmp_path / "rows.jsonl"
+    rows.write_text('{"input_ids": [1, 2, 3], "loss_mask": [0, 1, 1]}\n')
+    refused = launch([f"data.path={rows}", *online[:3], "distributed.device_memory_gb=141",
+                      f"hydra.run.dir={run_dir}"], cache_dir)
+    assert refused.returncode != 0 and "Traceback" not in refused.stderr
+    errors = [line for line in refused.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1, refused.stderr[-2000:]
+    assert "the verifier data=online holds in every rank takes 1911.8 GiB" in errors[0]
+    assert "data.online.shard_verifier=true over more ranks" in errors[0] and "offline data" in errors[0]
+    assert not (run_dir / "resolved_config.yaml").exists()
+# <<< data=online
