@@ -157,7 +157,7 @@ def write_jsonl(path: Path, rows) -> Path:
 
 
 def metric_rows(run_dir: Path) -> list[dict]:
-    """metrics.jsonl's train and val rows, keyed by what identifies them."""
+    """metrics.jsonl's train and val rows, in the order written."""
     return [r for r in read_rows(run_dir) if r["split"] in ("train", "val")]
 
 
