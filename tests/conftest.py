@@ -23,7 +23,7 @@ SMALL_DATA = ["data.synth.num_samples=128", "data.synth.response_len=48", "data.
 # Fixtures that run launch.py (or prepare) end to end, here and in test modules: every test that uses one,
 # directly or through another fixture, is in the slow tier whether or not it says so itself, so a test added
 # later that reads `trained_run` cannot slip into the fast tier.
-LAUNCHING_FIXTURES = {"trained_run", "sweep_2x2", "strong_run", "single_accum2", "prepared"}
+LAUNCHING_FIXTURES = {"trained_run", "sweep_2x2", "strong_run", "single_accum2", "prepared", "tiny_online"}
 
 
 def pytest_collection_modifyitems(config, items):
