@@ -113,6 +113,11 @@ def train(model: torch.nn.Module, train_loader: Loader, val_loader: Loader, draf
         torch.set_rng_state(resume_state["rng"])
         log.info("resuming at step %d (epoch %d, step %d of it)", progress.step, progress.epoch,
                  progress.step_in_epoch)
+        # Stopped by a signal right after an optim.eval_every step, before its val pass: the pass is owed (the
+        # val rows and the choice of best would otherwise differ from an uninterrupted run's).
+        if (optim.eval_every and progress.step % optim.eval_every == 0 and progress.step < total_steps
+                and 0 < progress.step_in_epoch < steps_per_epoch and progress.final.get("step") != progress.step):
+            evaluate_and_keep_best(progress, progress.epoch)
 
     log.info("training %s parameters for %d steps (%d per epoch, %d micro-batches each on %d ranks), lr %.2g",
              f"{sum(p.numel() for p in trainable):,}", total_steps, steps_per_epoch, optim.grad_accum, world.size,

@@ -36,6 +36,7 @@ def small_run(cache_dir: Path, run_dir: Path, overrides: list[str]):
     draft = cfg.model.draft
     loaders = build_loaders(data_dir, cfg.data.total_seq_len, draft.hidden_size, len(draft.aux_layer_ids),
                             cfg.data.train_ratio, cfg.seed)
+    torch.manual_seed(cfg.seed)  # as eagle3/rank.py seeds before the draft is built
     model, _ = build_draft(InitContext(draft, cfg.init, verifier_dir, data_dir, "sdpa", []))
     return cfg, model, loaders
 
@@ -208,3 +209,47 @@ def test_an_offline_dataset_with_missing_hidden_states_is_refused_before_trainin
     (broken / "state.json").write_text("not json")
     proc = launch([f"hydra.run.dir={tmp_path / 'run2'}", "data=offline", f"data.path={broken}"], cache_dir, timeout=120)
     assert proc.returncode != 0 and "not a dataset" in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
+
+
+@pytest.mark.slow
+def test_a_stop_on_an_eval_every_step_owes_its_val_pass_to_the_resumed_run(cache_dir, tmp_path, monkeypatch):
+    """The stop check comes before the optim.eval_every val pass: a signal landing on step 4 saves `last` without
+    that pass. The resumed run runs it first, so its val rows are an uninterrupted run's."""
+    import eagle3.train
+    from eagle3.checkpoint import load_draft, load_trainer_state
+    from eagle3.distributed import World
+    from eagle3.errors import Interrupted
+    from eagle3.track import Tracker
+    from eagle3.train import train
+
+    class StopAtStep4(eagle3.train.StopRequest):
+        calls = 0
+
+        def requested(self, world):
+            StopAtStep4.calls += 1  # once per optimizer step
+            return StopAtStep4.calls == 4
+
+    overrides = ["optim.max_steps=8", "optim.eval_every=4"]
+
+    def run(run_dir, model=None, state=None):
+        cfg, built, (train_loader, val_loader) = small_run(cache_dir, run_dir, overrides) if model is None else held
+        with Tracker(run_dir, cfg.logger, cfg.run, resume_step=state["progress"]["step"] if state else None) as t:
+            return train(model or built, train_loader, val_loader, cfg.model.draft, cfg.optim, cfg.logger.log_every,
+                         torch.device("cpu"), World(), t, run_dir, state)
+
+    held = small_run(cache_dir, tmp_path / "whole", overrides)
+    run(tmp_path / "whole", held[1])
+    whole = [(r["step"], r["loss"]) for r in read_rows(tmp_path / "whole") if r["split"] == "val"]
+    assert [step for step, _ in whole] == [0, 4, 8]
+
+    monkeypatch.setattr(eagle3.train, "StopRequest", StopAtStep4)
+    held = small_run(cache_dir, tmp_path / "stopped", overrides)
+    with pytest.raises(Interrupted):
+        run(tmp_path / "stopped", held[1])
+    last = tmp_path / "stopped" / "checkpoints" / "last"
+    state = load_trainer_state(last)
+    assert state["progress"]["step"] == 4
+    run(tmp_path / "stopped", load_draft(last, attn_impl="sdpa"), state)
+    resumed = [(r["step"], r["loss"]) for r in read_rows(tmp_path / "stopped") if r["split"] == "val"]
+    assert [step for step, _ in resumed] == [0, 4, 8]
+    assert [loss for _, loss in resumed] == pytest.approx([loss for _, loss in whole], rel=1e-5)
