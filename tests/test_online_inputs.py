@@ -1,0 +1,146 @@
+"""data=online's inputs as a user gives them, through launch.py: every bad input is one message and a non-zero exit
+before training (or a counted skip under data.on_bad_sample=skip), and every kind of token rows trains (a JSONL of
+ids or of chat messages, a speculators-format Arrow dir with or without token_freq.pt), with the verifier sharded
+across 2 ranks (DDP and FSDP), and with measured acceptance reusing the run's one verifier.
+
+The verifier is a small Llama of its own shape (model=auto reads it from its config.json): 7 layers, hidden 64,
+a 256-token vocabulary of which a word-level tokenizer with a chat template names 204, and 64 positions, so a
+row of 80 tokens is longer than the verifier can take while still fitting a micro-batch."""
+
+from __future__ import annotations
+
+import json
+import random
+import shutil
+from pathlib import Path
+
+import pytest
+
+from conftest import launch, read_rows
+
+VOCAB, POSITIONS, LAYERS = 256, 64, 7
+WORDS = ["[UNK]", "<|user|>", "<|assistant|>", "<|end|>"] + [f"w{i}" for i in range(200)]
+CHAT_TEMPLATE = ("{% for m in messages %}<|{{ m['role'] }}|> {{ m['content'] }} <|end|> {% endfor %}"
+                 "{% if add_generation_prompt %}<|assistant|> {% endif %}")
+
+
+@pytest.fixture(scope="module")
+def verifier(tmp_path_factory) -> Path:
+    """The verifier dir: config.json, model.safetensors, and a tokenizer with a chat template."""
+    import torch
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+
+    path = tmp_path_factory.mktemp("online_inputs") / "verifier"
+    torch.manual_seed(0)
+    config = LlamaConfig(hidden_size=64, num_hidden_layers=LAYERS, num_attention_heads=4, num_key_value_heads=2,
+                         intermediate_size=128, vocab_size=VOCAB, max_position_embeddings=POSITIONS,
+                         rope_theta=10000.0, rms_norm_eps=1e-5)
+    LlamaForCausalLM(config).save_pretrained(str(path))
+    tokenizer = Tokenizer(models.WordLevel({w: i for i, w in enumerate(WORDS)}, unk_token="[UNK]"))
+    tokenizer.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    fast = PreTrainedTokenizerFast(tokenizer_object=tokenizer, unk_token="[UNK]")
+    fast.chat_template = CHAT_TEMPLATE
+    fast.save_pretrained(str(path))
+    return path
+
+
+def id_rows(n: int, seed: int = 0) -> list[dict]:
+    """`n` rows of 20 to 40 tokens, a short prompt out of the loss."""
+    rng = random.Random(seed)
+    rows = []
+    for _ in range(n):
+        length, prompt = rng.randint(20, 40), rng.randint(2, 6)
+        rows.append({"input_ids": [rng.randrange(VOCAB) for _ in range(length)],
+                     "loss_mask": [0] * prompt + [1] * (length - prompt)})
+    return rows
+
+
+def write_jsonl(path: Path, rows: list) -> Path:
+    path.write_text("".join((r if isinstance(r, str) else json.dumps(r)) + "\n" for r in rows))
+    return path
+
+
+def online(verifier: Path, run_dir: Path, *overrides: str) -> list[str]:
+    return ["model=auto", f"model.verifier.path={verifier}", "data=online", f"hydra.run.dir={run_dir}",
+            "logger.mode=disabled", "logger.log_every=1", "data.total_seq_len=256", "optim.max_steps=2",
+            *overrides]
+
+
+def assert_refused(proc, says: str, run_dir: Path) -> None:
+    """One message, a non-zero exit, and nothing trained."""
+    assert proc.returncode != 0 and says in proc.stderr, proc.stderr[-3000:]
+    assert "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    assert not (run_dir / "metrics.jsonl").exists() and not (run_dir / "checkpoints").exists()
+
+
+# --- bad rows: one message naming file:line, or a counted skip -----------------------------------------------
+
+BAD_ROWS = {
+    "not_json": ("{not json", "not a JSON object"),
+    "token_out_of_vocab": ({"input_ids": [5, VOCAB + 10, 7], "loss_mask": [0, 1, 1]},
+                           f"token id {VOCAB + 10} is outside the verifier's vocabulary of {VOCAB}"),
+    "empty_loss_mask": ({"input_ids": [1, 2, 3], "loss_mask": [0, 0, 0]}, "no token to train on"),
+}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", sorted(BAD_ROWS))
+def test_a_bad_jsonl_row_stops_the_run_naming_its_line(kind, verifier, tmp_path):
+    row, says = BAD_ROWS[kind]
+    data = write_jsonl(tmp_path / "rows.jsonl", [*id_rows(5), row, *id_rows(5, seed=1)])
+    proc = launch(online(verifier, tmp_path / "run", f"data.path={data}"), tmp_path / "cache")
+    assert_refused(proc, f"{data}:6: {says}", tmp_path / "run")
+
+
+@pytest.mark.slow
+def test_a_row_longer_than_the_verifiers_positions_stops_the_run(verifier, tmp_path):
+    long_row = {"input_ids": list(range(POSITIONS + 16)), "loss_mask": [1] * (POSITIONS + 16)}
+    data = write_jsonl(tmp_path / "rows.jsonl", [*id_rows(8), long_row, *id_rows(8, seed=1)])
+    proc = launch(online(verifier, tmp_path / "run", f"data.path={data}"), tmp_path / "cache")
+    assert_refused(proc, f"80 tokens, beyond the verifier's {POSITIONS} positions", tmp_path / "run")
+    assert "data.on_bad_sample=skip" in proc.stderr
+
+
+def conversation(rng: random.Random) -> list[dict]:
+    def words(n: int) -> str:
+        return " ".join(f"w{rng.randrange(200)}" for _ in range(n))
+
+    return [{"role": "user", "content": words(rng.randint(3, 8))},
+            {"role": "assistant", "content": words(rng.randint(4, 10))},
+            {"role": "user", "content": words(2)},
+            {"role": "assistant", "content": words(rng.randint(4, 10))}]
+
+
+@pytest.mark.slow
+def test_skip_counts_bad_lines_and_long_rows_and_chat_rows_train_on_the_assistant_turns(verifier, tmp_path):
+    """Under data.on_bad_sample=skip: the JSONL's bad lines are left out while reading it, the row longer than the
+    verifier's positions by the start-up check; both counts reach data_check.json and the log. The rows mix
+    {"input_ids", "loss_mask"} and {"messages"} (rendered with the verifier's chat template)."""
+    from datasets import load_from_disk
+
+    rng = random.Random(3)
+    chats = [{"messages": conversation(rng)} for _ in range(4)]
+    long_row = {"input_ids": list(range(POSITIONS + 16)), "loss_mask": [1] * (POSITIONS + 16)}
+    lines = [*id_rows(6), chats[0], BAD_ROWS["not_json"][0], chats[1], long_row, BAD_ROWS["token_out_of_vocab"][0],
+             *chats[2:], BAD_ROWS["empty_loss_mask"][0], *id_rows(8, seed=1)]
+    data = write_jsonl(tmp_path / "rows.jsonl", lines)
+    run_dir = tmp_path / "run"
+    proc = launch(online(verifier, run_dir, f"data.path={data}", "data.on_bad_sample=skip"), tmp_path / "cache")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    check = json.loads((run_dir / "data_check.json").read_text())
+    # Rows kept in file order: 6 id rows, chat, chat, the long row (index 8), chat, chat, 8 id rows.
+    assert check["rows"] == 19 and check["counts"] == {"too_long": 1} and check["skipped_rows"] == [8]
+    assert check["source_skipped"]["counts"] == {"not_json": 1, "token_out_of_vocab": 1, "empty_loss_mask": 1}
+    assert check["source_skipped"]["source"] == str(data.resolve())
+    log = (run_dir / "launch.log").read_text()
+    assert "3 rows skipped while reading it" in log and "1 of 19 rows are bad" in log
+    assert max(r["step"] for r in read_rows(run_dir)) == 2
+
+    rows = load_from_disk(check["data_dir"])
+    for index, chat in zip((6, 7, 9, 10), chats):
+        ids, mask = rows[index]["input_ids"], rows[index]["loss_mask"]
+        tokens = [WORDS[t] for t in ids]
+        assert tokens[0] == "<|user|>" and tokens.count("<|assistant|>") == 2
+        trained = " ".join(t for t, m in zip(tokens, mask) if m)
+        assert trained == " ".join(f"{m['content']} <|end|>" for m in chat["messages"] if m["role"] == "assistant")
