@@ -293,8 +293,10 @@ def materialize_inputs(cfg: RunConfig) -> tuple[Path, Path]:
         assert verifier.tiny is not None  # VerifierConfig.check: exactly one of them
         verifier_dir = tiny_verifier_dir(verifier.tiny, cfg.cache_dir)
     if data.online is not None:  # token rows only: the hidden states are computed in the loop
+        from eagle3.data.online import check_online_verifier
         from eagle3.data.token_rows import token_rows_dir
 
+        check_online_verifier(verifier_dir, cfg.model.draft)  # before reading or sampling rows with it
         return verifier_dir, token_rows_dir(data, verifier_dir, cfg.cache_dir)
     if data.path is not None:
         return verifier_dir, Path(data.path)

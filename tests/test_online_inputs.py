@@ -144,3 +144,42 @@ def test_skip_counts_bad_lines_and_long_rows_and_chat_rows_train_on_the_assistan
         assert tokens[0] == "<|user|>" and tokens.count("<|assistant|>") == 2
         trained = " ".join(t for t, m in zip(tokens, mask) if m)
         assert trained == " ".join(f"{m['content']} <|end|>" for m in chat["messages"] if m["role"] == "assistant")
+
+
+# --- a verifier that cannot be loaded, aux layers beyond its depth -------------------------------------------
+
+def no_weights(model_dir: Path) -> None:
+    (model_dir / "model.safetensors").unlink()
+
+
+def truncated_weights(model_dir: Path) -> None:
+    weights = model_dir / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])
+
+
+def not_safetensors(model_dir: Path) -> None:
+    (model_dir / "model.safetensors").write_bytes(b"\x00" * 64 + b"not weights")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("damage, says", [
+    (no_weights, "has a config.json but no weights"),
+    (truncated_weights, "model.safetensors cannot be loaded: truncated"),
+    (not_safetensors, "model.safetensors cannot be loaded: not a safetensors file"),
+])
+def test_a_verifier_that_cannot_be_loaded_stops_the_run(damage, says, verifier, tmp_path):
+    broken = tmp_path / "verifier"
+    shutil.copytree(verifier, broken)
+    damage(broken)
+    data = write_jsonl(tmp_path / "rows.jsonl", id_rows(12))
+    proc = launch(online(broken, tmp_path / "run", f"data.path={data}"), tmp_path / "cache")
+    assert_refused(proc, f"model.verifier.path: {broken}", tmp_path / "run")
+    assert says in proc.stderr, proc.stderr[-3000:]
+
+
+@pytest.mark.slow
+def test_aux_layer_ids_beyond_the_verifiers_depth_stop_the_run(verifier, tmp_path):
+    data = write_jsonl(tmp_path / "rows.jsonl", id_rows(12))
+    proc = launch(online(verifier, tmp_path / "run", f"data.path={data}", f"model.draft.aux_layer_ids=[1,3,{LAYERS}]"),
+                  tmp_path / "cache")
+    assert_refused(proc, f"[1, 3, {LAYERS}] goes beyond the verifier's {LAYERS} decoder layers", tmp_path / "run")
