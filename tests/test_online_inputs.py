@@ -183,3 +183,62 @@ def test_aux_layer_ids_beyond_the_verifiers_depth_stop_the_run(verifier, tmp_pat
     proc = launch(online(verifier, tmp_path / "run", f"data.path={data}", f"model.draft.aux_layer_ids=[1,3,{LAYERS}]"),
                   tmp_path / "cache")
     assert_refused(proc, f"[1, 3, {LAYERS}] goes beyond the verifier's {LAYERS} decoder layers", tmp_path / "run")
+
+
+# --- config mistakes: one message before anything is built ----------------------------------------------------
+
+def binary_file(tmp_path: Path) -> Path:
+    (tmp_path / "rows.parquet").write_bytes(b"PAR1\x15\x04\x15\xa0\xff\xfe\x00" * 8)
+    return tmp_path / "rows.parquet"
+
+
+def csv_file(tmp_path: Path) -> Path:
+    (tmp_path / "rows.csv").write_text("input_ids,loss_mask\n1 2 3,0 1 1\n")
+    return tmp_path / "rows.csv"
+
+
+def empty_file(tmp_path: Path) -> Path:
+    (tmp_path / "rows.jsonl").write_text("\n")
+    return tmp_path / "rows.jsonl"
+
+
+def dir_without_arrow(tmp_path: Path) -> Path:
+    (tmp_path / "ds" / "hidden_states").mkdir(parents=True)
+    return tmp_path / "ds"
+
+
+@pytest.mark.parametrize("make, says", [
+    (lambda tmp: tmp / "missing.jsonl", "missing.jsonl does not exist"),
+    (binary_file, "rows.parquet is not a JSONL file (not UTF-8 text"),
+    (csv_file, "rows.csv is not a JSONL file (its first line does not open a JSON object: 'input_ids,loss_mask')"),
+    (empty_file, "rows.jsonl is empty"),
+    (dir_without_arrow, "ds is a dir without Arrow rows"),
+])
+def test_a_data_path_that_holds_no_token_rows_is_one_message(make, says, tmp_path):
+    run_dir = tmp_path / "run"
+    proc = launch(["data=online", f"data.path={make(tmp_path)}", f"hydra.run.dir={run_dir}", "logger.mode=disabled"],
+                  tmp_path / "cache")
+    assert_refused(proc, says, run_dir)
+    assert "data=online reads token rows" in proc.stderr and not (tmp_path / "cache").exists()
+
+
+def test_measured_acceptance_with_a_sharded_verifier_is_refused(tmp_path):
+    run_dir = tmp_path / "run"
+    proc = launch(["data=online", "data.online.shard_verifier=true", "eval.accept.enabled=true", "distributed=ddp",
+                   "distributed.nproc_per_node=2", f"hydra.run.dir={run_dir}"], tmp_path / "cache")
+    assert_refused(proc, "eval.accept.enabled: measures on rank 0 with the whole verifier, and "
+                         "data.online.shard_verifier=true shards it", run_dir)
+
+
+def test_a_line_that_is_not_utf8_is_a_bad_row_with_its_number(tmp_path):
+    from eagle3.data.jsonl import BadSamples, read_rows
+    from eagle3.errors import DataError
+
+    data = tmp_path / "rows.jsonl"
+    data.write_bytes(b'{"input_ids": [1, 2], "loss_mask": [0, 1]}\n\xff\xfe garbage\n'
+                     b'{"input_ids": [3, 4], "loss_mask": [0, 1]}\n')
+    with pytest.raises(DataError, match=r"rows.jsonl:2: not UTF-8 text"):
+        read_rows(data, 100, VOCAB, BadSamples("error"))
+    skip = BadSamples("skip")
+    assert read_rows(data, 100, VOCAB, skip) == [([1, 2], [0, 1]), ([3, 4], [0, 1])]
+    assert skip.skipped == {"not_utf8": 1}
