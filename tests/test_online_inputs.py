@@ -5,7 +5,8 @@ across 2 ranks (DDP and FSDP), and with measured acceptance reusing the run's on
 
 The verifier is a small Llama of its own shape (model=auto reads it from its config.json): 7 layers, hidden 64,
 a 256-token vocabulary of which a word-level tokenizer with a chat template names 204, and 64 positions, so a
-row of 80 tokens is longer than the verifier can take while still fitting a micro-batch."""
+row of 80 tokens is longer than the verifier can take while still fitting a micro-batch. Its weights are drawn
+wide (std 0.25, not 0.02), so that its next-token distributions are peaked and the draft's metrics move."""
 
 from __future__ import annotations
 
@@ -35,7 +36,7 @@ def verifier(tmp_path_factory) -> Path:
     torch.manual_seed(0)
     config = LlamaConfig(hidden_size=64, num_hidden_layers=LAYERS, num_attention_heads=4, num_key_value_heads=2,
                          intermediate_size=128, vocab_size=VOCAB, max_position_embeddings=POSITIONS,
-                         rope_theta=10000.0, rms_norm_eps=1e-5)
+                         rope_theta=10000.0, rms_norm_eps=1e-5, initializer_range=0.25)
     LlamaForCausalLM(config).save_pretrained(str(path))
     tokenizer = Tokenizer(models.WordLevel({w: i for i, w in enumerate(WORDS)}, unk_token="[UNK]"))
     tokenizer.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
@@ -242,3 +243,119 @@ def test_a_line_that_is_not_utf8_is_a_bad_row_with_its_number(tmp_path):
     skip = BadSamples("skip")
     assert read_rows(data, 100, VOCAB, skip) == [([1, 2], [0, 1]), ([3, 4], [0, 1])]
     assert skip.skipped == {"not_utf8": 1}
+
+
+# --- a speculators-format Arrow dir; the verifier sharded across 2 ranks (DDP, FSDP) ---------------------------
+
+@pytest.fixture(scope="module")
+def arrow_rows(tmp_path_factory) -> Path:
+    """Token rows as speculators' pipeline saves them (Arrow input_ids, loss_mask, seq_len, and token_freq.pt),
+    without hidden states."""
+    from eagle3.data.token_rows import save_rows
+
+    out = tmp_path_factory.mktemp("online_inputs") / "arrow"
+    save_rows([(r["input_ids"], r["loss_mask"]) for r in id_rows(40, seed=7)], out)
+    return out
+
+
+def metrics(run_dir: Path) -> dict[tuple[str, int], dict[str, float]]:
+    """The loss of every logged train step, and every val pass's metrics (loss and loss_k, tau_sim, the
+    accuracies)."""
+    out = {}
+    for row in read_rows(run_dir):
+        keys = ["loss"] if row["split"] == "train" else [k for k in row if k.startswith(
+            ("loss", "tau_sim", "full_acc", "cond_acc"))]
+        out[(row["split"], row["step"])] = {k: row[k] for k in keys}
+    return out
+
+
+def assert_same_metrics(a: dict, b: dict, rel: float = 1e-5) -> None:
+    assert a.keys() == b.keys() and len(a) >= 4, (a.keys(), b.keys())
+    for key in a:
+        assert a[key] == pytest.approx(b[key], rel=rel), (key, a[key], b[key])
+
+
+TWO_RANKS = ["distributed.nproc_per_node=2", "distributed.backend=gloo"]
+
+
+@pytest.mark.slow
+def test_arrow_rows_train_with_and_without_token_freq_and_a_sharded_verifier_changes_no_metric(
+        verifier, arrow_rows, single_run, tmp_path):
+    """The verifier sharded across 2 ranks, with DDP (on a copy of the rows without token_freq.pt, which the launcher
+    counts and writes next to them) and with FSDP (on the dir as given: its token_freq.pt read, not rewritten):
+    the same train losses and val metrics, to 1e-5, as one process with a full verifier and the same global batch."""
+    import torch
+
+    without = tmp_path / "arrow_without_counts"
+    shutil.copytree(arrow_rows, without)
+    (without / "token_freq.pt").unlink()
+    stamp = (arrow_rows / "token_freq.pt").stat().st_mtime_ns
+    runs = {}
+    for name, data in [("ddp", without), ("fsdp", arrow_rows)]:
+        runs[name] = tmp_path / name
+        proc = launch(online(verifier, runs[name], f"data.path={data}", f"distributed={name}", *TWO_RANKS,
+                             "data.online.shard_verifier=true"), tmp_path / "cache")
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        assert "verifier sharded across 2 ranks" in (runs[name] / "launch.log").read_text()
+    assert (arrow_rows / "token_freq.pt").stat().st_mtime_ns == stamp  # the user's counts were read as they are
+    assert torch.load(without / "token_freq.pt") == torch.load(arrow_rows / "token_freq.pt")
+    single_dir, _ = single_run
+    reference = {key: {k: v for k, v in values.items() if not k.startswith("accept")}
+                 for key, values in metrics(single_dir).items()}
+    assert max(step for _, step in reference) == 2
+    assert_same_metrics(metrics(runs["ddp"]), reference)
+    assert_same_metrics(metrics(runs["fsdp"]), reference)
+
+
+# --- measured acceptance at val passes reuses the run's verifier ----------------------------------------------
+
+def train_in_process(overrides: list[str], run_dir: Path, cache: Path) -> None:
+    """One rank in this process, as the launcher runs it (materialize the inputs, check the data, run the rank)."""
+    from omegaconf import OmegaConf
+
+    from conftest import compose_cfg
+    from eagle3.config import run_config
+    from eagle3.launch import check_data, materialize_inputs
+    from eagle3.rank import run_rank
+
+    plain = OmegaConf.to_container(compose_cfg([f"cache_dir={cache}", *overrides]), resolve=True, enum_to_str=True)
+    plain["data"]["synth"] = None  # as launch.resolve drops it when data.path is given
+    plain["run"] = {"dir": str(run_dir), "name": run_dir.name, "group": run_dir.name, "choices": {}, "overrides": []}
+    run_dir.mkdir(parents=True)
+    cfg = run_config(plain)
+    verifier_dir, data_dir = materialize_inputs(cfg)
+    rows = check_data(cfg, verifier_dir, data_dir)
+    run_rank(cfg, verifier_dir, data_dir, rows)
+
+
+@pytest.fixture(scope="module")
+def single_run(verifier, arrow_rows, tmp_path_factory) -> tuple[Path, list[Path]]:
+    """One process, grad_accum=2 (the global batch of 2 ranks), with measured acceptance at every val pass; the
+    dirs load_causal_lm loaded a model from during the run."""
+    import eagle3.data.online
+    import eagle3.data.verifier_forward
+
+    loads: list[Path] = []
+    load = eagle3.data.verifier_forward.load_causal_lm
+
+    def counted(*args, **kwargs):
+        loads.append(args[0])
+        return load(*args, **kwargs)
+
+    tmp = tmp_path_factory.mktemp("online_inputs")
+    run_dir = tmp / "single"
+    overrides = [o for o in online(verifier, run_dir, f"data.path={arrow_rows}") if not o.startswith("hydra.")]
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(eagle3.data.verifier_forward, "load_causal_lm", counted)
+        patch.setattr(eagle3.data.online, "load_causal_lm", counted)
+        train_in_process([*overrides, "optim.grad_accum=2", "eval.accept.enabled=true", "eval.accept.num_prompts=2",
+                          "eval.accept.max_new_tokens=8"], run_dir, tmp / "cache")
+    return run_dir, loads
+
+
+@pytest.mark.slow
+def test_measured_acceptance_online_reuses_the_runs_verifier(single_run, verifier):
+    run_dir, loads = single_run
+    assert loads == [verifier]  # one copy: the online verifier, measured with as well
+    val = [r for r in read_rows(run_dir) if r["split"] == "val"]
+    assert [r["step"] for r in val] == [0, 2] and all(r["accept_len"] >= 1 for r in val)
