@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import random
+import re
 import shutil
 from pathlib import Path
 
@@ -307,7 +308,11 @@ def test_arrow_rows_train_with_and_without_token_freq_and_a_sharded_verifier_cha
         proc = launch(online(verifier, runs[name], f"data.path={data}", f"distributed={name}", *TWO_RANKS,
                              "data.online.shard_verifier=true"), tmp_path / "cache")
         assert proc.returncode == 0, proc.stderr[-3000:]
-        assert "verifier sharded across 2 ranks" in (runs[name] / "launch.log").read_text()
+        sharding = re.search(r"verifier sharded across 2 ranks .*: this rank holds (\d+) of its (\d+) decoder",
+                             (runs[name] / "launch.log").read_text())
+        assert sharding, name
+        held, total = map(int, sharding.groups())
+        assert total > 100_000 and abs(held - total / 2) < 0.01 * total  # rank 0 holds half of the verifier
     assert (arrow_rows / "token_freq.pt").stat().st_mtime_ns == stamp  # the user's counts were read as they are
     assert torch.load(without / "token_freq.pt") == torch.load(arrow_rows / "token_freq.pt")
     single_dir, _ = single_run

@@ -72,7 +72,11 @@ def load_online_verifier(verifier_dir: Path, aux_layer_ids: Sequence[int], devic
     for layer in decoder.layers:
         fully_shard(layer)
     fully_shard(decoder)
-    log.info("verifier sharded across %d ranks (data.online.shard_verifier=true)", world.size)
+    # DTensor parameters: numel() is the whole tensor's, to_local() this rank's shard of it.
+    total = sum(p.numel() for p in decoder.parameters())
+    held = sum(p.to_local().numel() if hasattr(p, "to_local") else p.numel() for p in decoder.parameters())
+    log.info("verifier sharded across %d ranks (data.online.shard_verifier=true): this rank holds %d of its %d "
+             "decoder parameters", world.size, held, total)
     return OnlineVerifier(model, aux_layer_ids, sharded=True)
 
 
