@@ -230,10 +230,12 @@ class DataConfig:
         if self.online is not None:
             if self.path is not None and dataset_required:
                 p = Path(self.path)
-                _require(p.is_file() or (p.is_dir() and any(p.glob("*.arrow"))), "data.path",
-                         f"{self.path} is neither a JSONL file nor a dataset dir with Arrow rows; data=online reads "
-                         f"token rows: a JSONL of {{\"input_ids\", \"loss_mask\"}} or {{\"messages\"}} rows, or a "
-                         f"speculators-format dataset (its hidden states are not read)")
+                problem = _jsonl_problem(p) if p.is_file() else None if p.is_dir() and any(p.glob("*.arrow")) else (
+                    "does not exist" if not p.exists() else "is a dir without Arrow rows (no *.arrow file)")
+                _require(problem is None, "data.path",
+                         f"{self.path} {problem}; data=online reads token rows: a JSONL of {{\"input_ids\", "
+                         f"\"loss_mask\"}} or {{\"messages\"}} rows, or a speculators-format dataset dir (Arrow rows "
+                         f"saved with datasets.save_to_disk; its hidden states are not read)")
         elif self.path is not None:
             _require_dir(self.path, "data.path", ["hidden_states"] if dataset_required else [],
                          "a speculators-format dataset: Arrow rows (input_ids, loss_mask, seq_len) saved with "
@@ -512,6 +514,26 @@ def lr_advice(optim: OptimConfig, init: InitConfig) -> tuple[str, bool]:
         text += (" (above: a pretrained drafter's representations are easily destroyed; a finetune lr should be "
                  "below the scratch lr)" if lr > high else " (below: training will barely move)")
     return text, outside
+
+
+def _jsonl_problem(file: Path) -> str | None:
+    """Why `file` is not a JSONL of objects, judged by its first bytes (a binary file, an empty one, text whose
+    first line does not open a JSON object); None when it looks like one. The rows themselves are checked
+    line by line when they are read."""
+    import codecs
+
+    with open(file, "rb") as f:
+        head = f.read(4096)
+    try:
+        text = codecs.getincrementaldecoder("utf-8")().decode(head)  # a character cut at 4096 bytes is no error
+    except UnicodeDecodeError:
+        return "is not a JSONL file (not UTF-8 text: a binary file?)"
+    text = text.lstrip()
+    if not text:
+        return "is empty" if not head or len(head) < 4096 else "starts with 4096 bytes of whitespace"
+    if not text.startswith("{"):
+        return f"is not a JSONL file (its first line does not open a JSON object: {text.splitlines()[0][:40]!r})"
+    return None
 
 
 def _require_dir(path: str, key: str, entries: list[str], what: str) -> None:

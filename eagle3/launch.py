@@ -298,8 +298,10 @@ def materialize_inputs(cfg: RunConfig) -> tuple[Path, Path]:
         assert verifier.tiny is not None  # VerifierConfig.check: exactly one of them
         verifier_dir = tiny_verifier_dir(verifier.tiny, cfg.cache_dir)
     if data.online is not None:  # token rows only: the hidden states are computed in the loop
+        from eagle3.data.online import check_online_verifier
         from eagle3.data.token_rows import token_rows_dir
 
+        check_online_verifier(verifier_dir, cfg.model.draft)  # before reading or sampling rows with it
         return verifier_dir, token_rows_dir(data, verifier_dir, cfg.cache_dir)
     if data.path is not None:
         return verifier_dir, Path(data.path)
@@ -328,10 +330,18 @@ def check_data(cfg: RunConfig, verifier_dir: Path, data_dir: Path) -> list[int] 
         check_record(data_dir, verifier_dir, draft)
         report = check_dataset(data_dir, num_slots=len(draft.aux_layer_ids) + 1, hidden_size=draft.hidden_size,
                                vocab_size=draft.vocab_size, total_seq_len=cfg.data.total_seq_len)
+    # Online rows read from a JSONL: the lines left out while reading it (data.on_bad_sample=skip), recorded with
+    # the cached rows, so that every run on them says so, not only the one that built the cache entry.
+    source_skips = source_skipped(data_dir) if cfg.data.online is not None else None
     run_dir = Path(cfg.run.dir)
     if not cfg.resume and cfg.distributed.node_rank == 0:
         (run_dir / "data_check.json").write_text(json.dumps({**report.as_dict(), "policy": policy,
-                                                             "skipped_rows": sorted(report.bad)}, indent=2) + "\n")
+                                                             "skipped_rows": sorted(report.bad),
+                                                             **({"source_skipped": source_skips}
+                                                                if source_skips else {})}, indent=2) + "\n")
+    if source_skips:
+        log.warning("%s: %d rows skipped while reading it (data.on_bad_sample=skip): %s", source_skips["source"],
+                    sum(source_skips["counts"].values()), source_skips["counts"])
     if report.bad and policy == "error":
         full_check = ("" if cfg.data.online is not None else f"; python -m eagle3.data.check "
                       f"{shlex.quote(str(data_dir))} checks everything, NaN included")
@@ -345,6 +355,17 @@ def check_data(cfg: RunConfig, verifier_dir: Path, data_dir: Path) -> list[int] 
     # Built once here, so that ranks only read the cached d2t/t2d files.
     vocab_mapping(data_dir, draft.draft_vocab_size, draft.vocab_size)
     return report.good_rows if report.bad else None
+
+
+def source_skipped(rows_dir: Path) -> dict[str, Any] | None:
+    """The JSONL lines left out when online token rows were read from one (their record, eagle3_rows.json):
+    {"source", "counts" by kind, "examples"}; None when none were."""
+    from eagle3.data.token_rows import read_rows_record
+
+    record = read_rows_record(rows_dir)
+    if not record or not record.get("skipped"):
+        return None
+    return {"source": record.get("source"), "counts": record["skipped"], "examples": record.get("skipped_examples", [])}
 
 
 def preflight(cfg: RunConfig, verifier_dir: Path, data_dir: Path) -> None:

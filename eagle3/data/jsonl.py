@@ -47,11 +47,16 @@ def read_rows(path: Path, max_len: int, vocab_size: int, bad: BadSamples,
         raise DataError(f"{path} does not exist; expected a JSONL file of {{\"input_ids\", \"loss_mask\"}} or "
                           f"{{\"messages\"}} rows")
     rows: list[Row] = []
-    with open(path) as f:
-        for number, line in enumerate(f, start=1):
+    with open(path, "rb") as f:  # decoded line by line: text that is not UTF-8 is a bad row with its line number
+        for number, raw in enumerate(f, start=1):
+            where = f"{path}:{number}"
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as e:
+                bad.bad(where, "not_utf8", f"not UTF-8 text ({e.reason} at byte {e.start} of the line)")
+                continue
             if not line.strip():
                 continue
-            where = f"{path}:{number}"
             row = _parse(line, where, bad, tokenize_chat)
             if row is None:
                 continue

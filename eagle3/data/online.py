@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -71,7 +72,11 @@ def load_online_verifier(verifier_dir: Path, aux_layer_ids: Sequence[int], devic
     for layer in decoder.layers:
         fully_shard(layer)
     fully_shard(decoder)
-    log.info("verifier sharded across %d ranks (data.online.shard_verifier=true)", world.size)
+    # DTensor parameters: numel() is the whole tensor's, to_local() this rank's shard of it.
+    total = sum(p.numel() for p in decoder.parameters())
+    held = sum(p.to_local().numel() if hasattr(p, "to_local") else p.numel() for p in decoder.parameters())
+    log.info("verifier sharded across %d ranks (data.online.shard_verifier=true): this rank holds %d of its %d "
+             "decoder parameters", world.size, held, total)
     return OnlineVerifier(model, aux_layer_ids, sharded=True)
 
 
@@ -93,14 +98,40 @@ def check_online_verifier(verifier_dir: Path, draft: DraftConfig) -> int | None:
     if vocab is not None and vocab != draft.vocab_size:
         raise ConfigError(f"model.draft.vocab_size={draft.vocab_size} but {where} has a vocabulary of {vocab}; "
                           f"model=auto reads the draft's shape from its config.json")
-    weights = [p for pattern in ("*.safetensors", "*.safetensors.index.json", "pytorch_model*.bin")
-               for p in Path(verifier_dir).glob(pattern)]
-    if not weights:
-        raise ConfigError(f"model.verifier.path: {verifier_dir} has a config.json but no weights (model.safetensors "
-                          f"or its index): data=online runs the verifier in every rank")
+    check_verifier_weights(Path(verifier_dir))
     config = json.loads((Path(verifier_dir) / "config.json").read_text())
     positions = config.get("text_config", config).get("max_position_embeddings")
     return positions if isinstance(positions, int) else None
+
+
+def check_verifier_weights(verifier_dir: Path) -> None:
+    """The verifier's weights are there and whole: each safetensors file's header read and checked against the
+    file's size (not safetensors, truncated), and every shard its index names present. Without torch, so a bad
+    file stops the run before any rank starts, not in every rank at once."""
+    from eagle3.tensorfile import HeaderError, read_specs
+
+    index = verifier_dir / "model.safetensors.index.json"
+    if index.is_file():
+        try:
+            files = [verifier_dir / name for name in sorted(set(json.loads(index.read_text())["weight_map"].values()))]
+        except (ValueError, KeyError, TypeError, AttributeError) as e:
+            raise ConfigError(f"model.verifier.path: {index} is not a safetensors index ({e!r})") from None
+        missing = [f.name for f in files if not f.is_file()]
+        if missing:
+            raise ConfigError(f"model.verifier.path: {index} names shards that are not there: {', '.join(missing)}")
+    else:
+        files = sorted(verifier_dir.glob("*.safetensors"))
+    if not files and not any(verifier_dir.glob("pytorch_model*.bin")):
+        raise ConfigError(f"model.verifier.path: {verifier_dir} has a config.json but no weights (model.safetensors "
+                          f"or its index): data=online runs the verifier in every rank")
+    for file in files:
+        fd = os.open(file, os.O_RDONLY)
+        try:
+            read_specs(fd)
+        except HeaderError as e:
+            raise ConfigError(f"model.verifier.path: {file} cannot be loaded: {e}") from None
+        finally:
+            os.close(fd)
 
 
 class OnlineLoader:

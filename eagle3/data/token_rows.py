@@ -70,9 +70,7 @@ def token_rows_dir(data: DataConfig, verifier_dir: Path, cache_dir: str) -> Path
         bad = BadSamples(policy)
         # No truncation here: rows longer than the verifier's positions are the start-up check's to report.
         rows = read_rows(jsonl, sys.maxsize, verifier["vocab_size"], bad, tokenize_chat)
-        if bad.skipped:
-            log.warning("%s: %d rows skipped (data.on_bad_sample=skip): %s", jsonl, sum(bad.skipped.values()),
-                        dict(bad.skipped))
+        # The lines skipped are in the record: launch.check_data reports them at every run on these rows.
         save_rows(rows, out)
         _write_record(out, {"source": str(jsonl.resolve()), **params, **bad.as_dict()})
 
@@ -131,6 +129,15 @@ def tokenizer_hash(verifier_dir: Path) -> str:
                                or file.suffix in (".model", ".tiktoken")):
             digest.update(file.name.encode() + file.read_bytes())
     return digest.hexdigest()[:16]
+
+
+def read_rows_record(rows_dir: Path) -> dict[str, Any] | None:
+    """The token rows' record (where they came from, the JSONL lines skipped), None for a user's own dataset dir."""
+    try:
+        record = json.loads((rows_dir / ROWS_RECORD).read_text())
+    except (OSError, ValueError):
+        return None
+    return record if isinstance(record, dict) else None
 
 
 def _write_record(out_dir: Path, record: dict[str, Any]) -> None:

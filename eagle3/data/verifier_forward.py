@@ -30,13 +30,27 @@ def load_causal_lm(model_dir: str | Path, device: str | torch.device = "cpu",
                    dtype: torch.dtype = torch.float32) -> torch.nn.Module:
     """The causal LM in `model_dir`, eval mode, on `device`; one ConfigError naming the dir when it cannot be loaded."""
     from transformers import AutoModelForCausalLM
+    from transformers.utils import logging as transformers_logging
 
+    # Its load report (a table of missing and unexpected keys, logged as a warning) is replaced by the one message
+    # below for what matters: missing weights.
+    verbosity = transformers_logging.get_verbosity()
+    transformers_logging.set_verbosity_error()
     try:
-        model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=dtype)
+        model, loading = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=dtype, output_loading_info=True)
     except Exception as e:  # noqa: BLE001  (transformers and safetensors raise many types for a bad dir)
         reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise ConfigError(f"model.verifier.path: {model_dir} cannot be loaded as a Hugging Face causal LM "
                           f"({type(e).__name__}: {reason})") from None
+    finally:
+        transformers_logging.set_verbosity(verbosity)
+    # transformers initializes a weight its files lack at random and only warns: a verifier with a layer missing
+    # would give every hidden state from noise. Tied weights (lm_head = embed_tokens) are not reported missing.
+    missing = sorted(loading.get("missing_keys") or [])
+    if missing:
+        raise ConfigError(f"model.verifier.path: {model_dir}'s weights lack {len(missing)} of the tensors its "
+                          f"config.json describes ({', '.join(missing[:3])}{', ...' if len(missing) > 3 else ''}): "
+                          f"an incomplete or mismatched checkpoint")
     return model.to(device).eval()
 
 

@@ -1,0 +1,377 @@
+"""data=online's inputs as a user gives them, through launch.py: every bad input is one message and a non-zero exit
+before training (or a counted skip under data.on_bad_sample=skip), and every kind of token rows trains (a JSONL of
+ids or of chat messages, a speculators-format Arrow dir with or without token_freq.pt), with the verifier sharded
+across 2 ranks (DDP and FSDP), and with measured acceptance reusing the run's one verifier.
+
+The verifier is a small Llama of its own shape (model=auto reads it from its config.json): 7 layers, hidden 64,
+a 256-token vocabulary of which a word-level tokenizer with a chat template names 204, and 64 positions, so a
+row of 80 tokens is longer than the verifier can take while still fitting a micro-batch. Its weights are drawn
+wide (std 0.25, not 0.02), so that its next-token distributions are peaked and the draft's metrics move."""
+
+from __future__ import annotations
+
+import json
+import random
+import re
+import shutil
+from pathlib import Path
+
+import pytest
+
+from conftest import launch, read_rows
+
+VOCAB, POSITIONS, LAYERS = 256, 64, 7
+WORDS = ["[UNK]", "<|user|>", "<|assistant|>", "<|end|>"] + [f"w{i}" for i in range(200)]
+CHAT_TEMPLATE = ("{% for m in messages %}<|{{ m['role'] }}|> {{ m['content'] }} <|end|> {% endfor %}"
+                 "{% if add_generation_prompt %}<|assistant|> {% endif %}")
+
+
+@pytest.fixture(scope="module")
+def verifier(tmp_path_factory) -> Path:
+    """The verifier dir: config.json, model.safetensors, and a tokenizer with a chat template."""
+    import torch
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+
+    path = tmp_path_factory.mktemp("online_inputs") / "verifier"
+    torch.manual_seed(0)
+    config = LlamaConfig(hidden_size=64, num_hidden_layers=LAYERS, num_attention_heads=4, num_key_value_heads=2,
+                         intermediate_size=128, vocab_size=VOCAB, max_position_embeddings=POSITIONS,
+                         rope_theta=10000.0, rms_norm_eps=1e-5, initializer_range=0.25)
+    LlamaForCausalLM(config).save_pretrained(str(path))
+    tokenizer = Tokenizer(models.WordLevel({w: i for i, w in enumerate(WORDS)}, unk_token="[UNK]"))
+    tokenizer.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    fast = PreTrainedTokenizerFast(tokenizer_object=tokenizer, unk_token="[UNK]")
+    fast.chat_template = CHAT_TEMPLATE
+    fast.save_pretrained(str(path))
+    return path
+
+
+def id_rows(n: int, seed: int = 0) -> list[dict]:
+    """`n` rows of 20 to 40 tokens, a short prompt out of the loss."""
+    rng = random.Random(seed)
+    rows = []
+    for _ in range(n):
+        length, prompt = rng.randint(20, 40), rng.randint(2, 6)
+        rows.append({"input_ids": [rng.randrange(VOCAB) for _ in range(length)],
+                     "loss_mask": [0] * prompt + [1] * (length - prompt)})
+    return rows
+
+
+def write_jsonl(path: Path, rows: list) -> Path:
+    path.write_text("".join((r if isinstance(r, str) else json.dumps(r)) + "\n" for r in rows))
+    return path
+
+
+def online(verifier: Path, run_dir: Path, *overrides: str) -> list[str]:
+    return ["model=auto", f"model.verifier.path={verifier}", "data=online", f"hydra.run.dir={run_dir}",
+            "logger.mode=disabled", "logger.log_every=1", "data.total_seq_len=256", "optim.max_steps=2",
+            *overrides]
+
+
+def assert_refused(proc, says: str, run_dir: Path) -> None:
+    """One message, a non-zero exit, and nothing trained."""
+    assert proc.returncode != 0 and says in proc.stderr, proc.stderr[-3000:]
+    assert "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    assert not (run_dir / "metrics.jsonl").exists() and not (run_dir / "checkpoints").exists()
+
+
+# --- bad rows: one message naming file:line, or a counted skip -----------------------------------------------
+
+BAD_ROWS = {
+    "not_json": ("{not json", "not a JSON object"),
+    "token_out_of_vocab": ({"input_ids": [5, VOCAB + 10, 7], "loss_mask": [0, 1, 1]},
+                           f"token id {VOCAB + 10} is outside the verifier's vocabulary of {VOCAB}"),
+    "empty_loss_mask": ({"input_ids": [1, 2, 3], "loss_mask": [0, 0, 0]}, "no token to train on"),
+}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", sorted(BAD_ROWS))
+def test_a_bad_jsonl_row_stops_the_run_naming_its_line(kind, verifier, tmp_path):
+    row, says = BAD_ROWS[kind]
+    data = write_jsonl(tmp_path / "rows.jsonl", [*id_rows(5), row, *id_rows(5, seed=1)])
+    proc = launch(online(verifier, tmp_path / "run", f"data.path={data}"), tmp_path / "cache")
+    assert_refused(proc, f"{data}:6: {says}", tmp_path / "run")
+
+
+@pytest.mark.slow
+def test_a_row_longer_than_the_verifiers_positions_stops_the_run(verifier, tmp_path):
+    long_row = {"input_ids": list(range(POSITIONS + 16)), "loss_mask": [1] * (POSITIONS + 16)}
+    data = write_jsonl(tmp_path / "rows.jsonl", [*id_rows(8), long_row, *id_rows(8, seed=1)])
+    proc = launch(online(verifier, tmp_path / "run", f"data.path={data}"), tmp_path / "cache")
+    assert_refused(proc, f"80 tokens, beyond the verifier's {POSITIONS} positions", tmp_path / "run")
+    assert "data.on_bad_sample=skip" in proc.stderr
+
+
+def conversation(rng: random.Random) -> list[dict]:
+    def words(n: int) -> str:
+        return " ".join(f"w{rng.randrange(200)}" for _ in range(n))
+
+    return [{"role": "user", "content": words(rng.randint(3, 8))},
+            {"role": "assistant", "content": words(rng.randint(4, 10))},
+            {"role": "user", "content": words(2)},
+            {"role": "assistant", "content": words(rng.randint(4, 10))}]
+
+
+@pytest.mark.slow
+def test_skip_counts_bad_lines_and_long_rows_and_chat_rows_train_on_the_assistant_turns(verifier, tmp_path):
+    """Under data.on_bad_sample=skip: the JSONL's bad lines are left out while reading it, the row longer than the
+    verifier's positions by the start-up check; both counts reach data_check.json and the log. The rows mix
+    {"input_ids", "loss_mask"} and {"messages"} (rendered with the verifier's chat template)."""
+    from datasets import load_from_disk
+
+    rng = random.Random(3)
+    chats = [{"messages": conversation(rng)} for _ in range(4)]
+    long_row = {"input_ids": list(range(POSITIONS + 16)), "loss_mask": [1] * (POSITIONS + 16)}
+    lines = [*id_rows(6), chats[0], BAD_ROWS["not_json"][0], chats[1], long_row, BAD_ROWS["token_out_of_vocab"][0],
+             *chats[2:], BAD_ROWS["empty_loss_mask"][0], *id_rows(8, seed=1)]
+    data = write_jsonl(tmp_path / "rows.jsonl", lines)
+    run_dir = tmp_path / "run"
+    proc = launch(online(verifier, run_dir, f"data.path={data}", "data.on_bad_sample=skip"), tmp_path / "cache")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    check = json.loads((run_dir / "data_check.json").read_text())
+    # Rows kept in file order: 6 id rows, chat, chat, the long row (index 8), chat, chat, 8 id rows.
+    assert check["rows"] == 19 and check["counts"] == {"too_long": 1} and check["skipped_rows"] == [8]
+    assert check["source_skipped"]["counts"] == {"not_json": 1, "token_out_of_vocab": 1, "empty_loss_mask": 1}
+    assert check["source_skipped"]["source"] == str(data.resolve())
+    log = (run_dir / "launch.log").read_text()
+    assert "3 rows skipped while reading it" in log and "1 of 19 rows are bad" in log
+    assert max(r["step"] for r in read_rows(run_dir)) == 2
+
+    rows = load_from_disk(check["data_dir"])
+    for index, chat in zip((6, 7, 9, 10), chats):
+        ids, mask = rows[index]["input_ids"], rows[index]["loss_mask"]
+        tokens = [WORDS[t] for t in ids]
+        assert tokens[0] == "<|user|>" and tokens.count("<|assistant|>") == 2
+        trained = " ".join(t for t, m in zip(tokens, mask) if m)
+        assert trained == " ".join(f"{m['content']} <|end|>" for m in chat["messages"] if m["role"] == "assistant")
+
+
+# --- a verifier that cannot be loaded, aux layers beyond its depth -------------------------------------------
+
+def no_weights(model_dir: Path) -> None:
+    (model_dir / "model.safetensors").unlink()
+
+
+def truncated_weights(model_dir: Path) -> None:
+    weights = model_dir / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])
+
+
+def not_safetensors(model_dir: Path) -> None:
+    (model_dir / "model.safetensors").write_bytes(b"\x00" * 64 + b"not weights")
+
+
+def missing_tensor(model_dir: Path) -> None:
+    """A whole file whose header is good, but without one of the tensors the config describes (transformers alone
+    would initialize it at random and warn)."""
+    from safetensors.torch import load_file, save_file
+
+    tensors = load_file(str(model_dir / "model.safetensors"))
+    del tensors["model.layers.3.mlp.up_proj.weight"]
+    save_file(tensors, str(model_dir / "model.safetensors"), metadata={"format": "pt"})
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("damage, says", [
+    (no_weights, "has a config.json but no weights"),
+    (truncated_weights, "model.safetensors cannot be loaded: truncated"),
+    (not_safetensors, "model.safetensors cannot be loaded: not a safetensors file"),
+    (missing_tensor, "weights lack 1 of the tensors its config.json describes (model.layers.3.mlp.up_proj.weight)"),
+], ids=["no_weights", "truncated", "not_safetensors", "missing_tensor"])
+def test_a_verifier_that_cannot_be_loaded_stops_the_run(damage, says, verifier, tmp_path):
+    broken = tmp_path / "verifier"
+    shutil.copytree(verifier, broken)
+    damage(broken)
+    data = write_jsonl(tmp_path / "rows.jsonl", id_rows(12))
+    proc = launch(online(broken, tmp_path / "run", f"data.path={data}"), tmp_path / "cache")
+    assert_refused(proc, f"model.verifier.path: {broken}", tmp_path / "run")
+    assert says in proc.stderr and "LOAD REPORT" not in proc.stderr, proc.stderr[-3000:]
+
+
+@pytest.mark.slow
+def test_aux_layer_ids_beyond_the_verifiers_depth_stop_the_run(verifier, tmp_path):
+    data = write_jsonl(tmp_path / "rows.jsonl", id_rows(12))
+    proc = launch(online(verifier, tmp_path / "run", f"data.path={data}", f"model.draft.aux_layer_ids=[1,3,{LAYERS}]"),
+                  tmp_path / "cache")
+    assert_refused(proc, f"[1, 3, {LAYERS}] goes beyond the verifier's {LAYERS} decoder layers", tmp_path / "run")
+
+
+# --- config mistakes: one message before anything is built ----------------------------------------------------
+
+def binary_file(tmp_path: Path) -> Path:
+    (tmp_path / "rows.parquet").write_bytes(b"PAR1\x15\x04\x15\xa0\xff\xfe\x00" * 8)
+    return tmp_path / "rows.parquet"
+
+
+def csv_file(tmp_path: Path) -> Path:
+    (tmp_path / "rows.csv").write_text("input_ids,loss_mask\n1 2 3,0 1 1\n")
+    return tmp_path / "rows.csv"
+
+
+def empty_file(tmp_path: Path) -> Path:
+    (tmp_path / "rows.jsonl").write_text("\n")
+    return tmp_path / "rows.jsonl"
+
+
+def dir_without_arrow(tmp_path: Path) -> Path:
+    (tmp_path / "ds" / "hidden_states").mkdir(parents=True)
+    return tmp_path / "ds"
+
+
+@pytest.mark.parametrize("make, says", [
+    (lambda tmp: tmp / "missing.jsonl", "missing.jsonl does not exist"),
+    (binary_file, "rows.parquet is not a JSONL file (not UTF-8 text"),
+    (csv_file, "rows.csv is not a JSONL file (its first line does not open a JSON object: 'input_ids,loss_mask')"),
+    (empty_file, "rows.jsonl is empty"),
+    (dir_without_arrow, "ds is a dir without Arrow rows"),
+], ids=["missing", "binary", "csv", "empty", "dir_without_arrow"])
+def test_a_data_path_that_holds_no_token_rows_is_one_message(make, says, tmp_path):
+    run_dir = tmp_path / "run"
+    proc = launch(["data=online", f"data.path={make(tmp_path)}", f"hydra.run.dir={run_dir}", "logger.mode=disabled"],
+                  tmp_path / "cache")
+    assert_refused(proc, says, run_dir)
+    assert "data=online reads token rows" in proc.stderr and not (tmp_path / "cache").exists()
+
+
+def test_measured_acceptance_with_a_sharded_verifier_is_refused(tmp_path):
+    run_dir = tmp_path / "run"
+    proc = launch(["data=online", "data.online.shard_verifier=true", "eval.accept.enabled=true", "distributed=ddp",
+                   "distributed.nproc_per_node=2", f"hydra.run.dir={run_dir}"], tmp_path / "cache")
+    assert_refused(proc, "eval.accept.enabled: measures on rank 0 with the whole verifier, and "
+                         "data.online.shard_verifier=true shards it", run_dir)
+
+
+def test_a_line_that_is_not_utf8_is_a_bad_row_with_its_number(tmp_path):
+    from eagle3.data.jsonl import BadSamples, read_rows
+    from eagle3.errors import DataError
+
+    data = tmp_path / "rows.jsonl"
+    data.write_bytes(b'{"input_ids": [1, 2], "loss_mask": [0, 1]}\n\xff\xfe garbage\n'
+                     b'{"input_ids": [3, 4], "loss_mask": [0, 1]}\n')
+    with pytest.raises(DataError, match=r"rows.jsonl:2: not UTF-8 text"):
+        read_rows(data, 100, VOCAB, BadSamples("error"))
+    skip = BadSamples("skip")
+    assert read_rows(data, 100, VOCAB, skip) == [([1, 2], [0, 1]), ([3, 4], [0, 1])]
+    assert skip.skipped == {"not_utf8": 1}
+
+
+# --- a speculators-format Arrow dir; the verifier sharded across 2 ranks (DDP, FSDP) ---------------------------
+
+@pytest.fixture(scope="module")
+def arrow_rows(tmp_path_factory) -> Path:
+    """Token rows as speculators' pipeline saves them (Arrow input_ids, loss_mask, seq_len, and token_freq.pt),
+    without hidden states."""
+    from eagle3.data.token_rows import save_rows
+
+    out = tmp_path_factory.mktemp("online_inputs") / "arrow"
+    save_rows([(r["input_ids"], r["loss_mask"]) for r in id_rows(40, seed=7)], out)
+    return out
+
+
+def metrics(run_dir: Path) -> dict[tuple[str, int], dict[str, float]]:
+    """The loss of every logged train step, and every val pass's metrics (loss and loss_k, tau_sim, the
+    accuracies)."""
+    out = {}
+    for row in read_rows(run_dir):
+        keys = ["loss"] if row["split"] == "train" else [k for k in row if k.startswith(
+            ("loss", "tau_sim", "full_acc", "cond_acc"))]
+        out[(row["split"], row["step"])] = {k: row[k] for k in keys}
+    return out
+
+
+def assert_same_metrics(a: dict, b: dict, rel: float = 1e-5) -> None:
+    assert a.keys() == b.keys() and len(a) >= 4, (a.keys(), b.keys())
+    for key in a:
+        assert a[key] == pytest.approx(b[key], rel=rel), (key, a[key], b[key])
+
+
+TWO_RANKS = ["distributed.nproc_per_node=2", "distributed.backend=gloo"]
+
+
+@pytest.mark.slow
+def test_arrow_rows_train_with_and_without_token_freq_and_a_sharded_verifier_changes_no_metric(
+        verifier, arrow_rows, single_run, tmp_path):
+    """The verifier sharded across 2 ranks, with DDP (on a copy of the rows without token_freq.pt, which the launcher
+    counts and writes next to them) and with FSDP (on the dir as given: its token_freq.pt read, not rewritten):
+    the same train losses and val metrics, to 1e-5, as one process with a full verifier and the same global batch."""
+    import torch
+
+    without = tmp_path / "arrow_without_counts"
+    shutil.copytree(arrow_rows, without)
+    (without / "token_freq.pt").unlink()
+    stamp = (arrow_rows / "token_freq.pt").stat().st_mtime_ns
+    runs = {}
+    for name, data in [("ddp", without), ("fsdp", arrow_rows)]:
+        runs[name] = tmp_path / name
+        proc = launch(online(verifier, runs[name], f"data.path={data}", f"distributed={name}", *TWO_RANKS,
+                             "data.online.shard_verifier=true"), tmp_path / "cache")
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        sharding = re.search(r"verifier sharded across 2 ranks .*: this rank holds (\d+) of its (\d+) decoder",
+                             (runs[name] / "launch.log").read_text())
+        assert sharding, name
+        held, total = map(int, sharding.groups())
+        assert total > 100_000 and abs(held - total / 2) < 0.01 * total  # rank 0 holds half of the verifier
+    assert (arrow_rows / "token_freq.pt").stat().st_mtime_ns == stamp  # the user's counts were read as they are
+    assert torch.load(without / "token_freq.pt") == torch.load(arrow_rows / "token_freq.pt")
+    single_dir, _ = single_run
+    reference = {key: {k: v for k, v in values.items() if not k.startswith("accept")}
+                 for key, values in metrics(single_dir).items()}
+    assert max(step for _, step in reference) == 2
+    assert_same_metrics(metrics(runs["ddp"]), reference)
+    assert_same_metrics(metrics(runs["fsdp"]), reference)
+
+
+# --- measured acceptance at val passes reuses the run's verifier ----------------------------------------------
+
+def train_in_process(overrides: list[str], run_dir: Path, cache: Path) -> None:
+    """One rank in this process, as the launcher runs it (materialize the inputs, check the data, run the rank)."""
+    from omegaconf import OmegaConf
+
+    from conftest import compose_cfg
+    from eagle3.config import run_config
+    from eagle3.launch import check_data, materialize_inputs
+    from eagle3.rank import run_rank
+
+    plain = OmegaConf.to_container(compose_cfg([f"cache_dir={cache}", *overrides]), resolve=True, enum_to_str=True)
+    plain["data"]["synth"] = None  # as launch.resolve drops it when data.path is given
+    plain["run"] = {"dir": str(run_dir), "name": run_dir.name, "group": run_dir.name, "choices": {}, "overrides": []}
+    run_dir.mkdir(parents=True)
+    cfg = run_config(plain)
+    verifier_dir, data_dir = materialize_inputs(cfg)
+    rows = check_data(cfg, verifier_dir, data_dir)
+    run_rank(cfg, verifier_dir, data_dir, rows)
+
+
+@pytest.fixture(scope="module")
+def single_run(verifier, arrow_rows, tmp_path_factory) -> tuple[Path, list[Path]]:
+    """One process, grad_accum=2 (the global batch of 2 ranks), with measured acceptance at every val pass; the
+    dirs load_causal_lm loaded a model from during the run."""
+    import eagle3.data.online
+    import eagle3.data.verifier_forward
+
+    loads: list[Path] = []
+    load = eagle3.data.verifier_forward.load_causal_lm
+
+    def counted(*args, **kwargs):
+        loads.append(args[0])
+        return load(*args, **kwargs)
+
+    tmp = tmp_path_factory.mktemp("online_inputs")
+    run_dir = tmp / "single"
+    overrides = [o for o in online(verifier, run_dir, f"data.path={arrow_rows}") if not o.startswith("hydra.")]
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(eagle3.data.verifier_forward, "load_causal_lm", counted)
+        patch.setattr(eagle3.data.online, "load_causal_lm", counted)
+        train_in_process([*overrides, "optim.grad_accum=2", "eval.accept.enabled=true", "eval.accept.num_prompts=2",
+                          "eval.accept.max_new_tokens=8"], run_dir, tmp / "cache")
+    return run_dir, loads
+
+
+@pytest.mark.slow
+def test_measured_acceptance_online_reuses_the_runs_verifier(single_run, verifier):
+    run_dir, loads = single_run
+    assert loads == [verifier]  # one copy: the online verifier, measured with as well
+    val = [r for r in read_rows(run_dir) if r["split"] == "val"]
+    assert [r["step"] for r in val] == [0, 2] and all(r["accept_len"] >= 1 for r in val)
