@@ -18,7 +18,9 @@ parts, below 1 by what running them together adds. The verifier's share is t_ver
 + t_train_step). Warm-up steps of each side first, then `--reps` reps in which the three sides take turns; on
 CUDA the clock stops after torch.cuda.synchronize(). Tokens are real tokens (document_ids >= 0); rates are
 medians, the ratio and share are medians of the per-rep values (one rep's sides are adjacent in time, so slow
-drifts of a shared machine cancel).
+drifts of a shared machine cancel). Two more estimates of the same ratio follow it, for a machine that other
+processes share: from each side's fastest rep (the least disturbed), and on CPU in the process's CPU time (which
+they do not take; with several torch threads, a thread that waits spins and is counted).
 """
 
 from __future__ import annotations
