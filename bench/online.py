@@ -61,7 +61,8 @@ def main() -> None:
 
     quiet_libraries()
     cfg = tiny_run_config(["data=online", *(SMALL if args.small else []), *args.overrides])
-    assert cfg.data.online is not None
+    if cfg.data.online is None:
+        raise SystemExit(f"bench/online.py measures online data: data={cfg.data.name} is not (drop that override)")
     draft, optim = cfg.model.draft, cfg.optim
     device = pick_device(cfg.device, 0)
     cuda = device.type == "cuda"
