@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 
@@ -32,3 +33,19 @@ def test_loader_benchmark_runs_at_a_tiny_shape(tmp_path):
     assert "ratio data path / raw:" in proc.stdout
     result = json.loads(out.read_text())
     assert result["loader_tokens_per_s"] > 0 and result["raw_tokens_per_s"] > 0 and result["shape"]["hidden"] == 64
+
+
+@pytest.mark.slow
+def test_online_benchmark_runs_at_a_tiny_shape(tmp_path, cache_dir):
+    out = tmp_path / "online.json"
+    env = {**os.environ, "EAGLE3_CACHE": str(cache_dir)}
+    hidden_state_files = set(cache_dir.rglob("hs_*.safetensors"))
+    proc = subprocess.run([sys.executable, str(ROOT / "bench" / "online.py"), "--small", "--steps", "2", "--reps", "1",
+                           "--warmup", "1", "--json", str(out)], cwd=ROOT, env=env, capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "ratio online / (tokens / (t_verifier_forward + t_train_step)):" in proc.stdout
+    result = json.loads(out.read_text())
+    assert result["online_tokens_per_s"] > 0 and result["ratio"] > 0 and 0 < result["verifier_share"] < 1
+    assert result["micro_batches"] == 2 and result["total_seq_len"] == 512
+    assert set(cache_dir.rglob("hs_*.safetensors")) == hidden_state_files  # online: no hidden state on disk
