@@ -61,7 +61,7 @@ def main() -> None:
 
     quiet_libraries()
     cfg = tiny_run_config(["data=online", *(SMALL if args.small else []), *args.overrides])
-    if cfg.data.online is None:
+    if not cfg.data.online.enabled:
         raise SystemExit(f"bench/online.py measures online data: data={cfg.data.name} is not (drop that override)")
     draft, optim = cfg.model.draft, cfg.optim
     device = pick_device(cfg.device, 0)

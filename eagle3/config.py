@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from enum import Enum
 from pathlib import Path
 from typing import Any
@@ -192,8 +192,11 @@ class SynthConfig:
 
 @dataclass
 class OnlineConfig:
-    """data=online: the verifier computes the hidden states inside the training loop (eagle3/data/online.py)."""
+    """data=online: the verifier computes the hidden states inside the training loop (eagle3/data/online.py).
+    Always present (disabled by the other data options), so that `data.online.<key>=...` with another data option
+    is one message, not a failed override of a null node."""
 
+    enabled: bool = False          # data=online sets it
     # true: shard the verifier across the job's ranks (FSDP2, forward only) for verifiers that do not fit one device;
     # false: a full copy on every rank
     shard_verifier: bool = False
@@ -213,7 +216,7 @@ class DataConfig:
     prefetch: int = 2
     hidden_states_dtype: str = "bfloat16"
     on_bad_sample: BadSamplePolicy = BadSamplePolicy.error
-    online: OnlineConfig | None = None   # set (data=online): hidden states from the verifier in the loop
+    online: OnlineConfig = field(default_factory=OnlineConfig)   # data=online: hidden states computed in the loop
 
     def check(self, dataset_required: bool = True) -> None:
         """`dataset_required=False` (plan=true, which reads no data): data.path need only be a directory, so a run
@@ -227,7 +230,11 @@ class DataConfig:
                  f"must be one of {', '.join(HIDDEN_STATES_DTYPES)}, got {self.hidden_states_dtype}")
         _require((self.path is None) != (self.synth is None), "data",
                  "set exactly one of data.path (a speculators-format dataset) and data.synth")
-        if self.online is not None:
+        changed = [f"data.online.{f.name}" for f in fields(OnlineConfig)
+                   if getattr(self.online, f.name) != getattr(OnlineConfig(), f.name)]
+        _require(self.online.enabled or not changed, changed[0] if changed else "data.online",
+                 f"applies to data=online only, and data={self.name} reads hidden states from files; use data=online")
+        if self.online.enabled:
             if self.path is not None and dataset_required:
                 p = Path(self.path)
                 problem = _jsonl_problem(p) if p.is_file() else None if p.is_dir() and any(p.glob("*.arrow")) else (
@@ -418,7 +425,7 @@ class TrainConfig:
         self.eval.accept.check(self.distributed)
         accept = self.eval.accept
         online = self.data.online
-        _require(not (online is not None and online.shard_verifier and accept.enabled), "eval.accept.enabled",
+        _require(not (online.enabled and online.shard_verifier and accept.enabled), "eval.accept.enabled",
                  "measures on rank 0 with the whole verifier, and data.online.shard_verifier=true shards it across "
                  "the ranks; measure the saved checkpoint afterwards with python -m eagle3.eval.accept --run <run dir>")
         # accept_len exists only where the val pass that chose the best checkpoint measured acceptance.

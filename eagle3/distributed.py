@@ -54,14 +54,17 @@ def wrap_model(model: torch.nn.Module, world: World, device: torch.device) -> to
     if not world.distributed:
         return model
     if world.strategy == "fsdp":
+        from torch.distributed.device_mesh import init_device_mesh
         from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
         # bf16 compute on GPU as speculators does; CPU keeps fp32 (no bf16 autocast there).
         policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16 if device.type == "cuda" else torch.float32,
                                       reduce_dtype=torch.float32)
+        # The mesh on the rank's own device type: fully_shard's default is CUDA's whenever a GPU is visible.
+        mesh = init_device_mesh(device.type, (world.size,))
         for layer in model.layers:
-            fully_shard(layer, mp_policy=policy)
-        fully_shard(model, mp_policy=policy)
+            fully_shard(layer, mesh=mesh, mp_policy=policy)
+        fully_shard(model, mesh=mesh, mp_policy=policy)
         return model
     from torch.nn.parallel import DistributedDataParallel
 

@@ -47,8 +47,9 @@ def launch(cfg: DictConfig) -> float | None:
     try:
         return run_one_job(cfg, hydra)
     finally:
-        if cfg.resume:  # the resumed run logs into its own dir: the dir Hydra made for this command holds nothing
-            remove_if_only_hydras(Path(hydra.runtime.output_dir), hydra.job.name)
+        # A resumed run logs into its own dir, and a refused config wrote nothing: the dir Hydra made for this
+        # command then holds only its own files and goes (a run, or a sweep job's failure.json, keeps it).
+        remove_if_only_hydras(Path(hydra.runtime.output_dir), hydra.job.name)
 
 
 def run_one_job(cfg: DictConfig, hydra) -> float | None:
@@ -113,6 +114,9 @@ def fresh_run(cfg: DictConfig, hydra, run_dir: Path) -> RunConfig:
     run_cfg = run_config(resolved)
     check_devices(run_cfg)
     refuse_if_it_cannot_fit(run_cfg)  # plan (issue 19): before anything is written or any rank starts
+    if run_cfg.data.online.shard_verifier and run_cfg.distributed.world_size == 1:
+        log.warning("data.online.shard_verifier=true with one rank: nothing to shard across, the rank holds the whole "
+                    "verifier (distributed=ddp or fsdp with nproc_per_node > 1 shards it)")
     advice, outside = lr_advice(run_cfg.optim, run_cfg.init)
     (log.warning if outside else log.info)(advice)
     if run_cfg.distributed.node_rank == 0:
@@ -133,8 +137,14 @@ def resolve(cfg: DictConfig, hydra, run_dir: Path) -> dict[str, Any]:
     assert isinstance(container, dict)
     resolved = {str(k): v for k, v in container.items()}
     data = resolved.get("data")
-    if isinstance(data, dict) and data.get("online") is not None and data.get("path") is not None:
-        data["synth"] = None  # data=online samples rows only without a data.path: the given rows replace them
+    if isinstance(data, dict) and (data.get("online") or {}).get("enabled") and data.get("path") is not None:
+        # data=online samples rows only without a data.path: the given rows replace them, and a data.synth override
+        # would change nothing, so it is refused rather than dropped.
+        synth = [o for o in hydra.overrides.task if o.lstrip("+~").startswith("data.synth")]
+        if synth:
+            raise ConfigError(f"{synth[0].split('=')[0]}: data=online with data.path reads its rows from there; "
+                              f"data.synth only describes the rows sampled without a data.path")
+        data["synth"] = None
     choices = {g: c for g, c in hydra.runtime.choices.items() if not g.startswith("hydra") and c is not None}
     multirun = hydra.mode is not None and hydra.mode.name == "MULTIRUN"
     name = hydra.job.override_dirname or run_dir.name
@@ -157,7 +167,7 @@ def run_plan(cfg: TrainConfig) -> Plan:
 
     draft, dist = cfg.model.draft, cfg.distributed
     kind, memory, source = device_and_memory(cfg.device, dist.device_memory_gb, in_process=dist.world_size == 1)
-    online = cfg.data.online is not None
+    online = cfg.data.online.enabled
     # Online, every rank holds the verifier and eval.accept reuses it; offline only eval.accept loads it (rank 0).
     accept_loads = cfg.eval.accept.enabled and not online
     verifier_bytes, verifier_note = verifier_size(cfg.model.verifier) if accept_loads else (0, "")
@@ -285,7 +295,7 @@ def materialize_inputs(cfg: RunConfig) -> tuple[Path, Path]:
     from eagle3.data.verifier import tiny_verifier_dir
 
     verifier, data = cfg.model.verifier, cfg.data
-    if verifier.path is None or data.path is None or data.online is not None:  # the cache is written: writable?
+    if verifier.path is None or data.path is None or data.online.enabled:  # the cache is written: writable?
         from eagle3.hydra_callbacks import output_dir_problem
 
         problem = output_dir_problem(Path(cfg.cache_dir).absolute())
@@ -297,7 +307,7 @@ def materialize_inputs(cfg: RunConfig) -> tuple[Path, Path]:
     else:
         assert verifier.tiny is not None  # VerifierConfig.check: exactly one of them
         verifier_dir = tiny_verifier_dir(verifier.tiny, cfg.cache_dir)
-    if data.online is not None:  # token rows only: the hidden states are computed in the loop
+    if data.online.enabled:  # token rows only: the hidden states are computed in the loop
         from eagle3.data.online import check_online_verifier
         from eagle3.data.token_rows import token_rows_dir
 
@@ -320,7 +330,7 @@ def check_data(cfg: RunConfig, verifier_dir: Path, data_dir: Path) -> list[int] 
     from eagle3.data.vocab import vocab_mapping
 
     draft, policy = cfg.model.draft, cfg.data.on_bad_sample.value
-    if cfg.data.online is not None:  # no hidden states to check: the verifier that will compute them instead
+    if cfg.data.online.enabled:  # no hidden states to check: the verifier that will compute them instead
         from eagle3.data.online import check_online_verifier
 
         positions = check_online_verifier(verifier_dir, draft)
@@ -332,7 +342,7 @@ def check_data(cfg: RunConfig, verifier_dir: Path, data_dir: Path) -> list[int] 
                                vocab_size=draft.vocab_size, total_seq_len=cfg.data.total_seq_len)
     # Online rows read from a JSONL: the lines left out while reading it (data.on_bad_sample=skip), recorded with
     # the cached rows, so that every run on them says so, not only the one that built the cache entry.
-    source_skips = source_skipped(data_dir) if cfg.data.online is not None else None
+    source_skips = source_skipped(data_dir) if cfg.data.online.enabled else None
     run_dir = Path(cfg.run.dir)
     if not cfg.resume and cfg.distributed.node_rank == 0:
         (run_dir / "data_check.json").write_text(json.dumps({**report.as_dict(), "policy": policy,
@@ -343,7 +353,7 @@ def check_data(cfg: RunConfig, verifier_dir: Path, data_dir: Path) -> list[int] 
         log.warning("%s: %d rows skipped while reading it (data.on_bad_sample=skip): %s", source_skips["source"],
                     sum(source_skips["counts"].values()), source_skips["counts"])
     if report.bad and policy == "error":
-        full_check = ("" if cfg.data.online is not None else f"; python -m eagle3.data.check "
+        full_check = ("" if cfg.data.online.enabled else f"; python -m eagle3.data.check "
                       f"{shlex.quote(str(data_dir))} checks everything, NaN included")
         raise DataError(f"{report.summary()}\ndata.on_bad_sample=skip trains without them (counted in "
                         f"data_check.json){full_check}")

@@ -237,7 +237,7 @@ def hidden_buffers(draft: DraftConfig, data: DataConfig, device_type: str) -> li
     one = (t + 1) * slots * h * file_bytes
     ring = data.prefetch + 1
     cuda = device_type == "cuda"
-    if data.online is not None:
+    if data.online.enabled:
         # The train and the val loader each allocate theirs once and keep it (refilled at every micro-batch).
         terms = [Term(f"online hidden-state buffers: 2 x (T+1) x {slots} x H ({data.hidden_states_dtype})", 2 * one,
                       "train and val loader, one each, on the device")]
@@ -273,10 +273,9 @@ def verifier_terms(verifier: VerifierShape, draft: DraftConfig, data: DataConfig
         terms = [
             Term(f"verifier weights ({_count(kept)} params without lm_head, {dtype}), sharded over {world}",
                  math.ceil(kept / world) * b, "data.online.shard_verifier=true"),
-            # FSDP2 does not reshard its root after the forward (it expects the backward to need it at once): the
-            # embedding stays whole on every rank from the first forward on.
+            # The root (embedding + final norm) is sharded with reshard_after_forward=True: gathered while it runs.
             Term("verifier embedding + final norm, all-gathered (FSDP2 root)", verifier.embedding * b,
-                 "stays gathered after the forward"),
+                 "during its forward", phase=VERIFIER_FORWARD),
             # The layer running and the next one, whose all-gather FSDP2 issues ahead (implicit prefetch).
             Term("verifier decoder layers all-gathered: 2 x the largest", 2 * verifier.layer_params * b,
                  "during its forward", phase=VERIFIER_FORWARD),
@@ -293,10 +292,10 @@ def verifier_terms(verifier: VerifierShape, draft: DraftConfig, data: DataConfig
     running = slots * h + h + max(attention, 3 * verifier.mlp_width)
     terms += [
         Term(f"verifier forward: {slots} captured hidden states + one layer's attention/MLP working set",
-             tokens * max(running, 2 * slots * h) * b, "(T+1) tokens in the verifier's dtype, padding aside",
+             tokens * max(running, 2 * slots * h) * b, "(T+1) tokens in the verifier's dtype, packed in one row",
              phase=VERIFIER_FORWARD),
-        # Transformers builds a [docs, 1, L, L] bool mask when the rows are padded (none for a single row).
-        Term("verifier forward: attention mask of the padded rows, (T+1)^2 bool", tokens * tokens,
+        # packed_batch's per-document causal mask over the packed row, [1, 1, L, L] bool.
+        Term("verifier forward: per-document causal mask, (T+1)^2 bool", tokens * tokens,
              "the fused attention kernels keep no score matrix", phase=VERIFIER_FORWARD),
     ]
     return terms
@@ -362,9 +361,9 @@ def make_plan(draft: DraftConfig, data: DataConfig, optim: OptimConfig, dist: Di
     terms.append(Term("largest transient of the backward", transient))
     for term in act_terms + terms[-1:]:
         term.phase = DRAFT_STEP
-    online = online_verifier if data.online is not None else None
+    online = online_verifier if data.online.enabled else None
     # With one rank load_online_verifier keeps a full copy whatever shard_verifier says.
-    sharded = data.online is not None and data.online.shard_verifier and world > 1
+    sharded = data.online.enabled and data.online.shard_verifier and world > 1
     if online is not None:
         terms += verifier_terms(online, draft, data, world, device_type, sharded)
     elif verifier_bytes:
@@ -396,7 +395,7 @@ def make_plan(draft: DraftConfig, data: DataConfig, optim: OptimConfig, dist: Di
             plan.total_steps = min(plan.total_steps, optim.max_steps)
         plan.data_notes = [f"dataset: {data_stats.train_rows} train rows, {data_stats.train_tokens:,} train tokens "
                            f"of {data_stats.total_tokens:,}"]
-        if data.online is not None:
+        if data.online.enabled:
             offline = data_stats.total_tokens * offline_per_token
             plan.data_notes.append(f"hidden states on disk: none (data=online computes them in the loop); offline "
                                    f"data would store {offline_per_token:,} bytes/token ({offline_formula}), "
@@ -408,7 +407,7 @@ def make_plan(draft: DraftConfig, data: DataConfig, optim: OptimConfig, dist: Di
     else:
         one_b = f"1 B tokens = {offline_per_token * 1e9 / 1024 ** 4:.1f} TiB"
         plan.data_notes = [f"{no_rows_reason or 'no data rows to count (no dataset yet)'}: per-step figures only"]
-        if data.online is not None:
+        if data.online.enabled:
             plan.data_notes.append(f"hidden states on disk: none (data=online computes them in the loop); offline "
                                    f"data would store {offline_per_token:,} bytes/token ({offline_formula}): {one_b}")
         else:

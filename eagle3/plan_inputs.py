@@ -46,7 +46,7 @@ def dataset_stats(data: DataConfig, hidden_size: int, aux_layer_ids: list[int]) 
     """Token counts of the train split and the hidden-state bytes on disk; None when there are no rows yet (or,
     online, a JSONL's: `rows_unknown_reason` says why). Synthetic data: from its config (num_samples x (prompt +
     response) tokens), nothing read. Online, no hidden state is stored: 0 bytes on disk."""
-    online = data.online is not None
+    online = data.online.enabled
     if data.path is None:
         synth = data.synth
         assert synth is not None  # DataConfig.check: exactly one of path and synth
@@ -72,7 +72,7 @@ def dataset_stats(data: DataConfig, hidden_size: int, aux_layer_ids: list[int]) 
 
 def rows_unknown_reason(data: DataConfig) -> str:
     """Why dataset_stats has no rows to count ("" for the generic reason: no dataset yet)."""
-    if data.online is not None and data.path is not None and not Path(data.path).is_dir():
+    if data.online.enabled and data.path is not None and not Path(data.path).is_dir():
         return (f"the rows of {data.path} are not counted before a run reads and tokenizes them (a JSONL; an Arrow "
                 f"dataset dir as data.path is counted)")
     return ""

@@ -88,7 +88,7 @@ def _train_on(world: World, device: torch.device, cfg: RunConfig, run_dir: Path,
               data_dir: Path, rows: list[int] | None) -> RunSummary | None:
     draft = cfg.model.draft
     verifier = None
-    if cfg.data.online is not None:  # before seeding: loading must not move the draft's initialization
+    if cfg.data.online.enabled:  # before seeding: loading must not move the draft's initialization
         from eagle3.data.online import load_online_verifier
 
         verifier = load_online_verifier(verifier_dir, draft.aux_layer_ids, device, world,

@@ -298,7 +298,8 @@ def run_validation(model: torch.nn.Module, loader: Iterable, device: torch.devic
             packs = list(sampler)
             rows = sorted(int(loader.split_rows[packs[i][s]]) for i, bad in enumerate(bad_docs_by_pack)
                           for s in bad.nonzero().flatten().tolist())
-        raise ValNotFinite(not_finite_message(where, nonfinite_rows, rows, world.rank))
+        raise ValNotFinite(not_finite_message(where, nonfinite_rows, rows, world.rank,
+                                              online=hasattr(loader, "verifier")))
     metrics = summarize(sums)
     if skip:
         metrics["skipped_rows"] = nonfinite_rows
@@ -309,18 +310,20 @@ class ValNotFinite(RunStopped):
     """A val pass gave a non-finite loss or accuracy: it must never rank a checkpoint."""
 
 
-def not_finite_message(where: str, nonfinite_rows: int, rows_here: list[int], rank: int) -> str:
+def not_finite_message(where: str, nonfinite_rows: int, rows_here: list[int], rank: int, online: bool = False) -> str:
     kept = "Checkpoints saved before this pass are kept (checkpoints/last: the last resumable state)."
     if not nonfinite_rows:
         return (f"{where}: the val loss is not finite although every val row's hidden states are finite, so the "
                 f"weights give it (diverged training or a broken init); it is not used to rank checkpoints. {kept} "
                 f"Lower optim.lr or check init")
-    shown = ", ".join(f"hs_{r}.safetensors" for r in rows_here[:5]) + (", ..." if len(rows_here) > 5 else "")
-    named = f" ({shown}{f' on rank {rank}' if rank else ''})" if rows_here else ""
-    return (f"{where}: the val loss is not finite: {nonfinite_rows} val row(s) hold non-finite hidden states"
-            f"{named}; it is not used to rank checkpoints. {kept} data.on_bad_sample=skip leaves such rows out of "
-            f"validation (counted as skipped_rows in each val row); python -m eagle3.data.check <data dir> "
-            f"lists every bad row")
+    shown = ", ".join(f"row {r}" if online else f"hs_{r}.safetensors" for r in rows_here[:5])
+    more, where_rank = ", ..." if len(rows_here) > 5 else "", f" on rank {rank}" if rank else ""
+    named = f" ({shown}{more}{where_rank})" if rows_here else ""
+    held = "get non-finite hidden states from the verifier" if online else "hold non-finite hidden states"
+    listing = "" if online else "; python -m eagle3.data.check <data dir> lists every bad row"
+    return (f"{where}: the val loss is not finite: {nonfinite_rows} val row(s) {held}{named}; it is not used to rank "
+            f"checkpoints. {kept} data.on_bad_sample=skip leaves such rows out of validation (counted as skipped_rows "
+            f"in each val row){listing}")
 
 
 def nonfinite_documents(inputs: dict[str, torch.Tensor]) -> torch.Tensor:

@@ -192,11 +192,12 @@ DDP = ["distributed=ddp", "distributed.nproc_per_node=2"]
 
 
 @pytest.mark.slow
-def test_online_runs_have_the_offline_runs_losses_one_process_and_ddp(verifier, prepared_fp32, tmp_path):
+def test_an_online_ddp_run_has_the_offline_runs_losses(verifier, prepared_fp32, tmp_path):
     jsonl, data = prepared_fp32
     offline = ["data=offline", f"data.path={data}"]
     online = ["data=online", f"data.path={jsonl}", "data.hidden_states_dtype=float32"]
-    runs = {"offline": [*offline, *ONE_PROCESS], "online": [*online, *ONE_PROCESS], "online_ddp": [*online, *DDP]}
+    # One process online is the tiny default's test below (data=online against data=tiny, equal at every step).
+    runs = {"offline": [*offline, *ONE_PROCESS], "online_ddp": [*online, *DDP]}
     for name, args in runs.items():
         proc = launch([f"hydra.run.dir={tmp_path / name}", f"model.verifier.path={verifier}", *E2E, *args],
                       tmp_path / "cache")
@@ -206,7 +207,6 @@ def test_online_runs_have_the_offline_runs_losses_one_process_and_ddp(verifier, 
     steps = [(r["split"], r["step"]) for r in metric_rows(tmp_path / "offline")]
     assert steps == [("val", 0), ("train", 1), ("train", 2), ("train", 3), ("val", 3), ("train", 4), ("train", 5),
                      ("train", 6), ("val", 6)]
-    assert_same_metrics(tmp_path / "online", tmp_path / "offline")
     assert_same_metrics(tmp_path / "online_ddp", tmp_path / "offline")
     assert not list(tmp_path.rglob("hs_*.safetensors"))  # in the cache or any run dir
 

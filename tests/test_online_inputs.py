@@ -375,3 +375,43 @@ def test_measured_acceptance_online_reuses_the_runs_verifier(single_run, verifie
     assert loads == [verifier]  # one copy: the online verifier, measured with as well
     val = [r for r in read_rows(run_dir) if r["split"] == "val"]
     assert [r["step"] for r in val] == [0, 2] and all(r["accept_len"] >= 1 for r in val)
+
+
+@pytest.mark.parametrize("key,value,message", [("hidden_size", 96, "model.draft.hidden_size=64 but"),
+                                               ("vocab_size", 300, "model.draft.vocab_size=256 but")])
+def test_a_draft_shaped_for_another_verifier_is_refused_before_any_rank_starts(tmp_path, key, value, message):
+    """Online, the verifier's config.json stands in for the offline data record: a draft whose hidden or vocabulary
+    size is not the verifier's (a preset or hand-set shape, not model=auto) is one ConfigError naming the key."""
+    import torch
+    from safetensors.torch import save_file
+
+    from eagle3.config import DraftConfig
+    from eagle3.data.online import check_online_verifier
+    from eagle3.errors import ConfigError
+
+    config = {"model_type": "llama", "hidden_size": 64, "vocab_size": 256, "num_hidden_layers": 4,
+              "max_position_embeddings": 128, key: value}
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    save_file({"w": torch.zeros(2)}, str(tmp_path / "model.safetensors"))
+    draft = DraftConfig(hidden_size=64, intermediate_size=128, num_attention_heads=4, num_key_value_heads=4,
+                        head_dim=16, vocab_size=256, draft_vocab_size=128, aux_layer_ids=[0, 1, 2])
+    with pytest.raises(ConfigError, match=message):
+        check_online_verifier(tmp_path, draft)
+    config[key] = 64 if key == "hidden_size" else 256
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    assert check_online_verifier(tmp_path, draft) == 128  # the verifier's positions bound a row's length
+
+
+@pytest.mark.parametrize("overrides,message", [
+    (["data.online.shard_verifier=true"], "data.online.shard_verifier: applies to data=online only"),
+    (["data=online", "data.path={rows}", "data.synth.num_samples=8"],
+     "data.synth.num_samples: data=online with data.path reads its rows from there"),
+], ids=["online key without data=online", "synth key with online rows"])
+def test_an_online_override_that_would_change_nothing_is_one_message(tmp_path, overrides, message):
+    """Neither is silently ignored: an online knob on offline data, or a sampling knob when the rows are given."""
+    rows = tmp_path / "rows.jsonl"
+    rows.write_text(json.dumps({"input_ids": [1, 2, 3], "loss_mask": [0, 1, 1]}) + "\n")
+    proc = launch([*[o.format(rows=rows) for o in overrides], f"hydra.run.dir={tmp_path / 'run'}"],
+                  tmp_path / "cache", timeout=120)
+    assert proc.returncode != 0 and message in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
+    assert not (tmp_path / "run").exists() and not (tmp_path / "cache").exists()

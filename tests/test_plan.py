@@ -252,7 +252,7 @@ def _planned_config(overrides: list[str]):
     from eagle3.config import run_config
 
     plain = OmegaConf.to_container(compose_cfg(["logger.mode=disabled", *overrides]), resolve=True, enum_to_str=True)
-    if plain["data"].get("online") is not None and plain["data"]["path"] is not None:
+    if (plain["data"].get("online") or {}).get("enabled") and plain["data"]["path"] is not None:
         plain["data"]["synth"] = None  # as launch.resolve drops it
     plain["run"] = {"dir": "", "name": "plan", "group": "plan", "choices": {}, "overrides": []}
     return run_config(plain, dataset_required=False)
@@ -454,7 +454,7 @@ def test_the_verifiers_planned_forward_is_within_25_percent_of_the_measured_one(
     assert shape.params * 4 <= weights <= shape.params * 4 + 1024  # fp32 weights, plus rotary's inverse frequencies
     draft = DraftConfig(hidden_size=256, intermediate_size=896, num_attention_heads=8, num_key_value_heads=2,
                         head_dim=32, vocab_size=1000, draft_vocab_size=500, aux_layer_ids=[1, 2, 3])
-    data = DataConfig(name="online", path=None, total_seq_len=1024, online=OnlineConfig())
+    data = DataConfig(name="online", path=None, total_seq_len=1024, online=OnlineConfig(enabled=True))
     planned_forward = sum(t.bytes for t in verifier_terms(shape, draft, data, 1, "cpu", False)
                           if t.phase == VERIFIER_FORWARD)
     assert 0.75 <= planned_forward / measured <= 1.25, (planned_forward, measured)

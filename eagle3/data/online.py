@@ -4,8 +4,9 @@ states from its token rows alone, so no hidden state is stored.
 A micro-batch is exactly the offline reader's (eagle3/data/reader.py): the same sampler, split and packing
 (`Pack`), the same buffer layout, the hidden states rounded to data.hidden_states_dtype as offline files store
 them. Only the source differs: a document packed at q_s with r_s positions needs the verifier's hidden states at
-its positions 0 .. r_s, so the verifier runs over those r_s + 1 tokens of each document of the pack (one padded
-forward per micro-batch), in the loop's own thread: with data.online.shard_verifier the forward is a collective,
+its positions 0 .. r_s, so the verifier runs over those r_s + 1 tokens of each document of the pack (one forward
+per micro-batch, the documents packed into one row with a per-document causal mask: no padding), in the loop's
+own thread: with data.online.shard_verifier the forward is a collective,
 and every rank must issue it in the same order as the draft's own.
 
 The verifier is loaded once per rank, eval mode, no grad: bf16 on CUDA, fp32 on CPU; a full copy on every rank, or
@@ -27,7 +28,7 @@ import torch
 from eagle3.config import DraftConfig
 from eagle3.data.reader import Pack
 from eagle3.data.rows import ArrowRows
-from eagle3.data.verifier_forward import forward_hidden_states, hidden_state_taps, load_causal_lm, padded_batch
+from eagle3.data.verifier_forward import forward_hidden_states, hidden_state_taps, load_causal_lm, packed_batch
 from eagle3.distributed import World
 from eagle3.errors import ConfigError
 
@@ -43,13 +44,15 @@ class OnlineVerifier:
         self.forward_s = 0.0  # wall time in forwards (on CUDA: the time to queue them, not to run them)
 
     @torch.no_grad()
-    def __call__(self, seqs: Sequence[Sequence[int] | np.ndarray]) -> torch.Tensor:
+    def __call__(self, seqs: Sequence[Sequence[int] | np.ndarray]) -> list[torch.Tensor]:
+        """Each sequence's [len, n_aux + 1, H], from one forward over them packed into one row (packed_batch:
+        no padding, however their lengths differ)."""
         start = time.perf_counter()
-        ids, attn = padded_batch(seqs)
+        ids, position_ids, mask = packed_batch(seqs, self.device)
         with hidden_state_taps(self.model, self.aux_layer_ids) as taps:
-            out = forward_hidden_states(self.model, ids, attn, taps)
+            out = forward_hidden_states(self.model, ids, mask, taps, position_ids)[0]
         self.forward_s += time.perf_counter() - start
-        return out
+        return list(out.split([len(seq) for seq in seqs]))
 
 
 def load_online_verifier(verifier_dir: Path, aux_layer_ids: Sequence[int], device: torch.device, world: World,
@@ -61,6 +64,7 @@ def load_online_verifier(verifier_dir: Path, aux_layer_ids: Sequence[int], devic
         model = load_causal_lm(verifier_dir, device, dtype)
         model.requires_grad_(False)
         return OnlineVerifier(model, aux_layer_ids)
+    from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
 
     # Loaded into host memory, then sharded layer by layer: fully_shard moves each layer's parameters to the
@@ -69,9 +73,12 @@ def load_online_verifier(verifier_dir: Path, aux_layer_ids: Sequence[int], devic
     model.requires_grad_(False)
     model.lm_head = None
     decoder = model.get_decoder()
+    # One mesh of the job's ranks on this rank's device type (fully_shard's default would be CUDA's whenever a GPU
+    # is visible, also for device=cpu). No backward ever runs: every group, the root too, reshards after forward.
+    mesh = init_device_mesh(device.type, (world.size,))
     for layer in decoder.layers:
-        fully_shard(layer)
-    fully_shard(decoder)
+        fully_shard(layer, mesh=mesh, reshard_after_forward=True)
+    fully_shard(decoder, mesh=mesh, reshard_after_forward=True)
     # DTensor parameters: numel() is the whole tensor's, to_local() this rank's shard of it.
     total = sum(p.numel() for p in decoder.parameters())
     held = sum(p.to_local().numel() if hasattr(p, "to_local") else p.numel() for p in decoder.parameters())
@@ -81,17 +88,15 @@ def load_online_verifier(verifier_dir: Path, aux_layer_ids: Sequence[int], devic
 
 
 def check_online_verifier(verifier_dir: Path, draft: DraftConfig) -> int | None:
-    """What online data needs of the verifier, checked before any rank starts from its config.json alone: the
-    draft's hidden and vocabulary sizes, aux layer ids within its depth, and weights to load. Returns its
+    """What online data needs of the verifier, checked before any rank starts from its config.json and file headers
+    (no weights loaded): the draft's hidden and vocabulary sizes, and whole weights to load. Returns its
     positions (max_position_embeddings; None when its config does not say), which bound a row's length."""
     from eagle3.data.record import verifier_fingerprint
 
     verifier = verifier_fingerprint(verifier_dir)
-    depth, hidden, vocab = verifier["num_hidden_layers"], verifier["hidden_size"], verifier["vocab_size"]
+    # Aux layer ids within its depth: ModelConfig.check, from the same config.json.
+    hidden, vocab = verifier["hidden_size"], verifier["vocab_size"]
     where = f"the verifier {verifier_dir}"
-    if isinstance(depth, int) and max(draft.aux_layer_ids) >= depth:
-        raise ConfigError(f"model.draft.aux_layer_ids={list(draft.aux_layer_ids)} goes beyond {where}'s {depth} "
-                          f"decoder layers: ids are in [0, {depth - 1}] (output_hidden_states indexing)")
     if hidden is not None and hidden != draft.hidden_size:
         raise ConfigError(f"model.draft.hidden_size={draft.hidden_size} but {where} has hidden size {hidden}; "
                           f"model=auto reads the draft's shape from its config.json")
@@ -106,8 +111,8 @@ def check_online_verifier(verifier_dir: Path, draft: DraftConfig) -> int | None:
 
 def check_verifier_weights(verifier_dir: Path) -> None:
     """The verifier's weights are there and whole: each safetensors file's header read and checked against the
-    file's size (not safetensors, truncated), and every shard its index names present. Without torch, so a bad
-    file stops the run before any rank starts, not in every rank at once."""
+    file's size (not safetensors, truncated), and every shard its index names present. Headers only, no weights
+    read, so a bad file stops the run before any rank starts, not in every rank at once."""
     from eagle3.tensorfile import HeaderError, read_specs
 
     index = verifier_dir / "model.safetensors.index.json"
@@ -161,9 +166,11 @@ class OnlineLoader:
         if pieces:
             hidden = self.verifier([self.rows.input_ids(row)[:r + 1] for row, _, r in pieces])
             for s, (_, q, r) in enumerate(pieces):
-                buf[q:q + r] = hidden[s, :r]
+                buf[q:q + r] = hidden[s][:r]
             for s, (_, q, r) in enumerate(pieces):  # after the big parts, as the offline reader lays them out
-                buf[q + r, -1] = hidden[s, r, -1]
+                buf[q + r, -1] = hidden[s][r, -1]
+        elif self.verifier.sharded:  # only 1-token rows: the sharded forward is a collective every rank must join
+            self.verifier([[0]])
         return pack.batch(buf)
 
     def check_row(self, row: int) -> None:

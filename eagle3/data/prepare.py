@@ -155,7 +155,7 @@ def prepare(args: argparse.Namespace) -> dict[str, Any]:
              args.max_len, sum(bad.skipped.values()), f": {dict(bad.skipped)}" if bad.skipped else "")
     device = "cuda" if args.device == "auto" and torch.cuda.is_available() else args.device.replace("auto", "cpu")
     # bf16 on a GPU, as the verifier is served; fp32 on a CPU, which has no fast bf16 matmul.
-    model = load_causal_lm(args.model, device, torch.bfloat16 if device == "cuda" else torch.float32)
+    model = load_causal_lm(args.model, device, torch.bfloat16 if device == "cuda" else torch.float32, key="--model")
     notes = {"source": str(args.data), "max_len": args.max_len, "on_bad_sample": args.on_bad_sample,
              **bad.as_dict()}
     record = write_dataset(model, args.model, rows, args.out, aux, args.batch_tokens, getattr(torch, args.dtype),

@@ -15,6 +15,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import os
 import sys
 from collections.abc import Sequence
 from dataclasses import asdict
@@ -105,9 +106,12 @@ def rows_with_counts(data_dir: Path) -> Path:
     except Exception as e:  # noqa: BLE001  (datasets raises several types for a dir it cannot read)
         raise DataError(f"data.path: {data_dir} is not a dataset saved with datasets.save_to_disk ({e})") from None
     log.info("%s has no token_freq.pt: counting its loss tokens for the draft vocabulary", data_dir)
+    tmp = data_dir / f".token_freq.{os.getpid()}.pt"  # renamed into place: another rank or node never reads half
     try:
-        save_token_frequency_distribution(dataset, str(data_dir / "token_freq.pt"))
+        save_token_frequency_distribution(dataset, str(tmp))
+        os.replace(tmp, data_dir / "token_freq.pt")
     except OSError as e:
+        tmp.unlink(missing_ok=True)
         raise DataError(f"data.path: {data_dir} has no token_freq.pt (the loss tokens' counts the draft vocabulary "
                         f"is built from) and it cannot be written there ({e}); make the dir writable once") from None
     return data_dir

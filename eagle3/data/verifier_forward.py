@@ -26,9 +26,10 @@ from eagle3.errors import ConfigError
 log = logging.getLogger(__name__)
 
 
-def load_causal_lm(model_dir: str | Path, device: str | torch.device = "cpu",
-                   dtype: torch.dtype = torch.float32) -> torch.nn.Module:
-    """The causal LM in `model_dir`, eval mode, on `device`; one ConfigError naming the dir when it cannot be loaded."""
+def load_causal_lm(model_dir: str | Path, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32,
+                   key: str = "model.verifier.path") -> torch.nn.Module:
+    """The causal LM in `model_dir`, eval mode, on `device`; one ConfigError naming `key` (the option that gave the
+    dir) and the dir when it cannot be loaded."""
     from transformers import AutoModelForCausalLM
     from transformers.utils import logging as transformers_logging
 
@@ -40,7 +41,7 @@ def load_causal_lm(model_dir: str | Path, device: str | torch.device = "cpu",
         model, loading = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=dtype, output_loading_info=True)
     except Exception as e:  # noqa: BLE001  (transformers and safetensors raise many types for a bad dir)
         reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise ConfigError(f"model.verifier.path: {model_dir} cannot be loaded as a Hugging Face causal LM "
+        raise ConfigError(f"{key}: {model_dir} cannot be loaded as a Hugging Face causal LM "
                           f"({type(e).__name__}: {reason})") from None
     finally:
         transformers_logging.set_verbosity(verbosity)
@@ -48,7 +49,7 @@ def load_causal_lm(model_dir: str | Path, device: str | torch.device = "cpu",
     # would give every hidden state from noise. Tied weights (lm_head = embed_tokens) are not reported missing.
     missing = sorted(loading.get("missing_keys") or [])
     if missing:
-        raise ConfigError(f"model.verifier.path: {model_dir}'s weights lack {len(missing)} of the tensors its "
+        raise ConfigError(f"{key}: {model_dir}'s weights lack {len(missing)} of the tensors its "
                           f"config.json describes ({', '.join(missing[:3])}{', ...' if len(missing) > 3 else ''}): "
                           f"an incomplete or mismatched checkpoint")
     return model.to(device).eval()
@@ -66,14 +67,31 @@ def padded_batch(seqs: Sequence[Sequence[int]]) -> tuple[torch.Tensor, torch.Ten
     return ids, attn
 
 
+def packed_batch(seqs: Sequence[Sequence[int]], device: torch.device) -> tuple[torch.Tensor, ...]:
+    """`seqs` packed into one row on `device`: (input_ids [1, L], position_ids [1, L] restarting at 0 for each
+    sequence, a [1, 1, L, L] bool attention mask that lets each position see only the earlier positions of its own
+    sequence). A forward over it gives each sequence's values as its own forward would, at the cost of L tokens,
+    not of len(seqs) x the longest."""
+    lengths = torch.tensor([len(seq) for seq in seqs])
+    ids = torch.from_numpy(np.concatenate([np.asarray(seq, dtype=np.int64) for seq in seqs]))[None].to(device)
+    doc = torch.repeat_interleave(torch.arange(len(seqs)), lengths).to(device)
+    starts = torch.repeat_interleave(torch.cumsum(lengths, 0) - lengths, lengths).to(device)
+    position = torch.arange(doc.numel(), device=device)
+    mask = (doc[:, None] == doc[None, :]) & (position[:, None] >= position[None, :])
+    return ids, (position - starts)[None], mask[None, None]
+
+
 def forward_hidden_states(model: torch.nn.Module, ids: torch.Tensor, attn: torch.Tensor,
-                          taps: dict[int | str, torch.Tensor]) -> torch.Tensor:
+                          taps: dict[int | str, torch.Tensor],
+                          position_ids: torch.Tensor | None = None) -> torch.Tensor:
     """[B, T, n_aux + 1, H] on the model's device and in its dtype: the aux layers' inputs, then the last layer's
-    output before the final norm (`taps`: what `hidden_state_taps` collects). Runs the decoder only, without a
-    KV cache: the lm_head's logits (vocabulary x tokens) are never computed."""
+    output before the final norm (`taps`: what `hidden_state_taps` collects). `attn`: a padding mask [B, T], or
+    packed_batch's [1, 1, T, T] mask with its position_ids. Runs the decoder only, without a KV cache: the
+    lm_head's logits (vocabulary x tokens) are never computed."""
     device = next(model.parameters()).device
     taps.clear()
-    model.get_decoder()(input_ids=ids.to(device), attention_mask=attn.to(device), use_cache=False)
+    model.get_decoder()(input_ids=ids.to(device), attention_mask=attn.to(device), use_cache=False,
+                        position_ids=None if position_ids is None else position_ids.to(device))
     return torch.stack([taps[i] for i in sorted(k for k in taps if isinstance(k, int))] + [taps["last"]], dim=2)
 
 

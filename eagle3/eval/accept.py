@@ -105,7 +105,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         data_dir, train_ratio = val_split
         prompts = val_split_prompts(data_dir, train_ratio, args.num_prompts)
         source = f"val split of {data_dir}"
-    verifier = load_causal_lm(verifier_dir, device)
+    verifier = load_causal_lm(verifier_dir, device, key="--verifier")
     try:
         draft = load_draft(checkpoint, args.attn_impl, device, verifier_dir=verifier_dir).float()
     except (OSError, ValueError) as e:

@@ -1,6 +1,7 @@
 """`eval.accept` in a training run: measured acceptance added to the val rows (val/accept_len in wandb).
 
-Rank 0 holds the verifier (loaded once per run) and the prompts, and measures the unwrapped draft; the other
+Rank 0 holds the verifier (loaded once per run, or with data=online the one the run already holds) and the
+prompts, and measures the unwrapped draft; the other
 ranks wait at a barrier, so all ranks leave the val pass together. FSDP across ranks is refused by
 AcceptEvalConfig.check(): rank 0 would hold only a shard.
 """

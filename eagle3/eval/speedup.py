@@ -389,7 +389,7 @@ def load_models(args: argparse.Namespace):
     checkpoint, verifier_dir, _ = resolve_inputs(accept_args(args))
     quiet_libraries()
     device = "cuda" if args.device == "cuda" or (args.device == "auto" and torch.cuda.is_available()) else "cpu"
-    verifier = load_causal_lm(verifier_dir, device)
+    verifier = load_causal_lm(verifier_dir, device, key="--verifier")
     try:
         draft = load_draft(checkpoint, "sdpa", device, verifier_dir=verifier_dir).float().eval()
     except (OSError, ValueError) as e:
