@@ -213,6 +213,24 @@ def test_lossless_failure_names_prompt_and_position(inputs):
         check_lossless(inputs["verifier"], [prompt, prompt], [[1, 2, 3], [4, 5, 9]], [[1, 2, 3], [4, 5, 8]])
 
 
+def test_a_bf16_verifier_counts_near_tie_flips_and_still_refuses_a_real_divergence(inputs):
+    """data=online on CUDA measures with its bf16 verifier: the speculative verify and plain decoding, forwards
+    over other lengths, flip the argmax at bf16 near-ties (4 of 16 prompts here, on CPU in bf16), which is counted,
+    not raised; a divergence where the top two logits are far apart still raises."""
+    from eagle3.data.verifier_forward import load_causal_lm
+    from eagle3.eval.measure import AcceptanceProbe, LosslessError, check_lossless, next_token_logits
+
+    summary, prompts = inputs["summary"], inputs["prompts"]
+    verifier = load_causal_lm(summary["verifier_dir"], dtype=torch.bfloat16)
+    report = AcceptanceProbe(verifier, prompts, 3, 64).measure(load(summary), teacher_forced=False)
+    assert report["lossless"] and report["near_tie_flips"] >= 1 and report["accept_len"] > 1.0
+    prompt = list(prompts[0])
+    logits = next_token_logits(verifier, prompt).float()
+    greedy, far = int(logits.argmax()), int(logits.argmin())  # the argmin is no tie with the argmax
+    with pytest.raises(LosslessError, match="not a tie"):
+        check_lossless(verifier, [prompt], [[far]], [[greedy]])
+
+
 def test_val_pass_samples_at_its_temperature_seeded_by_the_run(inputs):
     """eval.accept.temperature > 0 at val passes: speculative sampling seeded by the run's seed, so a pass
     measures what a probe with that seed measures, and every pass of the same draft draws the same tokens."""

@@ -283,7 +283,8 @@ def test_nccl_world_size_one_trains_saves_and_speculators_loads(strategy, cache_
 
 def test_online_data_on_the_gpu(cache_dir, tmp_path, monkeypatch):
     """data=online on CUDA: the verifier, loaded once in bf16 on the GPU, computes each micro-batch's hidden states
-    there (the buffer never leaves the device), and the draft trains with the fused loss and flex attention."""
+    there (the buffer never leaves the device), the draft trains with the fused loss and flex attention, and
+    eval.accept measures with that same verifier."""
     import eagle3.data.online
 
     loaded = []
@@ -294,8 +295,11 @@ def test_online_data_on_the_gpu(cache_dir, tmp_path, monkeypatch):
         return loaded[-1]
 
     monkeypatch.setattr(eagle3.data.online, "load_online_verifier", spy_load)
-    cfg = gpu_run_config(tmp_path / "online", cache_dir, ["data=online"])
+    cfg = gpu_run_config(tmp_path / "online", cache_dir, ["data=online", *ACCEPT_AT_VAL])
     summary, spy, _, _ = train_on_gpu(cfg, monkeypatch)
+    # eval.accept measured with the run's own bf16 verifier: bf16 near-ties are counted, not failures.
+    val_rows = [r for r in read_rows(tmp_path / "online") if r["split"] == "val"]
+    assert len(val_rows) == 2 and all(r["accept_len"] >= 1.0 for r in val_rows), val_rows
     assert summary["device"] == "cuda:0" and summary["steps"] == 8
     assert summary["final"]["loss"] < summary["step0"]["loss"]
     assert spy.loss_impls[0] == "fused"
