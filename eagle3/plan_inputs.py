@@ -8,7 +8,8 @@ Reads only headers and sizes: no weights, no hidden states. torch is imported on
 from __future__ import annotations
 
 import json
-import struct
+import math
+import os
 from pathlib import Path
 from typing import Any
 
@@ -160,18 +161,19 @@ def shape_from_config(config: dict[str, Any], source: str) -> VerifierShape:
 
 def safetensors_params(model_dir: Path) -> int:
     """Elements of every tensor in the dir's safetensors files, from their headers alone (0 without files)."""
+    from eagle3.tensorfile import HeaderError, read_specs
+
     total = 0
     for file in sorted(model_dir.glob("*.safetensors")):
         try:
-            with open(file, "rb") as f:
-                (size,) = struct.unpack("<Q", f.read(8))
-                header = json.loads(f.read(size))
-        except (OSError, ValueError, struct.error):  # unreadable: the config's estimate stands; loading will say why
+            fd = os.open(file, os.O_RDONLY)
+        except OSError:  # unreadable: the config's estimate stands; loading will say why
             return 0
-        for name, entry in header.items():
-            if name != "__metadata__":
-                count = 1
-                for dim in entry["shape"]:
-                    count *= dim
-                total += count
+        try:
+            specs = read_specs(fd)
+        except HeaderError:
+            return 0
+        finally:
+            os.close(fd)
+        total += sum(math.prod(spec.shape) for spec in specs.values())
     return total
