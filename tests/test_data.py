@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, replace
 
+import pytest
 import torch
 from safetensors.torch import load_file
 
@@ -81,3 +82,12 @@ def test_a_derived_verifier_is_related_but_moves_the_frequent_tokens(tmp_path):
         a, b = base(ids).logits.argmax(-1), derived(ids).logits.argmax(-1)
     agreement = (a == b).float().mean()
     assert 5 / 256 < agreement < 0.95  # another model (most argmaxes move), not a stranger (far above chance)
+
+
+def test_the_check_cli_refuses_a_total_seq_len_no_micro_batch_can_hold(tmp_path, capsys):
+    """--total-seq-len 0 used to run the check and advise preparing with --max-len 1."""
+    from eagle3.data.check import main
+
+    with pytest.raises(SystemExit) as stop:
+        main([str(tmp_path), "--total-seq-len", "0"])
+    assert stop.value.code == 2 and "--total-seq-len must be at least 2" in capsys.readouterr().err

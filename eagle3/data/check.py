@@ -185,7 +185,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--total-seq-len", type=int,
                         help="the run's data.total_seq_len: also count the rows the trainer would cut to it")
     args = parser.parse_args(argv)
+    from eagle3.config import MIN_SEQ_LEN
     from eagle3.data.record import read_record
+
+    if args.total_seq_len is not None and args.total_seq_len < MIN_SEQ_LEN:
+        parser.error(f"--total-seq-len must be at least {MIN_SEQ_LEN} (one token and the next one it predicts), "
+                     f"got {args.total_seq_len}")
 
     try:
         vocab = args.vocab_size or ((read_record(args.data_dir) or {}).get("verifier") or {}).get("vocab_size")
