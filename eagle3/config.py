@@ -221,6 +221,12 @@ class DataConfig:
     def check(self, dataset_required: bool = True) -> None:
         """`dataset_required=False` (plan=true, which reads no data): data.path need only be a directory, so a run
         can be planned before its dataset is prepared into it."""
+        if self.synth is not None:
+            for key in ("num_samples", "prompt_len", "response_len", "batch_size"):
+                value = getattr(self.synth, key)
+                _require(value >= 1, f"data.synth.{key}", f"must be >= 1, got {value}")
+            _require(self.synth.temperature > 0, "data.synth.temperature",
+                     f"must be > 0 (responses are sampled), got {self.synth.temperature}")
         _require(0 < self.train_ratio < 1, "data.train_ratio", f"must be in (0, 1), got {self.train_ratio}")
         _require(self.total_seq_len >= MIN_SEQ_LEN, "data.total_seq_len",
                  f"must be at least {MIN_SEQ_LEN}, got {self.total_seq_len}: a packed micro-batch must hold one "
@@ -237,8 +243,14 @@ class DataConfig:
         if self.online.enabled:
             if self.path is not None and dataset_required:
                 p = Path(self.path)
-                problem = _jsonl_problem(p) if p.is_file() else None if p.is_dir() and any(p.glob("*.arrow")) else (
-                    "does not exist" if not p.exists() else "is a dir without Arrow rows (no *.arrow file)")
+                # Under on_bad_sample=skip a bad first line is a counted skip like any other, not a wrong file.
+                first_line = self.on_bad_sample == BadSamplePolicy.error
+                if p.is_file():
+                    problem = _jsonl_problem(p, first_line)
+                elif p.is_dir():
+                    problem = None if any(p.glob("*.arrow")) else "is a dir without Arrow rows (no *.arrow file)"
+                else:
+                    problem = "does not exist"
                 _require(problem is None, "data.path",
                          f"{self.path} {problem}; data=online reads token rows: a JSONL of {{\"input_ids\", "
                          f"\"loss_mask\"}} or {{\"messages\"}} rows, or a speculators-format dataset dir (Arrow rows "
@@ -485,7 +497,18 @@ def validate(plain: dict[str, Any], dataset_required: bool = True) -> TrainConfi
     return _typed(TrainConfig, plain, dataset_required)
 
 
+def rows_replace_synth(plain: dict[str, Any]) -> dict[str, Any]:
+    """The plain config with data.synth dropped when data=online is given its rows (data.path): online.yaml samples
+    rows only without a path, so with one its synth part describes nothing. Every path to the typed config goes
+    through here (a run, a sweeper's check of every job, plan=true)."""
+    data = plain.get("data")
+    if isinstance(data, dict) and (data.get("online") or {}).get("enabled") and data.get("path") is not None:
+        return {**plain, "data": {**data, "synth": None}}
+    return plain
+
+
 def _typed(schema_type: type[TrainConfig], plain: dict[str, Any], dataset_required: bool = True) -> TrainConfig:
+    plain = rows_replace_synth(plain)
     # Merging into the schemas refuses a key none of them has, which composition lets through when it is added
     # with `+` (`+optim.lr_warmup=0.1`), and converts each value to its type; then every part's check() runs.
     init = plain.get("init")
@@ -523,10 +546,10 @@ def lr_advice(optim: OptimConfig, init: InitConfig) -> tuple[str, bool]:
     return text, outside
 
 
-def _jsonl_problem(file: Path) -> str | None:
-    """Why `file` is not a JSONL of objects, judged by its first bytes (a binary file, an empty one, text whose
-    first line does not open a JSON object); None when it looks like one. The rows themselves are checked
-    line by line when they are read."""
+def _jsonl_problem(file: Path, first_line: bool = True) -> str | None:
+    """Why `file` is not a JSONL of objects, judged by its first bytes (a binary file, an empty one, and with
+    `first_line` text whose first line does not open a JSON object); None when it looks like one. The rows
+    themselves are checked line by line when they are read."""
     import codecs
 
     with open(file, "rb") as f:
@@ -538,7 +561,7 @@ def _jsonl_problem(file: Path) -> str | None:
     text = text.lstrip()
     if not text:
         return "is empty" if not head or len(head) < 4096 else "starts with 4096 bytes of whitespace"
-    if not text.startswith("{"):
+    if first_line and not text.startswith("{"):
         return f"is not a JSONL file (its first line does not open a JSON object: {text.splitlines()[0][:40]!r})"
     return None
 

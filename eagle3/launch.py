@@ -27,7 +27,7 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import InterpolationResolutionError, MissingMandatoryValue
 
-from eagle3.config import PretrainedInitConfig, RunConfig, TrainConfig, lr_advice, run_config
+from eagle3.config import PretrainedInitConfig, RunConfig, TrainConfig, lr_advice, rows_replace_synth, run_config
 from eagle3.console import resume_command
 from eagle3.errors import ConfigError, DataError, Interrupted, UserError
 from eagle3.objective import objective_value
@@ -136,15 +136,20 @@ def resolve(cfg: DictConfig, hydra, run_dir: Path) -> dict[str, Any]:
         raise ConfigError(unresolvable(e)) from None
     assert isinstance(container, dict)
     resolved = {str(k): v for k, v in container.items()}
-    data = resolved.get("data")
-    if isinstance(data, dict) and (data.get("online") or {}).get("enabled") and data.get("path") is not None:
-        # data=online samples rows only without a data.path: the given rows replace them, and a data.synth override
-        # would change nothing, so it is refused rather than dropped.
-        synth = [o for o in hydra.overrides.task if o.lstrip("+~").startswith("data.synth")]
-        if synth:
-            raise ConfigError(f"{synth[0].split('=')[0]}: data=online with data.path reads its rows from there; "
-                              f"data.synth only describes the rows sampled without a data.path")
-        data["synth"] = None
+    # data=online with a data.path: the given rows replace the sampled ones, and a data.synth override would change
+    # nothing, so it is refused rather than dropped. data.online.enabled follows the data option: overriding it
+    # would run one mode under the other's name.
+    overrides = [o.lstrip("+~") for o in hydra.overrides.task]
+    enabled = [o for o in overrides if o.startswith("data.online.enabled")]
+    if enabled:
+        raise ConfigError(f"data.online.enabled: set by the data option (data=online: true; data=tiny or offline: "
+                          f"false), not on its own; choose data=online or data=tiny instead of {enabled[0]}")
+    normalized = rows_replace_synth(resolved)
+    synth = [o for o in overrides if o.startswith("data.synth")]
+    if synth and normalized is not resolved:
+        raise ConfigError(f"{synth[0].split('=')[0]}: data=online with data.path reads its rows from there; "
+                          f"data.synth only describes the rows sampled without a data.path")
+    resolved = {**normalized, **absolute_paths(normalized)}
     choices = {g: c for g, c in hydra.runtime.choices.items() if not g.startswith("hydra") and c is not None}
     multirun = hydra.mode is not None and hydra.mode.name == "MULTIRUN"
     name = hydra.job.override_dirname or run_dir.name
@@ -157,6 +162,26 @@ def resolve(cfg: DictConfig, hydra, run_dir: Path) -> dict[str, Any]:
         "overrides": list(hydra.overrides.task),
     }
     return resolved
+
+
+def absolute_paths(plain: dict[str, Any]) -> dict[str, Any]:
+    """The parts of the config whose paths are relative to where launch.py ran, with those paths made absolute, so
+    that the run dir's resolved_config.yaml means the same files wherever `resume=` is run from."""
+    def absolute(part: Any, *keys: str) -> Any:
+        if not isinstance(part, dict):
+            return part
+        key, rest = keys[0], keys[1:]
+        value = part.get(key)
+        if rest:
+            return {**part, key: absolute(value, *rest)}
+        return {**part, key: os.path.abspath(value)} if isinstance(value, str) and value else part
+
+    out = {"data": absolute(plain.get("data"), "path"), "init": absolute(plain.get("init"), "path"),
+           "model": absolute(plain.get("model"), "verifier", "path"),
+           "eval": absolute(plain.get("eval"), "accept", "prompts")}
+    if isinstance(plain.get("cache_dir"), str):
+        out["cache_dir"] = os.path.abspath(plain["cache_dir"])
+    return {k: v for k, v in out.items() if v is not None}
 
 
 # >>> plan (issue 19): plan=true and the fit guard; the plan itself is eagle3/plan.py.
@@ -330,10 +355,14 @@ def check_data(cfg: RunConfig, verifier_dir: Path, data_dir: Path) -> list[int] 
     from eagle3.data.vocab import vocab_mapping
 
     draft, policy = cfg.model.draft, cfg.data.on_bad_sample.value
+    if cfg.resume:
+        refuse_other_rows(Path(cfg.run.dir), data_dir)
     if cfg.data.online.enabled:  # no hidden states to check: the verifier that will compute them instead
         from eagle3.data.online import check_online_verifier
+        from eagle3.data.record import check_same_verifier
 
         positions = check_online_verifier(verifier_dir, draft)
+        check_same_verifier(data_dir, verifier_dir)  # an Arrow dir prepared for another verifier: its tokenizer
         report = check_dataset(data_dir, vocab_size=draft.vocab_size, total_seq_len=cfg.data.total_seq_len,
                                hidden_states=False, max_positions=positions)
     else:
@@ -365,6 +394,20 @@ def check_data(cfg: RunConfig, verifier_dir: Path, data_dir: Path) -> list[int] 
     # Built once here, so that ranks only read the cached d2t/t2d files.
     vocab_mapping(data_dir, draft.draft_vocab_size, draft.vocab_size)
     return report.good_rows if report.bad else None
+
+
+def refuse_other_rows(run_dir: Path, data_dir: Path) -> None:
+    """A resumed run must read the rows it started on: its data_check.json names the data dir, and online rows from
+    a JSONL live in a dir keyed by the file's content, so an edited file gives another dir (and another draft
+    vocabulary than the checkpoint's)."""
+    try:
+        started_on = json.loads((run_dir / "data_check.json").read_text())["data_dir"]
+    except (OSError, ValueError, KeyError):
+        return  # a run dir from before the record: nothing to compare
+    if Path(started_on) != Path(data_dir):
+        raise DataError(f"resume: {run_dir} trained on the rows in {started_on}, and its config now gives "
+                        f"{data_dir} (the data changed since the run started: an edited JSONL is other rows); "
+                        f"resuming would continue on other data. Restore the data, or start a new run")
 
 
 def source_skipped(rows_dir: Path) -> dict[str, Any] | None:

@@ -175,7 +175,7 @@ def missing_tensor(model_dir: Path) -> None:
 
 @pytest.mark.slow
 @pytest.mark.parametrize("damage, says", [
-    (no_weights, "has a config.json but no weights"),
+    (no_weights, "has a config.json but no safetensors weights"),
     (truncated_weights, "model.safetensors cannot be loaded: truncated"),
     (not_safetensors, "model.safetensors cannot be loaded: not a safetensors file"),
     (missing_tensor, "weights lack 1 of the tensors its config.json describes (model.layers.3.mlp.up_proj.weight)"),
@@ -406,7 +406,8 @@ def test_a_draft_shaped_for_another_verifier_is_refused_before_any_rank_starts(t
     (["data.online.shard_verifier=true"], "data.online.shard_verifier: applies to data=online only"),
     (["data=online", "data.path={rows}", "data.synth.num_samples=8"],
      "data.synth.num_samples: data=online with data.path reads its rows from there"),
-], ids=["online key without data=online", "synth key with online rows"])
+    (["data=online", "data.online.enabled=false"], "data.online.enabled: set by the data option"),
+], ids=["online key without data=online", "synth key with online rows", "enabled by hand"])
 def test_an_online_override_that_would_change_nothing_is_one_message(tmp_path, overrides, message):
     """Neither is silently ignored: an online knob on offline data, or a sampling knob when the rows are given."""
     rows = tmp_path / "rows.jsonl"
@@ -415,3 +416,81 @@ def test_an_online_override_that_would_change_nothing_is_one_message(tmp_path, o
                   tmp_path / "cache", timeout=120)
     assert proc.returncode != 0 and message in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
     assert not (tmp_path / "run").exists() and not (tmp_path / "cache").exists()
+
+
+def test_every_path_to_the_typed_config_drops_the_synth_part_given_rows(tmp_path):
+    """The sweeper checks every job with eagle3.config.validate before the first starts: data=online with a data.path
+    must pass there as it does in a run (the tiny default's synth part describes no rows then)."""
+    from omegaconf import OmegaConf
+
+    from conftest import compose_cfg
+    from eagle3.config import validate
+
+    rows = tmp_path / "rows.jsonl"
+    rows.write_text(json.dumps({"input_ids": [1, 2, 3], "loss_mask": [0, 1, 1]}) + "\n")
+    plain = OmegaConf.to_container(compose_cfg(["data=online", f"data.path={rows}"]), resolve=True, enum_to_str=True)
+    assert plain["data"]["synth"] is not None  # as composed
+    cfg = validate(plain)
+    assert cfg.data.synth is None and cfg.data.online.enabled and cfg.data.path == str(rows)
+
+
+def test_a_bad_first_line_rejects_the_file_only_when_bad_rows_are_errors(tmp_path):
+    from eagle3.config import BadSamplePolicy, DataConfig, OnlineConfig
+    from eagle3.errors import ConfigError
+
+    rows = tmp_path / "rows.jsonl"
+    rows.write_text("not json\n" + json.dumps({"input_ids": [1, 2, 3], "loss_mask": [0, 1, 1]}) + "\n")
+    data = DataConfig(name="online", path=str(rows), online=OnlineConfig(enabled=True))
+    with pytest.raises(ConfigError, match="its first line does not open a JSON object"):
+        data.check()
+    data.on_bad_sample = BadSamplePolicy.skip
+    data.check()  # the line is a counted skip when the rows are read
+
+
+def test_a_pickled_verifier_is_refused_before_any_rank_starts(tmp_path):
+    from eagle3.data.online import check_verifier_weights
+    from eagle3.errors import ConfigError
+
+    (tmp_path / "config.json").write_text("{}")
+    (tmp_path / "pytorch_model.bin").write_bytes(b"not even a pickle")
+    with pytest.raises(ConfigError, match="no safetensors weights .*pickle files are never loaded"):
+        check_verifier_weights(tmp_path)
+
+
+def test_arrow_rows_prepared_for_another_verifier_are_refused(tmp_path):
+    from eagle3.data.record import check_same_verifier, verifier_fingerprint, write_record
+    from eagle3.errors import DataError
+
+    ours, theirs, rows = tmp_path / "ours", tmp_path / "theirs", tmp_path / "rows"
+    for d, vocab in ((ours, 256), (theirs, 300)):
+        d.mkdir()
+        (d / "config.json").write_text(json.dumps({"model_type": "llama", "vocab_size": vocab}))
+    rows.mkdir()
+    write_record(rows, {"verifier": verifier_fingerprint(theirs)})
+    with pytest.raises(DataError, match="were prepared for another verifier"):
+        check_same_verifier(rows, ours)
+    check_same_verifier(rows, theirs)
+
+
+def test_a_resumed_run_refuses_rows_other_than_those_it_started_on(tmp_path):
+    """An edited JSONL is other rows (another content-keyed rows dir, another draft vocabulary): resume stops."""
+    from eagle3.errors import DataError
+    from eagle3.launch import refuse_other_rows
+
+    (tmp_path / "data_check.json").write_text(json.dumps({"data_dir": "/cache/datasets/rows-aaa"}))
+    refuse_other_rows(tmp_path, Path("/cache/datasets/rows-aaa"))
+    with pytest.raises(DataError, match="the data changed since the run started"):
+        refuse_other_rows(tmp_path, Path("/cache/datasets/rows-bbb"))
+
+
+def test_relative_paths_are_stored_absolute(tmp_path, monkeypatch):
+    """resolved_config.yaml must name the same files wherever resume= is run from."""
+    from eagle3.launch import absolute_paths
+
+    monkeypatch.chdir(tmp_path)
+    plain = {"data": {"path": "rows.jsonl"}, "model": {"verifier": {"path": "v"}}, "init": {"name": "scratch"},
+             "eval": {"accept": {"prompts": None}}, "cache_dir": "cache"}
+    out = absolute_paths(plain)
+    assert out["data"]["path"] == str(tmp_path / "rows.jsonl")
+    assert out["model"]["verifier"]["path"] == str(tmp_path / "v")
+    assert out["cache_dir"] == str(tmp_path / "cache") and out["eval"]["accept"]["prompts"] is None

@@ -27,6 +27,8 @@ def checked(overrides: list[str]):
     (["model.draft.aux_layer_ids=[]"], r"at least one"),
     (["data.total_seq_len=1"], rf"data.total_seq_len: must be at least {MIN_SEQ_LEN}, got 1"),
     (["seed=-1"], r"seed: must be in \[0, 2\*\*63\), got -1"),
+    (["data.synth.num_samples=0"], r"data.synth.num_samples: must be >= 1, got 0"),
+    (["data.synth.temperature=0"], r"data.synth.temperature: must be > 0"),
     (["device=cpu", "distributed.backend=nccl"], r"distributed.backend: nccl runs on CUDA GPUs only"),
 ])
 def test_bad_values_are_refused_by_the_typed_checks(overrides, match):

@@ -119,7 +119,9 @@ class ChatTokenizer:
         try:
             self.tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
         except (OSError, ValueError) as e:
-            raise DataError(f"{model_dir}: messages rows need the model's tokenizer, which did not load ({e}); "
+            has_files = any(p.name.startswith("tokenizer") for p in Path(model_dir).iterdir())
+            reason = str(e).strip().splitlines()[0] if has_files else "no tokenizer files in the dir"
+            raise DataError(f"{model_dir}: messages rows need the model's tokenizer, which did not load ({reason}); "
                               f"give input_ids rows instead") from None
         if not self.tokenizer.chat_template:
             raise DataError(f"{model_dir}: its tokenizer has no chat template, so messages rows cannot be "

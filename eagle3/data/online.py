@@ -126,9 +126,11 @@ def check_verifier_weights(verifier_dir: Path) -> None:
             raise ConfigError(f"model.verifier.path: {index} names shards that are not there: {', '.join(missing)}")
     else:
         files = sorted(verifier_dir.glob("*.safetensors"))
-    if not files and not any(verifier_dir.glob("pytorch_model*.bin")):
-        raise ConfigError(f"model.verifier.path: {verifier_dir} has a config.json but no weights (model.safetensors "
-                          f"or its index): data=online runs the verifier in every rank")
+    if not files:
+        pickled = any(verifier_dir.glob("pytorch_model*.bin"))
+        raise ConfigError(f"model.verifier.path: {verifier_dir} has a config.json but no safetensors weights "
+                          f"(model.safetensors or its index){': pickle files are never loaded' if pickled else ''}; "
+                          f"data=online runs the verifier in every rank")
     for file in files:
         fd = os.open(file, os.O_RDONLY)
         try:

@@ -57,6 +57,20 @@ def read_record(data_dir: Path) -> dict[str, Any] | None:
         raise DataError(f"{file}: not JSON ({e}); it is written by python -m eagle3.data.prepare") from None
 
 
+def check_same_verifier(data_dir: Path, verifier_dir: Path) -> None:
+    """Online rows from a dir that eagle3.data.prepare wrote: its record's verifier must be this run's, or the rows'
+    token ids come from another tokenizer. Without a record (a JSONL's cached rows, speculators' pipeline), nothing
+    to compare."""
+    record = read_record(data_dir)
+    if record is None or "verifier" not in record:
+        return
+    ours, theirs = verifier_fingerprint(verifier_dir), record["verifier"]
+    if theirs.get("config_hash") != ours["config_hash"]:
+        raise DataError(f"the rows in {data_dir} were prepared for another verifier: {theirs.get('path')} (config "
+                        f"hash {theirs.get('config_hash')}), this run's verifier is {verifier_dir} (config hash "
+                        f"{ours['config_hash']}); their token ids belong to its tokenizer")
+
+
 def check_record(data_dir: Path, verifier_dir: Path, draft: DraftConfig) -> dict[str, Any] | None:
     """Refuses data whose hidden states came from another verifier, other aux layers or another hidden size
     than the run's; warns when the data carries no record (speculators' own pipeline writes none)."""

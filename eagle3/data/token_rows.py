@@ -110,10 +110,11 @@ def rows_with_counts(data_dir: Path) -> Path:
     try:
         save_token_frequency_distribution(dataset, str(tmp))
         os.replace(tmp, data_dir / "token_freq.pt")
-    except OSError as e:
+    except (OSError, RuntimeError) as e:  # torch.save raises RuntimeError on a read-only file system
         tmp.unlink(missing_ok=True)
         raise DataError(f"data.path: {data_dir} has no token_freq.pt (the loss tokens' counts the draft vocabulary "
-                        f"is built from) and it cannot be written there ({e}); make the dir writable once") from None
+                        f"is built from) and it cannot be written there ({str(e).strip().splitlines()[0]}); make the "
+                        f"dir writable once") from None
     return data_dir
 
 

@@ -38,7 +38,9 @@ def load_causal_lm(model_dir: str | Path, device: str | torch.device = "cpu", dt
     verbosity = transformers_logging.get_verbosity()
     transformers_logging.set_verbosity_error()
     try:
-        model, loading = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=dtype, output_loading_info=True)
+        # safetensors only: a pickle file is never loaded (it can run code).
+        model, loading = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=dtype, output_loading_info=True,
+                                                              use_safetensors=True)
     except Exception as e:  # noqa: BLE001  (transformers and safetensors raise many types for a bad dir)
         reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise ConfigError(f"{key}: {model_dir} cannot be loaded as a Hugging Face causal LM "
