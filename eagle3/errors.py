@@ -34,3 +34,8 @@ class Interrupted(SystemExit):
     def __init__(self, signum: int) -> None:
         super().__init__(128 + signum)
         self.signum = signum
+
+
+class StoppedBeforeTraining(Interrupted):
+    """A signal before training started (while the verifier, rows or data were being built or checked): nothing to
+    resume; the same command starts again, and no half-built cache entry is left."""

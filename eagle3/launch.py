@@ -29,7 +29,7 @@ from omegaconf.errors import InterpolationResolutionError, MissingMandatoryValue
 
 from eagle3.config import PretrainedInitConfig, RunConfig, TrainConfig, lr_advice, rows_replace_synth, run_config
 from eagle3.console import resume_command
-from eagle3.errors import ConfigError, DataError, Interrupted, UserError
+from eagle3.errors import ConfigError, DataError, Interrupted, StoppedBeforeTraining, UserError
 from eagle3.objective import objective_value
 from eagle3.rank_errors import RankFailed, first_rank_error
 from eagle3.verifier_shape import unresolvable
@@ -66,13 +66,20 @@ def run_one_job(cfg: DictConfig, hydra) -> float | None:
             handler = logging.FileHandler(run_dir / "launch.log")
             handler.setFormatter(logging.Formatter("[%(asctime)s][%(name)s][%(levelname)s] - %(message)s"))
             logging.getLogger().addHandler(handler)
-        verifier_dir, data_dir = materialize_inputs(run_cfg)
-        rows = check_data(run_cfg, verifier_dir, data_dir)
+        from eagle3.stop import stop_before_training  # torch: only once the config is known to be good
+
+        with stop_before_training("building and checking the run's verifier and data"):
+            verifier_dir, data_dir = materialize_inputs(run_cfg)
+            rows = check_data(run_cfg, verifier_dir, data_dir)
         if not cfg.resume:
             preflight(run_cfg, verifier_dir, data_dir)
         summary = run_job(run_cfg, verifier_dir, data_dir, rows)
         # Inside the try: a run whose best val pass has no accept_len is a failed trial, recorded as such.
         objective = objective_value(run_cfg.objective, summary.best) if summary is not None else None
+    except StoppedBeforeTraining:  # nothing to resume: the sweep stops here, the job is recorded as not run
+        if multirun:
+            update_sweep_index(hydra, run_dir, "interrupted", None, "stopped by a signal before training")
+        raise
     except Interrupted:  # checkpoints/last is saved and the resume line printed: resumable, not failed
         if multirun:
             update_sweep_index(hydra, run_dir, "stopped", None)

@@ -6,15 +6,39 @@ from __future__ import annotations
 import logging
 import signal
 import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from types import FrameType
 from typing import Any
 
 from eagle3.console import resume_command
 from eagle3.distributed import World, reduce_sums
-from eagle3.errors import Interrupted
+from eagle3.errors import Interrupted, StoppedBeforeTraining
 
 log = logging.getLogger(__name__)
+
+
+@contextmanager
+def stop_before_training(what: str) -> Iterator[None]:
+    """SIGTERM or Ctrl-C while `what` runs, before any checkpoint exists: the signal raises StoppedBeforeTraining
+    where the code is, so the `finally` blocks on the way out remove temporary files (a cache entry is built in a
+    temporary dir, eagle3/data/cache.py), and the launcher exits with 128 + the signal after one line."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def handle(signum: int, frame: FrameType | None) -> None:
+        log.warning("%s while %s: stopped before training; nothing half-built is kept, the same command starts "
+                    "again", signal.Signals(signum).name, what)
+        raise StoppedBeforeTraining(signum)
+
+    previous = {s: signal.signal(s, handle) for s in StopRequest.SIGNALS}
+    try:
+        yield
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
 
 
 class StopRequest:

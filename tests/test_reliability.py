@@ -253,3 +253,23 @@ def test_a_stop_on_an_eval_every_step_owes_its_val_pass_to_the_resumed_run(cache
     resumed = [(r["step"], r["loss"]) for r in read_rows(tmp_path / "stopped") if r["split"] == "val"]
     assert [step for step, _ in resumed] == [0, 4, 8]
     assert [loss for _, loss in resumed] == pytest.approx([loss for _, loss in whole], rel=1e-5)
+
+
+@pytest.mark.slow
+def test_a_signal_while_the_data_is_built_leaves_no_half_built_cache_entry(tmp_path):
+    """SIGTERM before training (here while the rows are sampled) is one line and exit 143, and the cache entry being
+    built (a temporary dir) is removed on the way out: the same command starts again from nothing."""
+    run_dir, cache = tmp_path / "run", tmp_path / "cache"
+    proc = subprocess.Popen([sys.executable, str(ROOT / "launch.py"), f"hydra.run.dir={run_dir}", "data=online",
+                             "data.synth.num_samples=4096", "logger.mode=disabled"], cwd=ROOT, text=True,
+                            env={**os.environ, "EAGLE3_CACHE": str(cache), "OMP_NUM_THREADS": "1"},
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    datasets, deadline = cache / "datasets", time.time() + 120
+    while time.time() < deadline and not (datasets.is_dir() and any(datasets.iterdir())):
+        time.sleep(0.05)
+    time.sleep(1)  # inside the build
+    proc.send_signal(signal.SIGTERM)
+    out, _ = proc.communicate(timeout=120)
+    assert proc.returncode == 128 + signal.SIGTERM, out[-2000:]
+    assert "SIGTERM while building and checking the run's verifier and data" in out and "Traceback" not in out
+    assert datasets.is_dir() and not any(datasets.iterdir()), list(datasets.iterdir())
