@@ -172,10 +172,11 @@ class ModelConfig:
         depth = self.verifier.num_layers()
         if depth is not None:
             ids = self.draft.aux_layer_ids
+            # The usual choice, distinct and within the depth also for a verifier of a few layers.
+            usual = sorted({min(2, depth - 1), depth // 2, max(depth - 3, 0)})
             _require(max(ids) < depth, "model.draft.aux_layer_ids",
                      f"{list(ids)} goes beyond the verifier's {depth} decoder layers: ids are in [0, {depth - 1}] "
-                     f"(hidden_states[i] enters layer i); [2, N//2, N-3] is the usual choice, here "
-                     f"[{min(2, depth - 1)}, {depth // 2}, {max(depth - 3, 0)}]")
+                     f"(hidden_states[i] enters layer i); [2, N//2, N-3] is the usual choice, here {usual}")
 
 
 @dataclass
