@@ -91,3 +91,14 @@ def test_the_check_cli_refuses_a_total_seq_len_no_micro_batch_can_hold(tmp_path,
     with pytest.raises(SystemExit) as stop:
         main([str(tmp_path), "--total-seq-len", "0"])
     assert stop.value.code == 2 and "--total-seq-len must be at least 2" in capsys.readouterr().err
+
+
+def test_sampling_from_a_verifier_with_nan_weights_is_one_data_error(tmp_path):
+    """torch.multinomial's own failure was a traceback; a NaN in the verifier stops with one message."""
+    from eagle3.errors import DataError
+
+    model = load_causal_lm(tiny_verifier_dir(TINY, str(tmp_path)))
+    with torch.no_grad():
+        model.model.layers[1].mlp.down_proj.weight[0, 0] = float("nan")
+    with pytest.raises(DataError, match="next-token probabilities are not finite"):
+        sample_rows(model, SynthConfig(num_samples=2, prompt_len=4, response_len=4, batch_size=2))

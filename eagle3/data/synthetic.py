@@ -15,6 +15,7 @@ from eagle3.data.cache import build_once, cache_key
 from eagle3.data.jsonl import Row
 from eagle3.data.prepare import write_dataset
 from eagle3.data.verifier_forward import load_causal_lm
+from eagle3.errors import DataError
 
 
 @torch.no_grad()
@@ -39,6 +40,9 @@ def _sample(model: torch.nn.Module, prompt: torch.Tensor, new_tokens: int, tempe
     tokens = [prompt]
     for _ in range(new_tokens):
         probs = torch.softmax(out.logits[:, -1].float().cpu() / temperature, dim=-1)
+        if not torch.isfinite(probs).all():  # torch.multinomial would fail with a traceback
+            raise DataError("the verifier's next-token probabilities are not finite (NaN or inf in its weights or "
+                            "activations), so no sequence can be sampled from it; check model.verifier")
         nxt = torch.multinomial(probs, 1, generator=gen)
         tokens.append(nxt)
         out = model(input_ids=nxt.to(device), past_key_values=out.past_key_values, use_cache=True)
