@@ -364,11 +364,11 @@ def check_data(cfg: RunConfig, verifier_dir: Path, data_dir: Path) -> list[int] 
     draft, policy = cfg.model.draft, cfg.data.on_bad_sample.value
     if cfg.resume:
         refuse_other_rows(Path(cfg.run.dir), data_dir)
-    if cfg.data.online.enabled:  # no hidden states to check: the verifier that will compute them instead
-        from eagle3.data.online import check_online_verifier
+    if cfg.data.online.enabled:  # no hidden states to check: the verifier (checked in materialize_inputs) instead
+        from eagle3.data.online import verifier_positions
         from eagle3.data.record import check_same_verifier
 
-        positions = check_online_verifier(verifier_dir, draft)
+        positions = verifier_positions(verifier_dir)
         check_same_verifier(data_dir, verifier_dir)  # an Arrow dir prepared for another verifier: its tokenizer
         report = check_dataset(data_dir, vocab_size=draft.vocab_size, total_seq_len=cfg.data.total_seq_len,
                                hidden_states=False, max_positions=positions)

@@ -56,6 +56,23 @@ def launch(args: list[str], cache_dir: Path, timeout: int = 600, **env) -> subpr
                           capture_output=True, text=True, timeout=timeout)
 
 
+def sigterm_after_first_train_row(args: list[str], cache_dir: Path, run_dir: Path) -> tuple[int, str]:
+    """Starts `python launch.py ARGS` (run dir `run_dir`), sends SIGTERM once metrics.jsonl holds a train row, and
+    returns the exit status and the console output."""
+    import signal
+    import time
+
+    proc = subprocess.Popen([sys.executable, str(ROOT / "launch.py"), *args], cwd=ROOT, text=True,
+                            env={**os.environ, "EAGLE3_CACHE": str(cache_dir)}, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT)
+    metrics, deadline = run_dir / "metrics.jsonl", time.time() + 240
+    while time.time() < deadline and not (metrics.exists() and '"train"' in metrics.read_text()):
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGTERM)
+    out, _ = proc.communicate(timeout=120)
+    return proc.returncode, out
+
+
 @pytest.fixture(scope="session")
 def cache_dir(tmp_path_factory) -> Path:
     return tmp_path_factory.mktemp("eagle3-cache")

@@ -5,18 +5,14 @@ default's metrics without a hidden-state file written, and a run stopped mid-epo
 from __future__ import annotations
 
 import json
-import os
 import random
 import signal
-import subprocess
-import sys
-import time
 from pathlib import Path
 
 import pytest
 import torch
 
-from conftest import ROOT, SMALL_DATA, launch, read_rows
+from conftest import SMALL_DATA, launch, read_rows, sigterm_after_first_train_row
 
 # The sampler warns about the rows longer than a micro-batch on purpose.
 pytestmark = pytest.mark.filterwarnings("ignore:Found .* samples longer than batch_max_length")
@@ -253,15 +249,9 @@ def test_online_run_stopped_mid_epoch_resumes_to_the_uninterrupted_metrics(tiny_
 
     reference, cache = tiny_online
     run_dir = tmp_path / "run"
-    proc = subprocess.Popen([sys.executable, str(ROOT / "launch.py"), f"hydra.run.dir={run_dir}", "data=online",
-                             *TINY], cwd=ROOT, text=True, env={**os.environ, "EAGLE3_CACHE": str(cache)},
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-    metrics, deadline = run_dir / "metrics.jsonl", time.time() + 240
-    while time.time() < deadline and not (metrics.exists() and '"train"' in metrics.read_text()):
-        time.sleep(0.05)
-    proc.send_signal(signal.SIGTERM)
-    out, _ = proc.communicate(timeout=120)
-    assert proc.returncode == 128 + signal.SIGTERM, out[-3000:]
+    returncode, out = sigterm_after_first_train_row([f"hydra.run.dir={run_dir}", "data=online", *TINY], cache,
+                                                    run_dir)
+    assert returncode == 128 + signal.SIGTERM, out[-3000:]
     progress = load_trainer_state(run_dir / "checkpoints" / "last")["progress"]
     assert progress["epoch"] == 0 and 0 < progress["step_in_epoch"] == progress["step"] < 8, progress  # mid-epoch
     resumed = launch([f"resume={run_dir}"], cache)

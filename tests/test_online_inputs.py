@@ -335,7 +335,6 @@ def train_in_process(overrides: list[str], run_dir: Path, cache: Path) -> None:
     from eagle3.rank import run_rank
 
     plain = OmegaConf.to_container(compose_cfg([f"cache_dir={cache}", *overrides]), resolve=True, enum_to_str=True)
-    plain["data"]["synth"] = None  # as launch.resolve drops it when data.path is given
     plain["run"] = {"dir": str(run_dir), "name": run_dir.name, "group": run_dir.name, "choices": {}, "overrides": []}
     run_dir.mkdir(parents=True)
     cfg = run_config(plain)

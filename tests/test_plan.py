@@ -252,8 +252,6 @@ def _planned_config(overrides: list[str]):
     from eagle3.config import run_config
 
     plain = OmegaConf.to_container(compose_cfg(["logger.mode=disabled", *overrides]), resolve=True, enum_to_str=True)
-    if (plain["data"].get("online") or {}).get("enabled") and plain["data"]["path"] is not None:
-        plain["data"]["synth"] = None  # as launch.resolve drops it
     plain["run"] = {"dir": "", "name": "plan", "group": "plan", "choices": {}, "overrides": []}
     return run_config(plain, dataset_required=False)
 

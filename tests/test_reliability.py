@@ -15,7 +15,7 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
-from conftest import ROOT, SMALL_DATA, compose_cfg, launch, read_rows
+from conftest import ROOT, SMALL_DATA, compose_cfg, launch, read_rows, sigterm_after_first_train_row
 
 
 def small_run(cache_dir: Path, run_dir: Path, overrides: list[str]):
@@ -95,15 +95,8 @@ def test_too_many_in_a_row_stop_with_a_loadable_last(cache_dir, tmp_path):
 def test_sigterm_saves_a_checkpoint_that_resume_continues(cache_dir, tmp_path):
     run_dir = tmp_path / "run"
     args = [f"hydra.run.dir={run_dir}", "optim.epochs=3", "logger.log_every=1", "logger.mode=disabled", *SMALL_DATA]
-    proc = subprocess.Popen([sys.executable, str(ROOT / "launch.py"), *args], cwd=ROOT, text=True,
-                            env={**os.environ, "EAGLE3_CACHE": str(cache_dir)}, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT)
-    metrics, deadline = run_dir / "metrics.jsonl", time.time() + 240
-    while time.time() < deadline and not (metrics.exists() and '"train"' in metrics.read_text()):
-        time.sleep(0.05)
-    proc.send_signal(signal.SIGTERM)
-    out, _ = proc.communicate(timeout=120)
-    assert proc.returncode == 128 + signal.SIGTERM, out[-2000:]
+    returncode, out = sigterm_after_first_train_row(args, cache_dir, run_dir)
+    assert returncode == 128 + signal.SIGTERM, out[-2000:]
     assert f"resume={run_dir}" in out
     from eagle3.checkpoint import load_trainer_state
 

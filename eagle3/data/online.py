@@ -104,7 +104,12 @@ def check_online_verifier(verifier_dir: Path, draft: DraftConfig) -> int | None:
         raise ConfigError(f"model.draft.vocab_size={draft.vocab_size} but {where} has a vocabulary of {vocab}; "
                           f"model=auto reads the draft's shape from its config.json")
     check_verifier_weights(Path(verifier_dir))
-    config = json.loads((Path(verifier_dir) / "config.json").read_text())
+    return verifier_positions(Path(verifier_dir))
+
+
+def verifier_positions(verifier_dir: Path) -> int | None:
+    """The verifier's max_position_embeddings from its config.json (None when it does not say): a row's bound."""
+    config = json.loads((verifier_dir / "config.json").read_text())
     positions = config.get("text_config", config).get("max_position_embeddings")
     return positions if isinstance(positions, int) else None
 
