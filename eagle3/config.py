@@ -12,8 +12,9 @@ This module imports neither torch nor speculators: `launch.py --help` and `--cfg
 
 from __future__ import annotations
 
-import json
 import math
+import os
+import stat
 from dataclasses import dataclass, field, fields
 from enum import Enum
 from pathlib import Path
@@ -24,6 +25,7 @@ from omegaconf import MISSING, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from eagle3.errors import ConfigError
+from eagle3.verifier_shape import read_verifier_config, shape_problems
 
 
 def _require(ok: bool, key: str, problem: str) -> None:
@@ -94,6 +96,15 @@ class VerifierConfig:
         if self.path is not None:
             _require_dir(self.path, "model.verifier.path", ["config.json"],
                          "a local Hugging Face model dir with config.json and model.safetensors (or its index)")
+            read_verifier_config(self.path)  # refuses a config no model could have, and LayerNorm verifiers
+        if self.tiny is not None:
+            t = self.tiny
+            problems = "; ".join(shape_problems({
+                "hidden_size": t.hidden_size, "num_hidden_layers": t.num_layers, "num_attention_heads": t.num_heads,
+                "intermediate_size": t.intermediate_size, "vocab_size": t.vocab_size,
+                "max_position_embeddings": t.max_position_embeddings}))
+            _require(not problems, "model.verifier.tiny", "a verifier no model could have: " + problems.replace(
+                "num_hidden_layers", "num_layers").replace("num_attention_heads", "num_heads"))
 
     def num_layers(self) -> int | None:
         """The verifier's decoder layers (tiny: its num_layers; a path: config.json's num_hidden_layers), None when
@@ -102,12 +113,7 @@ class VerifierConfig:
             return self.tiny.num_layers
         if self.path is None:
             return None
-        try:
-            config = json.loads((Path(self.path) / "config.json").read_text())
-        except (OSError, ValueError) as e:
-            raise ConfigError(f"model.verifier.path: {self.path}/config.json is not readable JSON ({e})") from None
-        config = config.get("text_config", config)  # a multimodal model's language part
-        layers = config.get("num_hidden_layers")
+        layers = read_verifier_config(self.path).get("num_hidden_layers")
         return layers if isinstance(layers, int) else None
 
 
@@ -143,6 +149,15 @@ class DraftConfig:
     gradient_checkpointing: bool = False
 
     def check(self) -> None:
+        sizes = {key: getattr(self, key) for key in ("hidden_size", "num_attention_heads", "num_key_value_heads",
+                                                     "head_dim", "intermediate_size", "vocab_size",
+                                                     "max_position_embeddings")}
+        # head_dim is given: the draft's heads need not divide its hidden size (q_proj maps H to heads x head_dim).
+        problems = shape_problems(sizes)
+        _require(not problems, "model.draft", f"a draft no model could have: {'; '.join(problems)}")
+        for key in ("rope_theta", "rms_norm_eps"):
+            value = getattr(self, key)
+            _require(math.isfinite(value) and value > 0, f"model.draft.{key}", f"must be positive, got {value}")
         _require(self.ttt_steps >= 1, "model.draft.ttt_steps", "must be >= 1")
         _require(0 < self.draft_vocab_size <= self.vocab_size, "model.draft.draft_vocab_size",
                  f"must be in (0, model.draft.vocab_size={self.vocab_size}]")
@@ -162,13 +177,13 @@ class ModelConfig:
     draft: DraftConfig = field(default_factory=DraftConfig)
 
     def check(self) -> None:
-        self.draft.check()
         # Both set: a model option with its own tiny verifier (model=tiny) got a path; its draft is sized after
         # the tiny one, so training against the path would not fit. Said before verifier.check's generic message.
         _require(self.verifier.path is None or self.verifier.tiny is None, "model.verifier.path",
                  f"model={self.name} builds its own tiny verifier and sizes the draft after it; for your own "
                  "verifier use model=auto model.verifier.path=<dir> (the draft's shape is read from its config.json)")
-        self.verifier.check()
+        self.verifier.check()  # before the draft's: a draft sized after a bad verifier is the verifier's fault
+        self.draft.check()
         depth = self.verifier.num_layers()
         if depth is not None:
             ids = self.draft.aux_layer_ids
@@ -251,7 +266,7 @@ class DataConfig:
                 elif p.is_dir():
                     problem = None if any(p.glob("*.arrow")) else "is a dir without Arrow rows (no *.arrow file)"
                 else:
-                    problem = "does not exist"
+                    problem = path_kind(p, "a JSONL file or a dataset dir")
                 _require(problem is None, "data.path",
                          f"{self.path} {problem}; data=online reads token rows: a JSONL of {{\"input_ids\", "
                          f"\"loss_mask\"}} or {{\"messages\"}} rows, or a speculators-format dataset dir (Arrow rows "
@@ -397,7 +412,8 @@ class AcceptEvalConfig:
                  "python -m eagle3.eval.accept --run <run dir>")
         if self.prompts is not None:
             _require(Path(self.prompts).is_file(), "eval.accept.prompts",
-                     f"{self.prompts} does not exist or is not a file; expected a JSONL of input_ids or messages rows")
+                     f"{self.prompts} {path_kind(Path(self.prompts), 'a regular file')}; expected a JSONL of "
+                     f"input_ids or messages rows")
 
 
 @dataclass
@@ -567,10 +583,24 @@ def _jsonl_problem(file: Path, first_line: bool = True) -> str | None:
     return None
 
 
+def path_kind(p: Path, wanted: str) -> str:
+    """Why `p` is not `wanted` ("a directory", ...), said after its name: "does not exist", "is a FIFO (named pipe),
+    not a directory", ... (the mode only: a FIFO is never opened, reading it would block)."""
+    try:
+        mode = os.stat(p).st_mode
+    except FileNotFoundError:
+        return "is a symlink to nothing (its target does not exist)" if p.is_symlink() else "does not exist"
+    except OSError as e:
+        return f"cannot be looked at ({e.strerror})"
+    kinds = [(stat.S_ISDIR, "a directory"), (stat.S_ISREG, "a regular file"), (stat.S_ISFIFO, "a FIFO (named pipe)"),
+             (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket")]
+    return f"is {next((name for test, name in kinds if test(mode)), 'of an unknown kind')}, not {wanted}"
+
+
 def _require_dir(path: str, key: str, entries: list[str], what: str) -> None:
     p = Path(path)
     if not p.is_dir():
-        raise ConfigError(f"{key}: {path} does not exist or is not a directory; expected {what}")
+        raise ConfigError(f"{key}: {path} {path_kind(p, 'a directory')}; expected {what}")
     missing = [e for e in entries if not (p / e).exists()]
     if missing:
         raise ConfigError(f"{key}: {path} has no {', '.join(missing)}; expected {what}")

@@ -16,21 +16,23 @@ from typing import Any
 from eagle3.config import DataConfig, VerifierConfig
 from eagle3.errors import ConfigError
 from eagle3.plan import DTYPE_BYTES, DataStats, VerifierShape
+from eagle3.verifier_shape import read_verifier_config
 
 GB = 1e9  # distributed.device_memory_gb is in GB (10^9 bytes), as GPU datasheets state it (H200: 141 GB)
 
 
-def device_and_memory(device: str, device_memory_gb: float | None,
-                      in_process: bool = True) -> tuple[str, int | None, str]:
+def device_and_memory(device: str, device_memory_gb: float | None, in_process: bool = True,
+                      ranks_per_node: int = 1) -> tuple[str, int | None, str]:
     """(device type the run will use, bytes of memory per device to check against, where that number came from).
     `in_process`: the rank runs in this process (one rank in all), so asking the GPU's free memory costs no
     extra CUDA context; otherwise the ranks' own processes hold the GPUs and this one reads only the
-    device's total (no context is created for it)."""
+    device's total (no context is created for it). On CPU the device is the host: its available memory, shared
+    by the `ranks_per_node` ranks this node starts."""
     if device_memory_gb is not None:
         kind = "cpu" if device == "cpu" else "cuda"
         return kind, int(device_memory_gb * GB), f"distributed.device_memory_gb={device_memory_gb:g}"
     if device == "cpu":
-        return "cpu", None, "no device memory to check against (device=cpu; set distributed.device_memory_gb)"
+        return ("cpu", *host_memory(ranks_per_node))
     import torch
 
     if torch.cuda.is_available():
@@ -39,8 +41,24 @@ def device_and_memory(device: str, device_memory_gb: float | None,
             return "cuda", int(props.total_memory), f"total of {props.name} (device properties)"
         free, total = torch.cuda.mem_get_info()
         return "cuda", int(free), f"free on {torch.cuda.get_device_name()} of {total / GB:.0f} GB (mem_get_info)"
-    return ("cuda" if device == "cuda" else "cpu", None,
-            "no device memory to check against (no GPU visible, distributed.device_memory_gb not set)")
+    if device == "cuda":
+        return "cuda", None, "no device memory to check against (no GPU visible, distributed.device_memory_gb not set)"
+    return ("cpu", *host_memory(ranks_per_node))
+
+
+def host_memory(ranks: int) -> tuple[int | None, str]:
+    """Bytes of host memory per rank (the available memory, /proc/meminfo's MemAvailable, or the free physical
+    pages where there is no /proc, over the node's ranks) and where that came from; None where neither is known."""
+    try:
+        line = next(x for x in Path("/proc/meminfo").read_text().splitlines() if x.startswith("MemAvailable:"))
+        available, source = int(line.split()[1]) * 1024, "MemAvailable in /proc/meminfo"
+    except (OSError, StopIteration, ValueError, IndexError):
+        try:
+            available, source = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"), "free physical pages"
+        except (OSError, ValueError):
+            return None, "no device memory to check against (host memory unknown; set distributed.device_memory_gb)"
+    shared = f" shared by {ranks} ranks" if ranks > 1 else ""
+    return available // ranks, f"host memory available, {available / GB:.1f} GB{shared} ({source}; device=cpu)"
 
 
 def dataset_stats(data: DataConfig, hidden_size: int, aux_layer_ids: list[int]) -> DataStats | None:
@@ -87,7 +105,7 @@ def verifier_size(verifier: VerifierConfig) -> tuple[int, str]:
         files = list(Path(verifier_path).glob("*.safetensors"))
         if files:
             return sum(f.stat().st_size for f in files), f"its safetensors files in {verifier_path}"
-        config = json.loads((Path(verifier_path) / "config.json").read_text())
+        config = read_verifier_config(verifier_path)
         h, layers = config["hidden_size"], config["num_hidden_layers"]
         params = 2 * config["vocab_size"] * h + layers * (4 * h * h + 3 * h * config.get("intermediate_size", 4 * h))
         return 2 * params, "estimated from config.json as a dense model in bf16 (no weights present)"
@@ -109,8 +127,8 @@ def verifier_shape(verifier: VerifierConfig) -> VerifierShape:
                                   "intermediate_size": tiny.intermediate_size, "vocab_size": tiny.vocab_size,
                                   "tie_word_embeddings": False}
         return shape_from_config(config, "the tiny verifier's config")
+    config = read_verifier_config(verifier.path)  # a multimodal wrapper's (Kimi-K2.5) text_config: the decoder's
     outer = json.loads((Path(verifier.path) / "config.json").read_text())
-    config = outer.get("text_config", outer)  # a multimodal wrapper (Kimi-K2.5) holds the decoder's config inside
     try:
         shape = shape_from_config(config, f"estimated from {verifier.path}/config.json")
     except KeyError as e:
