@@ -16,6 +16,7 @@ import json
 import logging
 import os
 import shlex
+import sys
 import time
 import traceback
 import uuid
@@ -198,7 +199,8 @@ def run_plan(cfg: TrainConfig) -> Plan:
     from eagle3.plan_inputs import dataset_stats, device_and_memory, rows_unknown_reason, verifier_shape, verifier_size
 
     draft, dist = cfg.model.draft, cfg.distributed
-    kind, memory, source = device_and_memory(cfg.device, dist.device_memory_gb, in_process=dist.world_size == 1)
+    kind, memory, source = device_and_memory(cfg.device, dist.device_memory_gb, in_process=dist.world_size == 1,
+                                             ranks_per_node=dist.nproc_per_node)
     online = cfg.data.online.enabled
     # Online, every rank holds the verifier and eval.accept reuses it; offline only eval.accept loads it (rank 0).
     accept_loads = cfg.eval.accept.enabled and not online
@@ -217,14 +219,20 @@ def show_plan(cfg: DictConfig, hydra, run_dir: Path) -> None:
     (a plan reads no data), prints the plan, and removes the run dir Hydra made for this job when nothing but
     Hydra's own files is in it, also when the config is refused. With `resume=<run dir>`: the plan of that run,
     from its own config."""
-    from eagle3.plan import format_plan
+    from eagle3.plan import NO_FIT_STATUS, check_fits, format_plan
 
     try:
         if cfg.resume:
             run_cfg = run_config(read_run_config(Path(cfg.resume)), dataset_required=False)
         else:
             run_cfg = run_config(resolve(cfg, hydra, run_dir), dataset_required=False)
-        print(format_plan(run_plan(run_cfg)), flush=True)
+        plan = run_plan(run_cfg)
+        print(format_plan(plan), flush=True)
+        try:
+            check_fits(plan)
+        except ConfigError as e:  # printed as a run would refuse it; its own status, so that a script can gate
+            print(f"error: {e}", file=sys.stderr, flush=True)
+            raise SystemExit(NO_FIT_STATUS) from None
     finally:
         remove_if_only_hydras(Path(hydra.runtime.output_dir), hydra.job.name)
 
@@ -303,7 +311,11 @@ def hold_run_dir(run_dir: Path) -> None:
     """Takes the run dir for this process, so that two runs started in the same second (Hydra names run dirs by
     the second) or two resumes of one run cannot write into one dir together."""
     run_dir.mkdir(parents=True, exist_ok=True)
-    lock = open(run_dir / ".lock", "a")
+    try:  # never through a symlink: the lock is a file of this dir
+        lock = open(run_dir / ".lock", "a", opener=lambda path, flags: os.open(path, flags | os.O_NOFOLLOW))
+    except OSError as e:
+        raise ConfigError(f"{run_dir}/.lock cannot be this run's lock ({e.strerror}: a symlink?); nothing was "
+                          f"written: remove it or choose another hydra.run.dir") from None
     try:
         fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
@@ -314,10 +326,28 @@ def hold_run_dir(run_dir: Path) -> None:
 
 
 def refuse_to_overwrite(run_dir: Path) -> None:
+    links = links_leading_out(run_dir)
+    if links:
+        raise ConfigError(f"{run_dir} holds symlinks that lead outside it or nowhere ({', '.join(links[:4])}"
+                          f"{', ...' if len(links) > 4 else ''}): a run writes its files into its dir and would write "
+                          f"through them; nothing was written: remove them or choose another hydra.run.dir")
     if (run_dir / "checkpoints").exists() or (run_dir / "metrics.jsonl").exists():
         raise ConfigError(f"{run_dir} already holds a run (checkpoints or metrics.jsonl); nothing was "
                           f"overwritten: continue it with {resume_command(run_dir)}, or choose another "
                           f"hydra.run.dir")
+
+
+def links_leading_out(run_dir: Path) -> list[str]:
+    """The symlinks under `run_dir` (not followed) whose target is missing or outside it, as "name -> target"."""
+    inside, found = run_dir.resolve(), []
+    for parent, dirs, files in os.walk(run_dir):
+        for name in dirs + files:
+            path = Path(parent) / name
+            if path.is_symlink():
+                target = path.resolve()
+                if not target.exists() or not target.is_relative_to(inside):
+                    found.append(f"{path.relative_to(run_dir)} -> {os.readlink(path)}")
+    return sorted(found)
 
 
 def materialize_inputs(cfg: RunConfig) -> tuple[Path, Path]:

@@ -35,6 +35,8 @@ UTILIZATION = 0.35
 # The guard refuses a peak above this share of the device's memory (the allocator's fragmentation, CUDA
 # context and library workspaces need the rest).
 FIT_SHARE = 0.95
+# The exit status of `plan=true` for a plan that does not fit (1 is a refused config), so that a script can gate.
+NO_FIT_STATUS = 3
 
 
 @dataclass
@@ -491,7 +493,7 @@ def format_plan(plan: Plan) -> str:
         lines.append(f"  device memory: {plan.device_memory_source}")
     else:
         share = plan.peak / plan.device_memory
-        verdict = "fits" if plan.fits() else f"DOES NOT FIT (limit {FIT_SHARE:.0%})"
+        verdict = "fits" if plan.fits() else f"DOES NOT FIT (limit {FIT_SHARE:.0%}; exit status {NO_FIT_STATUS})"
         lines.append(f"  device memory: {human(plan.device_memory)} ({plan.device_memory_source}): "
                      f"{share:.0%} used, {verdict}")
     lines.append(f"  tokens per optimizer step: {plan.tokens_per_step:,} (total_seq_len x grad_accum x ranks)")
