@@ -64,6 +64,10 @@ class AcceptanceProbe:
         self.prompts = [Prompt(p, prompt_origin(p, i)) for i, p in enumerate(prompts)]
         self.greedy: list[list[int]] | None = None
         max_positions = getattr(verifier.config, "max_position_embeddings", None) or 1 << 30
+        if max_new_tokens + k >= max_positions:
+            raise ConfigError(f"k={k} draft tokens and max_new_tokens={max_new_tokens} leave no room for a prompt "
+                              f"in the verifier's max_position_embeddings ({max_positions}): k + max_new_tokens "
+                              f"must be below it")
         check_prompts(self.prompts, verifier.config.vocab_size, max_positions - max_new_tokens - k)
 
     @torch.no_grad()
