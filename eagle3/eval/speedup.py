@@ -106,7 +106,7 @@ def given_costs(args: argparse.Namespace, max_k: int) -> StepCosts:
                           f"got {len(verify)}")
     values = [args.baseline_ms, *verify, args.draft_ms]
     if not all(math.isfinite(v) and v >= 0 for v in values) or args.baseline_ms <= 0 or min(verify) <= 0:
-        raise ConfigError(f"step costs must be finite positive milliseconds (--draft-ms may be 0), got baseline "
+        raise ConfigError(f"step costs must be positive, finite milliseconds (--draft-ms may be 0), got baseline "
                           f"{args.baseline_ms}, verify {verify}, draft {args.draft_ms}")
     return StepCosts(args.baseline_ms, {k: verify[0 if len(verify) == 1 else k - 1] for k in range(1, max_k + 1)},
                      args.draft_ms, "given")
