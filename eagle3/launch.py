@@ -338,16 +338,15 @@ def refuse_to_overwrite(run_dir: Path) -> None:
 
 
 def links_leading_out(run_dir: Path) -> list[str]:
-    """The symlinks under `run_dir` (not followed) whose target is missing or outside it, as "name -> target"."""
-    inside, found = run_dir.resolve(), []
-    for parent, dirs, files in os.walk(run_dir):
-        for name in dirs + files:
-            path = Path(parent) / name
-            if path.is_symlink():
-                target = path.resolve()
-                if not target.exists() or not target.is_relative_to(inside):
-                    found.append(f"{path.relative_to(run_dir)} -> {os.readlink(path)}")
-    return sorted(found)
+    """The symlinks in `run_dir` and its subdirs (.hydra/, wandb/: where Hydra, the run and wandb write; links not
+    followed) whose target is missing or outside it, as "name -> target"."""
+    if not run_dir.is_dir():
+        return []
+    inside = run_dir.resolve()
+    top = list(run_dir.iterdir())
+    entries = top + [e for d in top if d.is_dir() and not d.is_symlink() for e in d.iterdir()]
+    return sorted(f"{e.relative_to(run_dir)} -> {os.readlink(e)}" for e in entries
+                  if e.is_symlink() and (not e.exists() or not e.resolve().is_relative_to(inside)))
 
 
 def materialize_inputs(cfg: RunConfig) -> tuple[Path, Path]:

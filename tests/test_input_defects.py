@@ -206,11 +206,13 @@ def test_a_run_dir_with_symlinks_leading_out_is_refused_and_nothing_is_written_t
     (run_dir / "wandb" / "run-1").mkdir(parents=True)
     (run_dir / "wandb" / "latest-run").symlink_to("run-1")  # inside the run dir (as wandb links): allowed
     refuse_to_overwrite(run_dir)
-    for name in ("resolved_config.yaml", "summary.json"):
-        (run_dir / name).symlink_to(outside / name)  # dangling, and leading out
+    (run_dir / ".hydra").mkdir()
+    for name in ("resolved_config.yaml", "summary.json", ".hydra/config.yaml"):
+        (run_dir / name).symlink_to(outside / Path(name).name)  # dangling, and leading out
     with pytest.raises(ConfigError, match="symlinks that lead outside it or nowhere") as refused:
         refuse_to_overwrite(run_dir)
-    assert "summary.json -> " in str(refused.value) and "latest-run" not in str(refused.value)
+    message = str(refused.value)
+    assert "summary.json -> " in message and ".hydra/config.yaml -> " in message and "latest-run" not in message
     (run_dir / ".lock").symlink_to(outside / ".lock")
     with pytest.raises(ConfigError, match=r"\.lock cannot be this run's lock"):
         hold_run_dir(run_dir)
