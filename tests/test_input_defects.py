@@ -145,6 +145,9 @@ def test_plan_true_exits_3_when_the_plan_does_not_fit_and_0_when_it_does(tmp_pat
     errors = [line for line in too_big.stderr.splitlines() if line.startswith("error:")]
     assert len(errors) == 1 and "largest term" in errors[0] and "Traceback" not in too_big.stderr
     assert not run_dir.exists()
+    helped = launch(["--help"], tmp_path / "cache")
+    assert helped.returncode == 0 and "plan=true exits 0 when the plan fits the device, 3 when it does not" in \
+        " ".join(helped.stdout.split())
 
 
 # --- eval.speedup and the acceptance probe: options out of range ----------------------------------------------
