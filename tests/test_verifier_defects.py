@@ -1,0 +1,130 @@
+"""Verifiers that gave wrong hidden states or ran code: sliding-window attention under data=online's packed
+forward (online must equal prepare's offline files), model dirs that define their own code (never run, one
+message), and safetensors headers whose offsets do not describe the file (one message, before anything loads)."""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+
+import pytest
+import torch
+
+from eagle3.errors import ConfigError
+
+# The sampler warns about the rows longer than a micro-batch on purpose.
+pytestmark = pytest.mark.filterwarnings("ignore:Found .* samples longer than batch_max_length")
+
+VOCAB, HIDDEN, LAYERS, WINDOW = 256, 64, 4, 16
+AUX = [1, 2, 3]
+T = 64  # tokens per micro-batch: rows and their packs are longer than the window
+
+
+# --- sliding-window verifiers: data=online's packed forward gives prepare's hidden states ---------------------
+
+def small(**kw) -> dict:
+    return dict(vocab_size=VOCAB, hidden_size=HIDDEN, intermediate_size=128, num_hidden_layers=LAYERS,
+                num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512, **kw)
+
+
+def save_verifier(kind: str, path: Path) -> Path:
+    """`kind`: "mixed", a Qwen2 whose first 2 layers attend fully and the others within a 16-token window;
+    "sliding", a Mistral whose every layer has the window."""
+    from transformers import MistralConfig, MistralForCausalLM, Qwen2Config, Qwen2ForCausalLM
+
+    torch.manual_seed(0)
+    if kind == "mixed":
+        model = Qwen2ForCausalLM(Qwen2Config(**small(use_sliding_window=True, sliding_window=WINDOW,
+                                                     max_window_layers=2)))
+        assert model.config.layer_types == ["full_attention"] * 2 + ["sliding_attention"] * 2
+    else:
+        model = MistralForCausalLM(MistralConfig(**small(sliding_window=WINDOW)))
+    model.save_pretrained(str(path))
+    return path
+
+
+def windowed_rows() -> list[tuple[list[int], list[int]]]:
+    """Rows of 1 to 130 tokens, most longer than the window, several to a micro-batch."""
+    rng = random.Random(1)
+    lengths = [1, 2, 90, 130] + [rng.randint(3, 60) for _ in range(28)]
+    out = []
+    for n in lengths:
+        ids = [rng.randrange(VOCAB) for _ in range(n)]
+        out.append((ids, [0] * min(4, n - 1) + [1] * (n - min(4, n - 1))))
+    return out
+
+
+@pytest.fixture(scope="module", params=["mixed", "sliding"])
+def windowed(request, tmp_path_factory) -> dict:
+    """A sliding-window verifier, the rows prepared offline in fp32, and the same rows as token rows alone."""
+    from eagle3.data.prepare import write_dataset
+    from eagle3.data.token_rows import save_rows
+    from eagle3.data.verifier_forward import load_causal_lm
+
+    tmp = tmp_path_factory.mktemp(f"window-{request.param}")
+    verifier = save_verifier(request.param, tmp / "verifier")
+    rows = windowed_rows()
+    model = load_causal_lm(verifier)
+    write_dataset(model, verifier, rows, tmp / "offline", AUX, batch_tokens=512, dtype=torch.float32)
+    save_rows(rows, tmp / "rows")
+    return {"verifier": verifier, "model": model, "rows": rows, "offline": tmp / "offline", "token_rows": tmp / "rows"}
+
+
+def test_prepare_keeps_the_window_of_each_layer(windowed):
+    """The offline files (padded batches, transformers' own masks) hold each row's own forward's values, and those
+    differ past the window from what the same weights give attending to the whole row: the window matters here."""
+    from safetensors.torch import load_file
+
+    model, rows = windowed["model"], windowed["rows"]
+    row = max(range(len(rows)), key=lambda i: len(rows[i][0]))
+    ids = torch.tensor([rows[row][0]])
+    assert ids.shape[1] > 4 * WINDOW
+    stored = load_file(str(windowed["offline"] / "hidden_states" / f"hs_{row}.safetensors"))["hidden_states"]
+    with torch.no_grad():
+        own = model(input_ids=ids, output_hidden_states=True).hidden_states
+        torch.testing.assert_close(stored[:, :len(AUX)], torch.stack([own[i][0] for i in AUX], dim=1),
+                                   rtol=0, atol=1e-5)
+    full = type(model)(type(model.config)(**{**model.config.to_dict(), "sliding_window": None,
+                                             "use_sliding_window": False, "layer_types": None}))
+    full.load_state_dict(model.state_dict())
+    with torch.no_grad():
+        unwindowed = full.eval()(input_ids=ids, output_hidden_states=True).hidden_states[AUX[-1]][0]
+    torch.testing.assert_close(unwindowed[:WINDOW], stored[:WINDOW, len(AUX) - 1], rtol=0, atol=1e-5)
+    assert (unwindowed[2 * WINDOW:] - stored[2 * WINDOW:, len(AUX) - 1]).abs().max() > 1e-3
+
+
+def test_online_micro_batches_are_the_offline_ones_for_sliding_window_verifiers(windowed):
+    from eagle3.data.loader import build_loaders
+    from eagle3.data.online import OnlineVerifier
+
+    def loaders(data_dir: Path, **online):
+        return build_loaders(data_dir, T, HIDDEN, len(AUX), 0.8, seed=3, world_size=1, rank=0, grad_accum=1,
+                             **online)
+
+    verifier = OnlineVerifier(windowed["model"], AUX)
+    offline = loaders(windowed["offline"])
+    online = loaders(windowed["token_rows"], verifier=verifier, hidden_states_dtype=torch.float32)
+    packs_past_window = 0
+    for off, on in [(offline[0], online[0]), (offline[1], online[1])]:
+        assert len(on) == len(off) > 0
+        for count, (a, b) in enumerate(zip(off, on, strict=True)):
+            for key in ("input_ids", "loss_mask", "position_ids", "document_ids"):
+                assert torch.equal(a[key], b[key]), f"micro-batch {count}: {key}"
+            torch.testing.assert_close(b["hidden_buffer"], a["hidden_buffer"], rtol=0, atol=1e-5,
+                                       msg=lambda m, count=count: f"micro-batch {count}: {m}")
+            docs = a["document_ids"][0]
+            packs_past_window += int(docs.max() > 0 and a["position_ids"][0].max() > WINDOW)
+    assert packs_past_window  # several documents in one pack, one of them longer than the window
+
+
+def test_online_refuses_a_verifier_whose_attention_packing_cannot_confine(tmp_path):
+    """Chunked attention counts its chunks from the packed row's start: one message before any rank starts."""
+    from transformers import Qwen2Config
+
+    from eagle3.config import DraftConfig
+    from eagle3.data.online import check_online_verifier
+
+    Qwen2Config(**small(layer_types=["full_attention", "chunked_attention"] * 2)).save_pretrained(str(tmp_path))
+    draft = DraftConfig(hidden_size=HIDDEN, vocab_size=VOCAB, aux_layer_ids=AUX)
+    with pytest.raises(ConfigError, match="chunked_attention.*data=offline"):
+        check_online_verifier(tmp_path, draft)
