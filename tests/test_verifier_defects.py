@@ -128,3 +128,100 @@ def test_online_refuses_a_verifier_whose_attention_packing_cannot_confine(tmp_pa
     draft = DraftConfig(hidden_size=HIDDEN, vocab_size=VOCAB, aux_layer_ids=AUX)
     with pytest.raises(ConfigError, match="chunked_attention.*data=offline"):
         check_online_verifier(tmp_path, draft)
+
+
+# --- model dirs with code of their own: never run, whatever stdin answers ---------------------------------------
+
+def marker_code(marker: Path) -> str:
+    """A module that leaves `marker` behind when imported: what a dir's model code would run."""
+    return f"import pathlib\npathlib.Path({str(marker)!r}).write_text('ran')\n"
+
+
+def with_own_code(path: Path, marker: Path, json_file: str, auto_map: dict, **fields) -> Path:
+    """`path`'s `json_file` given an auto_map (and `fields`) naming modules in the dir that write `marker`."""
+    import json
+
+    file = path / json_file
+    config = json.loads(file.read_text()) if file.is_file() else {}
+    file.write_text(json.dumps({**config, **fields, "auto_map": auto_map}))
+    for name in {(v if isinstance(v, str) else next(x for x in v if x)).split(".")[0] for v in auto_map.values()}:
+        (path / f"{name}.py").write_text(marker_code(marker))
+    return path
+
+
+def small_verifier(path: Path) -> Path:
+    """A small Llama verifier with a word-level tokenizer that has a chat template."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+
+    torch.manual_seed(0)
+    LlamaForCausalLM(LlamaConfig(**small())).save_pretrained(str(path))
+    words = ["[UNK]", "<|user|>", "<|assistant|>", "<|end|>"] + [f"w{i}" for i in range(100)]
+    tokenizer = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="[UNK]"))
+    tokenizer.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    fast = PreTrainedTokenizerFast(tokenizer_object=tokenizer, unk_token="[UNK]")
+    fast.chat_template = ("{% for m in messages %}<|{{ m['role'] }}|> {{ m['content'] }} <|end|> {% endfor %}"
+                          "{% if add_generation_prompt %}<|assistant|> {% endif %}")
+    fast.save_pretrained(str(path))
+    return path
+
+
+def launch_answering_yes(args: list[str], cache_dir: Path):
+    """launch.py ARGS with stdin answering "y" to any prompt (transformers asks before it runs a dir's code)."""
+    import os
+    import subprocess
+    import sys
+
+    from conftest import ROOT
+
+    env = {**os.environ, "EAGLE3_CACHE": str(cache_dir), "WANDB_SILENT": "true"}
+    env.pop("HYDRA_FULL_ERROR", None)
+    return subprocess.run([sys.executable, str(ROOT / "launch.py"), *args], cwd=ROOT, env=env, input="y\n" * 20,
+                          capture_output=True, text=True, timeout=600)
+
+
+def chat_rows(path: Path) -> Path:
+    import json
+
+    rows = [{"messages": [{"role": "user", "content": " ".join(f"w{(i + j) % 100}" for j in range(8))},
+                          {"role": "assistant", "content": " ".join(f"w{(3 * i + j) % 100}" for j in range(12))}]}
+            for i in range(40)]
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+CODE_CASES = {
+    # the verifier's config.json: a model type transformers does not know, defined by the dir's own modules
+    "verifier": ("config.json", {"AutoConfig": "configuration_own.OwnConfig",
+                                 "AutoModelForCausalLM": "modeling_own.OwnForCausalLM"}, {"model_type": "own_model"}),
+    # its tokenizer: a tokenizer class of the dir's own
+    "tokenizer": ("tokenizer_config.json", {"AutoTokenizer": ["tokenization_own.OwnTokenizer", None]},
+                  {"tokenizer_class": "OwnTokenizer"}),
+    # a pretrained drafter (init=pretrained) whose config.json names code of its own
+    "drafter": ("config.json", {"AutoConfig": "configuration_own.OwnConfig",
+                                "AutoModel": "modeling_own.OwnDrafter"}, {"model_type": "own_drafter"}),
+}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case", sorted(CODE_CASES))
+def test_no_load_runs_code_from_a_model_dir_even_when_stdin_says_yes(case, tmp_path):
+    verifier = small_verifier(tmp_path / "verifier")
+    marker = tmp_path / "code-ran"
+    json_file, auto_map, fields = CODE_CASES[case]
+    owner = verifier if case != "drafter" else tmp_path / "drafter"
+    owner.mkdir(exist_ok=True)
+    with_own_code(owner, marker, json_file, auto_map, **fields)
+    rows = chat_rows(tmp_path / "rows.jsonl")
+    args = ["model=auto", f"model.verifier.path={verifier}", "data=online", f"data.path={rows}",
+            f"hydra.run.dir={tmp_path / 'run'}", "logger.mode=disabled", "data.total_seq_len=256", "optim.max_steps=1",
+            "model.draft.aux_layer_ids=[1,2,3]"]
+    if case == "drafter":
+        args += ["init=pretrained", f"init.path={owner}"]
+    proc = launch_answering_yes(args, tmp_path / "cache")
+    assert not marker.exists(), f"the {case} dir's code ran:\n{proc.stdout}\n{proc.stderr}"
+    assert proc.returncode != 0
+    assert "Traceback" not in proc.stderr, proc.stderr
+    assert str(owner) in proc.stderr, proc.stderr
+    if case != "drafter":
+        assert "never run" in proc.stderr, proc.stderr

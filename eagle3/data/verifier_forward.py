@@ -40,8 +40,8 @@ def load_config(model_dir: str | Path, key: str = "model.verifier.path"):
 def load_problem(e: BaseException) -> str:
     """Why transformers could not load a model dir, as one line for a message."""
     text = str(e).strip()
-    if "trust_remote_code" in text:  # its own refusal: the dir's model type is defined by code in the dir
-        return ("its config.json names a model type transformers does not know, defined by code in the dir "
+    if "trust_remote_code" in text:  # transformers' refusal under trust_remote_code=False
+        return ("it names a model or tokenizer class transformers does not know, defined by code in the dir "
                 "(auto_map), and code from a model dir is never run")
     return f"{type(e).__name__}: {text.splitlines()[0]}" if text else type(e).__name__
 
