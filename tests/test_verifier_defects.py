@@ -225,3 +225,130 @@ def test_no_load_runs_code_from_a_model_dir_even_when_stdin_says_yes(case, tmp_p
     assert str(owner) in proc.stderr, proc.stderr
     if case != "drafter":
         assert "never run" in proc.stderr, proc.stderr
+
+
+# --- safetensors headers: offsets that do not describe the data are refused as safetensors refuses them -----------
+
+def rewrite_header(file: Path, edit, tail: bytes = b"") -> None:
+    """`file`'s JSON header replaced by `edit(header)`, its data kept (then `tail` appended)."""
+    import json
+
+    data = file.read_bytes()
+    n = int.from_bytes(data[:8], "little")
+    header = edit(json.loads(data[8:8 + n]))
+    new = json.dumps(header).encode()
+    file.write_bytes(len(new).to_bytes(8, "little") + new + data[8 + n:] + tail)
+
+
+def offsets(**changes):
+    """An edit setting tensors' data_offsets (and shapes): {"a": [start, end]} or {"a": ([start, end], shape)}."""
+    def edit(header):
+        for name, change in changes.items():
+            span, shape = change if isinstance(change, tuple) else (change, header[name]["shape"])
+            header[name] = {**header[name], "data_offsets": span, "shape": shape}
+        return header
+    return edit
+
+
+# Two tensors as safetensors writes them: a F32 [3] at [0, 12], b BF16 [2] at [12, 16].
+BAD_OFFSETS = {
+    "negative": (offsets(a=[-12, 0]), "'a': its data offsets [-12, 0] are not non-negative integers"),
+    "reversed": (offsets(a=[12, 0]), "'a': its data offsets [12, 0] end before they start"),
+    "overlapping": (offsets(b=[8, 12]), "'b': its data offsets [8, 12] overlap the tensor before it"),
+    "gap": (offsets(b=([14, 16], [1])), "'b': its data offsets [14, 16] leave a gap"),
+    "not sized by dtype x shape": (offsets(a=([0, 12], [4])), "'a': its data offsets give 12 bytes, its F32 shape [4] "
+                                                             "needs 16"),
+    "bytes after the data": (offsets(), "4 bytes after the data its header describes"),
+    "not ending at the data's end": (offsets(b=([12, 14], [1])), "2 bytes after the data"),
+}
+
+
+def two_tensors(path: Path) -> Path:
+    from safetensors.torch import save_file
+
+    save_file({"a": torch.zeros(3), "b": torch.ones(2, dtype=torch.bfloat16)}, str(path))
+    return path
+
+
+def specs_of(file: Path):
+    import os
+
+    from eagle3.tensorfile import read_specs
+
+    fd = os.open(file, os.O_RDONLY)
+    try:
+        return read_specs(fd)
+    finally:
+        os.close(fd)
+
+
+@pytest.mark.parametrize("case", list(BAD_OFFSETS))
+def test_a_header_whose_offsets_safetensors_refuses_is_refused(case, tmp_path):
+    from safetensors import SafetensorError
+    from safetensors.torch import load_file
+
+    from eagle3.tensorfile import HeaderError
+
+    edit, says = BAD_OFFSETS[case]
+    file = two_tensors(tmp_path / "t.safetensors")
+    rewrite_header(file, edit, tail=bytes(4) if case == "bytes after the data" else b"")
+    with pytest.raises((SafetensorError, ValueError)):  # what loading it would give: not a loadable file
+        load_file(str(file))
+    with pytest.raises(HeaderError) as error:
+        specs_of(file)
+    assert says in str(error.value), str(error.value)
+
+
+def test_headers_safetensors_loads_still_pass(tmp_path):
+    """Offsets listed out of order, empty tensors, sub-byte and 8-bit dtypes: all loadable, all accepted."""
+    from safetensors.torch import load_file, save_file
+
+    file = two_tensors(tmp_path / "swapped.safetensors")
+    rewrite_header(file, lambda h: {"b": h["b"], "a": h["a"], "__metadata__": {"format": "pt"}})
+    assert sorted(load_file(str(file))) == sorted(specs_of(file)) == ["a", "b"]
+    tensors = {"empty": torch.zeros(0, 5), "byte": torch.zeros(3, dtype=torch.uint8),
+               "f8": torch.zeros(5, dtype=torch.float8_e4m3fn), "long": torch.arange(4), "half": torch.ones(7).half()}
+    save_file(tensors, str(tmp_path / "mixed.safetensors"))
+    specs = specs_of(tmp_path / "mixed.safetensors")
+    assert {k: s.shape for k, s in specs.items()} == {k: tuple(v.shape) for k, v in tensors.items()}
+
+
+@pytest.fixture(scope="module")
+def draft_checkpoint(tmp_path_factory) -> Path:
+    """A real speculators checkpoint of a small draft (speculators' own save_pretrained), untrained."""
+    from eagle3.config import DraftConfig
+    from eagle3.init.build import SPECULATORS_FLAGS, bare_draft
+
+    draft = DraftConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_attention_heads=2,
+                        num_key_value_heads=2, head_dim=16, max_position_embeddings=128, rope_theta=10000.0,
+                        rms_norm_eps=1e-6, hidden_act="silu", draft_vocab_size=48, aux_layer_ids=[1, 2, 3],
+                        ttt_steps=3)
+    path = tmp_path_factory.mktemp("ckpt") / "best"
+    bare_draft(draft, SPECULATORS_FLAGS, "cpu").save_pretrained(str(path))
+    return path
+
+
+@pytest.mark.parametrize("case", ["negative", "reversed", "overlapping"])
+def test_export_and_init_pretrained_refuse_a_checkpoint_with_bad_offsets(case, draft_checkpoint, tmp_path, capsys):
+    """One message naming the file, nothing exported; init=pretrained's reading of the checkpoint says the same."""
+    import shutil
+
+    from eagle3.errors import CheckpointError
+    from eagle3.export import main
+    from eagle3.init.pretrained import read_source
+
+    broken = tmp_path / "broken"
+    shutil.copytree(draft_checkpoint, broken)
+    specs = specs_of(broken / "model.safetensors")
+    first, second = sorted(specs, key=lambda k: specs[k].start)[:2]
+    edits = {"negative": lambda h: offsets(**{first: [-8, h[first]["data_offsets"][1]]})(h),
+             "reversed": lambda h: offsets(**{first: h[first]["data_offsets"][::-1]})(h),
+             "overlapping": lambda h: offsets(**{second: [o - 4 for o in h[second]["data_offsets"]]})(h)}
+    rewrite_header(broken / "model.safetensors", edits[case])
+    out = tmp_path / "out"
+    assert main([str(broken), "--out", str(out)]) != 0
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and f"{broken / 'model.safetensors'}: not a safetensors file" in err, err
+    assert err.count("\n") == 1 and not out.exists()
+    with pytest.raises(CheckpointError, match="not a safetensors file .*data offsets"):
+        read_source(broken, {})
