@@ -116,11 +116,14 @@ class ChatTokenizer:
     def __init__(self, model_dir: Path):
         from transformers import AutoTokenizer
 
+        from eagle3.data.verifier_forward import load_problem
+
         try:
-            self.tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
+            # Code in the dir (a tokenizer class of its own, named by auto_map) is never run.
+            self.tokenizer = AutoTokenizer.from_pretrained(str(model_dir), trust_remote_code=False)
         except (OSError, ValueError) as e:
             has_files = any(p.name.startswith("tokenizer") for p in Path(model_dir).iterdir())
-            reason = str(e).strip().splitlines()[0] if has_files else "no tokenizer files in the dir"
+            reason = load_problem(e) if has_files else "no tokenizer files in the dir"
             raise DataError(f"{model_dir}: messages rows need the model's tokenizer, which did not load ({reason}); "
                               f"give input_ids rows instead") from None
         if not self.tokenizer.chat_template:

@@ -5,9 +5,9 @@ A micro-batch is exactly the offline reader's (eagle3/data/reader.py): the same 
 (`Pack`), the same buffer layout, the hidden states rounded to data.hidden_states_dtype as offline files store
 them. Only the source differs: a document packed at q_s with r_s positions needs the verifier's hidden states at
 its positions 0 .. r_s, so the verifier runs over those r_s + 1 tokens of each document of the pack (one forward
-per micro-batch, the documents packed into one row with a per-document causal mask: no padding), in the loop's
-own thread: with data.online.shard_verifier the forward is a collective,
-and every rank must issue it in the same order as the draft's own.
+per micro-batch, the documents packed into one row with per-document masks, each layer's window kept: no padding),
+in the loop's own thread: with data.online.shard_verifier the forward is a collective, and every rank must issue it
+in the same order as the draft's own.
 
 The verifier is loaded once per rank, eval mode, no grad: bf16 on CUDA, fp32 on CPU; a full copy on every rank, or
 sharded across the ranks with FSDP2 (forward only; each rank keeps 1/world of its weights between forwards).
@@ -48,7 +48,7 @@ class OnlineVerifier:
         """Each sequence's [len, n_aux + 1, H], from one forward over them packed into one row (packed_batch:
         no padding, however their lengths differ)."""
         start = time.perf_counter()
-        ids, position_ids, mask = packed_batch(seqs, self.device)
+        ids, position_ids, mask = packed_batch(seqs, self.model)
         with hidden_state_taps(self.model, self.aux_layer_ids) as taps:
             out = forward_hidden_states(self.model, ids, mask, taps, position_ids)[0]
         self.forward_s += time.perf_counter() - start
@@ -89,9 +89,11 @@ def load_online_verifier(verifier_dir: Path, aux_layer_ids: Sequence[int], devic
 
 def check_online_verifier(verifier_dir: Path, draft: DraftConfig) -> int | None:
     """What online data needs of the verifier, checked before any rank starts from its config.json and file headers
-    (no weights loaded): the draft's hidden and vocabulary sizes, and whole weights to load. Returns its
+    (no weights loaded): the draft's hidden and vocabulary sizes, attention that packing keeps per document, and
+    whole weights to load. Returns its
     positions (max_position_embeddings; None when its config does not say), which bound a row's length."""
     from eagle3.data.record import verifier_fingerprint
+    from eagle3.data.verifier_forward import load_config, packing_problem
 
     verifier = verifier_fingerprint(verifier_dir)
     # Aux layer ids within its depth: ModelConfig.check, from the same config.json.
@@ -103,6 +105,9 @@ def check_online_verifier(verifier_dir: Path, draft: DraftConfig) -> int | None:
     if vocab is not None and vocab != draft.vocab_size:
         raise ConfigError(f"model.draft.vocab_size={draft.vocab_size} but {where} has a vocabulary of {vocab}; "
                           f"model=auto reads the draft's shape from its config.json")
+    problem = packing_problem(load_config(verifier_dir))
+    if problem:
+        raise ConfigError(f"data=online: {where}: {problem}")
     check_verifier_weights(Path(verifier_dir))
     return verifier_positions(Path(verifier_dir))
 

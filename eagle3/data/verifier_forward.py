@@ -26,6 +26,26 @@ from eagle3.errors import ConfigError
 log = logging.getLogger(__name__)
 
 
+def load_config(model_dir: str | Path, key: str = "model.verifier.path"):
+    """The transformers config of the model in `model_dir` (no weights read); one ConfigError naming `key` and the
+    dir when it cannot be loaded. Code in the dir is never run (trust_remote_code=False)."""
+    from transformers import AutoConfig
+
+    try:
+        return AutoConfig.from_pretrained(str(model_dir), trust_remote_code=False)
+    except Exception as e:  # noqa: BLE001  (transformers raises many types for a bad dir)
+        raise ConfigError(f"{key}: {model_dir}'s config.json cannot be loaded ({load_problem(e)})") from None
+
+
+def load_problem(e: BaseException) -> str:
+    """Why transformers could not load a model dir, as one line for a message."""
+    text = str(e).strip()
+    if "trust_remote_code" in text:  # transformers' refusal under trust_remote_code=False
+        return ("it names a model or tokenizer class transformers does not know, defined by code in the dir "
+                "(auto_map), and code from a model dir is never run")
+    return f"{type(e).__name__}: {text.splitlines()[0]}" if text else type(e).__name__
+
+
 def load_causal_lm(model_dir: str | Path, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32,
                    key: str = "model.verifier.path") -> torch.nn.Module:
     """The causal LM in `model_dir`, eval mode, on `device`; one ConfigError naming `key` (the option that gave the
@@ -40,11 +60,10 @@ def load_causal_lm(model_dir: str | Path, device: str | torch.device = "cpu", dt
     try:
         # safetensors only: a pickle file is never loaded (it can run code).
         model, loading = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=dtype, output_loading_info=True,
-                                                              use_safetensors=True)
+                                                              use_safetensors=True, trust_remote_code=False)
     except Exception as e:  # noqa: BLE001  (transformers and safetensors raise many types for a bad dir)
-        reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise ConfigError(f"{key}: {model_dir} cannot be loaded as a Hugging Face causal LM "
-                          f"({type(e).__name__}: {reason})") from None
+                          f"({load_problem(e)})") from None
     finally:
         transformers_logging.set_verbosity(verbosity)
     # transformers initializes a weight its files lack at random and only warns: a verifier with a layer missing
@@ -69,30 +88,59 @@ def padded_batch(seqs: Sequence[Sequence[int]]) -> tuple[torch.Tensor, torch.Ten
     return ids, attn
 
 
-def packed_batch(seqs: Sequence[Sequence[int]], device: torch.device) -> tuple[torch.Tensor, ...]:
-    """`seqs` packed into one row on `device`: (input_ids [1, L], position_ids [1, L] restarting at 0 for each
-    sequence, a [1, 1, L, L] bool attention mask that lets each position see only the earlier positions of its own
-    sequence). A forward over it gives each sequence's values as its own forward would, at the cost of L tokens,
-    not of len(seqs) x the longest."""
+# The attention kinds transformers' masks confine to a packed row's documents: the documents are found from
+# position_ids restarting at 0, and each layer's mask keeps its sliding window (if any) within its document.
+# Chunked attention counts its chunks from the row's start, and recurrent layers carry state across documents.
+PACKABLE_ATTENTION = ("full_attention", "sliding_attention")
+
+
+def packing_problem(config) -> str | None:
+    """Why documents packed into one row would not each get their own forward's values in a model of `config`
+    (a transformers config), or None: layers whose attention a per-document mask cannot confine."""
+    text = config.get_text_config()
+    kinds = set(getattr(text, "layer_types", None) or ())
+    if not kinds and getattr(text, "attention_chunk_size", None) is not None:
+        kinds = {"chunked_attention"}
+    other = sorted(kinds - set(PACKABLE_ATTENTION))
+    if other:
+        return (f"its layers' attention includes {', '.join(other)}, which a packed row's per-document mask cannot "
+                f"confine (data=online packs documents; {' and '.join(PACKABLE_ATTENTION)} only); "
+                f"prepare its hidden states offline with python -m eagle3.data.prepare and use data=offline")
+    return None
+
+
+def packed_batch(seqs: Sequence[Sequence[int]], model: torch.nn.Module) -> tuple[torch.Tensor, ...]:
+    """`seqs` packed into one row on `model`'s device: (input_ids [1, L], position_ids [1, L] restarting at 0 for
+    each sequence, the model's attention masks over it). The masks are transformers' own for the model's config
+    (one, or one per layer kind: full and sliding-window), built from position_ids, so each position sees only the
+    earlier positions of its own sequence within its layer's window. A forward over it gives each sequence's values
+    as its own forward would, at the cost of L tokens, not of len(seqs) x the longest."""
+    from transformers.masking_utils import create_masks_for_generate
+
+    parameter = next(model.parameters())
     lengths = torch.tensor([len(seq) for seq in seqs])
-    ids = torch.from_numpy(np.concatenate([np.asarray(seq, dtype=np.int64) for seq in seqs]))[None].to(device)
-    doc = torch.repeat_interleave(torch.arange(len(seqs)), lengths).to(device)
-    starts = torch.repeat_interleave(torch.cumsum(lengths, 0) - lengths, lengths).to(device)
-    position = torch.arange(doc.numel(), device=device)
-    mask = (doc[:, None] == doc[None, :]) & (position[:, None] >= position[None, :])
-    return ids, (position - starts)[None], mask[None, None]
+    ids = torch.from_numpy(np.concatenate([np.asarray(seq, dtype=np.int64) for seq in seqs]))[None]
+    starts = torch.repeat_interleave(torch.cumsum(lengths, 0) - lengths, lengths)
+    position_ids = (torch.arange(ids.shape[1]) - starts)[None].to(parameter.device)
+    # The masks need only the embeddings' shape, dtype and device: an empty [1, L, 0] stands for them.
+    shape = torch.empty(1, ids.shape[1], 0, dtype=parameter.dtype, device=parameter.device)
+    masks = create_masks_for_generate(model.config, shape, attention_mask=None, past_key_values=None,
+                                      position_ids=position_ids)
+    return ids.to(parameter.device), position_ids, masks
 
 
-def forward_hidden_states(model: torch.nn.Module, ids: torch.Tensor, attn: torch.Tensor,
+def forward_hidden_states(model: torch.nn.Module, ids: torch.Tensor, attn: torch.Tensor | dict | None,
                           taps: dict[int | str, torch.Tensor],
                           position_ids: torch.Tensor | None = None) -> torch.Tensor:
     """[B, T, n_aux + 1, H] on the model's device and in its dtype: the aux layers' inputs, then the last layer's
     output before the final norm (`taps`: what `hidden_state_taps` collects). `attn`: a padding mask [B, T], or
-    packed_batch's [1, 1, T, T] mask with its position_ids. Runs the decoder only, without a KV cache: the
+    packed_batch's masks with its position_ids. Runs the decoder only, without a KV cache: the
     lm_head's logits (vocabulary x tokens) are never computed."""
     device = next(model.parameters()).device
     taps.clear()
-    model.get_decoder()(input_ids=ids.to(device), attention_mask=attn.to(device), use_cache=False,
+    if isinstance(attn, torch.Tensor):
+        attn = attn.to(device)
+    model.get_decoder()(input_ids=ids.to(device), attention_mask=attn, use_cache=False,
                         position_ids=None if position_ids is None else position_ids.to(device))
     return torch.stack([taps[i] for i in sorted(k for k in taps if isinstance(k, int))] + [taps["last"]], dim=2)
 

@@ -58,6 +58,7 @@ def new_draft(draft: DraftConfig, flags: dict[str, bool], attn_impl: str, verifi
         draft_vocab_size=draft.draft_vocab_size,
         ttt_steps=draft.ttt_steps,
         draft_attn_impl=attn_impl,
+        trust_remote_code=False,  # the verifier's config is read by transformers' own classes, never its dir's code
         **flags,
     )
 
