@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
-# The whole CUDA path in one device call: installs the carried wheels (speculators and the pure-Python packages
-# the device image lacks, built by bench/gpu_wheels.sh) into a temporary folder without any network, prints the
+# The whole CUDA path in one command: installs the wheels (speculators and the pure-Python packages
+# the GPU machine lacks, built by bench/gpu_wheels.sh) into a temporary folder without any network, prints the
 # device, runs the GPU tier (python -m pytest -m gpu), then bench/gpu.py with a short budget, and writes a JSON
-# summary (to $OUT/gpu_check.json when OUT is set, plus the logs beside it). About 5-7 minutes on one H200.
+# summary (to $OUT/gpu_check.json when OUT is set, plus the logs beside it). A few minutes on one GPU.
 #
-#   bench/gpu_check.sh                 # on the GPU machine, from the repo root, with .whl/ carried
+#   bench/gpu_check.sh                 # on the GPU machine, from the repo root, with .whl/ copied there
 #   bench/gpu_check.sh --dry-run       # on any CPU machine: the same steps, the GPU tier skipped by pytest and
 #                                      # bench/gpu.py at its CPU shape; tests/test_gpu_check.py runs this
 #
@@ -43,7 +43,7 @@ step "install ${#wheel_files[@]} wheels from $wheels into $site (no index)"
 "$python" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --disable-pip-version-check \
   --find-links "$wheels" --target "$site" "${wheel_files[@]}" 2>&1 | tee "$work/install.log"
 install_rc=${PIPESTATUS[0]}
-# The checkout first (its eagle3), then the carried packages, then the image's own site-packages.
+# The checkout first (its eagle3), then the wheels' packages, then the machine's own site-packages.
 export PYTHONPATH="$repo:$site${PYTHONPATH:+:$PYTHONPATH}"
 
 step "imports from $site"
@@ -91,7 +91,7 @@ EOF
 step "GPU tier: python -m pytest -q -m gpu (timeout ${tier_timeout}s)"
 tier_start=$(date +%s)
 # SIGINT at the time limit: pytest stops like at Ctrl-C and still writes its report (the tests run so far).
-# --continue-on-collection-errors: a test module that cannot be imported there (a package the image lacks) is
+# --continue-on-collection-errors: a test module that cannot be imported there (a package the machine lacks) is
 # reported as an error without keeping the gpu tests from running.
 PYTHONUNBUFFERED=1 timeout -s INT -k 30 "$tier_timeout" "$python" -m pytest -q -m gpu -rs -p no:cacheprovider --durations=0 \
   --continue-on-collection-errors --junitxml="$work/gpu_tier.xml" 2>&1 | tee "$work/gpu_tier.log"

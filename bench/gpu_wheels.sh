@@ -2,13 +2,13 @@
 # Builds the wheel folder that bench/gpu_check.sh installs on the GPU machine, which reaches no package registry.
 # Run it where pip reaches PyPI, from the repo root:
 #
-#   bench/gpu_wheels.sh            # -> .whl/ (git-ignored; name it in the device call's carry)
+#   bench/gpu_wheels.sh            # -> .whl/ (git-ignored; copy it to the GPU machine with the checkout)
 #   bench/gpu_wheels.sh DIR        # another folder
 #
-# The device image (/work/.library/device/KINDS.md) runs Python 3.12 on x86-64 and already holds torch, triton,
+# The GPU machine this targets runs Python 3.12 on x86-64 and already holds torch, triton,
 # transformers, tokenizers, safetensors, numpy, pyarrow, pandas, huggingface-hub, httpx, aiohttp, rich, typer,
 # click, psutil, protobuf, tqdm, matplotlib, pyyaml and pytest. What it lacks is fetched here, pinned, without
-# dependencies (so pip never replaces the image's torch): speculators, hydra, omegaconf, datasets and their own
+# dependencies (so pip never replaces the machine's torch): speculators, hydra, omegaconf, datasets and their own
 # pure-Python needs, at the versions this project is tested with here. PYTHON_VERSION overrides the target Python (default 3.12).
 set -euo pipefail
 cd "$(dirname "$0")/.."

@@ -1,0 +1,210 @@
+"""The documentation cannot rot silently: every command it shows composes and passes the run's checks, every error
+example it shows is refused with the message it shows, every tool it names answers --help, every link resolves.
+
+Commands are taken from the fenced code blocks of README.md and docs/*.md. `python launch.py ...` in a bash (or
+unlabelled) block is composed in process with Hydra's compose API and put through the checks a sweep applies to each
+job before the first starts (`job_config_problem`: the typed config, its range checks, the device checks);
+a multirun (`-m`) command is composed once per sweep cell (an interval's two ends). `$ python launch.py ...` in a
+console block is an error example: it must be refused, with the first line shown after it. Paths that are
+placeholders (`/data/ds`, `/models/verifier`, ...) are replaced by this test's own tiny files; a path not in
+PLACEHOLDERS stays as written, so a new placeholder fails here until it is added.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import io
+import itertools
+import json
+import re
+import runpy
+import shlex
+import sys
+from pathlib import Path
+
+import pytest
+from hydra.core.override_parser.overrides_parser import OverridesParser
+from hydra.core.override_parser.types import IntervalSweep
+
+from conftest import ROOT, compose_cfg
+from hydra_plugins.eagle3_basic_sweeper.sweeper import job_config_problem
+
+PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+# Documented placeholder -> the kind of tiny input that stands in for it.
+PLACEHOLDERS = {
+    "/models/verifier": "verifier", "/models/big": "verifier", "/models/Kimi-K2.5": "verifier",
+    "/models/Llama-3.1-8B-Instruct": "verifier",
+    "/data/ds": "dataset", "/data/k25": "dataset", "/data/k25_hs": "dataset",
+    "rows.jsonl": "rows", "/ckpt/drafter": "drafter",
+}
+# Tools named in the docs whose module another branch adds; checked as soon as the module exists.
+PENDING_TOOLS = {"eagle3.serve": "python -m eagle3.serve comes with the vLLM serving work"}
+CI_COMMANDS = ["pip install -e . && python launch.py", "pip install -e '.[test]' && python -m pytest -q"]
+FENCE = re.compile(r"^```(\w*)\n(.*?)^```", re.S | re.M)
+
+
+def blocks(page: Path) -> list[tuple[str, str]]:
+    """(language, body) of every fenced code block of a page."""
+    return [(m.group(1), m.group(2)) for m in FENCE.finditer(page.read_text())]
+
+
+def command_lines(body: str) -> list[str]:
+    """The block's lines with backslash continuations joined."""
+    return body.replace("\\\n", " ").splitlines()
+
+
+def documented(prefix: str, console: bool) -> list[tuple[str, str]]:
+    """(page name, command) for every `python launch.py` command of the pages' bash blocks, or with `console`
+    the error examples (`$ python launch.py ...`) of their console blocks."""
+    found = []
+    for page in PAGES:
+        for lang, body in blocks(page):
+            if (lang == "console") != console:
+                continue
+            for line in command_lines(body):
+                line = line.strip()
+                if console:
+                    if not line.startswith("$ "):
+                        continue
+                    line = line[2:]
+                if line.startswith(prefix):
+                    found.append((page.relative_to(ROOT).as_posix(), line))
+    return found
+
+
+LAUNCH = documented("python launch.py", console=False)
+ERRORS = documented("python launch.py", console=True)
+
+
+def shown_error(command: str) -> str:
+    """The first line a console block shows after the command, without the `error: ` prefix and a trailing `...`."""
+    for page in PAGES:
+        for lang, body in blocks(page):
+            lines = body.splitlines()
+            if lang == "console" and f"$ {command}" in lines:
+                shown = lines[lines.index(f"$ {command}") + 1]
+                return shown.removeprefix("error: ").removesuffix("...").strip()
+    raise AssertionError(command)
+
+
+@pytest.fixture(scope="module")
+def inputs(tmp_path_factory) -> dict[str, str]:
+    """Tiny stand-ins for the placeholders: a verifier dir (a config.json deep enough for every preset's aux layer
+    ids), a dataset dir (Arrow rows and hidden states, for offline and online), a JSONL of rows, a drafter dir."""
+    root = tmp_path_factory.mktemp("docs_inputs")
+    verifier, dataset, drafter = root / "verifier", root / "dataset", root / "drafter"
+    verifier.mkdir()
+    (verifier / "config.json").write_text(json.dumps({
+        "hidden_size": 64, "num_attention_heads": 4, "intermediate_size": 128, "vocab_size": 152064,
+        "num_hidden_layers": 61, "max_position_embeddings": 128, "rope_theta": 10000.0, "rms_norm_eps": 1e-6}))
+    (dataset / "hidden_states").mkdir(parents=True)
+    (dataset / "data-00000-of-00001.arrow").write_bytes(b"")
+    drafter.mkdir()
+    rows = root / "rows.jsonl"
+    rows.write_text(json.dumps({"input_ids": [1, 2, 3], "loss_mask": [0, 1, 1]}) + "\n")
+    return {"verifier": str(verifier), "dataset": str(dataset), "rows": str(rows), "drafter": str(drafter)}
+
+
+def launch_args(command: str, inputs: dict[str, str]) -> tuple[list[str], bool]:
+    """(overrides with placeholders replaced, multirun) of a `python launch.py ...` command."""
+    words = shlex.split(command, comments=True)[2:]
+    multirun = bool({"-m", "--multirun"} & set(words))
+    flags = {"-m", "--multirun", "--cfg", "job", "--resolve", "--help", "-h"}
+    overrides = []
+    for word in words:
+        if word in flags:
+            continue
+        key, sep, value = word.partition("=")
+        overrides.append(f"{key}={inputs[PLACEHOLDERS[value]]}" if sep and value in PLACEHOLDERS else word)
+    return overrides, multirun
+
+
+def sweep_cells(overrides: list[str]) -> list[list[str]]:
+    """One override list per cell of the sweep: each value of a choice or range, each end of an interval."""
+    options = []
+    for override in OverridesParser.create().parse_overrides(overrides):
+        key = override.get_key_element()
+        if not override.is_sweep_override():
+            options.append([override.input_line])
+        elif isinstance(override.value(), IntervalSweep):
+            options.append([f"{key}={override.value().start}", f"{key}={override.value().end}"])
+        else:
+            options.append([f"{key}={v}" for v in override.sweep_string_iterator()])
+    return [list(cell) for cell in itertools.product(*options)]
+
+
+def problem(overrides: list[str]) -> str | None:
+    """Why the composed job would be refused before it starts, or None."""
+    try:
+        cfg = compose_cfg(overrides, return_hydra_config=True)
+    except Exception as e:  # composition: Hydra's own message
+        return str(e)
+    if cfg.resume:  # a resumed run reads its own resolved config and takes no other overrides
+        return None
+    return job_config_problem(cfg)
+
+
+def test_the_docs_show_commands():
+    assert len(LAUNCH) > 30 and len(ERRORS) >= 4
+
+
+@pytest.mark.parametrize("page,command", LAUNCH, ids=[f"{p}:{c[17:70]}" for p, c in LAUNCH])
+def test_a_documented_command_composes(page, command, inputs):
+    overrides, multirun = launch_args(command, inputs)
+    for cell in sweep_cells(overrides) if multirun else [overrides]:
+        assert problem(cell) is None, f"{page}: {command}\n  job {cell}: {problem(cell)}"
+
+
+@pytest.mark.parametrize("page,command", ERRORS, ids=[f"{p}:{c[17:70]}" for p, c in ERRORS])
+def test_a_documented_error_is_refused_as_shown(page, command, inputs):
+    found = problem(launch_args(command, inputs)[0])
+    assert found is not None, f"{page}: {command} is shown failing, and it composes"
+    assert shown_error(command) in found, f"{page}: {command}\n  shown: {shown_error(command)}\n  got: {found}"
+
+
+def tools() -> list[str]:
+    """Every `python -m eagle3.<tool>` the pages name, in code blocks or in the text."""
+    names = {m.group(1) for page in PAGES for m in re.finditer(r"python -m (eagle3(?:\.\w+)+)", page.read_text())}
+    return sorted(names)
+
+
+@pytest.mark.parametrize("tool", tools())
+def test_a_documented_tool_answers_help(tool, monkeypatch):
+    if tool in PENDING_TOOLS and importlib.util.find_spec(tool) is None:
+        pytest.skip(PENDING_TOOLS[tool])
+    monkeypatch.setattr(sys, "argv", [tool, "--help"])
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out), pytest.raises(SystemExit) as exited:
+        runpy.run_module(tool, run_name="__main__", alter_sys=True)  # as `python -m tool --help` runs it
+    assert exited.value.code in (0, None) and "usage:" in out.getvalue(), tool
+
+
+def slug(heading: str) -> str:
+    """GitHub's anchor for a heading."""
+    return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+
+
+def anchors(page: Path) -> set[str]:
+    text = FENCE.sub("", page.read_text())
+    return {slug(m.group(1)) for m in re.finditer(r"^#+ (.+)$", text, re.M)}
+
+
+LINKS = [(page, target) for page in PAGES for target in re.findall(r"\]\(([^)\s]+)\)", page.read_text())
+         if not re.match(r"\w+:", target)]
+
+
+@pytest.mark.parametrize("page,target", LINKS, ids=[f"{p.name}->{t}" for p, t in LINKS])
+def test_a_link_between_pages_resolves(page, target):
+    path, _, anchor = target.partition("#")
+    file = (page.parent / path).resolve() if path else page
+    assert file.exists(), f"{page.name}: {target} does not exist"
+    if anchor:
+        assert anchor in anchors(file), f"{page.name}: {target}: no heading with that anchor in {file.name}"
+
+
+def test_the_readme_opens_with_the_ci_commands():
+    readme = ROOT / "README.md"
+    assert len(readme.read_text().splitlines()) <= 250
+    assert [body.strip() for lang, body in blocks(readme)[:2]] == CI_COMMANDS
+    assert "python -m pytest -q" in (ROOT / ".ci" / "run").read_text()
