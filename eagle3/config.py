@@ -398,6 +398,9 @@ class AcceptEvalConfig:
         if self.prompts is not None:
             _require(Path(self.prompts).is_file(), "eval.accept.prompts",
                      f"{self.prompts} does not exist or is not a file; expected a JSONL of input_ids or messages rows")
+            problem = _jsonl_problem(Path(self.prompts))  # its rows are read at the first val pass
+            _require(problem is None, "eval.accept.prompts",
+                     f"{self.prompts} {problem}; expected a JSONL of input_ids or messages rows")
 
 
 @dataclass

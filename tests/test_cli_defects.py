@@ -4,11 +4,13 @@ message and a non-zero exit, and nothing half-written is left."""
 
 from __future__ import annotations
 
+import json
 import shutil
 from collections import namedtuple
 from pathlib import Path
 
 import pytest
+from omegaconf import OmegaConf
 from safetensors import SafetensorError
 from test_data import SYNTH, TINY
 from test_prepare import AUX, id_rows, verifier, write_jsonl  # noqa: F401  (fixtures)
@@ -108,3 +110,100 @@ def test_wandb_online_without_a_key_or_a_network_stops_before_any_data_is_built(
     for proc, message in ((no_key, "no wandb API key"), (unreachable, "cannot be reached")):
         assert proc.returncode == 1 and message in proc.stderr and "Traceback" not in proc.stderr, proc.stderr[-3000:]
     assert not (cache / "datasets").exists()  # refused before the data build
+
+
+# --- user input that a command reads --------------------------------------------------------------------------
+
+
+def verifier_config_dir(path: Path, **config) -> Path:
+    path.mkdir()
+    base = {"model_type": "llama", "hidden_size": 64, "num_hidden_layers": 8, "num_attention_heads": 4,
+            "num_key_value_heads": 4, "intermediate_size": 128, "vocab_size": 256, "max_position_embeddings": 128}
+    (path / "config.json").write_text(json.dumps({k: v for k, v in {**base, **config}.items() if v is not None}))
+    return path
+
+
+@pytest.mark.slow
+def test_cfg_job_resolve_with_model_auto_says_what_the_verifier_config_lacks(cache_dir, tmp_path):
+    for config, message in (({"hidden_size": None}, "config.json has no hidden_size"),
+                            ({"num_hidden_layers": 2}, "the verifier has 2 layers, too few")):
+        verifier_dir = verifier_config_dir(tmp_path / message.split()[-1].replace(",", ""), **config)
+        proc = launch(["model=auto", f"model.verifier.path={verifier_dir}", "--cfg", "job", "--resolve"], cache_dir,
+                      timeout=120)
+        assert proc.returncode == 1 and message in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
+
+
+def test_a_prompts_file_that_is_not_utf8_is_one_error(tmp_path):
+    from conftest import compose_cfg
+    from eagle3.config import validate
+    from eagle3.eval.prompts import read_jsonl_prompts
+
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_bytes(b'{"input_ids": [1, 2, 3]}\n{"input_ids": [4, 5]}  \xff\xfe\n')
+    with pytest.raises(DataError, match=r"prompts.jsonl line 2 is not UTF-8 text"):
+        read_jsonl_prompts(prompts, tmp_path)  # as eval.accept --prompts and the val passes read it
+    prompts.write_bytes(b"\xff\xfe" + "{}".encode("utf-16-le"))  # a UTF-16 file: refused before the run starts
+    plain = OmegaConf.to_container(compose_cfg(["eval.accept.enabled=true", f"eval.accept.prompts={prompts}"]),
+                                   resolve=True, enum_to_str=True)
+    with pytest.raises(ConfigError, match="^eval.accept.prompts: .*not UTF-8"):
+        validate(plain)
+
+
+def test_speedup_refuses_a_report_with_a_text_temperature_and_a_json_path_under_a_file(tmp_path):
+    from eagle3.eval.speedup import main
+
+    report = tmp_path / "accept_k2.json"
+    report.write_text(json.dumps({"k": 2, "accept_rate": [0.8, 0.6], "temperature": "greedy"}))
+    costs = ["--baseline-ms", "10", "--verify-ms", "12"]
+    with pytest.raises(SystemExit, match="^error: --accept: .*temperature 'greedy', not a number"):
+        main(["--accept", str(report), *costs])
+    report.write_text(json.dumps({"k": 2, "accept_rate": [0.8, 0.6], "temperature": 0.0}))
+    with pytest.raises(SystemExit, match=r"^error: --json: .*accept_k2.json is an existing file, not a directory"):
+        main(["--accept", str(report), *costs, "--json", str(report / "out.json")])
+
+
+def test_compare_shows_the_readable_runs_and_names_a_cut_file(tmp_path, capsys):
+    from eagle3.compare import main
+
+    row = {"step": 0, "split": "val", "loss": 2.0, "tau_sim": 1.0}
+    for n, lr in enumerate((0.001, 0.002, 0.003)):
+        run = tmp_path / f"{n}_optim.lr={lr}"
+        run.mkdir()
+        (run / "resolved_config.yaml").write_text(f"optim:\n  lr: {lr}\n")
+        (run / "metrics.jsonl").write_text(json.dumps(row) + "\n")
+        (run / "summary.json").write_text(json.dumps({"step0": row, "best": row, "final": row}))
+    with open(tmp_path / "1_optim.lr=0.002" / "metrics.jsonl", "a") as f:
+        f.write('{"step": 4, "split": "tr')  # the last line, cut by a kill: a warning, the run is still whole
+    assert main([str(tmp_path)]) == 0
+    out, err = capsys.readouterr()
+    assert [line.split()[:2] for line in out.splitlines()[-3:]] == [["#0", "completed"], ["#1", "completed"],
+                                                                    ["#2", "completed"]]
+    assert "1_optim.lr=0.002/metrics.jsonl line 2 is not a whole metrics row" in err
+    (tmp_path / "2_optim.lr=0.003" / "summary.json").write_text('{"step0": {"step": 0, "split": "val", "lo')
+    assert main([str(tmp_path)]) == 1
+    out, err = capsys.readouterr()
+    assert [line.split()[:2] for line in out.splitlines()[-3:]] == [["#0", "completed"], ["#1", "completed"],
+                                                                    ["#2", "unreadable"]]
+    assert "error: run #2: " in err and "2_optim.lr=0.003/summary.json: cannot be read" in err
+
+
+def test_summary_json_is_whole_or_absent_when_its_write_fails(tmp_path, monkeypatch):
+    import errno
+
+    from eagle3.track import Tracker
+
+    class Summary:
+        def as_dict(self):
+            return {"step0": {}, "best": {}, "final": {}, "steps": 4}
+
+    real = Path.write_text
+
+    def half_then_full(self, text, *args, **kwargs):  # the disk fills up halfway through the file
+        real(self, text[: len(text) // 2], *args, **kwargs)
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    with Tracker(tmp_path, LoggerConfig(mode=LoggerMode.disabled)) as tracker:
+        monkeypatch.setattr(Path, "write_text", half_then_full)
+        with pytest.raises(OSError):
+            tracker.finish(Summary())
+    assert not (tmp_path / "summary.json").exists()
