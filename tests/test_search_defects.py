@@ -133,3 +133,11 @@ def test_a_stopped_trial_resumed_to_its_end_is_complete_in_the_study(cache_dir, 
     assert trial.state.name == "COMPLETE"
     assert trial.value == json.loads((run / "summary.json").read_text())["best"]["tau_sim"]
     assert [(j["num"], j["status"]) for j in index_jobs(sweep)] == [(0, "completed")]
+
+
+@pytest.mark.slow
+def test_the_default_sweeper_takes_its_params_from_the_command_line(cache_dir, tmp_path):
+    # Both sweep values are refused by the sweeper's check of every job: they reached it.
+    proc = launch(["-m", "+hydra.sweeper.params={optim.lr:'-1,-2'}", *SHORT, f"hydra.sweep.dir={tmp_path / 's'}"],
+                  cache_dir, timeout=300)
+    refused(proc, "2 of 2 sweep jobs have an invalid config", "optim.lr=-1", "optim.lr=-2")

@@ -12,6 +12,14 @@ trial failed. The study lives in `<sweep dir>/study.db` (SQLite), so the same co
 `hydra.sweep.dir` adds `n_trials` more trials to it; a different search space or different fixed overrides
 there are refused rather than mixed into one study.
 
+Before the study is opened, the configs at both ends of the search space are composed and checked as the
+trials' will be: what every trial would fail on (a misspelt key, objective=accept_len without measured
+acceptance) is one message and leaves nothing in the study. One study command at a time holds a sweep dir
+(`study.lock`). A trial whose run is stopped by a signal saved `checkpoints/last`: it stays RUNNING in the study
+until `python launch.py resume=<its run dir>` finishes it and tells the study its value (eagle3/study.py); a
+signal between trials stops the sweep with exit status 128 + the signal, and the trials that did not run are
+told FAIL and listed as "interrupted" in the sweep index.
+
 Why not hydra-optuna-sweeper: its releases pin optuna < 3 (2.10), which cannot open an SQLite study with
 the SQLAlchemy 2 that installs today, and it numbers jobs from 0 on every invocation, so a continued study
 would reuse run-dir numbers and sweep-index entries.
