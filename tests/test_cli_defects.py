@@ -207,3 +207,19 @@ def test_summary_json_is_whole_or_absent_when_its_write_fails(tmp_path, monkeypa
         with pytest.raises(OSError):
             tracker.finish(Summary())
     assert not (tmp_path / "summary.json").exists()
+
+
+def test_prepare_removes_half_written_rows_on_a_full_disk(verifier, id_rows, tmp_path, monkeypatch, capsys):  # noqa: F811
+    import errno
+
+    import eagle3.data.prepare as prepare
+
+    def save_rows(rows, out_dir):  # the Arrow file is cut short when the disk fills up
+        (out_dir / "data-00000-of-00001.arrow").write_bytes(b"\0" * 100)
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    data, out = write_jsonl(tmp_path / "rows.jsonl", id_rows), tmp_path / "ds"
+    monkeypatch.setattr(prepare, "save_rows", save_rows)
+    assert prepare_main(verifier, data, out) == 1
+    assert "error: no space left on the disk of" in capsys.readouterr().err
+    assert not list(out.glob("*.arrow"))

@@ -59,7 +59,12 @@ def write_dataset(model: torch.nn.Module, verifier_dir: Path, rows: Sequence[Row
     }
     _claim(out_dir, record)
     if not _rows_saved(out_dir, len(rows)):
-        save_rows(rows, out_dir)
+        try:
+            save_rows(rows, out_dir)
+        except BaseException:  # a full disk, a signal: no half-written rows are left behind
+            for file in [*out_dir.glob("*.arrow"), *(out_dir / n for n in ROWS_FILES)]:
+                file.unlink(missing_ok=True)
+            raise
     written = write_hidden_states(model, rows, out_dir / "hidden_states", aux_layer_ids, batch_tokens, dtype)
     record.update(complete=True, hidden_state_files_written=written)
     write_record(out_dir, record)
@@ -78,6 +83,7 @@ def check_room(out_dir: Path, rows: Sequence[Row], slots: int, hidden_size: int,
                "free space, or write them to another disk (prepare: --out; a run's cache: cache_dir or $EAGLE3_CACHE)")
 
 
+ROWS_FILES = ("dataset_info.json", "state.json", "token_freq.pt")  # save_rows's, beside its data-*.arrow
 IDENTITY = ("format", "aux_layer_ids", "hidden_size", "dtype", "rows", "rows_sha256")
 
 
