@@ -37,7 +37,7 @@ IGNORED_PREFIXES = ("run.", "resume")
 @dataclass
 class Run:
     path: Path
-    status: str                                   # completed | failed | incomplete
+    status: str                                   # completed | failed | incomplete | unreadable
     config: dict[str, Any] = field(default_factory=dict)  # flattened: {"optim.lr": 1e-05, ...}
     summary: dict[str, Any] | None = None
     val_rows: list[dict[str, Any]] = field(default_factory=list)
@@ -80,21 +80,64 @@ def _job_order(path: Path) -> tuple[int, str]:
 
 
 def read_run(path: Path) -> Run:
+    """A run dir's files. One that cannot be read whole (cut by a kill or a full disk) makes the run "unreadable",
+    named in run.error, and the other runs are shown as usual; a metrics.jsonl line that is not a whole row is
+    left out with a warning (a kill can cut the last one; a resume drops it too)."""
     config_file, summary_file, failure_file = (path / n for n in ("resolved_config.yaml", "summary.json",
                                                                    "failure.json"))
-    config = flatten(yaml.safe_load(config_file.read_text())) if config_file.is_file() else {}
+    bad: list[str] = []
+    config = _read(config_file, yaml.safe_load, bad) if config_file.is_file() else None
+    config = flatten(config) if isinstance(config, dict) else {}
     if not config and (path / ".hydra" / "overrides.yaml").is_file():  # failed before its config was written
         overrides = yaml.safe_load((path / ".hydra" / "overrides.yaml").read_text()) or []
         config = {k: yaml.safe_load(v) for k, v in (o.split("=", 1) for o in overrides if "=" in o)}
-    rows = []
-    if (path / "metrics.jsonl").is_file():
-        rows = [json.loads(line) for line in (path / "metrics.jsonl").read_text().splitlines() if line.strip()]
-    run = Run(path, "incomplete", config, val_rows=[r for r in rows if r["split"] == "val"])
+    rows = metrics_rows(path / "metrics.jsonl") if (path / "metrics.jsonl").is_file() else []
+    run = Run(path, "incomplete", config, val_rows=[r for r in rows if r.get("split") == "val"])
     if failure_file.is_file():
-        run.status, run.error = "failed", json.loads(failure_file.read_text())["error"]
+        failure = _read(failure_file, json.loads, bad)
+        run.status, run.error = "failed", failure.get("error") if isinstance(failure, dict) else None
     elif summary_file.is_file():
-        run.status, run.summary = "completed", json.loads(summary_file.read_text())
+        summary = _read(summary_file, json.loads, bad)
+        if _is_summary(summary):
+            run.status, run.summary = "completed", summary
+        elif summary is not None:
+            bad.append(f"{summary_file}: not a run summary (no step0, best and final val rows)")
+    if bad:
+        run.status, run.error = "unreadable", "; ".join(bad)
     return run
+
+
+def _is_summary(summary: Any) -> bool:
+    """Whether a parsed summary.json has the val rows the table shows."""
+    rows = [summary.get(k) for k in ("step0", "best", "final")] if isinstance(summary, dict) else [None]
+    return all(isinstance(row, dict) and {"tau_sim", "loss", "step"} <= row.keys() for row in rows)
+
+
+def _read(file: Path, parse: Any, bad: list[str]) -> Any:
+    """`parse` of the file's text; None, with the reason added to `bad`, when it is not whole."""
+    try:
+        return parse(file.read_text(encoding="utf-8"))
+    except (OSError, ValueError, yaml.YAMLError) as e:  # ValueError: JSON, and UnicodeDecodeError
+        bad.append(f"{file}: cannot be read ({str(e).splitlines()[0]}; cut short by a kill or a full disk?)")
+        return None
+
+
+def metrics_rows(file: Path) -> list[dict[str, Any]]:
+    """The whole rows of a metrics.jsonl; a line that is not one is left out and named on stderr."""
+    rows = []
+    for n, line in enumerate(file.read_text(encoding="utf-8", errors="replace").splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except ValueError:
+            row = None
+        if not isinstance(row, dict) or "step" not in row or (row.get("split") == "val" and "tau_sim" not in row):
+            print(f"warning: {file} line {n} is not a whole metrics row (cut short by a kill or a full disk?): "
+                  f"left out", file=sys.stderr)
+            continue
+        rows.append(row)
+    return rows
 
 
 def flatten(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
@@ -286,7 +329,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.plot:
         plot(runs, args.plot, study_history(args.paths))
         print(f"plot: {args.plot}", file=sys.stderr)
-    return 1 if failed_measurements else 0
+    unreadable = [r for r in runs if r.status == "unreadable"]
+    for run in unreadable:  # shown in the table with what its metrics hold; its numbers may be incomplete
+        print(f"error: run {run.label}: {run.error}", file=sys.stderr)
+    return 1 if failed_measurements or unreadable else 0
 
 
 # --- measured acceptance beside tau_sim (--confirm) -------------------------------------------------------------

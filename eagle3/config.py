@@ -414,6 +414,9 @@ class AcceptEvalConfig:
             _require(Path(self.prompts).is_file(), "eval.accept.prompts",
                      f"{self.prompts} {path_kind(Path(self.prompts), 'a regular file')}; expected a JSONL of "
                      f"input_ids or messages rows")
+            problem = _jsonl_problem(Path(self.prompts))  # its rows are read at the first val pass
+            _require(problem is None, "eval.accept.prompts",
+                     f"{self.prompts} {problem}; expected a JSONL of input_ids or messages rows")
 
 
 @dataclass

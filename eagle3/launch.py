@@ -33,6 +33,7 @@ from eagle3.console import resume_command
 from eagle3.errors import ConfigError, DataError, Interrupted, StoppedBeforeTraining, UserError
 from eagle3.objective import objective_value
 from eagle3.rank_errors import RankFailed, first_rank_error
+from eagle3.study import STUDY_FILE
 from eagle3.verifier_shape import unresolvable
 
 if TYPE_CHECKING:
@@ -67,6 +68,10 @@ def run_one_job(cfg: DictConfig, hydra) -> float | None:
             handler = logging.FileHandler(run_dir / "launch.log")
             handler.setFormatter(logging.Formatter("[%(asctime)s][%(name)s][%(levelname)s] - %(message)s"))
             logging.getLogger().addHandler(handler)
+        if run_cfg.distributed.node_rank == 0:  # wandb logs from global rank 0, on node 0
+            from eagle3.track import check_wandb
+
+            check_wandb(run_cfg.logger)  # an account and a network, before any data is built
         from eagle3.stop import stop_before_training  # torch: only once the config is known to be good
 
         with stop_before_training("building and checking the run's verifier and data"):
@@ -111,7 +116,7 @@ def run_one_job(cfg: DictConfig, hydra) -> float | None:
     if multirun:
         update_sweep_index(hydra, run_dir, "completed", summary)
     elif cfg.resume:
-        update_resumed_sweep_job(run_dir, "completed", summary)
+        update_resumed_sweep_job(run_dir, "completed", summary, objective=objective)
     log.info("done in %.1f s", time.perf_counter() - start)
     return objective
 
@@ -553,8 +558,9 @@ def update_sweep_index(hydra, run_dir: Path, status: str, summary: RunSummary | 
 
 
 def update_resumed_sweep_job(run_dir: Path, status: str, summary: RunSummary | None,
-                             error: str | None = None) -> None:
-    """A resumed sweep job's entry in its sweep's index.json (the run dir's parent), if it has one."""
+                             error: str | None = None, objective: float | None = None) -> None:
+    """A resumed sweep job's entry in its sweep's index.json (the run dir's parent), if it has one; a trial of an
+    Optuna study there that ended is told to the study (its value, or FAIL)."""
     index_file = run_dir.parent / "index.json"
     try:
         jobs = json.loads(index_file.read_text())["jobs"]
@@ -564,6 +570,10 @@ def update_resumed_sweep_job(run_dir: Path, status: str, summary: RunSummary | N
         if Path(job.get("run_dir", "")).resolve() == run_dir.resolve():
             base = {k: job[k] for k in ("num", "name", "run_dir", "overrides") if k in job}
             write_index_entry(run_dir.parent, base, status, summary, error)
+            if status != "stopped" and (run_dir.parent / STUDY_FILE).is_file():
+                from eagle3.study import tell_resumed_trial
+
+                tell_resumed_trial(run_dir.parent, job["num"], objective if status == "completed" else None)
             return
 
 

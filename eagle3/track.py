@@ -16,7 +16,55 @@ from pathlib import Path
 from typing import IO, Any
 
 from eagle3.config import LoggerConfig, LoggerMode, RunInfo
+from eagle3.errors import ConfigError
 from eagle3.progress import RunSummary
+
+OFFLINE_ADVICE = ("or use logger.mode=offline (wandb sync <run_dir>/wandb/offline-run-* later) or "
+                  "logger.mode=disabled")
+CONNECT_TIMEOUT_S = 5.0
+
+
+def check_wandb(logger: LoggerConfig) -> None:
+    """logger.mode=online needs a wandb API key and wandb's server: both checked before anything is built (wandb
+    itself would find out after the data build, and 90 s into its init without a network). The key is looked up
+    as wandb looks it up (WANDB_API_KEY, ~/.netrc from `wandb login`, its settings), without a network call; the
+    server with one bounded TCP connect."""
+    if logger.mode != LoggerMode.online:
+        return
+    from wandb.errors import AuthenticationError
+    from wandb.sdk import wandb_setup
+    from wandb.sdk.lib.wbauth.authenticate import authenticate_session
+
+    base_url = wandb_setup.singleton().settings.base_url
+    try:
+        auth = authenticate_session(host=base_url, source="eagle3", prompt=False, update_session=False)
+    except AuthenticationError as e:
+        raise ConfigError(f"logger.mode=online: wandb's API key is not usable ({e}); run `wandb login`, "
+                          f"{OFFLINE_ADVICE}") from None
+    if auth is None:
+        raise ConfigError(f"logger.mode=online: no wandb API key for {base_url} (none in WANDB_API_KEY, ~/.netrc or "
+                          f"wandb's settings); run `wandb login` or set WANDB_API_KEY, {OFFLINE_ADVICE}")
+    problem = unreachable(base_url)
+    if problem:
+        raise ConfigError(f"logger.mode=online: wandb's server {base_url} cannot be reached ({problem}); check the "
+                          f"network (or WANDB_BASE_URL), {OFFLINE_ADVICE}")
+
+
+def unreachable(url: str) -> str | None:
+    """Why a TCP connection to `url`'s host cannot be opened within CONNECT_TIMEOUT_S, or None. Behind a proxy
+    (the *_PROXY variables) the host is reached through it, so nothing is probed."""
+    import socket
+    from urllib.parse import urlsplit
+
+    if any(os.environ.get(v) for v in ("HTTPS_PROXY", "https_proxy", "HTTP_PROXY", "http_proxy", "ALL_PROXY")):
+        return None
+    parts = urlsplit(url)
+    port = parts.port or (443 if parts.scheme == "https" else 80)
+    try:
+        socket.create_connection((parts.hostname or "", port), timeout=CONNECT_TIMEOUT_S).close()
+    except OSError as e:
+        return str(e) or type(e).__name__
+    return None
 
 
 class Tracker:
@@ -59,19 +107,23 @@ class Tracker:
         run_id = id_file.read_text().strip() if id_file.exists() else uuid.uuid4().hex[:12]
         id_file.write_text(run_id + "\n")
         os.environ.setdefault("WANDB_SILENT", "true")
-        return wandb.init(
-            id=run_id,
-            resume="allow",
-            project=logger.project,
-            entity=logger.entity,
-            mode=logger.mode.value,
-            dir=str(self.run_dir),
-            name=run.name,
-            group=run.group,
-            job_type="train",
-            tags=[f"{g}:{run.choices[g]}" for g in ("model", "data", "init", "optim")] + list(logger.tags),
-            config=self.config,
-        )
+        try:
+            return wandb.init(
+                id=run_id,
+                resume="allow",
+                project=logger.project,
+                entity=logger.entity,
+                mode=logger.mode.value,
+                dir=str(self.run_dir),
+                name=run.name,
+                group=run.group,
+                job_type="train",
+                tags=[f"{g}:{run.choices[g]}" for g in ("model", "data", "init", "optim")] + list(logger.tags),
+                config=self.config,
+            )
+        except (wandb.errors.CommError, wandb.errors.UsageError) as e:  # check_wandb ran: the network went away
+            raise ConfigError(f"logger.mode={logger.mode.value}: wandb could not start its run ({e}); "
+                              f"{OFFLINE_ADVICE}") from None
 
     def log(self, row: dict[str, Any]) -> None:
         if self._file is None:  # disabled (not rank 0), or used outside its `with`
@@ -86,7 +138,10 @@ class Tracker:
     def finish(self, summary: RunSummary) -> None:
         if not self.enabled:
             return
-        (self.run_dir / "summary.json").write_text(json.dumps(summary.as_dict(), indent=2) + "\n")
+        # Written whole or not at all: a kill or a full disk mid-write never leaves half a summary.json.
+        tmp = self.run_dir / ".summary.json.tmp"
+        tmp.write_text(json.dumps(summary.as_dict(), indent=2) + "\n")
+        os.replace(tmp, self.run_dir / "summary.json")
         if self._wandb is not None:
             for which, row in (("best", summary.best), ("final", summary.final)):
                 for k, v in row.items():

@@ -173,7 +173,19 @@ def unresolvable(error: Exception) -> str:
 
 
 def register_resolvers() -> None:
+    from hydra.errors import CompactHydraException
     from omegaconf import OmegaConf
+    from omegaconf.errors import InterpolationResolutionError
+
+    class Unresolvable(InterpolationResolutionError, CompactHydraException):
+        """verifier_config's ConfigError as OmegaConf passes it on unwrapped (an InterpolationResolutionError) and
+        Hydra reports it, e.g. for `--cfg job --resolve`: as one message (a CompactHydraException), no traceback."""
+
+    def resolve(path: Any, key: str) -> Any:
+        try:
+            return verifier_config(path, key)
+        except ConfigError as e:
+            raise Unresolvable(str(e)) from None
 
     if not OmegaConf.has_resolver("verifier_config"):
-        OmegaConf.register_new_resolver("verifier_config", verifier_config)
+        OmegaConf.register_new_resolver("verifier_config", resolve)

@@ -11,6 +11,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from eagle3.disk import disk_full, disk_full_error
+
 log = logging.getLogger(__name__)
 
 
@@ -32,8 +34,11 @@ def build_once(target: Path, build: Callable[[Path], None], what: str) -> Path:
     try:
         build(tmp)
         os.replace(tmp, target)
-    except OSError:
-        if not target.is_dir():  # another process may have won the rename race: theirs is as good
+    except Exception as e:
+        if disk_full(e, tmp):
+            raise disk_full_error(target, what, "nothing half-built is kept",
+                                  "Free space, or set cache_dir (or $EAGLE3_CACHE) to another disk") from None
+        if not (isinstance(e, OSError) and target.is_dir()):  # another process may have won the rename race
             raise
     finally:
         shutil.rmtree(tmp, ignore_errors=True)

@@ -45,6 +45,7 @@ def write_dataset(model: torch.nn.Module, verifier_dir: Path, rows: Sequence[Row
     if bad:
         raise ConfigError(f"aux layer ids {bad} are outside the verifier's {num_layers} layers "
                           f"(Hugging Face output_hidden_states indexing: 0 is the embeddings)")
+    check_room(out_dir, rows, len(aux_layer_ids) + 1, model.config.hidden_size, dtype)
     record = {
         "format": 1,
         "verifier": verifier_fingerprint(verifier_dir),
@@ -58,13 +59,31 @@ def write_dataset(model: torch.nn.Module, verifier_dir: Path, rows: Sequence[Row
     }
     _claim(out_dir, record)
     if not _rows_saved(out_dir, len(rows)):
-        save_rows(rows, out_dir)
+        try:
+            save_rows(rows, out_dir)
+        except BaseException:  # a full disk, a signal: no half-written rows are left behind
+            for file in [*out_dir.glob("*.arrow"), *(out_dir / n for n in ROWS_FILES)]:
+                file.unlink(missing_ok=True)
+            raise
     written = write_hidden_states(model, rows, out_dir / "hidden_states", aux_layer_ids, batch_tokens, dtype)
     record.update(complete=True, hidden_state_files_written=written)
     write_record(out_dir, record)
     return record
 
 
+def check_room(out_dir: Path, rows: Sequence[Row], slots: int, hidden_size: int, dtype: torch.dtype) -> None:
+    """Refuses to start when the disk of `out_dir` cannot hold the rows' hidden-state files (those already there
+    count as written) and the rows themselves."""
+    from eagle3.disk import check_free
+
+    per_token = slots * hidden_size * dtype.itemsize + 8 + 16  # hidden states, token ids; the Arrow rows
+    hs_dir = out_dir / "hidden_states"
+    present = sum(f.stat().st_size for f in hs_dir.glob("hs_*.safetensors")) if hs_dir.is_dir() else 0
+    check_free(out_dir, sum(len(ids) for ids, _ in rows) * per_token - present, "the hidden states of these rows",
+               "free space, or write them to another disk (prepare: --out; a run's cache: cache_dir or $EAGLE3_CACHE)")
+
+
+ROWS_FILES = ("dataset_info.json", "state.json", "token_freq.pt")  # save_rows's, beside its data-*.arrow
 IDENTITY = ("format", "aux_layer_ids", "hidden_size", "dtype", "rows", "rows_sha256")
 
 
@@ -125,6 +144,16 @@ def main(argv: list[str] | None = None) -> int:
         prepare(args)
     except UserError as e:
         print(f"error: {e}", file=sys.stderr)
+        return 1
+    except Exception as e:
+        from eagle3.disk import disk_full, disk_full_error
+
+        if not disk_full(e, args.out):
+            raise
+        error = disk_full_error(args.out, "the prepared dataset", "the hidden-state files written so far are kept, "
+                                "each whole, and the same command resumes from them",
+                                "Free space, or give another --out")
+        print(f"error: {error}", file=sys.stderr)
         return 1
     return 0
 

@@ -187,8 +187,12 @@ def write_hidden_states(model: torch.nn.Module, rows: Sequence[Row], hs_dir: Pat
                     if i in todo:
                         file = hs_dir / f"hs_{i}.safetensors"
                         tmp = file.with_name(f".{file.name}.tmp")  # renamed into place: never half a file
-                        save_file({"hidden_states": stacked[b, :lengths[b]].contiguous(),
-                                   "token_ids": ids[b, :lengths[b]].clone()}, str(tmp))
+                        try:
+                            save_file({"hidden_states": stacked[b, :lengths[b]].contiguous(),
+                                       "token_ids": ids[b, :lengths[b]].clone()}, str(tmp))
+                        except BaseException:  # a full disk, a signal: no half file is left behind
+                            tmp.unlink(missing_ok=True)
+                            raise
                         os.replace(tmp, file)
                         bar.update()
     return len(todo)

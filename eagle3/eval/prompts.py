@@ -25,8 +25,16 @@ def read_jsonl_prompts(path: str | Path, verifier_dir: str | Path, limit: int | 
     path = Path(path)
     if not path.is_file():
         raise DataError(f"prompts: {path} does not exist or is not a file")
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as e:
+        bad_line = path.read_bytes()[:e.start].count(b"\n") + 1
+        raise DataError(f"prompts: {path} line {bad_line} is not UTF-8 text ({e.reason} at byte {e.start}); a prompts "
+                        f"file is a UTF-8 JSONL") from None
+    except OSError as e:
+        raise DataError(f"prompts: {path} cannot be read ({e.strerror})") from None
     rows: list[dict[str, Any]] = []
-    for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+    for n, line in enumerate(text.splitlines(), 1):
         if not line.strip():
             continue
         try:

@@ -77,7 +77,11 @@ def rates_from_report(path: Path) -> tuple[list[float], str]:
         rates = report["accept_rate"]
     except (ValueError, KeyError, TypeError):  # ValueError: not JSON, or not text
         raise ConfigError(f"--accept: {path} is not an eagle3.eval.accept report (no accept_rate)") from None
-    return rates, f"measured: {path} (k={report.get('k')}, temperature {report.get('temperature', 0.0):g})"
+    temperature = report.get("temperature", 0.0)
+    if isinstance(temperature, bool) or not isinstance(temperature, (int, float)):
+        raise ConfigError(f"--accept: {path} states temperature {temperature!r}, not a number; an eagle3.eval.accept "
+                          f"report holds the temperature it measured at")
+    return rates, f"measured: {path} (k={report.get('k')}, temperature {temperature:g})"
 
 
 def rates_from_run(run: Path) -> tuple[list[float], str]:
@@ -297,6 +301,12 @@ def main(argv: list[str] | None = None) -> None:
     try:
         if args.json is not None and args.json.exists():
             raise ConfigError(f"--json: {args.json} exists; nothing was overwritten: choose another path")
+        if args.json is not None:  # before measuring: its dir must be one that can be made and written
+            from eagle3.hydra_callbacks import output_dir_problem
+
+            problem = output_dir_problem(args.json.parent.absolute())
+            if problem:
+                raise ConfigError(f"--json: {problem}; choose another path")
         result, text = run(args)
     except UserError as e:  # also a run's data or checkpoint problem, found by resolve_inputs or load_draft
         raise SystemExit(f"error: {e}") from None

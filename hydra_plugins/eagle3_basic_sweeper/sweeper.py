@@ -10,7 +10,7 @@ Registered as `hydra/sweeper=eagle3_basic`, the default in conf/train.yaml. Impo
 """
 
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
 
@@ -31,7 +31,9 @@ class Eagle3BasicSweeperConf:
     # Optional, not `X | None`, and no `from __future__ import annotations`: Hydra executes plugin modules
     # unregistered in sys.modules, where dataclasses cannot resolve string annotations.
     max_batch_size: Optional[int] = None      # noqa: UP045  jobs handed to the launcher at once (None: all)
-    params: Optional[dict[str, str]] = None   # noqa: UP045  sweep values from the config, as the basic sweeper's
+    # Sweep values from the config, as the basic sweeper's; {} rather than None: OmegaConf cannot merge a
+    # command-line `+hydra.sweeper.params={...}` into a None node.
+    params: dict[str, str] = field(default_factory=dict)
 
 
 ConfigStore.instance().store(group="hydra/sweeper", name="eagle3_basic", node=Eagle3BasicSweeperConf,

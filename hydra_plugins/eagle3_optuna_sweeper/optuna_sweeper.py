@@ -12,6 +12,14 @@ trial failed. The study lives in `<sweep dir>/study.db` (SQLite), so the same co
 `hydra.sweep.dir` adds `n_trials` more trials to it; a different search space or different fixed overrides
 there are refused rather than mixed into one study.
 
+Before the study is opened, the configs at both ends of the search space are composed and checked as the
+trials' will be: what every trial would fail on (a misspelt key, objective=accept_len without measured
+acceptance) is one message and leaves nothing in the study. One study command at a time holds a sweep dir
+(`study.lock`). A trial whose run is stopped by a signal saved `checkpoints/last`: it stays RUNNING in the study
+until `python launch.py resume=<its run dir>` finishes it and tells the study its value (eagle3/study.py); a
+signal between trials stops the sweep with exit status 128 + the signal, and the trials that did not run are
+told FAIL and listed as "interrupted" in the sweep index.
+
 Why not hydra-optuna-sweeper: its releases pin optuna < 3 (2.10), which cannot open an SQLite study with
 the SQLAlchemy 2 that installs today, and it numbers jobs from 0 on every invocation, so a continued study
 would reuse run-dir numbers and sweep-index entries.
@@ -19,9 +27,14 @@ would reuse run-dir numbers and sweep-index entries.
 
 # No `from __future__ import annotations`: Hydra executes plugin modules before they are in sys.modules,
 # where dataclasses cannot resolve string annotations.
+import fcntl
+import json
 import logging
 import math
-from dataclasses import dataclass
+import signal
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -32,11 +45,12 @@ from hydra.plugins.sweeper import Sweeper
 from hydra.types import HydraContext, TaskFunction
 from omegaconf import DictConfig, OmegaConf
 
+from eagle3.study import STUDY_FILE  # in the sweep dir; eagle3.compare reads the study's history from it
+
 from .search_space import parse_search_space, to_override
 
 log = logging.getLogger(__name__)
 
-STUDY_FILE = "study.db"  # in the sweep dir; eagle3.compare reads the study's history from it
 
 
 @dataclass
@@ -51,7 +65,8 @@ class OptunaSweeperConf:
     n_startup_trials: int = 5
     study_name: str = "eagle3"
     storage: str | None = None
-    params: dict[str, str] | None = None
+    # {} rather than None: OmegaConf cannot merge a command-line `hydra.sweeper.params={...}` into a None node.
+    params: dict[str, str] = field(default_factory=dict)
 
 
 ConfigStore.instance().store(group="hydra/sweeper", name="eagle3_optuna", node=OptunaSweeperConf, provider="eagle3")
@@ -83,8 +98,6 @@ class OptunaSweeper(Sweeper):
             raise SystemExit(f"error: {e}") from None
 
     def _sweep(self, arguments: list[str]) -> list[JobReturn]:
-        import optuna
-
         assert self.config is not None and self.launcher is not None
         self._check_settings()
         try:
@@ -95,30 +108,44 @@ class OptunaSweeper(Sweeper):
             raise SweepError("hydra/sweeper=optuna needs a search space: at least one override such as "
                              "'optim.lr=tag(log, interval(1e-5, 1e-2))', 'optim.warmup_ratio=interval(0, 0.1)' "
                              "or 'optim.scheduler=choice(cosine, linear)'")
+        self._check_before_trials(space, fixed)
         sweep_dir = Path(self.config.hydra.sweep.dir).resolve()
         sweep_dir.mkdir(parents=True, exist_ok=True)
-        OmegaConf.save(self.config, sweep_dir / "multirun.yaml")
-        study = self._open_study(sweep_dir, space, fixed)
+        with hold_study_dir(sweep_dir), stop_between_trials():
+            OmegaConf.save(self.config, sweep_dir / "multirun.yaml")
+            study = self._open_study(sweep_dir, space, fixed)
+            return self._run_trials(study, space, fixed, sweep_dir)
 
+    def _run_trials(self, study, space: dict[str, Any], fixed: list[str], sweep_dir: Path) -> list[JobReturn]:
+        import optuna
+
+        assert self.launcher is not None
         returns: list[JobReturn] = []
         failures: list[str] = []
         asked = 0
         while asked < self.n_trials:
-            trials = [study.ask(space) for _ in range(min(self.n_jobs, self.n_trials - asked))]
-            asked += len(trials)
-            batch = [[*fixed, *(to_override(k, v) for k, v in trial.params.items())] for trial in trials]
-            try:  # a sampled value of the wrong type fails composition, before any job starts
-                self.validate_batch_is_legal(batch)
-            except Exception as e:
-                for trial in trials:
-                    study.tell(trial, state=optuna.trial.TrialState.FAIL)
-                cause = f"\n{e.__cause__}" if e.__cause__ else ""
-                raise SweepError(f"trial {trials[0].number}: the sampled overrides do not compose: {e}{cause}\n"
-                                 "(int(interval(a, b)) samples integers)") from None
-            # Job number = trial number: run dirs and sweep-index entries stay unique across continuations.
-            first = trials[0].number
-            assert [t.number for t in trials] == list(range(first, first + len(trials))), "trials asked out of order"
-            results = self.launcher.launch(batch, initial_job_idx=first)
+            pending: list[tuple[Any, list[str]]] = []  # asked and not yet told
+            try:
+                for _ in range(min(self.n_jobs, self.n_trials - asked)):
+                    trial = study.ask(space)
+                    pending.append((trial, [*fixed, *(to_override(k, v) for k, v in trial.params.items())]))
+                asked += len(pending)
+                trials, batch = [t for t, _ in pending], [o for _, o in pending]
+                try:  # a sampled value of the wrong type fails composition, before any job starts
+                    self.validate_batch_is_legal(batch)
+                except Exception as e:
+                    for trial in trials:
+                        study.tell(trial, state=optuna.trial.TrialState.FAIL)
+                    cause = f"\n{e.__cause__}" if e.__cause__ else ""
+                    raise SweepError(f"trial {trials[0].number}: the sampled overrides do not compose: {e}{cause}\n"
+                                     "(int(interval(a, b)) samples integers)") from None
+                # Job number = trial number: run dirs and sweep-index entries stay unique across continuations.
+                first = trials[0].number
+                assert [t.number for t in trials] == list(range(first, first + len(trials))), "asked out of order"
+                results = self.launcher.launch(batch, initial_job_idx=first)
+            except SystemExit:  # a signal: during a trial's run (Interrupted), or between trials
+                settle_stopped(study, pending, sweep_dir)
+                raise
             for trial, result in zip(trials, results):
                 failure = self._tell(study, trial, result)
                 if failure:
@@ -130,6 +157,37 @@ class OptunaSweeper(Sweeper):
             raise SweepError(f"{len(failures)} of {asked} trials failed (failure.json in their run dirs, "
                              f"'failed' in {sweep_dir / 'index.json'}, FAIL in the study):\n  " + "\n  ".join(failures))
         return returns
+
+    def _check_before_trials(self, space: dict[str, Any], fixed: list[str]) -> None:
+        """Composes and checks the configs at both ends of the search space as each trial's will be, before the
+        study is opened: what every trial would fail on (a misspelt key, objective=accept_len without
+        eval.accept.enabled=true) is one message and leaves nothing in the study. A problem at one end only is
+        the sampled value's: such a trial fails on its own and the study goes on."""
+        from hydra.core.hydra_config import HydraConfig
+
+        from hydra_plugins.eagle3_basic_sweeper.sweeper import job_config_problem
+
+        assert self.config is not None and self.hydra_context is not None
+        saved = HydraConfig.instance().cfg
+        problems = []
+        try:
+            for ends in _space_ends(space):
+                overrides = [*fixed, *(to_override(k, v) for k, v in ends.items())]
+                try:
+                    job_cfg = self.hydra_context.config_loader.load_sweep_config(self.config, overrides)
+                except Exception as e:
+                    cause = f"\n{e.__cause__}" if e.__cause__ else ""
+                    raise SweepError(f"the search space does not compose at {' '.join(overrides)}: {e}{cause}\n"
+                                     "nothing was added to the study") from None
+                problem = job_config_problem(job_cfg)
+                if problem is None:
+                    return
+                problems.append(problem)
+        finally:
+            if saved is not None:
+                HydraConfig.instance().set_config(saved)
+        raise SweepError(f"every trial would be refused (checked at both ends of the search space): {problems[0]}\n"
+                         "nothing was added to the study")
 
     def _check_settings(self) -> None:
         if self.n_trials < 1:
@@ -166,8 +224,15 @@ class OptunaSweeper(Sweeper):
         for key, value in setup.items():
             study.set_user_attr(key, value)
         trials = study.get_trials(deepcopy=False)
+        jobs = index_jobs(sweep_dir)
         for stale in (t for t in trials if t.state == optuna.trial.TrialState.RUNNING):
-            # Nothing else runs this study: a trial still RUNNING belongs to a sweep that was killed.
+            # Nothing else runs this study (hold_study_dir): a trial still RUNNING belongs to a sweep that was
+            # stopped. One whose run saved checkpoints/last stays RUNNING: resuming it tells the study its value.
+            job = jobs.get(stale.number, {})
+            if job.get("status") == "stopped":
+                log.info("trial %d was stopped with checkpoints/last saved; %s finishes it and tells the study",
+                         stale.number, job.get("resume"))
+                continue
             log.warning("trial %d was left running by an earlier sweep: told FAIL", stale.number)
             study.tell(stale.number, state=optuna.trial.TrialState.FAIL)
         # Seeded, and reseeded by the trials so far: a continued study samples new points, reproducibly.
@@ -213,6 +278,80 @@ class OptunaSweeper(Sweeper):
             return
         log.info("best of %d trials: %.4f, trial %d (%s): %s", len(study.trials), best.value, best.number,
                  best.user_attrs.get("run_dir", "?"), _params_text(best.params))
+
+
+def _space_ends(space: dict[str, Any]) -> list[dict[str, Any]]:
+    """The lowest and the highest value of every distribution (first and last choice), as two assignments."""
+    from optuna.distributions import CategoricalDistribution
+
+    ends: list[dict[str, Any]] = [{}, {}]
+    for key, dist in space.items():
+        low, high = (dist.choices[0], dist.choices[-1]) if isinstance(dist, CategoricalDistribution) else \
+            (dist.low, dist.high)
+        ends[0][key], ends[1][key] = low, high
+    return ends
+
+
+@contextmanager
+def hold_study_dir(sweep_dir: Path) -> Iterator[None]:
+    """One study command at a time in a sweep dir: a second one would tell FAIL the first one's running trials."""
+    with open(sweep_dir / "study.lock", "a") as lock:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise SweepError(f"{sweep_dir} is in use by another hydra/sweeper=optuna command; nothing was added to "
+                             f"its study: wait for it to end (the same command then continues the study), or give "
+                             f"another hydra.sweep.dir") from None
+        yield
+
+
+@contextmanager
+def stop_between_trials() -> Iterator[None]:
+    """SIGTERM or Ctrl-C between trials (a trial's run handles them itself while it runs) stops the sweep as a
+    signal before training stops a run: one line, exit status 128 + the signal; settle_stopped records the trials
+    that did not run."""
+    from eagle3.errors import StoppedBeforeTraining
+
+    def handle(signum: int, frame: Any) -> None:
+        log.warning("%s between trials: the sweep stops here; the same command continues the study",
+                    signal.Signals(signum).name)
+        raise StoppedBeforeTraining(signum)
+
+    previous = {s: signal.signal(s, handle) for s in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        yield
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+
+
+def index_jobs(sweep_dir: Path) -> dict[int, dict[str, Any]]:
+    """The sweep index's entries (eagle3.launch writes them) by job number = trial number."""
+    try:
+        return {job["num"]: job for job in json.loads((sweep_dir / "index.json").read_text())["jobs"]}
+    except (OSError, ValueError, KeyError):
+        return {}
+
+
+def settle_stopped(study, pending: list[tuple[Any, list[str]]], sweep_dir: Path) -> None:
+    """The trials of a sweep stopped by a signal that were asked and not told: one whose run saved
+    checkpoints/last ('stopped' in the index) stays RUNNING until its resume tells the study
+    (eagle3.study.tell_resumed_trial); the others are told FAIL, and one that never started gets its
+    'interrupted' index entry."""
+    import optuna
+
+    from eagle3.launch import write_index_entry
+
+    jobs = index_jobs(sweep_dir)
+    for trial, overrides in pending:
+        job = jobs.get(trial.number)
+        if job is not None and job.get("status") == "stopped":
+            continue
+        study.tell(trial, state=optuna.trial.TrialState.FAIL)
+        if job is None:
+            write_index_entry(sweep_dir, {"num": trial.number, "name": ",".join(sorted(overrides)), "run_dir": None,
+                                          "overrides": overrides}, "interrupted", None,
+                              "the sweep was stopped by a signal before this trial started")
 
 
 def _params_text(params: dict[str, Any]) -> str:
