@@ -97,3 +97,40 @@ def test_a_rope_per_layer_type_is_one_message(tmp_path):
         "sliding_attention": {"rope_type": "default", "rope_theta": 1e4}}}))
     with pytest.raises(ConfigError, match="RoPE per layer type .*set model.draft.rope_theta"):
         verifier_config(tmp_path, "rope_theta")
+
+
+def pretrained_context(draft, path, overrides=()):
+    from eagle3.config import PretrainedInitConfig
+    from eagle3.init import InitContext
+
+    return InitContext(draft=draft, init=PretrainedInitConfig(path=str(path)), verifier_dir=path, data_dir=path,
+                       attn_impl="sdpa", overrides=list(overrides))
+
+
+@pytest.mark.parametrize("fmt", ["speculators", "specforge"])
+def test_pretrained_drafter_with_another_rope_is_a_stated_difference(tmp_path, fmt):
+    """A drafter trained with llama3 scaling, loaded into a run whose draft has default RoPE: refused, named,
+    unless the run's RoPE is set on the command line (then noted); the same RoPE loads without a word."""
+    from dataclasses import replace
+
+    from eagle3.config import DraftConfig
+    from eagle3.export import export
+    from eagle3.init.build import bare_draft
+    from eagle3.init.files import CheckpointError
+    from eagle3.init.pretrained import SPECFORGE_FLAGS, read_source, resolve_architecture
+
+    scaled = DraftConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_attention_heads=2,
+                         num_key_value_heads=2, head_dim=16, max_position_embeddings=128, rope_theta=500000.0,
+                         rope_scaling=LLAMA3, draft_vocab_size=48, aux_layer_ids=[1, 2, 3])
+    bare_draft(scaled, SPECFORGE_FLAGS, "cpu").save_pretrained(str(tmp_path / "speculators"))
+    if fmt == "specforge":
+        export(tmp_path / "speculators", tmp_path / "specforge", "specforge")
+    source = read_source(tmp_path / fmt, {"midlayer.": "layers.0."})
+    default = replace(scaled, rope_scaling=None)
+    with pytest.raises(CheckpointError, match=r"RoPE: the run says rope_theta=500000, default RoPE, .* the "
+                                              r"checkpoint rope_theta=500000, rope_type=llama3, factor=8"):
+        resolve_architecture(pretrained_context(default, tmp_path), source)
+    _, notes = resolve_architecture(pretrained_context(default, tmp_path, ["model.draft.rope_scaling=null"]), source)
+    assert any(n.startswith("RoPE (rope_theta=500000, default RoPE") and "the checkpoint has" in n for n in notes)
+    _, notes = resolve_architecture(pretrained_context(scaled, tmp_path), source)
+    assert not any("RoPE" in n for n in notes)
