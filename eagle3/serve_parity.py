@@ -190,20 +190,24 @@ def _untied(s: Served) -> str | None:
     return f"{', '.join(tied)} not false: SGLang then takes lm_head = embed_tokens" if tied else None
 
 
+def _spec(spec: TensorSpec | None) -> str:
+    return "missing" if spec is None else f"{spec.dtype} {list(spec.shape)}"
+
+
 def _vocab(s: Served) -> str | None:
-    vocab = s.layer.get("vocab_size")
+    vocab = int(s.layer.get("vocab_size") or 0)
     if s.verifier and vocab != s.verifier.get("vocab_size"):
         return f"vocab_size={vocab}, the verifier's {s.verifier.get('vocab_size')}: logits land on other tokens"
     if s.draft_vocab == vocab:
         return None
     d2t, t2d = s.tensors.get("d2t"), s.tensors.get("t2d")
     if d2t is None or d2t.dtype != "I64" or d2t.shape != (s.draft_vocab,) or s.d2t is None:
-        return f"d2t {d2t}: the engine needs int64 of the draft vocabulary's length ({s.draft_vocab})"
+        return f"d2t {_spec(d2t)}: the engine needs int64 of the draft vocabulary's length ({s.draft_vocab})"
     ids = [i + o for i, o in enumerate(s.d2t)]
     if any(b <= a for a, b in zip(ids, ids[1:])) or min(ids) < 0 or max(ids) >= vocab:
         return f"d2t: the target ids i + d2t[i] are not ascending, unique and in [0, {vocab})"
     if t2d is None or t2d.dtype != "BOOL" or t2d.shape != (vocab,):
-        return f"t2d {t2d}: expected bool [{vocab}]"
+        return f"t2d {_spec(t2d)}: expected bool [{vocab}]"
     return None
 
 

@@ -41,7 +41,7 @@ def good(verifier, tmp_path_factory):
 
     draft = DraftConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_attention_heads=2,
                         num_key_value_heads=2, head_dim=16, max_position_embeddings=128, rope_theta=500000.0,
-                        rope_scaling=LLAMA3, draft_vocab_size=48, aux_layer_ids=[1, 2, 3])
+                        draft_vocab_size=48, aux_layer_ids=[1, 2, 3])
     path = tmp_path_factory.mktemp("ckpt") / "best"
     bare_draft(draft, SPECFORGE_FLAGS, "cpu").save_pretrained(str(path))
     tensors = load_file(str(path / "model.safetensors"))
@@ -49,6 +49,8 @@ def good(verifier, tmp_path_factory):
     tensors["t2d"] = torch.arange(64) < 48
     save_file(tensors, str(path / "model.safetensors"), metadata={"format": "pt"})
     edit_config(path, lambda c: c["speculators_config"]["verifier"].update(name_or_path=str(verifier)))
+    edit_config(path, lambda c: c["transformer_layer_config"].update(rope_parameters={"rope_theta": 500000.0,
+                                                                                       **LLAMA3}))
     return path
 
 
@@ -140,7 +142,7 @@ def test_embed_tokens_other_than_the_verifiers_is_refused_for_vllm(good, tmp_pat
 
 
 @pytest.mark.parametrize("d2t, says", [
-    (lambda d: d.int(), "d2t TensorSpec(dtype='I32'"),
+    (lambda d: d.int(), "d2t I32 [48]: the engine needs int64"),
     (lambda d: torch.cat([d[:1], d[:-1]]) + torch.tensor([0] + [-1] * 47), "d2t: the target ids i + d2t[i] are not"),
     (lambda d: d + 20, "d2t: the target ids i + d2t[i] are not ascending, unique and in [0, 64)"),
 ], ids=["int32", "repeated", "beyond_vocab"])
@@ -190,6 +192,10 @@ def set_config(**kv):
     return lambda s: replace(s, config={**s.config, **kv})
 
 
+def add(key):
+    return lambda s: replace(s, tensors={**s.tensors, key: s.tensors["norm.weight"]})
+
+
 def set_layer(**kv):
     return lambda s: replace(s, layer={**s.layer, **kv})
 
@@ -208,8 +214,7 @@ def set_layer(**kv):
     ("sglang", "specforge", set_config(draft_vocab_size=64), "sglang, lm_head: draft_vocab_size=64"),
     ("sglang", "specforge", set_config(tie_word_embeddings=True), "sglang, tied:"),
     ("sglang", "specforge", drop("t2d"), "sglang, tensor names:"),
-    ("sglang", "specforge", lambda s: replace(s, tensors={**s.tensors, "midlayer.extra.weight": s.tensors["fc.weight"]}),
-     "unknown ['midlayer.extra.weight']"),
+    ("sglang", "specforge", add("midlayer.extra.weight"), "unknown ['midlayer.extra.weight']"),
     ("vllm", "speculators", set_layer(rope_scaling=None), "vllm, rope: RoPE keys rope_scaling"),
     ("sglang", "specforge", set_config(partial_rotary_factor=None), "sglang, rope: RoPE keys partial_rotary_factor"),
 ])
