@@ -2,15 +2,19 @@
 
     python -m eagle3.export outputs/.../checkpoints/best --out drafter              # speculators' format (vLLM)
     python -m eagle3.export outputs/.../checkpoints/best --format specforge --out d   # midlayer.* layout (SGLang)
+    ... --verifier meta-llama/Llama-3.1-8B-Instruct   # the verifier `vllm serve <drafter>` loads
 
 The SpecForge layout renames `layers.0.*` to `midlayer.*`, leaves out embed_tokens (engines take it from
-the verifier), and writes a SpecForge-style config.json whose aux layer ids count layer outputs (one less
-than Hugging Face hidden_states indexing). `init=pretrained` reads either layout back exactly.
+the verifier), and writes a SpecForge-style config.json whose aux layer ids are written as SGLang reads them
+(nested eagle_config, offset by the target's rule: one less than Hugging Face hidden_states indexing for
+Llama/Qwen targets). `init=pretrained` reads either layout back exactly. Both formats state what an engine
+would otherwise guess: the norm flags, untied embeddings, and the draft's RoPE in every schema engines read.
 
 The checkpoint is checked before anything is written, as strictly as `init=pretrained` checks what it reads:
-every file's safetensors header against the file's size (eagle3/init/files.py), and every tensor's name and
-shape against the model its own config.json describes. A problem is one message, a non-zero exit, and
-nothing at --out.
+every file's safetensors header against the file's size (eagle3/init/files.py), every tensor's name and
+shape against the model its own config.json describes, and what the format's engine will read against how the
+draft was trained (eagle3/serve_parity.py: vLLM's rules for the speculators format, SGLang's for the SpecForge
+layout). A problem is one message, a non-zero exit, and nothing at --out; a rule that only warns is printed.
 """
 
 from __future__ import annotations

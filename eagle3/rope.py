@@ -61,7 +61,7 @@ def rope_parameters(rope: Rope) -> dict[str, Any]:
 
 def engine_keys(rope: Rope) -> dict[str, Any]:
     """`rope` in every schema an engine reads: rope_parameters (vLLM, SGLang), the mirrored legacy rope_scaling
-    (null for default RoPE), top-level rope_theta and partial_rotary_factor (SGLang)."""
-    scaling = None if rope.scaling is None else {**rope.scaling, "type": rope.scaling["rope_type"]}
-    return {"rope_parameters": rope_parameters(rope), "rope_scaling": scaling, "rope_theta": rope.theta,
+    (null for default RoPE; no legacy `type` key: transformers merges rope_scaling into rope_parameters on load,
+    and vLLM's config check rejects `type` there), top-level rope_theta and partial_rotary_factor (SGLang)."""
+    return {"rope_parameters": rope_parameters(rope), "rope_scaling": rope.scaling, "rope_theta": rope.theta,
             "partial_rotary_factor": rope.partial_rotary_factor}

@@ -85,7 +85,7 @@ def test_a_good_checkpoint_exports_to_both_engines_with_rope_in_every_schema(goo
     assert err.count("warning:") == 1, err
     layer = config["transformer_layer_config"]
     assert layer["rope_parameters"] == {"rope_theta": 500000.0, **LLAMA3}
-    assert layer["rope_scaling"] == {**LLAMA3, "type": "llama3"} and layer["rope_theta"] == 500000.0
+    assert layer["rope_scaling"] == LLAMA3 and layer["rope_theta"] == 500000.0
     assert layer["partial_rotary_factor"] == 1.0
     code, err, config = run(good, tmp_path / "f", capsys, "--format", "specforge")
     assert code == 0 and "warning" not in err, err
@@ -225,3 +225,17 @@ def test_each_rule_refuses_a_plan_that_breaks_it(good, engine, fmt, edit, says):
     assert check_served(engine, served)[0] == []
     refusals, _ = check_served(engine, edit(served))
     assert any(says in r for r in refusals), refusals
+
+
+def test_the_speculators_export_loads_in_speculators_with_its_rope(good, tmp_path, capsys):
+    from speculators.models.eagle3 import Eagle3SpeculatorConfig
+
+    from eagle3.rope import Rope, read_rope
+
+    assert run(good, tmp_path, capsys)[0] == 0
+    layer = Eagle3SpeculatorConfig.from_pretrained(str(tmp_path / "out")).transformer_layer_config
+    assert "type" not in layer.rope_parameters  # vLLM's config check rejects the legacy alias there
+    assert read_rope({"rope_parameters": layer.rope_parameters}) == Rope(500000.0, LLAMA3)
+    assert main([str(tmp_path / "out"), "--out", str(tmp_path / "again")]) == 0  # an export exports again
+    assert json.loads((tmp_path / "again" / "config.json").read_text()) == \
+        json.loads((tmp_path / "out" / "config.json").read_text())
