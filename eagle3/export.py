@@ -136,7 +136,8 @@ def planned(checkpoint: Path, files: list[Path], config: dict[str, Any], fmt: st
         rope = read_rope(layer) or Rope(10000.0)
     except RopeError as e:
         raise CheckpointError(f"{checkpoint}/config.json states {e}; a one-layer draft has one RoPE") from None
-    verifier_dir = local_verifier(verifier or config["speculators_config"]["verifier"].get("name_or_path"))
+    trained_with = config["speculators_config"]["verifier"].get("name_or_path")
+    verifier_dir = local_verifier(verifier) or local_verifier(trained_with)  # --verifier may be a hub id
     verifier_config = read_verifier(verifier_dir)
     aux_ids = list(config["eagle_aux_hidden_state_layer_ids"])
     d2t = load_tensors(files, {"d2t"}).get("d2t")
@@ -157,8 +158,9 @@ def planned(checkpoint: Path, files: list[Path], config: dict[str, Any], fmt: st
         raise CheckpointError(f"{checkpoint}: the {fmt} export would be served otherwise than it was trained:\n  "
                               + "\n  ".join(refusals))
     if verifier_config is None:
-        warnings.append("the verifier's config.json is not reachable here (pass --verifier <local dir>): its "
-                        "vocabulary, positions, RoPE and the SGLang aux-layer offset were not checked against it")
+        warnings.append("the verifier's config.json is not here (neither --verifier nor the checkpoint's verifier "
+                        "path is a local model dir): its vocabulary, positions, RoPE, embed_tokens and the SGLang "
+                        "aux-layer offset were not checked against it")
     return served, warnings
 
 

@@ -99,7 +99,8 @@ def _proposal(s: Served) -> str | None:
 def _verifier_name(s: Served) -> str | None:
     name = ((s.config.get("speculators_config") or {}).get("verifier") or {}).get("name_or_path")
     if not name:
-        return "speculators_config.verifier.name_or_path is empty: `vllm serve <draft>` loads that verifier"
+        return ("speculators_config.verifier.name_or_path is empty: `vllm serve <draft>` has no verifier to load; "
+                "pass --verifier <hub id or path to serve with>")
     if Path(str(name)).is_absolute():
         return (f"speculators_config.verifier.name_or_path={name!r} is a local absolute path: `vllm serve <draft>` "
                 "loads it, and fails on another machine; pass --verifier <hub id or path to serve with>")
