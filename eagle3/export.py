@@ -139,7 +139,10 @@ def planned(checkpoint: Path, files: list[Path], config: dict[str, Any], fmt: st
     trained_with = config["speculators_config"]["verifier"].get("name_or_path")
     verifier_dir = local_verifier(verifier) or local_verifier(trained_with)  # --verifier may be a hub id
     verifier_config = read_verifier(verifier_dir)
-    aux_ids = list(config["eagle_aux_hidden_state_layer_ids"])
+    aux_ids = config.get("eagle_aux_hidden_state_layer_ids")
+    if not isinstance(aux_ids, list):
+        raise CheckpointError(f"{checkpoint}/config.json does not state eagle_aux_hidden_state_layer_ids: engines "
+                              "would feed the draft their default layers, whatever it was trained on")
     d2t = load_tensors(files, {"d2t"}).get("d2t")
     if fmt == "speculators":
         out = speculators_config(config, verifier)

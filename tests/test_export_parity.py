@@ -139,6 +139,12 @@ def test_sglang_aux_offset_follows_the_target_and_refuses_what_it_cannot_express
     assert code == 0 and config["eagle_config"]["eagle_aux_hidden_state_layer_ids"] == [1, 2, 3], err
 
 
+def test_unstated_aux_layers_are_refused(good, tmp_path, capsys):
+    ckpt = broken(good, tmp_path, config=lambda c: c.pop("eagle_aux_hidden_state_layer_ids"))
+    code, err, _ = run(ckpt, tmp_path, capsys)
+    assert code == 2 and "does not state eagle_aux_hidden_state_layer_ids" in err, err
+
+
 def test_embed_tokens_other_than_the_verifiers_is_refused_for_vllm(good, tmp_path, capsys):
     ckpt = broken(good, tmp_path, tensors=lambda t: t | {"embed_tokens.weight": t["embed_tokens.weight"] + 1})
     code, err, _ = run(ckpt, tmp_path, capsys)
