@@ -144,18 +144,18 @@ def planned(checkpoint: Path, files: list[Path], config: dict[str, Any], fmt: st
         raise CheckpointError(f"{checkpoint}/config.json does not state eagle_aux_hidden_state_layer_ids: engines "
                               "would feed the draft their default layers, whatever it was trained on")
     d2t = load_tensors(files, {"d2t"}).get("d2t")
+    target = target_model_type(verifier_config, config["speculators_config"]["verifier"].get("architectures"))
     if fmt == "speculators":
         out = speculators_config(config, verifier)
         out["transformer_layer_config"].update(engine_keys(rope))
         tensors = specs
     else:
-        kind = target_model_type(verifier_config, config["speculators_config"]["verifier"].get("architectures"))
-        out = specforge_config(config, specs["lm_head.weight"].shape[0], sglang_aux_ids(aux_ids, kind))
+        out = specforge_config(config, specs["lm_head.weight"].shape[0], sglang_aux_ids(aux_ids, target))
         out.update(engine_keys(rope))
         tensors = {specforge_name(k): v for k, v in specs.items() if k != "embed_tokens.weight"}
     served = Served(out, out.get("transformer_layer_config", out), tensors,
                     None if d2t is None else d2t.tolist(), aux_ids, rope, verifier_config,
-                    embed_equal(files, verifier_dir) if "embed_tokens.weight" in tensors else None)
+                    embed_equal(files, verifier_dir) if "embed_tokens.weight" in tensors else None, target)
     refusals, warnings = check_served("vllm" if fmt == "speculators" else "sglang", served)
     if refusals:
         raise CheckpointError(f"{checkpoint}: the {fmt} export would be served otherwise than it was trained:\n  "

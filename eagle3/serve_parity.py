@@ -32,6 +32,7 @@ class Served:
     rope: Rope                        # the draft's RoPE as trained
     verifier: dict[str, Any] | None   # the verifier's config.json (its text_config), when it is reachable here
     embed_equal: bool | None          # a shipped embed_tokens equals the verifier's (None: not compared)
+    target: str | None                # the verifier's model_type (its config's, else from its architectures)
 
     @property
     def draft_vocab(self) -> int:
@@ -137,17 +138,16 @@ def _aux_ids_sglang(s: Served) -> str | None:
     written = (s.config.get("eagle_config") or {}).get("eagle_aux_hidden_state_layer_ids")
     if not isinstance(written, list):
         return "eagle_config.eagle_aux_hidden_state_layer_ids missing: SGLang reads only it (else [2, N//2, N-3])"
-    kind = target_model_type(s.verifier, None)
-    captured = SGLANG_CAPTURE.get(kind or "llama", _plus_one)(written)
+    captured = SGLANG_CAPTURE.get(s.target or "llama", _plus_one)(written)
     if captured != s.aux_ids:
-        return f"eagle_config ids {written}: SGLang captures {captured} for a {kind} target, trained on {s.aux_ids}"
+        return (f"eagle_config ids {written}: SGLang captures {captured} for a {s.target} target, trained on "
+                f"{s.aux_ids}")
     return None
 
 
 def _aux_offset_known(s: Served) -> str | None:
-    kind = target_model_type(s.verifier, None)
-    if kind not in SGLANG_CAPTURE:
-        return (f"SGLang's aux-layer offset for a {kind or 'unknown'} target is not known here: eagle_config ids "
+    if s.target not in SGLANG_CAPTURE:
+        return (f"SGLang's aux-layer offset for a {s.target or 'unknown'} target is not known here: eagle_config ids "
                 "were written by Llama's rule (captured id = written + 1)")
     return None
 

@@ -137,6 +137,11 @@ def test_sglang_aux_offset_follows_the_target_and_refuses_what_it_cannot_express
     ckpt = broken(good, tmp_path, config=lambda c: c.update(eagle_aux_hidden_state_layer_ids=[2, 3, 4]))
     code, err, config = run(ckpt, tmp_path / "b", capsys, "--format", "specforge", "--verifier", str(deepseek))
     assert code == 0 and config["eagle_config"]["eagle_aux_hidden_state_layer_ids"] == [1, 2, 3], err
+    # no verifier dir here: the target's type comes from the architectures the checkpoint names
+    named = broken(ckpt, tmp_path / "named", config=lambda c: c["speculators_config"].update(
+        verifier={"name_or_path": "moonshotai/Kimi-K2.5", "architectures": ["DeepseekV3ForCausalLM"]}))
+    code, err, config = run(named, tmp_path / "c", capsys, "--format", "specforge")
+    assert code == 0 and config["eagle_config"]["eagle_aux_hidden_state_layer_ids"] == [1, 2, 3], err
 
 
 def test_unstated_aux_layers_are_refused(good, tmp_path, capsys):
