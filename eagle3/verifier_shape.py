@@ -124,5 +124,9 @@ def unresolvable(error: Exception) -> str:
 def register_resolvers() -> None:
     from omegaconf import OmegaConf
 
+    def as_node(path: Any, key: str) -> Any:  # a dict (rope_scaling) as a DictConfig: `--cfg job --resolve`
+        value = verifier_config(path, key)   # puts resolved values back into the config, where a plain dict fails
+        return OmegaConf.create(value) if isinstance(value, dict) else value
+
     if not OmegaConf.has_resolver("verifier_config"):
-        OmegaConf.register_new_resolver("verifier_config", verifier_config)
+        OmegaConf.register_new_resolver("verifier_config", as_node)

@@ -134,3 +134,14 @@ def test_pretrained_drafter_with_another_rope_is_a_stated_difference(tmp_path, f
     assert any(n.startswith("RoPE (rope_theta=500000, default RoPE") and "the checkpoint has" in n for n in notes)
     _, notes = resolve_architecture(pretrained_context(scaled, tmp_path), source)
     assert not any("RoPE" in n for n in notes)
+
+
+def test_cfg_job_resolve_shows_the_verifiers_scaling(tmp_path):
+    """`launch.py --cfg job --resolve` resolves the config in place (OmegaConf.resolve): a dict must fit there."""
+    (tmp_path / "config.json").write_text(json.dumps({
+        "hidden_size": 64, "num_attention_heads": 4, "num_key_value_heads": 2, "intermediate_size": 128,
+        "vocab_size": 256, "num_hidden_layers": 8, "max_position_embeddings": 256, "rms_norm_eps": 1e-5,
+        "rope_theta": 500000.0, "rope_scaling": YARN}))
+    cfg = compose_cfg(["model=auto", f"model.verifier.path={tmp_path}"])
+    OmegaConf.resolve(cfg)
+    assert OmegaConf.to_container(cfg.model.draft.rope_scaling) == YARN and cfg.model.draft.rope_theta == 500000.0
