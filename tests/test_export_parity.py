@@ -254,3 +254,16 @@ def test_the_speculators_export_loads_in_speculators_with_its_rope(good, tmp_pat
     assert main([str(tmp_path / "out"), "--out", str(tmp_path / "again")]) == 0  # an export exports again
     assert json.loads((tmp_path / "again" / "config.json").read_text()) == \
         json.loads((tmp_path / "out" / "config.json").read_text())
+
+
+def test_the_specforge_config_reads_as_a_llama_config_with_its_rope(good, tmp_path, capsys):
+    """SpecForge's and SGLang's draft classes are built from the config.json as a transformers LlamaConfig."""
+    from transformers import LlamaConfig
+
+    from eagle3.rope import Rope, read_rope
+
+    assert run(good, tmp_path, capsys, "--format", "specforge")[0] == 0
+    config = LlamaConfig.from_pretrained(str(tmp_path / "out"))
+    assert config.architectures == ["LlamaForCausalLMEagle3"] and config.tie_word_embeddings is False
+    assert "type" not in config.rope_parameters
+    assert read_rope({"rope_parameters": config.rope_parameters}) == Rope(500000.0, LLAMA3)
