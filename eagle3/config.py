@@ -132,6 +132,11 @@ class DraftConfig:
     aux_layer_ids: list[int] = MISSING
     max_position_embeddings: int = 4096
     rope_theta: float = 10000.0
+    # The rest of the verifier's RoPE (eagle3/rope.py): rope_type and its factors as its config states them
+    # (llama3, yarn, ...; null: default RoPE), and the share of each head it rotates (1.0 only). (Typed Any: Hydra
+    # resolves an interpolation into a dict-typed node while composing, before model.verifier.path is set.)
+    rope_scaling: Any = None
+    partial_rotary_factor: float = 1.0
     rms_norm_eps: float = 1e-6
     hidden_act: str = "silu"
     ttt_steps: int = 3
@@ -168,6 +173,14 @@ class DraftConfig:
         _require(len(set(ids)) == len(ids), "model.draft.aux_layer_ids",
                  f"{ids} names a layer twice; each aux layer feeds the draft once")
         _require(min(ids) >= 0, "model.draft.aux_layer_ids", f"{ids}: layer ids are >= 0")
+        _require(self.partial_rotary_factor == 1.0, "model.draft.partial_rotary_factor",
+                 f"is {self.partial_rotary_factor} (model=auto: the verifier's), but the draft's Llama layer rotates "
+                 "whole heads (transformers' default Llama RoPE has no partial rotation, vLLM and SGLang would "
+                 "rotate a share): set model.draft.partial_rotary_factor=1.0 to train a draft that rotates whole "
+                 "heads, as speculators' own trainer does; the export states it, so engines rotate as it was trained")
+        _require(self.rope_scaling is None or (isinstance(self.rope_scaling, dict)
+                                               and isinstance(self.rope_scaling.get("rope_type"), str)),
+                 "model.draft.rope_scaling", "names its rope_type (llama3, yarn, linear, ...), or is null")
 
 
 @dataclass

@@ -7,7 +7,9 @@
 derived from it where configs differ in how they state it:
   head_dim              config's head_dim, else hidden_size // num_attention_heads
   num_key_value_heads   config's, else num_attention_heads (no grouped-query attention)
-  rope_theta            config's rope_theta, else rope_parameters.rope_theta (transformers 5 stores it there)
+  rope_theta            rope_parameters.rope_theta (transformers 5 stores it there), else the config's rope_theta
+  rope_scaling          rope_type and its factors from rope_parameters or rope_scaling; null for default RoPE
+  partial_rotary_factor from rope_parameters or the top level, else 1.0 (eagle3/rope.py reads both schemas)
   hidden_act            config's, else silu
   draft_vocab_size      min(32000, vocab_size): EAGLE-3's and SpecForge's draft vocabulary
   aux_layer_ids         EAGLE-3's [2, N//2, N-3] for N = num_hidden_layers (Hugging Face output_hidden_states
@@ -31,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from eagle3.errors import ConfigError
+from eagle3.rope import Rope, RopeError, read_rope
 
 DRAFT_VOCAB_CAP = 32000  # draft tokens at most: EAGLE-3's and SpecForge's default draft vocabulary
 
@@ -44,7 +47,7 @@ def verifier_config(path: Any, key: str) -> Any:
     file = Path(str(path)) / "config.json"
     derive = DERIVED.get(key)
     value = derive(config) if derive else config.get(key)
-    if value is None:
+    if value is None and key not in NULLABLE:
         raise ConfigError(f"{file} has no {key} (model=auto reads the draft's {key} from it); set "
                           f"model.draft.{key}=... on the command line")
     return value
@@ -141,9 +144,13 @@ def _head_dim(c: dict[str, Any]) -> int | None:
     return None
 
 
-def _rope_theta(c: dict[str, Any]) -> float | None:
-    theta = c.get("rope_theta") or (c.get("rope_parameters") or {}).get("rope_theta")
-    return None if theta is None else float(theta)
+def _rope(c: dict[str, Any]) -> Rope | None:
+    try:
+        return read_rope(c)
+    except RopeError as e:
+        raise ConfigError(f"the verifier's config.json states {e}; a one-layer draft has one RoPE: set "
+                          "model.draft.rope_theta, model.draft.rope_scaling and model.draft.partial_rotary_factor "
+                          "on the command line") from None
 
 
 def _aux_layer_ids(c: dict[str, Any]) -> list[int] | None:
@@ -154,11 +161,14 @@ def _aux_layer_ids(c: dict[str, Any]) -> list[int] | None:
 DERIVED = {
     "head_dim": _head_dim,
     "num_key_value_heads": lambda c: c.get("num_key_value_heads") or c.get("num_attention_heads"),
-    "rope_theta": _rope_theta,
+    "rope_theta": lambda c: None if (rope := _rope(c)) is None else rope.theta,
+    "rope_scaling": lambda c: None if (rope := _rope(c)) is None else rope.scaling,
+    "partial_rotary_factor": lambda c: None if (rope := _rope(c)) is None else rope.partial_rotary_factor,
     "hidden_act": lambda c: c.get("hidden_act") or "silu",
     "draft_vocab_size": lambda c: None if c.get("vocab_size") is None else min(DRAFT_VOCAB_CAP, c["vocab_size"]),
     "aux_layer_ids": _aux_layer_ids,
 }
+NULLABLE = {"rope_scaling"}  # null is a value: default RoPE
 
 
 def unresolvable(error: Exception) -> str:
@@ -183,9 +193,12 @@ def register_resolvers() -> None:
 
     def resolve(path: Any, key: str) -> Any:
         try:
-            return verifier_config(path, key)
+            value = verifier_config(path, key)
         except ConfigError as e:
             raise Unresolvable(str(e)) from None
+        # A dict (rope_scaling) as a DictConfig: `--cfg job --resolve` puts resolved values back into the config,
+        # where a plain dict fails.
+        return OmegaConf.create(value) if isinstance(value, dict) else value
 
     if not OmegaConf.has_resolver("verifier_config"):
         OmegaConf.register_new_resolver("verifier_config", resolve)

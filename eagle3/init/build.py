@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 
 from eagle3.config import DraftConfig
+from eagle3.rope import Rope, rope_parameters
 
 # speculators' training defaults for a fresh EAGLE-3 draft (its `speculators train` flags).
 SPECULATORS_FLAGS = {"norm_before_residual": True, "norm_before_fc": True, "norm_output": True, "fc_norm": False}
@@ -24,13 +25,17 @@ def draft_layer_config(draft: DraftConfig, attn_impl: str):
         num_key_value_heads=draft.num_key_value_heads,
         head_dim=draft.head_dim,
         max_position_embeddings=draft.max_position_embeddings,
-        rope_theta=draft.rope_theta,
+        rope_parameters=rope_parameters(draft_rope(draft)),
         rms_norm_eps=draft.rms_norm_eps,
         hidden_act=draft.hidden_act,
         tie_word_embeddings=False,
     )
     config._attn_implementation = attn_impl
     return config
+
+
+def draft_rope(draft: DraftConfig) -> Rope:
+    return Rope(draft.rope_theta, draft.rope_scaling, draft.partial_rotary_factor)
 
 
 def run_flags(draft: DraftConfig) -> dict[str, bool | None]:

@@ -23,8 +23,9 @@ import torch
 
 from eagle3.config import PretrainedInitConfig
 from eagle3.init import InitContext, register
-from eagle3.init.build import FLAGS, SPECULATORS_FLAGS, meta_draft, new_draft, run_flags
+from eagle3.init.build import FLAGS, SPECULATORS_FLAGS, draft_rope, meta_draft, new_draft, run_flags
 from eagle3.init.files import CheckpointError, checkpoint_files, load_tensors, read_config, tensor_shapes
+from eagle3.rope import Rope, RopeError, read_rope
 
 log = logging.getLogger(__name__)
 
@@ -47,6 +48,7 @@ class Source:
     keys: dict[str, str]                      # key in the file -> key after init.key_map
     stated_flags: dict[str, bool]
     stated_aux_ids: list[int] | None          # in Hugging Face output_hidden_states indexing
+    stated_rope: Rope | None
 
 
 def read_source(path: Path, key_map: dict[str, str]) -> Source:
@@ -64,7 +66,12 @@ def read_source(path: Path, key_map: dict[str, str]) -> Source:
         "eagle_aux_hidden_state_layer_ids")
     if ids is not None and layout == "specforge":
         ids = [i + 1 for i in ids]  # SpecForge counts layer outputs: output of layer k = hidden_states[k + 1]
-    return Source(path, files, layout, shapes, keys, stated, ids)
+    layer = config.get("transformer_layer_config") if layout == "speculators" else config
+    try:
+        rope = read_rope(layer) if isinstance(layer, dict) else None
+    except RopeError as e:
+        raise CheckpointError(f"{path}/config.json states {e}; a one-layer draft has one RoPE") from None
+    return Source(path, files, layout, shapes, keys, stated, ids, rope)
 
 
 def is_explicit(overrides: list[str], key: str) -> bool:
@@ -96,12 +103,31 @@ def resolve_architecture(ctx: InitContext, source: Source) -> tuple[dict[str, bo
                              f"{source.stated_aux_ids} (Hugging Face hidden_states indexing)")
     if source.stated_aux_ids is None:
         notes.append(f"aux_layer_ids: the checkpoint does not state them; using the run's {run_ids}")
+    rope_note, rope_conflict = compare_rope(ctx, source.stated_rope)
+    notes += rope_note
+    conflicts += rope_conflict
     if conflicts:
         raise CheckpointError(f"{source.path} was trained with another architecture than this run's model config:\n  "
                               + "\n  ".join(conflicts)
                               + "\nset the run's values to the checkpoint's, or set them on the command line to "
                                 "override the checkpoint")
     return flags, notes
+
+
+ROPE_KEYS = ("rope_theta", "rope_scaling", "partial_rotary_factor")
+
+
+def compare_rope(ctx: InitContext, stated: Rope | None) -> tuple[list[str], list[str]]:
+    """(notes, conflicts) of the run's RoPE against the checkpoint's: a difference is the user's stated choice
+    (a model.draft RoPE key on the command line) or a conflict."""
+    run = draft_rope(ctx.draft)
+    if stated is None:
+        return [f"RoPE: the checkpoint does not state it; using the run's ({run})"], []
+    if stated == run:
+        return [], []
+    if any(is_explicit(ctx.overrides, f"model.draft.{k}") for k in ROPE_KEYS):
+        return [f"RoPE ({run}) set on the command line; the checkpoint has {stated}"], []
+    return [], [f"RoPE: the run says {run}, the checkpoint {stated} (model.draft.{', model.draft.'.join(ROPE_KEYS)})"]
 
 
 def plan_load(shapes: dict[str, tuple[int, ...]], model_shapes: dict[str, tuple[int, ...]]) -> dict[str, Any]:
