@@ -22,7 +22,6 @@ import uuid
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
-import yaml
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import InterpolationResolutionError, MissingMandatoryValue
@@ -32,6 +31,7 @@ from eagle3.console import resume_command
 from eagle3.errors import ConfigError, DataError, Interrupted, StoppedBeforeTraining, UserError
 from eagle3.objective import objective_value
 from eagle3.rank_errors import RankFailed, first_rank_error
+from eagle3.rundir import CHECKPOINTS, RESOLVED_CONFIG, read_run_config
 from eagle3.verifier_shape import unresolvable
 
 if TYPE_CHECKING:
@@ -91,7 +91,7 @@ def run_one_job(cfg: DictConfig, hydra) -> float | None:
         # Records go only where they describe this job: its own run dir (once its config is written, or a sweep
         # job's fresh dir), never a run that a refused command pointed at (resume=, a reused hydra.sweep.dir).
         ours = run_cfg is not None or (multirun and not cfg.resume
-                                       and not (run_dir / "resolved_config.yaml").exists())
+                                       and not (run_dir / RESOLVED_CONFIG).exists())
         if ours:
             record_failure(run_dir, error, getattr(e, "rank_traceback", None))
         if multirun:
@@ -129,7 +129,7 @@ def fresh_run(cfg: DictConfig, hydra, run_dir: Path) -> RunConfig:
     if run_cfg.distributed.node_rank == 0:
         hold_run_dir(run_dir)
         refuse_to_overwrite(run_dir)
-        (run_dir / "resolved_config.yaml").write_text(OmegaConf.to_yaml(resolved))
+        (run_dir / RESOLVED_CONFIG).write_text(OmegaConf.to_yaml(resolved))
     return run_cfg
 
 
@@ -253,14 +253,6 @@ def refuse_if_it_cannot_fit(cfg: TrainConfig) -> None:
 # <<< plan (issue 19)
 
 
-def read_run_config(run_dir: Path) -> dict[str, Any]:
-    """A run dir's resolved_config.yaml, plain."""
-    config_file = run_dir / "resolved_config.yaml"
-    if not config_file.is_file():
-        raise ConfigError(f"resume: {run_dir} is not a run dir (no resolved_config.yaml)")
-    return yaml.safe_load(config_file.read_text())
-
-
 def load_for_resume(run_dir: Path, hydra) -> RunConfig:
     """The run's own resolved config, through the same schemas and checks as a fresh run's; resuming changes
     nothing about the run."""
@@ -268,11 +260,12 @@ def load_for_resume(run_dir: Path, hydra) -> RunConfig:
     if others:
         raise ConfigError(f"resume continues a run with its own resolved_config.yaml and takes no other "
                           f"overrides; remove: {' '.join(others)}")
-    resolved, state = read_run_config(run_dir), run_dir / "checkpoints" / "last" / "trainer_state.pt"
-    if not state.is_file():
-        raise ConfigError(f"resume: {run_dir} has no resumable checkpoint ({state} is missing)")
+    resolved = read_run_config(run_dir)
     if resolved.get("distributed", {}).get("node_rank", 0) == 0:
         hold_run_dir(run_dir)
+    from eagle3.checkpoint import resumable_last
+
+    resumable_last(run_dir / CHECKPOINTS)  # whole, or restored from a save stopped between its renames
     resolved["resume"] = str(run_dir)
     log.info("resuming %s", run_dir)
     run_cfg = run_config(resolved)

@@ -117,7 +117,7 @@ def _train_on(world: World, device: torch.device, cfg: RunConfig, run_dir: Path,
     last = run_dir / "checkpoints" / "last"
     resume_state = None
     if cfg.resume:
-        model = load_draft(last, attn_impl)
+        model = load_draft(last, attn_impl, verifier_dir=verifier_dir)
         resume_state = load_trainer_state(last)
     else:
         ctx = InitContext(draft=draft, init=cfg.init, verifier_dir=verifier_dir, data_dir=data_dir,
@@ -142,7 +142,7 @@ def _train_on(world: World, device: torch.device, cfg: RunConfig, run_dir: Path,
                  resume_step=resume_step) as tracker:
         progress = train(model, train_loader, val_loader, draft, cfg.optim, cfg.logger.log_every, device, world,
                          tracker, run_dir, resume_state, at_val, cfg.data.on_bad_sample.value)
-        summary = RunSummary.of(progress, run_dir / "checkpoints", verifier_dir, data_dir, str(device), world.size)
+        summary = RunSummary.of(progress, verifier_dir, data_dir, str(device), world.size)
         tracker.finish(summary)
     if not world.is_main:
         return None

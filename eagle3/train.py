@@ -17,8 +17,9 @@ from typing import TYPE_CHECKING, Any
 import torch
 from tqdm import tqdm
 
-from eagle3.checkpoint import save_checkpoint
+from eagle3.checkpoint import TRAINER_STATE, SaveFailed, save_checkpoint
 from eagle3.config import DraftConfig, OptimConfig
+from eagle3.console import resume_command
 from eagle3.data.reader import to_device
 from eagle3.distributed import (
     World,
@@ -91,7 +92,12 @@ def train(model: torch.nn.Module, train_loader: Loader, val_loader: Loader, draf
                              "optimizer": full_optimizer_state(model, optimizer, world),
                              "scheduler": scheduler.state_dict(), "rng": torch.get_rng_state()}
         if world.is_main:
-            save_checkpoint(unwrap(model), state, ckpt_dir / which, trainer_state)
+            try:
+                save_checkpoint(unwrap(model), state, ckpt_dir / which, trainer_state)
+            except SaveFailed as e:
+                last = (ckpt_dir / "last" / TRAINER_STATE).is_file()
+                raise SaveFailed(f"{e}. Free space, then continue with: {resume_command(run_dir)}" if last else
+                                 f"{e}. Nothing to resume yet: free space and start the run again") from None
         barrier(world)
 
     def evaluate_and_keep_best(progress: Progress, epoch: int) -> None:
