@@ -39,7 +39,8 @@ def save_checkpoint(model: torch.nn.Module, state_dict: dict[str, torch.Tensor],
         if not full:
             raise
         free = shutil.disk_usage(target.parent).free
-        raise SaveFailed(f"cannot write {target}: no space left on its filesystem ({e}); the half-written "
+        reason = e.strerror if isinstance(e, OSError) and e.strerror else str(e)
+        raise SaveFailed(f"cannot write {target}: no space left on its filesystem ({reason}); the half-written "
                          f"{tmp.name} was removed ({free / 2**30:.2f} GiB free now), and {target.name} "
                          f"{'is the previous one, whole' if target.exists() else 'was not written'}") from None
     shutil.rmtree(old, ignore_errors=True)  # left by a save killed between its renames (resume took the other)

@@ -502,7 +502,11 @@ def record_failure(run_dir: Path, error: str, error_traceback: str | None = None
     if not run_dir.is_dir():
         return
     failure = {"error": error, "traceback": error_traceback or traceback.format_exc()}
-    (run_dir / "failure.json").write_text(json.dumps(failure, indent=2) + "\n")
+    try:
+        (run_dir / "failure.json").write_text(json.dumps(failure, indent=2) + "\n")
+    except OSError as e:  # a full disk, the failure itself perhaps: the console still has the message
+        (run_dir / "failure.json").unlink(missing_ok=True)
+        log.warning("%s: the failure record could not be written (%s)", run_dir / "failure.json", e.strerror or e)
 
 
 def update_sweep_index(hydra, run_dir: Path, status: str, summary: RunSummary | None,
