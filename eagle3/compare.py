@@ -30,6 +30,8 @@ from typing import Any
 
 import yaml
 
+from eagle3.rundir import flatten
+
 # Keys that differ between any two runs without saying anything about them.
 IGNORED_PREFIXES = ("run.", "resume")
 
@@ -95,16 +97,6 @@ def read_run(path: Path) -> Run:
     elif summary_file.is_file():
         run.status, run.summary = "completed", json.loads(summary_file.read_text())
     return run
-
-
-def flatten(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for key, value in tree.items():
-        if isinstance(value, dict):
-            out.update(flatten(value, f"{prefix}{key}."))
-        else:
-            out[f"{prefix}{key}"] = value
-    return out
 
 
 def differing_keys(runs: list[Run]) -> list[str]:

@@ -26,12 +26,20 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import InterpolationResolutionError, MissingMandatoryValue
 
-from eagle3.config import PretrainedInitConfig, RunConfig, TrainConfig, lr_advice, rows_replace_synth, run_config
+from eagle3.config import (
+    PretrainedInitConfig,
+    RunConfig,
+    TrainConfig,
+    lr_advice,
+    plain_config,
+    rows_replace_synth,
+    run_config,
+)
 from eagle3.console import resume_command
 from eagle3.errors import ConfigError, DataError, Interrupted, StoppedBeforeTraining, UserError
 from eagle3.objective import objective_value
 from eagle3.rank_errors import RankFailed, first_rank_error
-from eagle3.rundir import CHECKPOINTS, RESOLVED_CONFIG, read_run_config
+from eagle3.rundir import CHECKPOINTS, RESOLVED_CONFIG, config_changes, read_run_config, trained_config
 from eagle3.verifier_shape import unresolvable
 
 if TYPE_CHECKING:
@@ -71,6 +79,7 @@ def run_one_job(cfg: DictConfig, hydra) -> float | None:
         with stop_before_training("building and checking the run's verifier and data"):
             verifier_dir, data_dir = materialize_inputs(run_cfg)
             rows = check_data(run_cfg, verifier_dir, data_dir)
+            refuse_zero_steps(run_cfg, data_dir, rows)
         if not cfg.resume:
             preflight(run_cfg, verifier_dir, data_dir)
         summary = run_job(run_cfg, verifier_dir, data_dir, rows)
@@ -263,12 +272,17 @@ def load_for_resume(run_dir: Path, hydra) -> RunConfig:
     resolved = read_run_config(run_dir)
     if resolved.get("distributed", {}).get("node_rank", 0) == 0:
         hold_run_dir(run_dir)
-    from eagle3.checkpoint import resumable_last
+    from eagle3.checkpoint import load_trainer_state, resumable_last
 
-    resumable_last(run_dir / CHECKPOINTS)  # whole, or restored from a save stopped between its renames
+    last = resumable_last(run_dir / CHECKPOINTS)  # whole, or restored from a save stopped between its renames
     resolved["resume"] = str(run_dir)
     log.info("resuming %s", run_dir)
     run_cfg = run_config(resolved)
+    trained = load_trainer_state(last, mmap=True).get("config")
+    changes = config_changes(trained, trained_config(plain_config(run_cfg))) if trained is not None else []
+    if changes:  # e.g. fewer ranks (another global batch), or an lr the restored scheduler would not train at
+        raise ConfigError(f"resume: {run_dir / RESOLVED_CONFIG} no longer says what {last} was trained with: "
+                          f"{'; '.join(changes)}. Restore those values to continue the run, or start a new one")
     check_devices(run_cfg)
     return run_cfg
 
@@ -394,6 +408,22 @@ def check_data(cfg: RunConfig, verifier_dir: Path, data_dir: Path) -> list[int] 
     # Built once here, so that ranks only read the cached d2t/t2d files.
     vocab_mapping(data_dir, draft.draft_vocab_size, draft.vocab_size)
     return report.good_rows if report.bad else None
+
+
+def refuse_zero_steps(cfg: RunConfig, data_dir: Path, rows: list[int] | None) -> None:
+    """A step takes world_size x grad_accum packed micro-batches: an epoch with fewer would train nothing."""
+    from eagle3.data.loader import train_steps
+    from eagle3.rank import micro_batch_len, pick_device
+
+    length = micro_batch_len(cfg, pick_device(cfg.device, 0).type)
+    ranks, accum = cfg.distributed.world_size, cfg.optim.grad_accum
+    if ranks * accum == 1 or train_steps(data_dir, length, cfg.data.train_ratio, cfg.seed, rows, ranks, accum):
+        return
+    micro_batches = train_steps(data_dir, length, cfg.data.train_ratio, cfg.seed, rows)
+    raise ConfigError(f"this run would train 0 steps: a step takes optim.grad_accum={accum} x {ranks} rank(s) = "
+                      f"{accum * ranks} packed micro-batches of {length} tokens, and an epoch of the train split of "
+                      f"{data_dir} packs into {micro_batches}. Lower optim.grad_accum or the number of ranks, or "
+                      f"train on more rows")
 
 
 def refuse_other_rows(run_dir: Path, data_dir: Path) -> None:

@@ -43,3 +43,32 @@ def read_run_config(run_dir: Path, what: str = "resume") -> dict[str, Any]:
         raise ConfigError(f"{what}: {config_file} is not a resolved run config (no mapping of keys to values)")
     plain["run"] = {**plain.get("run", {}), "dir": str(run_dir)}
     return plain
+
+
+# What a resume may change: where the run dir and the inputs' cache are, where this node is in a multi-node job,
+# and how it is logged. Anything else changes the training the checkpoint is part of.
+RESUME_MAY_CHANGE = ("run.", "resume", "cache_dir", "logger.", "distributed.node_rank", "distributed.rdzv_endpoint")
+
+
+def trained_config(plain: dict[str, Any]) -> dict[str, Any]:
+    """The part of a plain run config that a checkpoint is trained with (its `run` and `resume` are where it lies)."""
+    return {k: v for k, v in plain.items() if k not in ("run", "resume")}
+
+
+def config_changes(trained: dict[str, Any], now: dict[str, Any]) -> list[str]:
+    """`key: trained -> now` for each key whose value differs, besides those a resume may change."""
+    before, after = flatten(trained), flatten(now)
+    keys = sorted(k for k in before.keys() | after.keys()
+                  if not k.startswith(RESUME_MAY_CHANGE) and before.get(k) != after.get(k))
+    return [f"{k}: {before.get(k)!r} -> {after.get(k)!r}" for k in keys]
+
+
+def flatten(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """{"optim": {"lr": 1e-3}} -> {"optim.lr": 1e-3}."""
+    out: dict[str, Any] = {}
+    for key, value in tree.items():
+        if isinstance(value, dict):
+            out.update(flatten(value, f"{prefix}{key}."))
+        else:
+            out[f"{prefix}{key}"] = value
+    return out

@@ -181,3 +181,86 @@ def test_a_full_disk_during_a_save_keeps_last_and_prints_the_resume_line(cache_d
     checkpoints = run_dir / "checkpoints"
     assert not (checkpoints / ".last.tmp").exists() and not (checkpoints / ".last.old").exists()
     assert load_trainer_state(checkpoints / "last")["progress"]["step"] == 2  # the previous last, whole
+
+
+def test_a_failure_record_that_cannot_be_written_is_a_warning(tmp_path, monkeypatch, caplog):
+    from eagle3.launch import record_failure
+
+    def full(self, *args, **kwargs):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(Path, "write_text", full)
+    with caplog.at_level("WARNING"):
+        record_failure(tmp_path, "SaveFailed: cannot write ...")
+    assert "could not be written" in caplog.text and not (tmp_path / "failure.json").exists()
+
+
+# --- runs that would train nothing, and resumes whose config was edited ------------------------------------------
+
+def composed_run(cache_dir: Path, run_dir: Path, overrides: list[str]):
+    """A checked run config as the launcher types it, with its verifier and data built (the session cache)."""
+    import os
+
+    from omegaconf import OmegaConf
+
+    from conftest import compose_cfg
+    from eagle3.config import run_config
+    from eagle3.launch import materialize_inputs
+
+    os.environ["EAGLE3_CACHE"] = str(cache_dir)
+    plain = OmegaConf.to_container(compose_cfg(["logger.mode=disabled", *SMALL_DATA, *overrides]), resolve=True,
+                                   enum_to_str=True)
+    plain["run"] = {"dir": str(run_dir), "name": "t", "group": "t", "choices": {}, "overrides": []}
+    cfg = run_config(plain)
+    _, data_dir = materialize_inputs(cfg)
+    return cfg, data_dir
+
+
+@pytest.mark.slow
+def test_a_run_that_would_train_no_step_is_refused_before_any_rank(cache_dir, tmp_path):
+    from eagle3.errors import ConfigError
+    from eagle3.launch import refuse_zero_steps
+
+    cfg, data_dir = composed_run(cache_dir, tmp_path / "run", [])
+    refuse_zero_steps(cfg, data_dir, None)  # the tiny default trains
+    cfg, _ = composed_run(cache_dir, tmp_path / "run", ["optim.grad_accum=1000"])
+    with pytest.raises(ConfigError, match=r"0 steps: a step takes optim.grad_accum=1000 x 1 rank"):
+        refuse_zero_steps(cfg, data_dir, None)
+    # Two DDP ranks and one training row (row 0; the last row validates).
+    cfg, _ = composed_run(cache_dir, tmp_path / "run", ["distributed=ddp", "distributed.nproc_per_node=2"])
+    with pytest.raises(ConfigError, match=r"x 2 rank\(s\) = 2 packed micro-batches .* packs into 1"):
+        refuse_zero_steps(cfg, data_dir, [0, 127])
+    refuse_zero_steps(cfg, data_dir, None)
+
+    run_dir = tmp_path / "launched"
+    proc = launch([f"hydra.run.dir={run_dir}", "optim.grad_accum=1000", "logger.mode=disabled", *SMALL_DATA],
+                  cache_dir)
+    assert proc.returncode != 0 and "would train 0 steps" in proc.stderr, proc.stderr[-3000:]
+    assert "Traceback" not in proc.stderr and not (run_dir / "metrics.jsonl").exists()
+
+
+@pytest.mark.slow
+def test_a_resume_whose_config_was_edited_is_refused_naming_the_keys(stopped_run, tmp_path):
+    from types import SimpleNamespace
+
+    import yaml
+
+    from eagle3.errors import ConfigError
+    from eagle3.launch import load_for_resume
+
+    unedited, run_dir = tmp_path / "unedited", tmp_path / "edited"
+    shutil.copytree(stopped_run, unedited)
+    shutil.copytree(stopped_run, run_dir)
+    hydra = SimpleNamespace(overrides=SimpleNamespace(task=[]))
+    assert load_for_resume(unedited, hydra).run.dir == str(unedited)
+    config_file = run_dir / "resolved_config.yaml"
+    plain = yaml.safe_load(config_file.read_text())
+    plain["optim"]["lr"], plain["optim"]["grad_accum"] = plain["optim"]["lr"] * 2, 2
+    plain["logger"]["mode"] = "offline"  # how it is logged may change
+    config_file.write_text(yaml.safe_dump(plain))
+    before = files_of(run_dir)
+    with pytest.raises(ConfigError) as refused:
+        load_for_resume(run_dir, hydra)
+    message = str(refused.value)
+    assert "optim.grad_accum: 1 -> 2" in message and "optim.lr" in message and "logger" not in message, message
+    assert files_of(run_dir) == before
