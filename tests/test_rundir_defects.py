@@ -32,7 +32,16 @@ def files_of(run_dir: Path) -> dict[str, bytes]:
 
 
 @pytest.fixture(scope="module")
-def moved_and_copied(stopped_run, cache_dir, tmp_path_factory) -> tuple[Path, Path]:
+def stopped_copy(stopped_run, tmp_path_factory) -> Path:
+    """A copy of the stopped run, made before `moved_and_copied` moves the run away, for the tests that damage or
+    edit copies of it."""
+    copy = tmp_path_factory.mktemp("stopped_copy") / "run"
+    shutil.copytree(stopped_run, copy)
+    return copy
+
+
+@pytest.fixture(scope="module")
+def moved_and_copied(stopped_run, stopped_copy, cache_dir, tmp_path_factory) -> tuple[Path, Path]:
     """The stopped run copied to a path with a space and then moved away from its path, both resumed to the end."""
     base = tmp_path_factory.mktemp("elsewhere")
     copy, moved = base / "a copy of it" / "run", base / "moved"
@@ -117,11 +126,9 @@ def test_a_damaged_last_is_one_message_naming_the_file(stopped_run_last, tmp_pat
 
 
 @pytest.fixture(scope="module")
-def stopped_run_last(stopped_run, tmp_path_factory) -> Path:
-    """A copy of the stopped run's checkpoints/last, for tests that damage copies of it."""
-    last = tmp_path_factory.mktemp("last") / "last"
-    shutil.copytree(stopped_run / "checkpoints" / "last", last)
-    return last
+def stopped_run_last(stopped_copy) -> Path:
+    """The stopped run's checkpoints/last (of its copy), for tests that damage copies of it."""
+    return stopped_copy / "checkpoints" / "last"
 
 
 @pytest.mark.slow
@@ -240,7 +247,7 @@ def test_a_run_that_would_train_no_step_is_refused_before_any_rank(cache_dir, tm
 
 
 @pytest.mark.slow
-def test_a_resume_whose_config_was_edited_is_refused_naming_the_keys(stopped_run, tmp_path):
+def test_a_resume_whose_config_was_edited_is_refused_naming_the_keys(stopped_copy, tmp_path):
     from types import SimpleNamespace
 
     import yaml
@@ -249,8 +256,8 @@ def test_a_resume_whose_config_was_edited_is_refused_naming_the_keys(stopped_run
     from eagle3.launch import load_for_resume
 
     unedited, run_dir = tmp_path / "unedited", tmp_path / "edited"
-    shutil.copytree(stopped_run, unedited)
-    shutil.copytree(stopped_run, run_dir)
+    shutil.copytree(stopped_copy, unedited)
+    shutil.copytree(stopped_copy, run_dir)
     hydra = SimpleNamespace(overrides=SimpleNamespace(task=[]))
     assert load_for_resume(unedited, hydra).run.dir == str(unedited)
     config_file = run_dir / "resolved_config.yaml"
