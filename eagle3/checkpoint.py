@@ -1,8 +1,10 @@
 """Checkpoints in speculators' format (config.json + model.safetensors), which vLLM serves.
 
 `checkpoints/last` also holds `trainer_state.pt` (optimizer, scheduler, step, data position, RNG) for
-resume. A checkpoint is written to a temporary sibling and renamed into place, so a kill during a save
-never leaves a directory that fails to load.
+resume. A checkpoint is written to a temporary sibling (`.last.tmp`) and renamed into place, the previous one
+moved aside (`.last.old`) meanwhile, so a kill during a save never leaves a directory that fails to load; a kill
+between the two renames leaves both siblings whole, and a resume takes the newer one (`resumable_last`). A save
+that finds the disk full removes its temporary sibling and keeps the previous checkpoint.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ import errno
 import logging
 import os
 import shutil
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -90,7 +93,9 @@ def load_trainer_state(checkpoint: Path, mmap: bool = False) -> dict[str, Any]:
     if not file.is_file():
         raise CheckpointError(f"{file} is missing: {checkpoint} holds no resumable state")
     try:
-        state = torch.load(file, map_location="cpu", weights_only=True, mmap=mmap)
+        with warnings.catch_warnings():  # torch warns about a foreign pickle's protocol before refusing it
+            warnings.simplefilter("ignore", UserWarning)
+            state = torch.load(file, map_location="cpu", weights_only=True, mmap=mmap)
     except Exception as e:  # a truncated zip, garbage, or a pickle that holds more than tensors and plain values
         first = str(e).strip().splitlines()[0] if str(e).strip() else ""
         raise CheckpointError(f"{file} cannot be read as a trainer state ({type(e).__name__}"
