@@ -321,7 +321,7 @@ def hold_run_dir(run_dir: Path) -> None:
 
 
 def refuse_to_overwrite(run_dir: Path) -> None:
-    if (run_dir / "checkpoints").exists() or (run_dir / "metrics.jsonl").exists():
+    if (run_dir / CHECKPOINTS).exists() or (run_dir / "metrics.jsonl").exists():
         raise ConfigError(f"{run_dir} already holds a run (checkpoints or metrics.jsonl); nothing was "
                           f"overwritten: continue it with {resume_command(run_dir)}, or choose another "
                           f"hydra.run.dir")

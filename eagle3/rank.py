@@ -23,6 +23,7 @@ from eagle3.init import InitContext, build_draft
 from eagle3.progress import RunSummary
 from eagle3.rank_errors import write_rank_error
 from eagle3.recompute import recompute_decoder_layers
+from eagle3.rundir import checkpoint_dir
 from eagle3.track import Tracker
 from eagle3.train import train
 
@@ -124,7 +125,7 @@ def _train_on(world: World, device: torch.device, cfg: RunConfig, run_dir: Path,
         verifier=verifier,
         hidden_states_dtype=getattr(torch, cfg.data.hidden_states_dtype),
     )
-    last = run_dir / "checkpoints" / "last"
+    last = checkpoint_dir(run_dir, "last")
     resume_state = None
     if cfg.resume:
         model = load_draft(last, attn_impl, verifier_dir=verifier_dir)

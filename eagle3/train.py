@@ -33,7 +33,7 @@ from eagle3.distributed import (
 )
 from eagle3.errors import RunStopped
 from eagle3.progress import Progress, Row
-from eagle3.rundir import trained_config
+from eagle3.rundir import CHECKPOINTS, trained_config
 from eagle3.stop import StopRequest
 from eagle3.track import Tracker
 
@@ -75,7 +75,7 @@ def train(model: torch.nn.Module, train_loader: Loader, val_loader: Loader, draf
                                   weight_decay=optim.weight_decay)
     scheduler = make_scheduler(optimizer, optim.scheduler.value, math.ceil(optim.warmup_ratio * total_steps),
                                total_steps)
-    ckpt_dir = run_dir / "checkpoints"
+    ckpt_dir = run_dir / CHECKPOINTS
 
     def evaluate(step: int, epoch: int) -> Row:
         metrics = run_validation(model, val_loader, device, autocast, call_kwargs, world,
