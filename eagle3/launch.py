@@ -555,9 +555,9 @@ def update_resumed_sweep_job(run_dir: Path, status: str, summary: RunSummary | N
         jobs = json.loads(index_file.read_text())["jobs"]
     except (OSError, ValueError, KeyError):
         return
-    for job in jobs:
-        if Path(job.get("run_dir", "")).resolve() == run_dir.resolve():
-            base = {k: job[k] for k in ("num", "name", "run_dir", "overrides") if k in job}
+    for job in jobs:  # by the job dir's name: the sweep dir may have been moved since the index was written
+        if Path(job.get("run_dir", "")).name == run_dir.name:
+            base = {**{k: job[k] for k in ("num", "name", "overrides") if k in job}, "run_dir": str(run_dir)}
             write_index_entry(run_dir.parent, base, status, summary, error)
             return
 

@@ -271,3 +271,18 @@ def test_a_resume_whose_config_was_edited_is_refused_naming_the_keys(stopped_cop
     message = str(refused.value)
     assert "optim.grad_accum: 1 -> 2" in message and "optim.lr" in message and "logger" not in message, message
     assert files_of(run_dir) == before
+
+
+def test_a_resumed_job_of_a_moved_sweep_updates_its_entry_in_the_sweep_index(tmp_path):
+    from eagle3.launch import update_resumed_sweep_job
+
+    old, sweep = tmp_path / "made here", tmp_path / "moved sweep"
+    (sweep / "1_optim.lr=0.003").mkdir(parents=True)
+    jobs = [{"num": n, "name": name, "run_dir": str(old / f"{n}_{name}"), "overrides": [name], "status": status}
+            for n, name, status in ((0, "optim.lr=0.001", "completed"), (1, "optim.lr=0.003", "stopped"))]
+    (sweep / "index.json").write_text(json.dumps({"sweep_dir": str(old), "jobs": jobs}))
+    update_resumed_sweep_job((sweep / "1_optim.lr=0.003").resolve(), "failed", None, "RunStopped: ...")
+    index = json.loads((sweep / "index.json").read_text())
+    assert [j["status"] for j in index["jobs"]] == ["completed", "failed"]
+    assert index["jobs"][1]["run_dir"] == str((sweep / "1_optim.lr=0.003").resolve())
+    assert index["sweep_dir"] == str(sweep.resolve())
