@@ -82,6 +82,10 @@ def test_a_moved_and_a_copied_run_dir_evaluate_and_compare_as_themselves(moved_a
     assert (moved / "accept_k3.json").is_file()  # measured by --confirm in the moved dir, from its own checkpoint
     assert json.loads((moved / "accept_k3.json").read_text())["checkpoint"] == str(moved / "checkpoints" / "best")
     assert "measured acceptance" in out.out and "completed" in out.out
+    from eagle3.eval import speedup
+
+    speedup.main(["--run", str(moved), "--measure", "--context", "16"])  # the moved run's draft, timed here
+    assert str(moved) in capsys.readouterr().out
 
 
 def test_a_missing_checkpoint_dir_is_one_message_and_never_a_hub_id(tmp_path):
