@@ -30,6 +30,8 @@ from typing import Any
 
 import yaml
 
+from eagle3.rundir import flatten
+
 # Keys that differ between any two runs without saying anything about them.
 IGNORED_PREFIXES = ("run.", "resume")
 
@@ -138,16 +140,6 @@ def metrics_rows(file: Path) -> list[dict[str, Any]]:
             continue
         rows.append(row)
     return rows
-
-
-def flatten(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for key, value in tree.items():
-        if isinstance(value, dict):
-            out.update(flatten(value, f"{prefix}{key}."))
-        else:
-            out[f"{prefix}{key}"] = value
-    return out
 
 
 def differing_keys(runs: list[Run]) -> list[str]:

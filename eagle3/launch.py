@@ -23,16 +23,24 @@ import uuid
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
-import yaml
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import InterpolationResolutionError, MissingMandatoryValue
 
-from eagle3.config import PretrainedInitConfig, RunConfig, TrainConfig, lr_advice, rows_replace_synth, run_config
+from eagle3.config import (
+    PretrainedInitConfig,
+    RunConfig,
+    TrainConfig,
+    lr_advice,
+    plain_config,
+    rows_replace_synth,
+    run_config,
+)
 from eagle3.console import resume_command
 from eagle3.errors import ConfigError, DataError, Interrupted, StoppedBeforeTraining, UserError
 from eagle3.objective import objective_value
 from eagle3.rank_errors import RankFailed, first_rank_error
+from eagle3.rundir import CHECKPOINTS, RESOLVED_CONFIG, config_changes, read_run_config, trained_config
 from eagle3.study import STUDY_FILE
 from eagle3.verifier_shape import unresolvable
 
@@ -77,6 +85,7 @@ def run_one_job(cfg: DictConfig, hydra) -> float | None:
         with stop_before_training("building and checking the run's verifier and data"):
             verifier_dir, data_dir = materialize_inputs(run_cfg)
             rows = check_data(run_cfg, verifier_dir, data_dir)
+            refuse_zero_steps(run_cfg, data_dir, rows)
         if not cfg.resume:
             preflight(run_cfg, verifier_dir, data_dir)
         summary = run_job(run_cfg, verifier_dir, data_dir, rows)
@@ -97,7 +106,7 @@ def run_one_job(cfg: DictConfig, hydra) -> float | None:
         # Records go only where they describe this job: its own run dir (once its config is written, or a sweep
         # job's fresh dir), never a run that a refused command pointed at (resume=, a reused hydra.sweep.dir).
         ours = run_cfg is not None or (multirun and not cfg.resume
-                                       and not (run_dir / "resolved_config.yaml").exists())
+                                       and not (run_dir / RESOLVED_CONFIG).exists())
         if ours:
             record_failure(run_dir, error, getattr(e, "rank_traceback", None))
         if multirun:
@@ -135,7 +144,7 @@ def fresh_run(cfg: DictConfig, hydra, run_dir: Path) -> RunConfig:
     if run_cfg.distributed.node_rank == 0:
         hold_run_dir(run_dir)
         refuse_to_overwrite(run_dir)
-        (run_dir / "resolved_config.yaml").write_text(OmegaConf.to_yaml(resolved))
+        (run_dir / RESOLVED_CONFIG).write_text(OmegaConf.to_yaml(resolved))
     return run_cfg
 
 
@@ -266,14 +275,6 @@ def refuse_if_it_cannot_fit(cfg: TrainConfig) -> None:
 # <<< plan (issue 19)
 
 
-def read_run_config(run_dir: Path) -> dict[str, Any]:
-    """A run dir's resolved_config.yaml, plain."""
-    config_file = run_dir / "resolved_config.yaml"
-    if not config_file.is_file():
-        raise ConfigError(f"resume: {run_dir} is not a run dir (no resolved_config.yaml)")
-    return yaml.safe_load(config_file.read_text())
-
-
 def load_for_resume(run_dir: Path, hydra) -> RunConfig:
     """The run's own resolved config, through the same schemas and checks as a fresh run's; resuming changes
     nothing about the run."""
@@ -281,14 +282,20 @@ def load_for_resume(run_dir: Path, hydra) -> RunConfig:
     if others:
         raise ConfigError(f"resume continues a run with its own resolved_config.yaml and takes no other "
                           f"overrides; remove: {' '.join(others)}")
-    resolved, state = read_run_config(run_dir), run_dir / "checkpoints" / "last" / "trainer_state.pt"
-    if not state.is_file():
-        raise ConfigError(f"resume: {run_dir} has no resumable checkpoint ({state} is missing)")
+    resolved = read_run_config(run_dir)
     if resolved.get("distributed", {}).get("node_rank", 0) == 0:
         hold_run_dir(run_dir)
+    from eagle3.checkpoint import load_trainer_state, resumable_last
+
+    last = resumable_last(run_dir / CHECKPOINTS)  # whole, or restored from a save stopped between its renames
     resolved["resume"] = str(run_dir)
     log.info("resuming %s", run_dir)
     run_cfg = run_config(resolved)
+    trained = load_trainer_state(last, mmap=True).get("config")
+    changes = config_changes(trained, trained_config(plain_config(run_cfg))) if trained is not None else []
+    if changes:  # e.g. fewer ranks (another global batch), or an lr the restored scheduler would not train at
+        raise ConfigError(f"resume: {run_dir / RESOLVED_CONFIG} no longer says what {last} was trained with: "
+                          f"{'; '.join(changes)}. Restore those values to continue the run, or start a new one")
     check_devices(run_cfg)
     return run_cfg
 
@@ -336,7 +343,7 @@ def refuse_to_overwrite(run_dir: Path) -> None:
         raise ConfigError(f"{run_dir} holds symlinks that lead outside it or nowhere ({', '.join(links[:4])}"
                           f"{', ...' if len(links) > 4 else ''}): a run writes its files into its dir and would write "
                           f"through them; nothing was written: remove them or choose another hydra.run.dir")
-    if (run_dir / "checkpoints").exists() or (run_dir / "metrics.jsonl").exists():
+    if (run_dir / CHECKPOINTS).exists() or (run_dir / "metrics.jsonl").exists():
         raise ConfigError(f"{run_dir} already holds a run (checkpoints or metrics.jsonl); nothing was "
                           f"overwritten: continue it with {resume_command(run_dir)}, or choose another "
                           f"hydra.run.dir")
@@ -438,6 +445,22 @@ def check_data(cfg: RunConfig, verifier_dir: Path, data_dir: Path) -> list[int] 
     # Built once here, so that ranks only read the cached d2t/t2d files.
     vocab_mapping(data_dir, draft.draft_vocab_size, draft.vocab_size)
     return report.good_rows if report.bad else None
+
+
+def refuse_zero_steps(cfg: RunConfig, data_dir: Path, rows: list[int] | None) -> None:
+    """A step takes world_size x grad_accum packed micro-batches: an epoch with fewer would train nothing."""
+    from eagle3.data.loader import train_steps
+    from eagle3.rank import micro_batch_len, pick_device
+
+    length = micro_batch_len(cfg, pick_device(cfg.device, 0).type)
+    ranks, accum = cfg.distributed.world_size, cfg.optim.grad_accum
+    if ranks * accum == 1 or train_steps(data_dir, length, cfg.data.train_ratio, cfg.seed, rows, ranks, accum):
+        return
+    micro_batches = train_steps(data_dir, length, cfg.data.train_ratio, cfg.seed, rows)
+    raise ConfigError(f"this run would train 0 steps: a step takes optim.grad_accum={accum} x {ranks} rank(s) = "
+                      f"{accum * ranks} packed micro-batches of {length} tokens, and an epoch of the train split of "
+                      f"{data_dir} packs into {micro_batches}. Lower optim.grad_accum or the number of ranks, or "
+                      f"train on more rows")
 
 
 def refuse_other_rows(run_dir: Path, data_dir: Path) -> None:
@@ -546,7 +569,11 @@ def record_failure(run_dir: Path, error: str, error_traceback: str | None = None
     if not run_dir.is_dir():
         return
     failure = {"error": error, "traceback": error_traceback or traceback.format_exc()}
-    (run_dir / "failure.json").write_text(json.dumps(failure, indent=2) + "\n")
+    try:
+        (run_dir / "failure.json").write_text(json.dumps(failure, indent=2) + "\n")
+    except OSError as e:  # a full disk, the failure itself perhaps: the console still has the message
+        (run_dir / "failure.json").unlink(missing_ok=True)
+        log.warning("%s: the failure record could not be written (%s)", run_dir / "failure.json", e.strerror or e)
 
 
 def update_sweep_index(hydra, run_dir: Path, status: str, summary: RunSummary | None,
@@ -566,9 +593,9 @@ def update_resumed_sweep_job(run_dir: Path, status: str, summary: RunSummary | N
         jobs = json.loads(index_file.read_text())["jobs"]
     except (OSError, ValueError, KeyError):
         return
-    for job in jobs:
-        if Path(job.get("run_dir", "")).resolve() == run_dir.resolve():
-            base = {k: job[k] for k in ("num", "name", "run_dir", "overrides") if k in job}
+    for job in jobs:  # by the job dir's name: the sweep dir may have been moved since the index was written
+        if Path(job.get("run_dir", "")).name == run_dir.name:
+            base = {**{k: job[k] for k in ("num", "name", "overrides") if k in job}, "run_dir": str(run_dir)}
             write_index_entry(run_dir.parent, base, status, summary, error)
             if status != "stopped" and (run_dir.parent / STUDY_FILE).is_file():
                 from eagle3.study import tell_resumed_trial

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from eagle3.errors import CheckpointError
+from eagle3.rundir import relative_checkpoints
 
 Row = dict[str, Any]  # a metrics.jsonl row: {"step", "split", "epoch", "loss", "tau_sim", ...}
 
@@ -55,20 +56,19 @@ class RunSummary:
     step0: Row
     final: Row
     best: Row
-    checkpoints: dict[str, str]   # "last" and "best" -> checkpoint dir
+    checkpoints: dict[str, str]   # "last" and "best" -> checkpoint dir, relative to the run dir
     verifier_dir: str
     data_dir: str
     device: str
     world_size: int
 
     @classmethod
-    def of(cls, progress: Progress, checkpoints_dir: Path, verifier_dir: Path, data_dir: Path, device: str,
-           world_size: int) -> RunSummary:
+    def of(cls, progress: Progress, verifier_dir: Path, data_dir: Path, device: str, world_size: int) -> RunSummary:
         wall = progress.train_wall_s
         return cls(steps=progress.step, tokens=progress.tokens,
                    tokens_per_s=progress.tokens / wall if wall > 0 else None, train_wall_s=wall,
                    step0=progress.step0, final=progress.final, best=progress.best,
-                   checkpoints={"last": str(checkpoints_dir / "last"), "best": str(checkpoints_dir / "best")},
+                   checkpoints=relative_checkpoints(),
                    verifier_dir=str(verifier_dir), data_dir=str(data_dir), device=device, world_size=world_size)
 
     def as_dict(self) -> dict[str, Any]:

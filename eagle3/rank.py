@@ -23,6 +23,7 @@ from eagle3.init import InitContext, build_draft
 from eagle3.progress import RunSummary
 from eagle3.rank_errors import write_rank_error
 from eagle3.recompute import recompute_decoder_layers
+from eagle3.rundir import checkpoint_dir
 from eagle3.track import Tracker
 from eagle3.train import train
 
@@ -71,6 +72,19 @@ def packed_len(total_seq_len: int, attn_impl: str, ttt_steps: int) -> int:
     return padded
 
 
+def micro_batch_len(cfg: RunConfig, device_type: str) -> int:
+    """Tokens per packed micro-batch of this run on `device_type` (packed_len of its attention implementation)."""
+    return packed_len(cfg.data.total_seq_len, draft_attn_impl(cfg.model.draft.attn_impl, device_type),
+                      cfg.model.draft.ttt_steps)
+
+
+def draft_attn_impl(choice: str, device_type: str) -> str:
+    """model.draft.attn_impl with `auto` resolved: flex attention on CUDA, sdpa on CPU (flex has no backward)."""
+    if choice != "auto":
+        return choice
+    return "simple_flex_attention" if device_type == "cuda" else "sdpa"
+
+
 def run_rank(cfg: RunConfig, verifier_dir: Path, data_dir: Path, rows: list[int] | None = None) -> RunSummary | None:
     """Trains one draft as `cfg` (the resolved run config) says, on `rows` of the data (None: all of them);
     rank 0 returns the run summary."""
@@ -94,13 +108,10 @@ def _train_on(world: World, device: torch.device, cfg: RunConfig, run_dir: Path,
         verifier = load_online_verifier(verifier_dir, draft.aux_layer_ids, device, world,
                                         cfg.data.online.shard_verifier)
     torch.manual_seed(cfg.seed)
-    attn_impl = draft.attn_impl
-    if attn_impl == "auto":  # flex attention has no backward on CPU
-        attn_impl = "simple_flex_attention" if device.type == "cuda" else "sdpa"
-
+    attn_impl = draft_attn_impl(draft.attn_impl, device.type)
     train_loader, val_loader = build_loaders(
         data_dir,
-        total_seq_len=packed_len(cfg.data.total_seq_len, attn_impl, draft.ttt_steps),
+        total_seq_len=micro_batch_len(cfg, device.type),
         hidden_size=draft.hidden_size,
         num_aux_layers=len(draft.aux_layer_ids),
         train_ratio=cfg.data.train_ratio,
@@ -114,10 +125,10 @@ def _train_on(world: World, device: torch.device, cfg: RunConfig, run_dir: Path,
         verifier=verifier,
         hidden_states_dtype=getattr(torch, cfg.data.hidden_states_dtype),
     )
-    last = run_dir / "checkpoints" / "last"
+    last = checkpoint_dir(run_dir, "last")
     resume_state = None
     if cfg.resume:
-        model = load_draft(last, attn_impl)
+        model = load_draft(last, attn_impl, verifier_dir=verifier_dir)
         resume_state = load_trainer_state(last)
     else:
         ctx = InitContext(draft=draft, init=cfg.init, verifier_dir=verifier_dir, data_dir=data_dir,
@@ -141,8 +152,8 @@ def _train_on(world: World, device: torch.device, cfg: RunConfig, run_dir: Path,
     with Tracker(run_dir, cfg.logger, cfg.run, plain_config(cfg), enabled=world.is_main,
                  resume_step=resume_step) as tracker:
         progress = train(model, train_loader, val_loader, draft, cfg.optim, cfg.logger.log_every, device, world,
-                         tracker, run_dir, resume_state, at_val, cfg.data.on_bad_sample.value)
-        summary = RunSummary.of(progress, run_dir / "checkpoints", verifier_dir, data_dir, str(device), world.size)
+                         tracker, run_dir, resume_state, at_val, cfg.data.on_bad_sample.value, plain_config(cfg))
+        summary = RunSummary.of(progress, verifier_dir, data_dir, str(device), world.size)
         tracker.finish(summary)
     if not world.is_main:
         return None

@@ -17,8 +17,9 @@ from typing import TYPE_CHECKING, Any
 import torch
 from tqdm import tqdm
 
-from eagle3.checkpoint import save_checkpoint
+from eagle3.checkpoint import TRAINER_STATE, SaveFailed, save_checkpoint
 from eagle3.config import DraftConfig, OptimConfig
+from eagle3.console import resume_command
 from eagle3.data.reader import to_device
 from eagle3.distributed import (
     World,
@@ -32,6 +33,7 @@ from eagle3.distributed import (
 )
 from eagle3.errors import RunStopped
 from eagle3.progress import Progress, Row
+from eagle3.rundir import CHECKPOINTS, trained_config
 from eagle3.stop import StopRequest
 from eagle3.track import Tracker
 
@@ -46,11 +48,13 @@ __all__ = ["train", "train_step", "make_scheduler", "run_validation", "summarize
 def train(model: torch.nn.Module, train_loader: Loader, val_loader: Loader, draft: DraftConfig,
           optim: OptimConfig, log_every: int, device: torch.device, world: World, tracker: Tracker, run_dir: Path,
           resume_state: dict[str, Any] | None = None,
-          at_val: Callable[[torch.nn.Module], Row] | None = None, on_bad_sample: str = "error") -> Progress:
+          at_val: Callable[[torch.nn.Module], Row] | None = None, on_bad_sample: str = "error",
+          config: dict[str, Any] | None = None) -> Progress:
     """Trains `model` (already wrapped for `world`) as `optim` says, with the draft's TTT settings; logs a train
     row every `log_every` steps; returns the loop's final progress. `at_val` adds entries to each val row
     (eval.accept: measured acceptance); every rank calls it. `on_bad_sample` is data.on_bad_sample: what a val
-    pass does with rows whose hidden states are not finite (run_validation)."""
+    pass does with rows whose hidden states are not finite (run_validation). `config`: the plain run config,
+    saved with `last` so that a resume can tell whether its config is still the one trained with."""
     from speculators.losses import resolve_loss_config
 
     call_kwargs = {
@@ -71,7 +75,7 @@ def train(model: torch.nn.Module, train_loader: Loader, val_loader: Loader, draf
                                   weight_decay=optim.weight_decay)
     scheduler = make_scheduler(optimizer, optim.scheduler.value, math.ceil(optim.warmup_ratio * total_steps),
                                total_steps)
-    ckpt_dir = run_dir / "checkpoints"
+    ckpt_dir = run_dir / CHECKPOINTS
 
     def evaluate(step: int, epoch: int) -> Row:
         metrics = run_validation(model, val_loader, device, autocast, call_kwargs, world,
@@ -89,9 +93,15 @@ def train(model: torch.nn.Module, train_loader: Loader, val_loader: Loader, draf
         if progress is not None:
             trainer_state = {"progress": progress.as_dict(),
                              "optimizer": full_optimizer_state(model, optimizer, world),
-                             "scheduler": scheduler.state_dict(), "rng": torch.get_rng_state()}
+                             "scheduler": scheduler.state_dict(), "rng": torch.get_rng_state(),
+                             "config": trained_config(config) if config is not None else None}
         if world.is_main:
-            save_checkpoint(unwrap(model), state, ckpt_dir / which, trainer_state)
+            try:
+                save_checkpoint(unwrap(model), state, ckpt_dir / which, trainer_state)
+            except SaveFailed as e:
+                last = (ckpt_dir / "last" / TRAINER_STATE).is_file()
+                raise SaveFailed(f"{e}. Free space, then continue with: {resume_command(run_dir)}" if last else
+                                 f"{e}. Nothing to resume yet: free space and start the run again") from None
         barrier(world)
 
     def evaluate_and_keep_best(progress: Progress, epoch: int) -> None:

@@ -50,6 +50,7 @@ def inputs(strong_run):
     from eagle3.eval.prompts import val_split_prompts
 
     summary = json.loads((strong_run / "summary.json").read_text())
+    summary["checkpoints"] = {name: str(strong_run / path) for name, path in summary["checkpoints"].items()}
     verifier = load_causal_lm(summary["verifier_dir"])
     # All 13 val prompts: the first 6 alone happen to be harder (trained accept_len 1.13 there, 1.22 on all).
     return {"summary": summary, "verifier": verifier, "prompts": val_split_prompts(summary["data_dir"], 0.9, 16)}

@@ -35,12 +35,11 @@ def test_progress_of_another_version_is_refused_not_patched(tmp_path):
 
 def test_summary_keeps_its_keys_and_values(tmp_path):
     progress = Progress(step=9, tokens=1000.0, train_wall_s=4.0, step0=ROW0, best=ROW9, final=ROW9)
-    summary = RunSummary.of(progress, tmp_path / "checkpoints", Path("/v"), Path("/d"), "cpu", 2)
+    summary = RunSummary.of(progress, Path("/v"), Path("/d"), "cpu", 2)
     written = json.loads(json.dumps(summary.as_dict()))
     assert list(written) == SUMMARY_KEYS
     assert written["tokens_per_s"] == 250.0 and written["best"] == ROW9 and written["world_size"] == 2
-    assert written["checkpoints"] == {"last": str(tmp_path / "checkpoints" / "last"),
-                                      "best": str(tmp_path / "checkpoints" / "best")}
+    assert written["checkpoints"] == {"last": "checkpoints/last", "best": "checkpoints/best"}  # in the run dir
     assert RunSummary(**written) == summary
-    probe = RunSummary.of(Progress(step0=ROW0, best=ROW0, final=ROW0), tmp_path, Path("/v"), Path("/d"), "cpu", 1)
+    probe = RunSummary.of(Progress(step0=ROW0, best=ROW0, final=ROW0), Path("/v"), Path("/d"), "cpu", 1)
     assert probe.tokens_per_s is None  # optim.max_steps=0: no training step ran

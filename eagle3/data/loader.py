@@ -92,6 +92,31 @@ class ValShardSampler(Sampler):
         return iter(self.packs)
 
 
+def split_rows(arrow: ArrowRows, train_ratio: float, rows: Sequence[int] | None,
+               data_dir: str | Path) -> tuple[dict[str, np.ndarray], np.ndarray]:
+    """The train and val rows (indices into the whole dataset), and all rows kept; see build_loaders."""
+    split_idx = int(len(arrow) * train_ratio)
+    kept = np.arange(len(arrow)) if rows is None else np.unique(np.asarray(rows, dtype=np.int64))
+    if len(kept) and not 0 <= kept[0] <= kept[-1] < len(arrow):
+        raise ValueError(f"rows: indices must be in [0, {len(arrow)}), got {kept[0]} .. {kept[-1]}")
+    splits = {"train": kept[kept < split_idx], "val": kept[kept >= split_idx]}
+    for split, in_split in splits.items():
+        if not len(in_split):
+            raise DataError(f"{data_dir}: the {split} split is empty ({len(arrow)} rows, train_ratio "
+                            f"{train_ratio}, {len(kept)} rows kept)")
+    return splits, kept
+
+
+def train_steps(data_dir: str | Path, total_seq_len: int, train_ratio: float, seed: int,
+                rows: Sequence[int] | None = None, world_size: int = 1, grad_accum: int = 1) -> int:
+    """Optimizer steps in an epoch of the train split, as the ranks' samplers will count them (with the defaults:
+    packed micro-batches in an epoch)."""
+    arrow = ArrowRows(data_dir)
+    splits, _ = split_rows(arrow, train_ratio, rows, data_dir)
+    lengths = arrow.seq_len[splits["train"]].tolist()
+    return ShardedBatchSampler(lengths, total_seq_len, world_size, 0, grad_accum, seed).steps
+
+
 def build_loaders(data_dir: str | Path, total_seq_len: int, hidden_size: int, num_aux_layers: int,
                   train_ratio: float, seed: int, *, world_size: int = 1, rank: int = 0, grad_accum: int = 1,
                   prefetch: int = 2, rows: Sequence[int] | None = None,
@@ -107,15 +132,7 @@ def build_loaders(data_dir: str | Path, total_seq_len: int, hidden_size: int, nu
     `hidden_states_dtype`; data_dir then needs only the Arrow rows.
     """
     arrow = ArrowRows(data_dir)
-    split_idx = int(len(arrow) * train_ratio)
-    kept = np.arange(len(arrow)) if rows is None else np.unique(np.asarray(rows, dtype=np.int64))
-    if len(kept) and not 0 <= kept[0] <= kept[-1] < len(arrow):
-        raise ValueError(f"rows: indices must be in [0, {len(arrow)}), got {kept[0]} .. {kept[-1]}")
-    splits = {"train": kept[kept < split_idx], "val": kept[kept >= split_idx]}
-    for split, split_rows in splits.items():
-        if not len(split_rows):
-            raise DataError(f"{data_dir}: the {split} split is empty ({len(arrow)} rows, train_ratio "
-                              f"{train_ratio}, {len(kept)} rows kept)")
+    splits, kept = split_rows(arrow, train_ratio, rows, data_dir)
 
     def loader(split: str, sampler: Sampler) -> Loader:
         if verifier is not None:

@@ -124,21 +124,20 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
 def resolve_inputs(args: argparse.Namespace) -> tuple[Path, Path, tuple[Path, float] | None]:
     """(checkpoint, verifier dir, (data dir, train ratio) of the run's val split or None), checked to exist."""
-    import yaml
-
     from eagle3.config import run_config
     from eagle3.errors import ConfigError
+    from eagle3.rundir import RESOLVED_CONFIG, SUMMARY, checkpoint_dir, read_run_config
 
     checkpoint, verifier, val_split = args.checkpoint, args.verifier, None
     if args.run:
         run = Path(args.run)
-        summary_file, config_file = run / "summary.json", run / "resolved_config.yaml"
-        if not summary_file.is_file() or not config_file.is_file():
-            raise ConfigError(f"--run: {run} is not a finished run dir (needs summary.json and resolved_config.yaml); "
+        summary_file = run / SUMMARY
+        if not summary_file.is_file() or not (run / RESOLVED_CONFIG).is_file():
+            raise ConfigError(f"--run: {run} is not a finished run dir (needs {SUMMARY} and {RESOLVED_CONFIG}); "
                               "pass the checkpoint dir and --verifier instead")
         summary = json.loads(summary_file.read_text())
-        train_ratio = run_config(yaml.safe_load(config_file.read_text())).data.train_ratio
-        checkpoint = checkpoint or summary["checkpoints"]["best"]
+        train_ratio = run_config(read_run_config(run, "--run")).data.train_ratio
+        checkpoint = checkpoint or checkpoint_dir(run, "best")  # this run's, wherever the run dir now is
         verifier = verifier or summary["verifier_dir"]
         val_split = (Path(summary["data_dir"]), train_ratio)
     if not checkpoint or not verifier:
