@@ -9,7 +9,6 @@ that finds the disk full removes its temporary sibling and keeps the previous ch
 
 from __future__ import annotations
 
-import errno
 import logging
 import os
 import shutil
@@ -19,6 +18,7 @@ from typing import Any
 
 import torch
 
+from eagle3.disk import check_free, disk_full
 from eagle3.errors import CheckpointError, RunStopped
 
 log = logging.getLogger(__name__)
@@ -63,27 +63,14 @@ def sibling(target: Path, kind: str) -> Path:
     return target.with_name(f".{target.name}.{kind}")
 
 
-def disk_full(error: BaseException, where: Path) -> bool:
-    """Whether a failed write ran out of room: ENOSPC or a quota, or any write error while (almost) nothing is
-    free (torch.save reports a full disk only as "unexpected pos")."""
-    if isinstance(error, OSError) and error.errno in (errno.ENOSPC, errno.EDQUOT):
-        return True
-    return "No space left on device" in str(error) or shutil.disk_usage(where).free < 2**20
-
-
 def check_disk(run_dir: Path, model: torch.nn.Module) -> None:
     """Refuses to start when the run dir's filesystem cannot hold two checkpoints (`last` with its optimizer
     state, and `best`), so that a long run does not die at its first save."""
-    from eagle3.errors import ConfigError
-
     weights = sum(t.numel() * t.element_size() for t in model.state_dict().values())
     optimizer = sum(2 * p.numel() * 4 for p in model.parameters() if p.requires_grad)  # AdamW's two fp32 moments
-    needed = 2 * (2 * weights + optimizer)
-    free = shutil.disk_usage(run_dir).free
-    if free < needed:
-        raise ConfigError(f"{run_dir}: {free / 2**30:.2f} GiB free, but the checkpoints of this run need about "
-                          f"{needed / 2**30:.2f} GiB (last with optimizer state, and best, each written beside "
-                          "the previous one before it is replaced); free space or choose another hydra.run.dir")
+    check_free(run_dir, 2 * (2 * weights + optimizer),
+               "the checkpoints of this run (last with optimizer state, and best, each written beside the previous "
+               "one before it is replaced)", "free space or choose another hydra.run.dir")
 
 
 def load_trainer_state(checkpoint: Path, mmap: bool = False) -> dict[str, Any]:
