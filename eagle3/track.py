@@ -1,4 +1,5 @@
-"""Run tracking on rank 0: `metrics.jsonl` always, wandb as `logger.mode` says, `summary.json` at the end.
+"""Run tracking on rank 0: `metrics.jsonl` always, wandb as `logger.mode` says, `summary.json` at the end (with
+the provenance of eagle3/provenance.py).
 
 Rows are flat: {"step", "split", "epoch", "loss", "loss_0", "full_acc_0", ...}; wandb gets the same
 numbers as `<split>/<name>` at the same step. The wandb run is finished on exit, also on error, so a
@@ -86,7 +87,11 @@ class Tracker:
     def finish(self, summary: RunSummary) -> None:
         if not self.enabled:
             return
-        (self.run_dir / "summary.json").write_text(json.dumps(summary.as_dict(), indent=2) + "\n")
+        from eagle3.provenance import provenance
+
+        best = Path(summary.checkpoints["best"])
+        record = summary.as_dict() | {"provenance": provenance(best if best.is_dir() else None)}
+        (self.run_dir / "summary.json").write_text(json.dumps(record, indent=2) + "\n")
         if self._wandb is not None:
             for which, row in (("best", summary.best), ("final", summary.final)):
                 for k, v in row.items():
