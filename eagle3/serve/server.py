@@ -99,6 +99,9 @@ class Server:
         except (urllib.error.URLError, OSError) as e:
             raise EngineError(f"the vLLM server stopped answering ({e}); its log: {self.log}") from None
 
+    def cpu_s(self) -> float:
+        return group_cpu_s(self.proc.pid)
+
     def stop(self, grace_s: float = 20) -> None:
         """SIGTERM to the whole process group, SIGKILL to what is left after `grace_s`."""
         try:
@@ -117,16 +120,28 @@ class Server:
         self.proc.wait()
 
 
-def group_alive(pgid: int) -> bool:
-    """Any process of the group that is not a zombie (read from /proc, so that zombies do not count)."""
+def group_stats(pgid: int) -> list[list[str]]:
+    """/proc/<pid>/stat fields after the command name (state first) of the processes of group `pgid`."""
+    found = []
     for stat in Path("/proc").glob("[0-9]*/stat"):
         try:
             fields = stat.read_text().rsplit(")", 1)[1].split()
         except (OSError, IndexError):
             continue
-        if int(fields[2]) == pgid and fields[0] != "Z":
-            return True
-    return False
+        if int(fields[2]) == pgid:
+            found.append(fields)
+    return found
+
+
+def group_alive(pgid: int) -> bool:
+    """Any process of the group that is not a zombie."""
+    return any(fields[0] != "Z" for fields in group_stats(pgid))
+
+
+def group_cpu_s(pgid: int) -> float:
+    """CPU seconds (user + system) the group's live processes have used: the work of a server, which other jobs
+    on a shared machine do not stretch as they stretch wall time."""
+    return sum(int(f[11]) + int(f[12]) for f in group_stats(pgid)) / os.sysconf("SC_CLK_TCK")
 
 
 @contextmanager
