@@ -249,11 +249,12 @@ def serve_report(run: Path, k: int, speedup: float, accept_rate: list[float], te
 def test_speedup_calibrated_on_the_engine_at_k1_predicts_other_k(tmp_path):
     """Plain server 100 tokens/s (10 ms a token); k=1 at accept_len 1.2 measured 0.6x: its step is 20 ms, one
     plain step plus a 10 ms draft forward. With rates 0.3, 0.2, 0.1: k=2 makes 1.5 tokens in 30 ms (0.5x),
-    k=3 1.6 in 40 ms (0.4x); beside the served reports at k=2 and 3 (0.5x, 0.5x)."""
+    k=3 1.6 in 40 ms (0.4x). Checked against the served reports at k=2 (0.5x at accept_len 1.6: predicted
+    1.6 / 30 ms = 0.533x there) and k=3 (0.5x at 1.6: predicted 0.4x)."""
     from eagle3.eval.speedup import main as speedup_main
 
     serve_report(tmp_path, 1, 0.6, [0.2])
-    serve_report(tmp_path, 2, 0.5, [0.3, 0.2])
+    serve_report(tmp_path, 2, 0.5, [0.4, 0.2])
     serve_report(tmp_path, 3, 0.5, [0.3, 0.2, 0.1])
     out = tmp_path / "prediction.json"
     speedup_main(["--accept", str(tmp_path / "serve_vllm_k3_t0.json"), "--engine-costs",
@@ -262,7 +263,9 @@ def test_speedup_calibrated_on_the_engine_at_k1_predicts_other_k(tmp_path):
     assert p["baseline_ms"] == pytest.approx(10.0) and p["draft_ms"] == pytest.approx(10.0)
     rows = {r["k"]: r for r in p["rows"]}
     assert rows[2]["speedup"] == pytest.approx(0.5) and rows[3]["speedup"] == pytest.approx(0.4)
-    assert rows[2]["error"] == pytest.approx(0.0) and rows[3]["error"] == pytest.approx(-0.2)
+    assert rows[2]["predicted_at_served_accept_len"] == pytest.approx(1.6 / 3)
+    assert rows[2]["error"] == pytest.approx(1.6 / 3 / 0.5 - 1) and rows[3]["error"] == pytest.approx(-0.2)
+    assert rows[1]["error"] == pytest.approx(0.0)  # the calibration point
     with pytest.raises(SystemExit, match="served at k=3; the verify step is calibrated at k=1"):
         speedup_main(["--accept-rates", "0.3", "--engine-costs", str(tmp_path / "serve_vllm_k3_t0.json")])
 

@@ -113,9 +113,10 @@ def given_costs(args: argparse.Namespace, max_k: int) -> StepCosts:
                      args.draft_ms, "given")
 
 
-def engine_costs(path: Path, max_k: int) -> StepCosts:
+def engine_costs(path: Path, max_k: int, clock: str = "wall") -> StepCosts:
     """Step costs from an eagle3.serve report at k = 1: its plain server's tokens/s is the plain step; its
-    measured speedup and accept_len give its step, speedup = accept_len * baseline_ms / step_ms. The engine's
+    measured speedup (`clock` cpu: in the servers' CPU time) and accept_len give its step, speedup =
+    accept_len * baseline_ms / step_ms. The engine's
     step is taken as one plain step for the verify forward (a forward over a few tokens costs about one over one
     when per-step overheads dominate, as they do when serving a small batch) plus a draft forward per draft token,
     so draft_ms = baseline_ms * (accept_len / speedup - 1)."""
@@ -123,7 +124,9 @@ def engine_costs(path: Path, max_k: int) -> StepCosts:
         raise ConfigError(f"--engine-costs: {path} does not exist or is not a file")
     try:
         r = json.loads(path.read_text())
-        k, accept_len, speedup, plain = r["k"], r["accept_len"], r["speedup"], r["plain_tokens_per_s"]
+        k, accept_len = r["k"], r["accept_len"]
+        speedup, plain = (r["speedup_cpu"], r["plain_tokens_per_cpu_s"]) if clock == "cpu" else \
+            (r["speedup"], r["plain_tokens_per_s"])
     except (ValueError, KeyError, TypeError):
         raise ConfigError(f"--engine-costs: {path} is not an eagle3.serve report (serve_vllm_k1_*.json)") from None
     if k != 1:
@@ -133,17 +136,19 @@ def engine_costs(path: Path, max_k: int) -> StepCosts:
     draft_ms = max(0.0, baseline_ms * (accept_len / speedup - 1.0))
     return StepCosts(baseline_ms, dict.fromkeys(range(1, max_k + 1), baseline_ms), draft_ms,
                      f"engine: {r.get('engine')} {r.get('engine_version')} {r.get('dtype')}, plain server and k=1 "
-                     f"of {path}")
+                     f"of {path}, {clock} time")
 
 
-def served_speedups(costs_report: Path, ks: Sequence[int]) -> dict[int, float]:
-    """The measured speedups of the eagle3.serve reports beside `costs_report` (same dir, temperature) at `ks`."""
+def served_speedups(costs_report: Path, ks: Sequence[int], clock: str = "wall") -> dict[int, tuple[float, float]]:
+    """k -> (measured speedup (`clock` cpu: in the servers' CPU time), accept_len) of the eagle3.serve reports
+    beside `costs_report` (same dir, temperature) at `ks`."""
     t = json.loads(costs_report.read_text())["temperature"]
     found = {}
     for k in ks:
         report = costs_report.parent / f"serve_vllm_k{k}_t{t:g}.json"
         if report.is_file():
-            found[k] = json.loads(report.read_text())["speedup"]
+            r = json.loads(report.read_text())
+            found[k] = (r["speedup_cpu" if clock == "cpu" else "speedup"], r["accept_len"])
     return found
 
 
@@ -236,11 +241,13 @@ def format_prediction(p: dict[str, Any], rates_source: str) -> str:
              f"costs ({p['costs_source']}): baseline {p['baseline_ms']:.3f} ms/token "
              f"({p['baseline_tokens_per_s']:.1f} tokens/s), draft {p['draft_ms']:.3f} ms/forward",
              f"{'k':>3}{'tokens/step':>13}{'step ms':>10}{'tokens/s':>11}{'speedup':>9}{'break-even':>12}"
-             + (f"{'served':>9}{'error':>8}" if any("served_speedup" in r for r in p["rows"]) else "")]
+             + (f"{'at served AL':>14}{'served':>9}{'error':>8}" if any("served_speedup" in r for r in p["rows"])
+                else "")]
     for r in p["rows"]:
         lines.append(f"{r['k']:>3}{r['tokens_per_step']:>13.3f}{r['step_ms']:>10.3f}{r['tokens_per_s']:>11.1f}"
                      f"{r['speedup']:>9.3f}{r['break_even_accept_len']:>12.3f}"
-                     + (f"{r['served_speedup']:>9.3f}{100 * r['error']:>7.1f}%" if "served_speedup" in r else ""))
+                     + (f"{r['predicted_at_served_accept_len']:>14.3f}{r['served_speedup']:>9.3f}"
+                        f"{100 * r['error']:>7.1f}%" if "served_speedup" in r else ""))
     best = next(r for r in p["rows"] if r["k"] == p["best_k"])
     if p["pays_off"]:
         lines.append(f"best k = {p['best_k']}: {best['speedup']:.2f}x over no speculation "
@@ -317,7 +324,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--measure", action="store_true", help="measure the step costs here with the draft and verifier")
     p.add_argument("--engine-costs", type=Path, metavar="SERVE_K1_JSON",
                    help="step costs from an eagle3.serve report at k=1 (its plain server and its k=1 speedup); the "
-                        "serve reports at other k beside it are shown as measured")
+                        "serve reports at other k beside it are shown as measured, with the speedup the costs "
+                        "predict at the accept_len each served with")
     p.add_argument("--context", type=int, default=64, help="context length (tokens) the costs are measured at")
     p.add_argument("--wallclock", action="store_true", help="also decode the run's val prompts with and without "
                                                             "speculation and compare the measured ratio (needs --run)")
@@ -326,7 +334,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
     p.add_argument("--clock", choices=["wall", "cpu"], default=None,
                    help="what --measure times (default: cpu time on a CPU with one torch thread, which a busy "
-                        "shared machine does not stretch; wall time on a GPU)")
+                        "shared machine does not stretch; wall time on a GPU); with --engine-costs: which of the "
+                        "serve reports' speedups (default wall)")
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default on CPU: 1)")
     p.add_argument("--json", type=Path, help="write the prediction here")
     return p.parse_args(argv)
@@ -365,11 +374,14 @@ def run(args: argparse.Namespace) -> tuple[dict[str, Any], str]:
     if args.engine_costs is not None:
         if args.measure or args.wallclock or args.baseline_ms is not None:
             raise ConfigError("give one source of step costs: --engine-costs, --measure, or --baseline-ms/--verify-ms")
-        prediction = predict(rates, engine_costs(args.engine_costs, len(rates)))
-        measured = served_speedups(args.engine_costs, ks)
+        prediction = predict(rates, engine_costs(args.engine_costs, len(rates), args.clock or "wall"))
+        measured = served_speedups(args.engine_costs, ks, args.clock or "wall")
         for row in prediction["rows"]:
-            if row["k"] in measured:
-                row |= {"served_speedup": measured[row["k"]], "error": row["speedup"] / measured[row["k"]] - 1}
+            if row["k"] in measured:  # the costs checked: predicted at the accept_len that k served with
+                speedup, accept_len = measured[row["k"]]
+                at_served = accept_len / row["step_ms"] * prediction["baseline_ms"]
+                row |= {"served_speedup": speedup, "predicted_at_served_accept_len": at_served,
+                        "error": at_served / speedup - 1}
         return {**prediction, "accept_source": source}, format_prediction(prediction, source)
     if not (args.measure or args.wallclock):
         costs = given_costs(args, len(rates))

@@ -122,6 +122,8 @@ def serve_and_compare(args, engine, checkpoint: Path, verifier_dir: Path, prompt
     from eagle3.serve.session import measure
 
     run_dir, t = Path(args.run), args.temperature
+    # Taken before serving: the code that runs, whatever is committed meanwhile.
+    record = provenance(checkpoint, {engine.name: engine.version, "engine torch": engine.torch})
     plain_port = free_port()
     plain_cmd = server_command(engine.python, verifier_dir, plain_port, args.dtype, None, 0, args.seed)
     reports, harness = [], None
@@ -138,7 +140,7 @@ def serve_and_compare(args, engine, checkpoint: Path, verifier_dir: Path, prompt
             harness = harness or Harness(checkpoint, verifier_dir)
             reference = harness.decode(prompts, k, args.max_new_tokens, t, args.seed)
             report = build_report(measured, reference, k, args, engine, checkpoint, verifier_dir, source, log)
-            report["provenance"] = provenance(checkpoint, {engine.name: engine.version, "engine torch": engine.torch})
+            report["provenance"] = record
             out.write_text(json.dumps(report, indent=2) + "\n")
             report["report_path"] = str(out)
             reports.append(report)
