@@ -113,6 +113,11 @@ def given_costs(args: argparse.Namespace, max_k: int) -> StepCosts:
                      args.draft_ms, "given")
 
 
+# Which speedup of an eagle3.serve report --clock takes: wall (all tokens over all request time), median (of the
+# per-prompt ratios), cpu (the servers' CPU time).
+SERVED_SPEEDUP = {"wall": "speedup", "median": "speedup_median", "cpu": "speedup_cpu"}
+
+
 def engine_costs(path: Path, max_k: int, clock: str = "wall") -> StepCosts:
     """Step costs from an eagle3.serve report at k = 1: its plain server's tokens/s is the plain step; its
     measured speedup (`clock` cpu: in the servers' CPU time) and accept_len give its step, speedup =
@@ -125,8 +130,8 @@ def engine_costs(path: Path, max_k: int, clock: str = "wall") -> StepCosts:
     try:
         r = json.loads(path.read_text())
         k, accept_len = r["k"], r["accept_len"]
-        speedup, plain = (r["speedup_cpu"], r["plain_tokens_per_cpu_s"]) if clock == "cpu" else \
-            (r["speedup"], r["plain_tokens_per_s"])
+        speedup = r[SERVED_SPEEDUP[clock]]
+        plain = r["plain_tokens_per_cpu_s" if clock == "cpu" else "plain_tokens_per_s"]
     except (ValueError, KeyError, TypeError):
         raise ConfigError(f"--engine-costs: {path} is not an eagle3.serve report (serve_vllm_k1_*.json)") from None
     if k != 1:
@@ -148,7 +153,7 @@ def served_speedups(costs_report: Path, ks: Sequence[int], clock: str = "wall") 
         report = costs_report.parent / f"serve_vllm_k{k}_t{t:g}.json"
         if report.is_file():
             r = json.loads(report.read_text())
-            found[k] = (r["speedup_cpu" if clock == "cpu" else "speedup"], r["accept_len"])
+            found[k] = (r[SERVED_SPEEDUP[clock]], r["accept_len"])
     return found
 
 
@@ -332,10 +337,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--num-prompts", type=int, default=8, help="prompts decoded by --wallclock (default 8)")
     p.add_argument("--max-new-tokens", type=int, default=64, help="tokens per prompt for --wallclock (default 64)")
     p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
-    p.add_argument("--clock", choices=["wall", "cpu"], default=None,
+    p.add_argument("--clock", choices=["wall", "cpu", "median"], default=None,
                    help="what --measure times (default: cpu time on a CPU with one torch thread, which a busy "
                         "shared machine does not stretch; wall time on a GPU); with --engine-costs: which of the "
-                        "serve reports' speedups (default wall)")
+                        "serve reports' speedups (default wall; median: of the per-prompt ratios)")
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default on CPU: 1)")
     p.add_argument("--json", type=Path, help="write the prediction here")
     return p.parse_args(argv)

@@ -30,21 +30,21 @@ def complete(server: Server, prompt: Sequence[int], max_new_tokens: int, tempera
 def measure(servers: dict[str, Server], prompts: Sequence[Sequence[int]], max_new_tokens: int,
             temperature: float, seed: int) -> dict[str, dict[str, Any]]:
     """Per server: {"tokens": per prompt, "counters": totals, "per_prompt": counters per prompt,
-    "tokens_generated", "request_s", "tokens_per_s", "cpu_s", "tokens_per_cpu_s"} (cpu_s: the server's
-    processes' CPU time over its requests). The servers take turns prompt by prompt, so that a machine
-    busier in one minute than in the next slows them alike; each first gets one short warm-up request, which
-    the counters leave out."""
+    "tokens_generated", "seconds" (per request), "request_s", "tokens_per_s", "cpu_s", "tokens_per_cpu_s"}
+    (cpu_s: the server's processes' CPU time over its requests). The servers take turns prompt by prompt, so
+    that a machine busier in one minute than in the next slows them alike; each first gets one short warm-up
+    request, which the counters leave out."""
     for server in servers.values():
         complete(server, prompts[0], min(8, max_new_tokens), temperature, seed)
     last = {name: spec_counters(server.get("/metrics")) for name, server in servers.items()}
     first = dict(last)
-    out: dict[str, dict[str, Any]] = {name: {"tokens": [], "per_prompt": [], "request_s": 0.0,
+    out: dict[str, dict[str, Any]] = {name: {"tokens": [], "per_prompt": [], "seconds": [],
                                              "cpu_s": 0.0} for name in servers}
     for prompt in prompts:
         for name, server in servers.items():
             start, cpu = time.perf_counter(), server.cpu_s()
             out[name]["tokens"].append(complete(server, prompt, max_new_tokens, temperature, seed))
-            out[name]["request_s"] += time.perf_counter() - start
+            out[name]["seconds"].append(time.perf_counter() - start)
             out[name]["cpu_s"] += server.cpu_s() - cpu
             now = spec_counters(server.get("/metrics"))
             out[name]["per_prompt"].append(asdict(now - last[name]))
@@ -52,6 +52,7 @@ def measure(servers: dict[str, Server], prompts: Sequence[Sequence[int]], max_ne
     for name, r in out.items():
         r["counters"] = last[name] - first[name]
         r["tokens_generated"] = sum(len(t) for t in r["tokens"])
+        r["request_s"] = sum(r["seconds"])
         r["tokens_per_s"] = r["tokens_generated"] / r["request_s"]
         r["tokens_per_cpu_s"] = r["tokens_generated"] / r["cpu_s"]
     return out
