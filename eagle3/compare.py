@@ -9,7 +9,9 @@ Columns: every config key whose value differs between the runs, then step-0, bes
 metrics. Runs are ranked by tau_sim (simulated acceptance length), not loss: acceptance can peak while
 loss still falls. A run that failed or never evaluated is listed as such, at the bottom. With the step costs
 of a deployment (--baseline-ms, --verify-ms, --draft-ms), a predicted-speedup column is added and the runs
-are ranked by it: what serving would gain (eagle3.eval.speedup's model).
+are ranked by it: what serving would gain (eagle3.eval.speedup's model). Runs served by vLLM (eagle3.serve's
+serve_vllm_k*.json) show the speedup and accept_len the engine measured (`served`), ahead of those columns;
+`--rank-by served` ranks by that speedup.
 
 tau_sim is an estimate that orders drafts cheaply; `--confirm N` measures acceptance (eagle3.eval.accept) of
 the N best runs by tau_sim (those without an `accept_k*.json` yet: a rerun measures nothing twice), and prints
@@ -157,8 +159,8 @@ def steps_to_reach(run: Run, target: float) -> int | None:
     return next((r["step"] for r in run.val_rows if r["tau_sim"] >= target), None)
 
 
-def table(runs: list[Run], baseline: str | None = None,
-          costs: dict[str, float] | None = None) -> tuple[list[str], list[list[str]]]:
+def table(runs: list[Run], baseline: str | None = None, costs: dict[str, float] | None = None,
+          by: str = "tau_sim") -> tuple[list[str], list[list[str]]]:
     keys = differing_keys(runs)
     header = ["run", "status", *keys, "tau_sim@0", "best tau_sim", "best step", "final tau_sim", "loss@0",
               "final loss"]
@@ -170,11 +172,14 @@ def table(runs: list[Run], baseline: str | None = None,
                              f"(labels: {', '.join(r.label for r in runs)})")
         target = base.best_tau
         header.append(f"steps to {baseline}'s best")
+    served = {id(r): served_report(r) for r in runs}
+    if any(served.values()):
+        header += ["served speedup", "served accept_len", "served k"]
     predicted = {id(r): predicted_speedup(r, costs) for r in runs} if costs else {}
     if costs:
         header += ["pred. speedup", "at k", "rates"]
     body = []
-    for run in rank(runs) if not costs else rank_by_speedup(runs, predicted):
+    for run in ranked(runs, by, served, predicted):
         cells = [run.label, run.status, *(_fmt(run.config.get(k)) for k in keys)]
         if run.summary:
             s = run.summary
@@ -184,6 +189,9 @@ def table(runs: list[Run], baseline: str | None = None,
             cells += val_row_cells(run.val_rows)
         if target is not None:
             cells.append(_fmt(steps_to_reach(run, target)) if run.val_rows else "-")
+        if any(served.values()):
+            r = served[id(run)]
+            cells += [f"{r['speedup']:.3f}", _fmt(r["accept_len"]), str(r["k"])] if r else ["-"] * 3
         if costs:
             p = predicted[id(run)]
             cells += [f"{p['speedup']:.3f}", str(p["k"]), p["source"]] if p else ["-"] * 3
@@ -223,8 +231,24 @@ def predicted_speedup(run: Run, costs: dict[str, float]) -> dict[str, Any] | Non
     return {"speedup": best["speedup"], "k": best["k"], "source": source}
 
 
-def rank_by_speedup(runs: list[Run], predicted: dict[int, dict[str, Any] | None]) -> list[Run]:
-    return sorted(runs, key=lambda r: (predicted[id(r)] is None, -(predicted[id(r)] or {"speedup": 0.0})["speedup"]))
+def ranked(runs: list[Run], by: str, served: dict[int, dict[str, Any] | None],
+           predicted: dict[int, dict[str, Any] | None]) -> list[Run]:
+    """By the speedup vLLM measured (`by` served), else by the predicted one when step costs are given, else by
+    tau_sim; runs without the value below, in tau_sim order."""
+    values = served if by == "served" else predicted if predicted else None
+    if values is None:
+        return rank(runs)
+    return sorted(rank(runs), key=lambda r: (values[id(r)] is None, -(values[id(r)] or {"speedup": 0.0})["speedup"]))
+
+
+# --- served by vLLM (eagle3.serve) -------------------------------------------------------------------------------
+
+def served_report(run: Run) -> dict[str, Any] | None:
+    """The run's greedy fp32 eagle3.serve report with the highest measured speedup (serve_vllm_k<k>_t0.json), or
+    of any other temperature or dtype when it has no such report."""
+    reports = [json.loads(f.read_text()) for f in sorted(run.path.glob("serve_vllm_k*_t*.json"))]
+    preferred = [r for r in reports if r.get("temperature") == 0 and r.get("dtype") == "float32"] or reports
+    return max(preferred, key=lambda r: r["speedup"], default=None)
 
 
 def _fmt(value: Any) -> str:
@@ -300,6 +324,9 @@ def main(argv: list[str] | None = None) -> int:
                                                            "it; the verifier's plain decoding, ms per token")
     parser.add_argument("--verify-ms", type=float, help="the verifier's forward over a verify step's k+1 tokens, ms")
     parser.add_argument("--draft-ms", type=float, default=0.0, help="one draft forward, ms (default 0)")
+    parser.add_argument("--rank-by", choices=["tau_sim", "served"], default="tau_sim",
+                        help="served: by the speedup vLLM measured (eagle3.serve's reports in the run dirs); "
+                             "default: by the predicted speedup when step costs are given, else by tau_sim")
     parser.add_argument("--confirm", type=int, metavar="N", help="measure acceptance (eagle3.eval.accept --run) of "
                         "the N best runs by tau_sim (those without an accept_k*.json yet), then rank the measured runs "
                         "by tau_sim and by accept_len side by side (0: only the rankings)")
@@ -315,7 +342,7 @@ def main(argv: list[str] | None = None) -> int:
         raise SystemExit(f"error: --plot {args.plot}: give a .png, .pdf or .svg file name")
     runs = find_runs(args.paths)
     failed_measurements = confirm(runs, args.confirm) if args.confirm is not None else []
-    sys.stdout.write(render(*table(runs, args.baseline, costs), args.format))
+    sys.stdout.write(render(*table(runs, args.baseline, costs, args.rank_by), args.format))
     if args.confirm is not None:
         sys.stdout.write(rankings_text(runs, args.format))
     if args.plot:

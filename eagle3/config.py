@@ -433,8 +433,23 @@ class AcceptEvalConfig:
 
 
 @dataclass
+class ServeEvalConfig:
+    """At the end of a run, its checkpoints/best served by vLLM (python -m eagle3.serve RUN) on eval.accept's
+    prompts, token budget and temperature; off by default."""
+
+    enabled: bool = False
+    k: list[int] | None = None     # speculative tokens, one report each; null: the checkpoint's (its ttt_steps)
+    python: str | None = None      # the engine's interpreter; null: $EAGLE3_VLLM_PYTHON, else the --install venv
+
+    def check(self) -> None:
+        _require(self.k is None or (len(self.k) > 0 and min(self.k) >= 1), "eval.serve.k",
+                 f"must be null or a list of k >= 1, got {self.k}")
+
+
+@dataclass
 class EvalConfig:
     accept: AcceptEvalConfig = field(default_factory=AcceptEvalConfig)
+    serve: ServeEvalConfig = field(default_factory=ServeEvalConfig)
 
 
 @dataclass
@@ -468,6 +483,7 @@ class TrainConfig:
                  "nccl runs on CUDA GPUs only, and device=cpu; use distributed.backend=auto (gloo on CPU)")
         self.distributed.check()
         self.eval.accept.check(self.distributed)
+        self.eval.serve.check()
         accept = self.eval.accept
         online = self.data.online
         _require(not (online.enabled and online.shard_verifier and accept.enabled), "eval.accept.enabled",

@@ -39,3 +39,7 @@ class Interrupted(SystemExit):
 class StoppedBeforeTraining(Interrupted):
     """A signal before training started (while the verifier, rows or data were being built or checked): nothing to
     resume; the same command starts again, and no half-built cache entry is left."""
+
+
+class EngineError(UserError):
+    """The serving engine cannot be built, started or reached (eagle3.serve); the message names its log file."""

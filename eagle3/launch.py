@@ -127,6 +127,16 @@ def run_one_job(cfg: DictConfig, hydra) -> float | None:
     elif cfg.resume:
         update_resumed_sweep_job(run_dir, "completed", summary, objective=objective)
     log.info("done in %.1f s", time.perf_counter() - start)
+    if run_cfg.eval.serve.enabled:
+        from eagle3.serve.at_end import serve_finished_run
+
+        try:
+            serve_finished_run(run_dir, run_cfg.eval, run_cfg.seed)
+        except UserError as e:  # the run itself completed and keeps its results
+            if multirun:
+                log.error("job %d: serving (eval.serve) failed: %s", hydra.job.num, e)
+            else:
+                raise SystemExit(f"error: the run completed ({run_dir}), serving it failed (eval.serve): {e}") from None
     return objective
 
 

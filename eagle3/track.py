@@ -1,4 +1,5 @@
-"""Run tracking on rank 0: `metrics.jsonl` always, wandb as `logger.mode` says, `summary.json` at the end.
+"""Run tracking on rank 0: `metrics.jsonl` always, wandb as `logger.mode` says, `summary.json` at the end (with
+the provenance of eagle3/provenance.py).
 
 Rows are flat: {"step", "split", "epoch", "loss", "loss_0", "full_acc_0", ...}; wandb gets the same
 numbers as `<split>/<name>` at the same step. The wandb run is finished on exit, also on error, so a
@@ -138,9 +139,13 @@ class Tracker:
     def finish(self, summary: RunSummary) -> None:
         if not self.enabled:
             return
+        from eagle3.provenance import provenance
+
+        best = self.run_dir / summary.checkpoints["best"]
+        record = summary.as_dict() | {"provenance": provenance(best if best.is_dir() else None)}
         # Written whole or not at all: a kill or a full disk mid-write never leaves half a summary.json.
         tmp = self.run_dir / ".summary.json.tmp"
-        tmp.write_text(json.dumps(summary.as_dict(), indent=2) + "\n")
+        tmp.write_text(json.dumps(record, indent=2) + "\n")
         os.replace(tmp, self.run_dir / "summary.json")
         if self._wandb is not None:
             for which, row in (("best", summary.best), ("final", summary.final)):

@@ -16,7 +16,10 @@ import argparse
 import json
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from eagle3.eval.prompts import Prompt
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -94,17 +97,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     from eagle3.console import quiet_libraries
     from eagle3.data.verifier_forward import load_causal_lm
     from eagle3.eval.measure import AcceptanceProbe, torch_threads
-    from eagle3.eval.prompts import read_jsonl_prompts, val_split_prompts
 
     quiet_libraries()
     device = "cuda" if args.device == "cuda" or (args.device == "auto" and torch.cuda.is_available()) else "cpu"
-    if args.prompts:
-        prompts, source = read_jsonl_prompts(args.prompts, verifier_dir, args.num_prompts), str(args.prompts)
-    else:
-        assert val_split is not None  # resolve_inputs: --prompts, or --run for its val split
-        data_dir, train_ratio = val_split
-        prompts = val_split_prompts(data_dir, train_ratio, args.num_prompts)
-        source = f"val split of {data_dir}"
+    prompts, source = load_prompts(args.prompts, verifier_dir, val_split, args.num_prompts)
     verifier = load_causal_lm(verifier_dir, device, key="--verifier")
     try:
         draft = load_draft(checkpoint, args.attn_impl, device, verifier_dir=verifier_dir).float()
@@ -113,8 +109,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     probe = AcceptanceProbe(verifier, prompts, k, args.max_new_tokens, args.temperature, args.seed, args.cached)
     with torch_threads(args.threads or (1 if device == "cpu" else None)):
         measured = probe.measure(draft)
+    from eagle3.provenance import provenance
+
     report = {"checkpoint": str(checkpoint), "verifier": str(verifier_dir), "prompt_source": source,
-              "device": device, **measured}
+              "device": device, **measured, "provenance": provenance(checkpoint)}
     if out is not None:
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(json.dumps(report, indent=2) + "\n")
@@ -153,6 +151,18 @@ def resolve_inputs(args: argparse.Namespace) -> tuple[Path, Path, tuple[Path, fl
         if missing:
             raise ConfigError(f"{what}: {p} has no {', '.join(missing)}")
     return Path(checkpoint), Path(verifier), val_split
+
+
+def load_prompts(prompts_file: str | None, verifier_dir: Path, val_split: tuple[Path, float] | None,
+                 num_prompts: int) -> tuple[list[Prompt], str]:
+    """(the first `num_prompts` prompts, where they came from): of `prompts_file`, else of the run's val split."""
+    from eagle3.eval.prompts import read_jsonl_prompts, val_split_prompts
+
+    if prompts_file:
+        return read_jsonl_prompts(prompts_file, verifier_dir, num_prompts), str(prompts_file)
+    assert val_split is not None  # resolve_inputs: --prompts, or --run for its val split
+    data_dir, train_ratio = val_split
+    return val_split_prompts(data_dir, train_ratio, num_prompts), f"val split of {data_dir}"
 
 
 def default_k(checkpoint: Path) -> int:

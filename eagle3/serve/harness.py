@@ -1,0 +1,87 @@
+"""The engine beside eagle3.eval's harness: the same prompts, k, temperature and token budget decoded by the
+harness (the KV-cached speculative decoding of eagle3.eval.accept, fp32), and the two sets of counts compared.
+
+- T = 0, fp32: the engine must make the same tokens, drafts and accepted tokens per position as the harness.
+- T = 0, bf16: the engine rounds otherwise, and near-ties of the verifier flip its greedy choice; the share of
+  prompts whose tokens differ is reported instead of a verdict.
+- T > 0: both are samples. Their accept_len agree when they differ by at most 3 standard errors of the
+  difference (each accept_len's from the spread of the accepted counts over its verify steps; steps of one
+  sequence are taken as independent, which understates the error a little).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from eagle3.serve.metrics import counts_acceptance
+
+TOLERANCE_SE = 3.0
+
+
+class Harness:
+    """The verifier and draft, loaded once on CPU in fp32, decoding as eagle3.eval.accept does."""
+
+    def __init__(self, checkpoint: Path, verifier_dir: Path):
+        from eagle3.checkpoint import load_draft
+        from eagle3.console import quiet_libraries
+        from eagle3.data.verifier_forward import load_causal_lm
+        from eagle3.errors import ConfigError
+        from eagle3.eval.measure import aux_layer_ids
+
+        quiet_libraries()
+        self.verifier = load_causal_lm(verifier_dir, "cpu", key="--verifier")
+        try:
+            self.draft = load_draft(checkpoint, "sdpa", "cpu", verifier_dir=verifier_dir).float().eval()
+        except (OSError, ValueError) as e:
+            raise ConfigError(f"cannot load the draft {checkpoint} for the verifier {verifier_dir}: {e}") from None
+        self.aux_ids = aux_layer_ids(self.draft, self.verifier)
+
+    def decode(self, prompts: Sequence[Sequence[int]], k: int, max_new_tokens: int, temperature: float,
+               seed: int) -> dict[str, Any]:
+        """{"tokens": per prompt, "drafts", "accepted_per_position", "per_prompt", "accept_len", ...}"""
+        import torch
+
+        from eagle3.eval.drafting import Sampling, speculative_decode
+        from eagle3.eval.measure import torch_threads
+
+        sampling = Sampling(temperature, seed)
+        with torch.no_grad(), torch_threads(1):
+            decodes = [speculative_decode(self.verifier, self.draft, p, k, max_new_tokens, self.aux_ids, sampling,
+                                          cached=True) for p in prompts]
+        counts = [[sum(n > j for n in d.accepted) for j in range(k)] for d in decodes]
+        drafts = sum(len(d.accepted) for d in decodes)
+        per_position = [sum(c[j] for c in counts) for j in range(k)]
+        per_prompt = [{"drafts": len(d.accepted), "per_position": c} for d, c in zip(decodes, counts)]
+        return {"tokens": [d.tokens[:max_new_tokens] for d in decodes], "drafts": drafts,
+                "accepted_per_position": per_position, "per_prompt": per_prompt,
+                **counts_acceptance(drafts, per_position)}
+
+
+def side_by_side(engine: dict[str, Any], harness: dict[str, Any], temperature: float, dtype: str) -> dict[str, Any]:
+    """{"equal": bool or None, "diverged_prompts": [...], "share_diverged", "verdict": a sentence}"""
+    diverged = [i for i, (a, b) in enumerate(zip(engine["tokens"], harness["tokens"])) if a != b]
+    share = len(diverged) / len(harness["tokens"])
+    counts_equal = (engine["drafts"] == harness["drafts"]
+                    and engine["accepted_per_position"] == harness["accepted_per_position"])
+    out: dict[str, Any] = {"diverged_prompts": diverged, "share_diverged": share}
+    if temperature == 0:
+        equal = counts_equal and not diverged
+        if dtype == "float32":
+            verdict = ("EQUAL: the engine's tokens, drafts and accepted tokens per position are the harness's" if equal
+                       else f"NOT EQUAL in fp32: {len(diverged)} of {len(harness['tokens'])} prompts differ in their "
+                            f"tokens; drafts {engine['drafts']} vs {harness['drafts']}, accepted per position "
+                            f"{engine['accepted_per_position']} vs {harness['accepted_per_position']}")
+        else:
+            verdict = (f"{dtype}: {100 * share:.0f}% of the prompts ({len(diverged)} of {len(harness['tokens'])}) "
+                       "decoded other tokens than the fp32 harness (near-ties of the verifier rounded otherwise)")
+        return out | {"equal": equal, "verdict": verdict}
+    diff = engine["accept_len"] - harness["accept_len"]
+    tolerance = TOLERANCE_SE * (engine["accept_len_se"] ** 2 + harness["accept_len_se"] ** 2) ** 0.5
+    within = abs(diff) <= tolerance
+    verdict = (f"accept_len {engine['accept_len']:.4f} (engine) vs {harness['accept_len']:.4f} (harness): difference "
+               f"{diff:+.4f}, {'within' if within else 'OUTSIDE'} the tolerance {tolerance:.4f} "
+               f"({TOLERANCE_SE:g} standard errors of the difference)")
+    return out | {"equal": None, "accept_len_difference": diff, "tolerance": tolerance, "within_tolerance": within,
+                  "verdict": verdict}

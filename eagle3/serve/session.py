@@ -1,0 +1,58 @@
+"""One server's measurement: the prompts as token ids, one request at a time, at a temperature; the generated
+tokens, the time the requests took, and the spec-decode counters around each request (a per-prompt breakdown
+for free, since requests do not overlap)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import asdict
+from typing import Any
+
+from eagle3.errors import EngineError
+from eagle3.serve.metrics import spec_counters
+from eagle3.serve.server import SERVED_NAME, Server
+
+
+def complete(server: Server, prompt: Sequence[int], max_new_tokens: int, temperature: float, seed: int) -> list[int]:
+    """The continuation's token ids: exactly `max_new_tokens` (no stop at EOS), as eagle3.eval decodes."""
+    body = {"model": SERVED_NAME, "prompt": list(prompt), "max_tokens": max_new_tokens, "min_tokens": max_new_tokens,
+            "temperature": temperature, "seed": seed, "ignore_eos": True, "return_token_ids": True,
+            "detokenize": False}
+    answer = server.post("/v1/completions", body)
+    try:
+        return [int(t) for t in answer["choices"][0]["token_ids"]]
+    except (KeyError, IndexError, TypeError, ValueError):
+        raise EngineError(f"the vLLM server's completion has no token_ids: {str(answer)[:300]}; its log: "
+                          f"{server.log}") from None
+
+
+def measure(servers: dict[str, Server], prompts: Sequence[Sequence[int]], max_new_tokens: int,
+            temperature: float, seed: int) -> dict[str, dict[str, Any]]:
+    """Per server: {"tokens": per prompt, "counters": totals, "per_prompt": counters per prompt,
+    "tokens_generated", "seconds" (per request), "request_s", "tokens_per_s", "cpu_s", "tokens_per_cpu_s"}
+    (cpu_s: the server's processes' CPU time over its requests). The servers take turns prompt by prompt, so
+    that a machine busier in one minute than in the next slows them alike; each first gets one short warm-up
+    request, which the counters leave out."""
+    for server in servers.values():
+        complete(server, prompts[0], min(8, max_new_tokens), temperature, seed)
+    last = {name: spec_counters(server.get("/metrics")) for name, server in servers.items()}
+    first = dict(last)
+    out: dict[str, dict[str, Any]] = {name: {"tokens": [], "per_prompt": [], "seconds": [],
+                                             "cpu_s": 0.0} for name in servers}
+    for prompt in prompts:
+        for name, server in servers.items():
+            start, cpu = time.perf_counter(), server.cpu_s()
+            out[name]["tokens"].append(complete(server, prompt, max_new_tokens, temperature, seed))
+            out[name]["seconds"].append(time.perf_counter() - start)
+            out[name]["cpu_s"] += server.cpu_s() - cpu
+            now = spec_counters(server.get("/metrics"))
+            out[name]["per_prompt"].append(asdict(now - last[name]))
+            last[name] = now
+    for name, r in out.items():
+        r["counters"] = last[name] - first[name]
+        r["tokens_generated"] = sum(len(t) for t in r["tokens"])
+        r["request_s"] = sum(r["seconds"])
+        r["tokens_per_s"] = r["tokens_generated"] / r["request_s"]
+        r["tokens_per_cpu_s"] = r["tokens_generated"] / r["cpu_s"]
+    return out

