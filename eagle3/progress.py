@@ -19,7 +19,7 @@ Row = dict[str, Any]  # a metrics.jsonl row: {"step", "split", "epoch", "loss", 
 
 @dataclass
 class Progress:
-    """Where the training loop is; the loop advances it, step logging adds the tokens it counted."""
+    """Where the training loop is; only the loop (eagle3.train) advances it."""
 
     step: int = 0                 # optimizer steps taken (skipped ones included)
     epoch: int = 0                # epochs completed

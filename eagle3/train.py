@@ -9,7 +9,7 @@ import logging
 import math
 import re
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from tqdm import tqdm
 
+from eagle3.cadence import Cadence, Stop
 from eagle3.checkpoint import TRAINER_STATE, SaveFailed, save_checkpoint
 from eagle3.config import DraftConfig, OptimConfig
 from eagle3.console import resume_command
@@ -54,149 +55,180 @@ def train(model: torch.nn.Module, train_loader: Loader, val_loader: Loader, draf
     row every `log_every` steps; returns the loop's final progress. `at_val` adds entries to each val row
     (eval.accept: measured acceptance); every rank calls it. `on_bad_sample` is data.on_bad_sample: what a val
     pass does with rows whose hidden states are not finite (run_validation). `config`: the plain run config,
-    saved with `last` so that a resume can tell whether its config is still the one trained with."""
-    from speculators.losses import resolve_loss_config
+    saved with `last` so that a resume can tell whether its config is still the one trained with.
 
-    call_kwargs = {
-        "ttt_steps": draft.ttt_steps,
-        "ttt_step_loss_decay": draft.ttt_step_loss_decay,
-        # The fused loss is Triton: CUDA only.
-        "loss_config": resolve_loss_config(draft.loss, "fused" if device.type == "cuda" else "eager"),
-    }
-    autocast: AbstractContextManager[Any] = (torch.autocast("cuda", dtype=torch.bfloat16) if device.type == "cuda"
-                                             else nullcontext())
+    At the top of each step the loop asks its Cadence what is due (eagle3/cadence.py) and does it."""
     sampler = train_loader.batch_sampler
-    steps_per_epoch = sampler.steps
-    total_steps = optim.epochs * steps_per_epoch
-    if optim.max_steps is not None:
-        total_steps = min(total_steps, optim.max_steps)
-    trainable = [p for p in model.parameters() if p.requires_grad]
-    optimizer = torch.optim.AdamW(trainable, lr=optim.lr, betas=(optim.betas[0], optim.betas[1]),
-                                  weight_decay=optim.weight_decay)
-    scheduler = make_scheduler(optimizer, optim.scheduler.value, math.ceil(optim.warmup_ratio * total_steps),
-                               total_steps)
-    ckpt_dir = run_dir / CHECKPOINTS
+    cadence = Cadence.of(optim.epochs, optim.max_steps, sampler.steps, log_every, optim.eval_every,
+                         optim.checkpoint_every, optim.max_skipped_steps)
+    run = Run(model, val_loader, draft, optim, cadence, device, world, tracker, run_dir, at_val, on_bad_sample,
+              config)
+    progress = run.begin(resume_state)
+    steps = StepLog(tracker, world, run.scheduler, cadence.total_steps, progress)
+    stop, micro_batches, stepped, skipped_in_a_row = StopRequest(), None, False, 0
+    try:
+        model.train()
+        while True:
+            due = cadence.due(progress, stepped, skipped_in_a_row, stepped and stop.requested(world))
+            if due.train_row:
+                log_train_row(steps, progress, world)
+            if due.stop is not None:
+                run.save("last", progress)  # skipped steps changed no weight: `last` is the last good state
+                if due.stop is Stop.signal:
+                    stop.exit(run_dir, progress.step)
+                raise RunStopped(too_many_skipped(skipped_in_a_row, progress.step))
+            if due.next_epoch:
+                progress.epoch, progress.step_in_epoch, micro_batches = progress.epoch + 1, 0, None
+            if due.val_epoch is not None:
+                run.validate(progress, due.val_epoch)
+            if due.epoch_end:
+                progress.train_wall_s = steps.wall()
+            if due.save:
+                run.save("last", progress)
+            if due.done:
+                break
+            if micro_batches is None:
+                sampler.set_epoch(progress.epoch, skip_steps=progress.step_in_epoch)
+                micro_batches = iter(train_loader)
+            grad_norm = run.step(micro_batches, steps.window)
+            skipped_in_a_row = count_step(progress, grad_norm, skipped_in_a_row, optim.max_skipped_steps, world)
+            steps.count(grad_norm)
+            stepped = True
+    finally:  # also when the run stops with an error: the next job of a sweep gets its handlers back
+        steps.close()
+        stop.restore()
+    return progress
 
-    def evaluate(step: int, epoch: int) -> Row:
-        metrics = run_validation(model, val_loader, device, autocast, call_kwargs, world,
-                                 on_bad_sample=on_bad_sample, where=f"the val pass at step {step}")
+
+class Run:
+    """What the loop acts on: the wrapped model, its optimizer and lr schedule, its val pass and checkpoints."""
+
+    def __init__(self, model: torch.nn.Module, val_loader: Loader, draft: DraftConfig, optim: OptimConfig,
+                 cadence: Cadence, device: torch.device, world: World, tracker: Tracker, run_dir: Path,
+                 at_val: Callable[[torch.nn.Module], Row] | None, on_bad_sample: str,
+                 config: dict[str, Any] | None):
+        from speculators.losses import resolve_loss_config
+
+        self.model, self.val_loader, self.optim, self.device, self.world = model, val_loader, optim, device, world
+        self.tracker, self.run_dir, self.at_val, self.on_bad_sample = tracker, run_dir, at_val, on_bad_sample
+        self.config = config
+        self.call_kwargs = {
+            "ttt_steps": draft.ttt_steps,
+            "ttt_step_loss_decay": draft.ttt_step_loss_decay,
+            # The fused loss is Triton: CUDA only.
+            "loss_config": resolve_loss_config(draft.loss, "fused" if device.type == "cuda" else "eager"),
+        }
+        self.autocast: AbstractContextManager[Any] = (torch.autocast("cuda", dtype=torch.bfloat16)
+                                                      if device.type == "cuda" else nullcontext())
+        self.trainable = [p for p in model.parameters() if p.requires_grad]
+        self.optimizer = torch.optim.AdamW(self.trainable, lr=optim.lr, betas=(optim.betas[0], optim.betas[1]),
+                                           weight_decay=optim.weight_decay)
+        total_steps = cadence.total_steps
+        self.scheduler = make_scheduler(self.optimizer, optim.scheduler.value,
+                                        math.ceil(optim.warmup_ratio * total_steps), total_steps)
+        self.cadence = cadence
+        self.ckpt_dir = run_dir / CHECKPOINTS
+
+    def begin(self, resume_state: dict[str, Any] | None) -> Progress:
+        """A new run's progress after its step-0 val pass (the drafter as initialized, before any update; for a
+        pretrained init its probe), or a resumed run's, with the optimizer, lr schedule and RNG it saved."""
+        if resume_state is None:
+            step0 = self.evaluate(0, 0)
+            progress = Progress(step0=step0, best=step0, final=step0)
+            self.save("best")
+        else:
+            progress = Progress.from_dict(resume_state["progress"], self.ckpt_dir / "last")
+            load_optimizer_state(self.model, self.optimizer, resume_state["optimizer"], self.world)
+            self.scheduler.load_state_dict(resume_state["scheduler"])
+            torch.set_rng_state(resume_state["rng"])
+            log.info("resuming at step %d (epoch %d, step %d of it)", progress.step, progress.epoch,
+                     progress.step_in_epoch)
+        log.info("training %s parameters for %d steps (%d per epoch, %d micro-batches each on %d ranks), lr %.2g",
+                 f"{sum(p.numel() for p in self.trainable):,}", self.cadence.total_steps,
+                 self.cadence.steps_per_epoch, self.optim.grad_accum, self.world.size, self.optim.lr)
+        return progress
+
+    def step(self, micro_batches: Iterator[Any], window: dict[str, Any]) -> torch.Tensor | None:
+        return train_step(self.model, micro_batches, self.optim.grad_accum, self.optimizer, self.scheduler,
+                          self.trainable, self.optim.grad_clip, self.device, self.autocast, self.call_kwargs,
+                          self.world, window)
+
+    def evaluate(self, step: int, epoch: int) -> Row:
+        metrics = run_validation(self.model, self.val_loader, self.device, self.autocast, self.call_kwargs,
+                                 self.world, on_bad_sample=self.on_bad_sample, where=f"the val pass at step {step}")
         row: Row = {"step": step, "split": "val", "epoch": epoch, **metrics}
-        if at_val is not None:
-            row.update(at_val(model))
-        tracker.log(row)
+        if self.at_val is not None:
+            row.update(self.at_val(self.model))
+        self.tracker.log(row)
         return row
 
-    def save(which: str, progress: Progress | None = None) -> None:
+    def validate(self, progress: Progress, epoch: int) -> None:
+        """The val pass at `progress`'s step: its row becomes the final one, and `best` if it is the best."""
+        progress.final = self.evaluate(progress.step, epoch)
+        self.model.train()
+        if progress.final["tau_sim"] > progress.best["tau_sim"]:
+            progress.best = progress.final
+            self.save("best")
+
+    def save(self, which: str, progress: Progress | None = None) -> None:
         """Every rank joins (gathering shards is a collective); rank 0 writes."""
+        model, world = self.model, self.world
         state = full_model_state(model, world)
         trainer_state = None
         if progress is not None:
             trainer_state = {"progress": progress.as_dict(),
-                             "optimizer": full_optimizer_state(model, optimizer, world),
-                             "scheduler": scheduler.state_dict(), "rng": torch.get_rng_state(),
-                             "config": trained_config(config) if config is not None else None}
+                             "optimizer": full_optimizer_state(model, self.optimizer, world),
+                             "scheduler": self.scheduler.state_dict(), "rng": torch.get_rng_state(),
+                             "config": trained_config(self.config) if self.config is not None else None}
         if world.is_main:
             try:
-                save_checkpoint(unwrap(model), state, ckpt_dir / which, trainer_state)
+                save_checkpoint(unwrap(model), state, self.ckpt_dir / which, trainer_state)
             except SaveFailed as e:
-                last = (ckpt_dir / "last" / TRAINER_STATE).is_file()
-                raise SaveFailed(f"{e}. Free space, then continue with: {resume_command(run_dir)}" if last else
+                last = (self.ckpt_dir / "last" / TRAINER_STATE).is_file()
+                raise SaveFailed(f"{e}. Free space, then continue with: {resume_command(self.run_dir)}" if last else
                                  f"{e}. Nothing to resume yet: free space and start the run again") from None
         barrier(world)
 
-    def evaluate_and_keep_best(progress: Progress, epoch: int) -> None:
-        progress.final = evaluate(progress.step, epoch)
-        model.train()
-        if progress.final["tau_sim"] > progress.best["tau_sim"]:
-            progress.best = progress.final
-            save("best")
 
-    if resume_state is None:
-        # Step 0: the drafter as initialized, before any update. For a pretrained init this is its probe.
-        step0 = evaluate(0, 0)
-        progress = Progress(step0=step0, best=step0, final=step0)
-        save("best")
-    else:
-        progress = Progress.from_dict(resume_state["progress"], ckpt_dir / "last")
-        load_optimizer_state(model, optimizer, resume_state["optimizer"], world)
-        scheduler.load_state_dict(resume_state["scheduler"])
-        torch.set_rng_state(resume_state["rng"])
-        log.info("resuming at step %d (epoch %d, step %d of it)", progress.step, progress.epoch,
-                 progress.step_in_epoch)
-        # Stopped by a signal right after an optim.eval_every step, before its val pass: the pass is owed (the
-        # val rows and the choice of best would otherwise differ from an uninterrupted run's).
-        if (optim.eval_every and progress.step % optim.eval_every == 0 and progress.step < total_steps
-                and 0 < progress.step_in_epoch < steps_per_epoch and progress.final.get("step") != progress.step):
-            evaluate_and_keep_best(progress, progress.epoch)
+def count_step(progress: Progress, grad_norm: torch.Tensor | None, skipped_in_a_row: int, max_skipped_steps: int,
+               world: World) -> int:
+    """Counts the step just taken into `progress`; returns how many steps in a row have now been skipped."""
+    progress.step += 1
+    progress.step_in_epoch += 1
+    if grad_norm is not None:
+        return 0
+    progress.skipped_steps += 1
+    skipped_in_a_row += 1
+    if world.is_main:  # the train rows count them too, but only every log_every
+        log.warning("step %d skipped: non-finite loss or gradient, weights unchanged (%d skipped so far, %d in a "
+                    "row; optim.max_skipped_steps=%d in a row stops the run)", progress.step, progress.skipped_steps,
+                    skipped_in_a_row, max_skipped_steps)
+    return skipped_in_a_row
 
-    log.info("training %s parameters for %d steps (%d per epoch, %d micro-batches each on %d ranks), lr %.2g",
-             f"{sum(p.numel() for p in trainable):,}", total_steps, steps_per_epoch, optim.grad_accum, world.size,
-             optim.lr)
-    steps = StepLog(tracker, world, scheduler, log_every, total_steps, progress)
-    skipped_in_a_row, stop = 0, StopRequest()
-    try:
-        model.train()
-        for epoch in range(progress.epoch, optim.epochs):
-            if progress.step >= total_steps:
-                break
-            sampler.set_epoch(epoch, skip_steps=progress.step_in_epoch)
-            micro_batches = iter(train_loader)
-            while progress.step_in_epoch < steps_per_epoch and progress.step < total_steps:
-                grad_norm = train_step(model, micro_batches, optim.grad_accum, optimizer, scheduler, trainable,
-                                       optim.grad_clip, device, autocast, call_kwargs, world, steps.window)
-                progress.step += 1
-                progress.step_in_epoch += 1
-                skipped_in_a_row = skipped_in_a_row + 1 if grad_norm is None else 0
-                progress.skipped_steps += grad_norm is None
-                if grad_norm is None and world.is_main:  # the train rows count them too, but only every log_every
-                    log.warning("step %d skipped: non-finite loss or gradient, weights unchanged (%d skipped so far, "
-                                "%d in a row; optim.max_skipped_steps=%d in a row stops the run)", progress.step,
-                                progress.skipped_steps, skipped_in_a_row, optim.max_skipped_steps)
-                steps.after_step(progress, epoch, grad_norm)
-                step, mid_epoch = progress.step, progress.step_in_epoch < steps_per_epoch
-                if skipped_in_a_row >= optim.max_skipped_steps:
-                    save("last", progress)  # skipped steps changed no weight: this is the last good state
-                    raise RunStopped(f"{skipped_in_a_row} optimizer steps in a row had a non-finite loss or gradient "
-                                     f"(steps {step - skipped_in_a_row + 1}..{step}), so the run stopped; "
-                                     f"checkpoints/last holds the weights from before them. Lower optim.lr or check "
-                                     f"the data; optim.max_skipped_steps sets how many are tolerated")
-                if stop.requested(world):
-                    save("last", progress)
-                    stop.exit(run_dir, step)
-                if optim.eval_every and step % optim.eval_every == 0 and mid_epoch and step < total_steps:
-                    evaluate_and_keep_best(progress, epoch)
-                if optim.checkpoint_every and step % optim.checkpoint_every == 0 and mid_epoch:
-                    save("last", progress)
-            # End of an epoch (or of max_steps): evaluate, then checkpoint.
-            if progress.step_in_epoch >= steps_per_epoch:
-                progress.epoch, progress.step_in_epoch = epoch + 1, 0
-            evaluate_and_keep_best(progress, epoch + 1)
-            progress.train_wall_s = steps.wall()
-            save("last", progress)
-        if progress.final.get("step") != progress.step:
-            # Resumed from a stop after the run's last step, before that step's val pass: the pass is still owed.
-            epoch = progress.epoch
-            if progress.step_in_epoch >= steps_per_epoch:
-                progress.epoch, progress.step_in_epoch = epoch + 1, 0
-            evaluate_and_keep_best(progress, epoch + 1)
-            progress.train_wall_s = steps.wall()
-            save("last", progress)
-    finally:  # also when the run stops with an error: the next job of a sweep gets its handlers back
-        steps.close()
-        stop.restore()
-    if total_steps == 0:  # max_steps=0: the probe alone
-        save("last", progress)
-    return progress
+
+def too_many_skipped(skipped_in_a_row: int, step: int) -> str:
+    return (f"{skipped_in_a_row} optimizer steps in a row had a non-finite loss or gradient "
+            f"(steps {step - skipped_in_a_row + 1}..{step}), so the run stopped; checkpoints/last holds the weights "
+            f"from before them. Lower optim.lr or check the data; optim.max_skipped_steps sets how many are tolerated")
+
+
+def log_train_row(steps: StepLog, progress: Progress, world: World) -> None:
+    """The train row of the steps since the last one; the tokens they trained and the wall time go into
+    `progress`. None when every step of the window was skipped."""
+    sums = reduce_sums(steps.take_window(), world)
+    if not sums:
+        return
+    progress.tokens += sums.pop("tokens")
+    progress.train_wall_s = steps.wall()
+    steps.log(progress, sums)
 
 
 class StepLog:
-    """What follows each optimizer step besides checkpoints. `window` collects the counted metrics of the steps
-    since the last row (train_step adds to it); a row adds the window's tokens and the wall time to the progress."""
+    """The console bar and the train rows. `window` collects the counted metrics of the steps since the last
+    row (train_step adds to it); it formats rows from the progress it is given and changes none of it."""
 
-    def __init__(self, tracker: Tracker, world: World, scheduler: Any, log_every: int, total_steps: int,
-                 progress: Progress):
-        self.tracker, self.world, self.scheduler = tracker, world, scheduler
-        self.log_every, self.total_steps = log_every, total_steps
+    def __init__(self, tracker: Tracker, world: World, scheduler: Any, total_steps: int, progress: Progress):
+        self.tracker, self.scheduler = tracker, scheduler
         self.window: dict[str, Any] = {}
         self.grad_norm: torch.Tensor | float = float("nan")
         self.start = time.perf_counter() - progress.train_wall_s
@@ -206,26 +238,23 @@ class StepLog:
     def wall(self) -> float:
         return time.perf_counter() - self.start
 
-    def after_step(self, progress: Progress, epoch: int, grad_norm: torch.Tensor | None) -> None:
-        """After the loop advanced `progress` by a step: the bar, and the train row when one is due."""
+    def count(self, grad_norm: torch.Tensor | None) -> None:
+        """A step was taken: the bar moves; a finite gradient norm is the one the next row shows."""
         if grad_norm is not None:
             self.grad_norm = grad_norm
         self.bar.update()
-        step = progress.step
-        if step % self.log_every and step != self.total_steps:
-            return
-        sums = reduce_sums(self.window, self.world)
-        if not sums:  # every step of the window was skipped
-            return
-        progress.tokens += sums.pop("tokens")
-        progress.train_wall_s = self.wall()
-        row = {"step": step, "split": "train", "epoch": epoch, **summarize(sums),
+
+    def take_window(self) -> dict[str, Any]:
+        window, self.window = self.window, {}
+        return window
+
+    def log(self, progress: Progress, sums: dict[str, Any]) -> None:
+        row = {"step": progress.step, "split": "train", "epoch": progress.epoch, **summarize(sums),
                "lr": self.scheduler.get_last_lr()[0], "grad_norm": float(self.grad_norm),
                "tokens_per_s": progress.tokens / progress.train_wall_s,
                "skipped_steps": progress.skipped_steps}
         self.tracker.log(row)
         self.bar.set_postfix(loss=f"{row['loss']:.3f}", acc0=f"{row.get('full_acc_0', 0):.3f}")
-        self.window = {}
 
     def close(self) -> None:
         self.bar.close()

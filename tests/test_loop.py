@@ -1,0 +1,129 @@
+"""What the training loop does at the top of each step (eagle3.cadence): which of train row, stop, val pass and
+save of checkpoints/last are due, given where the run is and the optim/logger settings. Pure: no model."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from eagle3.cadence import Cadence, Due, Stop
+from eagle3.progress import Progress
+
+# 3 epochs of 10 steps, cut at 25 by max_steps; a val pass every 4 steps, `last` every 3, a train row every 2.
+CADENCE = Cadence.of(epochs=3, max_steps=25, steps_per_epoch=10, log_every=2, eval_every=4, checkpoint_every=3,
+                     max_skipped_steps=5)
+
+
+def at(step: int, epoch: int | None = None, step_in_epoch: int | None = None, last_val: int | None = None) -> Progress:
+    """Progress after `step` steps, its latest val row at `last_val` (default: the step's own epoch start)."""
+    epoch = step // 10 if epoch is None else epoch
+    step_in_epoch = step - 10 * epoch if step_in_epoch is None else step_in_epoch
+    val = {"step": (step - step_in_epoch) if last_val is None else last_val}
+    return Progress(step=step, epoch=epoch, step_in_epoch=step_in_epoch, step0={"step": 0}, best=val, final=val)
+
+
+def test_the_length_is_epochs_of_steps_cut_by_max_steps():
+    assert CADENCE.total_steps == 25
+    assert Cadence.of(3, None, 10, 1, None, None, 10).total_steps == 30
+    assert Cadence.of(3, 0, 10, 1, None, None, 10).total_steps == 0
+
+
+def test_the_top_of_a_new_run_owes_nothing():
+    assert CADENCE.due(at(0)) == Due()
+
+
+def test_an_eval_every_step_inside_an_epoch_is_validated_then_saved_when_checkpoint_every_falls_on_it_too():
+    assert CADENCE.due(at(4, last_val=0), stepped=True) == Due(train_row=True, val_epoch=0)
+    both = Cadence.of(3, 25, 10, 2, 4, 2, 5)
+    assert both.due(at(12, last_val=10), stepped=True) == Due(train_row=True, val_epoch=1, save=True)
+    assert CADENCE.due(at(3, last_val=0), stepped=True) == Due(save=True)  # checkpoint_every alone
+    assert CADENCE.due(at(5, last_val=4), stepped=True) == Due()
+
+
+def test_the_end_of_an_epoch_moves_on_validates_under_the_epochs_begun_and_saves():
+    assert CADENCE.due(at(10, epoch=0, step_in_epoch=10, last_val=8), stepped=True) == Due(
+        train_row=True, next_epoch=True, val_epoch=1, epoch_end=True, save=True)
+
+
+def test_max_steps_inside_an_epoch_ends_the_run_without_moving_on_and_logs_its_last_step():
+    # 25 is no log_every step, but the run's last: its train row is due.
+    assert CADENCE.due(at(25, last_val=24), stepped=True) == Due(train_row=True, val_epoch=3, epoch_end=True,
+                                                                 save=True, done=True)
+
+
+def test_the_end_of_the_last_epoch_ends_the_run():
+    whole = Cadence.of(3, None, 10, 2, 4, 3, 5)
+    assert whole.due(at(30, epoch=2, step_in_epoch=10, last_val=28), stepped=True) == Due(
+        train_row=True, next_epoch=True, val_epoch=3, epoch_end=True, save=True, done=True)
+
+
+def test_a_finished_run_owes_nothing_and_saves_nothing_again():
+    assert CADENCE.due(at(25, last_val=25)) == Due(done=True)
+
+
+def test_max_steps_0_is_the_probe_alone_saved_as_last():
+    assert Cadence.of(3, 0, 10, 2, 4, 3, 5).due(at(0)) == Due(save=True, done=True)
+
+
+def test_a_signal_landing_on_an_eval_every_step_saves_before_the_val_pass_and_the_resumed_run_owes_it():
+    stopped = CADENCE.due(at(8, last_val=4), stepped=True, stop_requested=True)
+    assert stopped == Due(train_row=True, stop=Stop.signal)  # the row first: its tokens go into `last`
+    # The resumed run at the top of its first step: the pass is due, and nothing that follows only a step.
+    assert CADENCE.due(at(8, last_val=4)) == Due(val_epoch=0)
+    assert CADENCE.due(at(8, last_val=8)) == Due()  # once done, not again
+
+
+def test_a_signal_on_an_epochs_last_step_leaves_the_epochs_end_to_the_resumed_run():
+    assert CADENCE.due(at(20, epoch=1, step_in_epoch=10, last_val=16), stepped=True,
+                       stop_requested=True).stop is Stop.signal
+    assert CADENCE.due(at(20, epoch=1, step_in_epoch=10, last_val=16)) == Due(
+        next_epoch=True, val_epoch=2, epoch_end=True, save=True)
+
+
+def test_a_signal_is_read_only_after_a_step_and_a_checkpoint_every_save_only_follows_one():
+    assert CADENCE.due(at(3, last_val=0), stop_requested=True) == Due()
+    assert CADENCE.due(at(3, last_val=0), stepped=True, stop_requested=True).stop is Stop.signal
+
+
+def test_too_many_skipped_steps_in_a_row_stop_the_run_before_a_signal_is_heeded():
+    assert CADENCE.due(at(7, last_val=4), stepped=True, skipped_in_a_row=4) == Due()
+    assert CADENCE.due(at(7, last_val=4), stepped=True, skipped_in_a_row=5,
+                       stop_requested=True) == Due(stop=Stop.skipped)
+
+
+def walk(cadence: Cadence, progress: Progress, stop_at: int | None = None) -> tuple[list[tuple], Progress]:
+    """Carries out what is due as eagle3.train's loop does, with a step as a counter: the val passes
+    (step, epoch), the saves of `last` (step) and where it ends."""
+    events: list[tuple] = []
+    stepped = False
+    while True:
+        due = cadence.due(progress, stepped, 0, stepped and progress.step == stop_at)
+        if due.stop is not None:
+            return [*events, ("save", progress.step)], progress
+        if due.next_epoch:
+            progress.epoch, progress.step_in_epoch = progress.epoch + 1, 0
+        if due.val_epoch is not None:
+            progress.final = {"step": progress.step}
+            events.append(("val", progress.step, due.val_epoch))
+        if due.save:
+            events.append(("save", progress.step))
+        if due.done:
+            return events, progress
+        progress.step += 1
+        progress.step_in_epoch += 1
+        stepped = True
+
+
+@pytest.mark.parametrize("cadence", [CADENCE, Cadence.of(2, None, 10, 1, 5, None, 5)])
+def test_a_run_stopped_at_any_step_and_resumed_validates_as_the_uninterrupted_run(cadence):
+    whole, end = walk(cadence, at(0))
+    vals = [e for e in whole if e[0] == "val"]
+    assert vals[-1] == ("val", cadence.total_steps, 3 if cadence is CADENCE else 2)
+    for stop_at in range(1, cadence.total_steps + 1):
+        first, stopped = walk(cadence, at(0), stop_at)
+        resumed = Progress.from_dict(stopped.as_dict(), Path("last"))  # as trainer_state.pt holds it
+        rest, resumed_end = walk(cadence, resumed)
+        assert [e for e in first + rest if e[0] == "val"] == vals, f"stopped at {stop_at}"
+        assert set(first + rest) == set(whole) | {("save", stop_at)}, f"stopped at {stop_at}"
+        assert resumed_end == end
