@@ -69,9 +69,10 @@ def flag_conflicts(draft: DraftConfig) -> list[str]:
     if draft.norm_before_fc and draft.fc_norm:
         problems.append("norm_before_fc=true and fc_norm=true: one norm before fc or one per aux state, not both")
     if draft.eagle31:
-        problems += [f"{k}={str(v).lower()} contradicts eagle31=true (EAGLE-3.1 has {k}={str(EAGLE31_FLAGS[k]).lower()})"
-                     for k, v in run_flags(draft).items() if v is not None and k != "norm_before_residual"
-                     and v != EAGLE31_FLAGS[k]]
+        for k, v in run_flags(draft).items():
+            if v is not None and k != "norm_before_residual" and v != EAGLE31_FLAGS[k]:
+                problems.append(f"{k}={str(v).lower()} contradicts eagle31=true "
+                                f"(EAGLE-3.1 has {k}={str(EAGLE31_FLAGS[k]).lower()})")
     return problems
 
 

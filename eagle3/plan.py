@@ -150,8 +150,7 @@ def _activations(draft: DraftConfig, seq: int, attn_impl: str, device_type: str,
     Before the steps: the input norm over the n aux states (2 nH) and the targets (T x draft vocab).
     """
     h, n_aux, steps = draft.hidden_size, len(draft.aux_layer_ids), draft.ttt_steps
-    qd, kvd, inter, dv = (draft.num_attention_heads * draft.head_dim, draft.num_key_value_heads * draft.head_dim,
-                          draft.intermediate_size, draft.draft_vocab_size)
+    kvd, dv = draft.num_key_value_heads * draft.head_dim, draft.draft_vocab_size
     heads = draft.num_attention_heads
     cuda = device_type == "cuda"
     c = 2 if cuda else 4            # compute dtype: bf16 autocast on CUDA, fp32 on CPU

@@ -17,8 +17,8 @@ sys.path.insert(0, str(ROOT / "bench"))
 from plan_memory import build_model, compare, draft_config, live_bytes_mode, make_batch, measure, planned  # noqa: E402
 
 from eagle3.config import DraftConfig  # noqa: E402
-from eagle3.errors import ConfigError  # noqa: E402
 from eagle3.draft_arch import SPECULATORS_FLAGS  # noqa: E402
+from eagle3.errors import ConfigError  # noqa: E402
 from eagle3.plan import buffer_bytes, parameter_counts  # noqa: E402
 
 KIMI = DraftConfig(hidden_size=7168, intermediate_size=18432, num_attention_heads=64, num_key_value_heads=64,

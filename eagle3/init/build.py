@@ -8,6 +8,7 @@ from eagle3.config import DraftConfig
 from eagle3.draft_arch import LayerType, layer_config_kwargs
 from eagle3.rope import Rope, rope_parameters
 
+
 def draft_layer_config(draft: DraftConfig, attn_impl: str):
     """The decoder config of the draft's layers, of its layer type (speculators calls it `verifier_config`, but
     it is the draft's)."""
