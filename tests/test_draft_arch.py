@@ -154,3 +154,24 @@ def test_each_architecture_trains_resumes_exactly_after_sigterm_and_exports(arch
     assert len(model.layers) == layer_config.num_hidden_layers == int(overrides.get("model.draft.num_layers", 1))
     assert layer_config.model_type == overrides.get("model.draft.layer_type", "llama")
     assert bool(model.config.fc_norm) == (overrides.get("model.draft.eagle31") == "true")
+
+
+@pytest.mark.parametrize("layer_type,num_layers,refusal", [(LayerType.llama, 2, "num_hidden_layers=2"),
+                                                          (LayerType.qwen3, 1, "model_type='qwen3'")])
+def test_the_sglang_export_refuses_a_draft_sglang_would_build_otherwise(layer_type, num_layers, refusal, tmp_path):
+    """SGLang builds one Llama midlayer: a deeper or Qwen3-type draft is refused with the reason, while the
+    speculators export (vLLM builds llama and qwen3 layers, any number) writes it."""
+    from eagle3.export import export
+    from eagle3.init.build import bare_draft
+    from eagle3.init.files import CheckpointError
+    from eagle3.init.pretrained import SPECFORGE_FLAGS
+
+    draft = tiny_draft(layer_type=layer_type, num_layers=num_layers)
+    checkpoint = tmp_path / "ckpt"
+    bare_draft(draft, SPECFORGE_FLAGS, "cpu").save_pretrained(str(checkpoint))
+    with pytest.raises(CheckpointError, match=refusal):
+        export(checkpoint, tmp_path / "sglang", fmt="specforge", verifier="org/verifier")
+    assert not (tmp_path / "sglang").exists()
+    export(checkpoint, tmp_path / "vllm", fmt="speculators", verifier="org/verifier")
+    written = json.loads((tmp_path / "vllm" / "config.json").read_text())["transformer_layer_config"]
+    assert (written["model_type"], written["num_hidden_layers"]) == (layer_type.value, num_layers)
