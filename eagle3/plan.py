@@ -164,8 +164,8 @@ def _activations(draft: DraftConfig, seq: int, attn_impl: str, device_type: str,
     layer_step = layer_step_elements(draft, c, norm)  # all layers, without the cache and score terms
     outside_step = 2 * h * norm + 2 * dv * loss
     tri = steps * (steps + 1) // 2  # sum over steps of (t + 1): key length of step t in units of T
-    # eager: each layer keeps its own softmax; sdpa: the one mask of the step serves every layer.
-    score_bytes = {"eager": layers * heads * (4 + (2 if cuda else 0)), "sdpa": c}.get(attn_impl, 0)
+    # each layer keeps its own softmax (eager) or additive mask (sdpa, converted from the bool mask per call)
+    score_bytes = layers * {"eager": heads * (4 + (2 if cuda else 0)), "sdpa": c}.get(attn_impl, 0)
     score_name = {"eager": "softmax scores (heads x T x T(t+1)) per TTT step",
                   "sdpa": "additive attention mask (T x T(t+1)) per TTT step"}.get(attn_impl)
     first = 2 * n_aux * h * norm + dv * c
@@ -197,7 +197,7 @@ def _activations(draft: DraftConfig, seq: int, attn_impl: str, device_type: str,
         # one layer (the first, the widest) lives again at a time
         recompute = seq * (layer_step_elements(draft, c, norm, layers=1) + 2 * kvd * steps * c)
         if score_name:  # the last step's score matrix (eager) or converted mask (sdpa), alive again
-            recompute += seq * seq * steps * score_bytes // (layers if attn_impl == "eager" else 1)
+            recompute += seq * seq * steps * score_bytes // layers
     # The largest transient: the last step's loss working set (logits, log-probs, probs, elementwise loss),
     # or eager attention's score gradients (two of the last step's score matrices).
     loss_transient = seq * dv * (c + 3 * loss)

@@ -175,3 +175,15 @@ def test_the_sglang_export_refuses_a_draft_sglang_would_build_otherwise(layer_ty
     export(checkpoint, tmp_path / "vllm", fmt="speculators", verifier="org/verifier")
     written = json.loads((tmp_path / "vllm" / "config.json").read_text())["transformer_layer_config"]
     assert (written["model_type"], written["num_hidden_layers"]) == (layer_type.value, num_layers)
+
+
+@pytest.mark.parametrize("layer_type", [LayerType.llama, LayerType.qwen3])
+@pytest.mark.parametrize("shape", [("T768 k4 sdpa", 768, 4, "sdpa", False),
+                                   ("T512 k3 sdpa ckpt", 512, 3, "sdpa", True)],
+                         ids=lambda s: getattr(s, "value", s[0] if isinstance(s, tuple) else s))
+def test_planned_peak_of_a_two_layer_draft_is_within_25_percent_of_the_measured_one(shape, layer_type):
+    sys.path.insert(0, str(ROOT / "bench"))
+    from plan_memory import compare
+
+    result = compare(*shape, num_layers=2, layer_type=layer_type)
+    assert 0.75 <= result["ratio"] <= 1.25, result
