@@ -187,3 +187,27 @@ def test_planned_peak_of_a_two_layer_draft_is_within_25_percent_of_the_measured_
 
     result = compare(*shape, num_layers=2, layer_type=layer_type)
     assert 0.75 <= result["ratio"] <= 1.25, result
+
+
+def test_a_pretrained_draft_of_another_architecture_is_refused_by_name(tmp_path):
+    """init=pretrained compares the checkpoint's decoder type and depth with the run's, as it does its flags."""
+    from eagle3.init import InitContext
+    from eagle3.init.build import bare_draft
+    from eagle3.init.files import CheckpointError
+    from eagle3.init.pretrained import read_source, resolve_architecture
+
+    trained = tiny_draft(layer_type=LayerType.qwen3, num_layers=2)
+    checkpoint = tmp_path / "ckpt"
+    bare_draft(trained, SPECULATORS_FLAGS, "cpu").save_pretrained(str(checkpoint))
+    source = read_source(checkpoint, {})
+
+    def context(draft):
+        return InitContext(draft, None, tmp_path, tmp_path, "sdpa", [])  # type: ignore[arg-type]
+
+    with pytest.raises(CheckpointError) as refused:
+        resolve_architecture(context(tiny_draft()), source)
+    assert "model.draft.layer_type: the run says qwen3" not in str(refused.value)
+    assert "model.draft.layer_type: the run says llama, the checkpoint qwen3" in str(refused.value)
+    assert "model.draft.num_layers: the run says 1, the checkpoint 2" in str(refused.value)
+    flags, _ = resolve_architecture(context(trained), source)
+    assert flags == SPECULATORS_FLAGS
