@@ -33,7 +33,8 @@ def random_draft(draft: DraftConfig, attn_impl: str, std: float, seed: int = 0):
     two heads), a random draft vocabulary and the verifier's norm as 1: what training holds, with no data."""
     import torch
 
-    from eagle3.init.build import SPECULATORS_FLAGS, bare_draft
+    from eagle3.draft_arch import SPECULATORS_FLAGS
+    from eagle3.init.build import bare_draft
 
     torch.manual_seed(seed)
     model = bare_draft(draft, SPECULATORS_FLAGS, "cpu", attn_impl=attn_impl)

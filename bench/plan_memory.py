@@ -1,6 +1,7 @@
 """The plan's memory against the measured peak of a real training step on CPU (eagle3/plan.py).
 
     python bench/plan_memory.py          # prints planned / measured at a few shapes; --json FILE writes them
+    python bench/plan_memory.py --num-layers 2 --layer-type qwen3   # the same for another draft architecture
 
 Measured: one AdamW step (zero_grad, forward, backward, step) of a real Eagle3DraftModel after a first step
 (so the optimizer state exists), under `LiveBytes`, a TorchDispatchMode that counts the bytes of every live
@@ -74,11 +75,12 @@ def live_bytes_mode():
     return LiveBytes()
 
 
-def draft_config(seq: int, ttt_steps: int, attn: str, checkpointing: bool):
+def draft_config(seq: int, ttt_steps: int, attn: str, checkpointing: bool, **arch):
+    """`arch`: model.draft's architecture keys (num_layers, layer_type)."""
     from eagle3.config import DraftConfig
 
     return DraftConfig(**DRAFT, max_position_embeddings=seq * 2 + 16, ttt_steps=ttt_steps, attn_impl=attn,
-                       gradient_checkpointing=checkpointing)
+                       gradient_checkpointing=checkpointing, **arch)
 
 
 def build_model(draft, seed: int = 0):
@@ -142,8 +144,8 @@ def planned(draft, seq: int) -> int:
     return sum(t.bytes for t in plan.terms if t.on_device and not t.name.startswith("hidden-state ring"))
 
 
-def compare(name: str, seq: int, ttt_steps: int, attn: str, checkpointing: bool) -> dict:
-    draft = draft_config(seq, ttt_steps, attn, checkpointing)
+def compare(name: str, seq: int, ttt_steps: int, attn: str, checkpointing: bool, **arch) -> dict:
+    draft = draft_config(seq, ttt_steps, attn, checkpointing, **arch)
     measured, loss = measure(draft, seq)
     plan = planned(draft, seq)
     return {"shape": name, "total_seq_len": seq, "ttt_steps": ttt_steps, "attn_impl": attn,
@@ -154,11 +156,16 @@ def compare(name: str, seq: int, ttt_steps: int, attn: str, checkpointing: bool)
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--json", type=Path, help="write the results here")
+    parser.add_argument("--num-layers", type=int, default=1, help="the draft's decoder layers")
+    parser.add_argument("--layer-type", choices=["llama", "qwen3"], default="llama", help="their type")
     args = parser.parse_args()
     from eagle3.console import quiet_libraries
 
     quiet_libraries()
-    results = [compare(*shape) for shape in SHAPES]
+    from eagle3.draft_arch import LayerType
+
+    arch = {"num_layers": args.num_layers, "layer_type": LayerType(args.layer_type)}
+    results = [compare(*shape, **arch) for shape in SHAPES]
     print(f"{'shape':<22} {'planned MiB':>12} {'measured MiB':>13} {'planned/measured':>17}")
     for r in results:
         print(f"{r['shape']:<22} {r['planned_bytes'] / 2**20:12.2f} {r['measured_bytes'] / 2**20:13.2f} "

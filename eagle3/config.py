@@ -24,6 +24,7 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
+from eagle3.draft_arch import LayerType, flag_conflicts
 from eagle3.errors import ConfigError
 from eagle3.verifier_shape import read_verifier_config, shape_problems
 
@@ -139,6 +140,9 @@ class DraftConfig:
     partial_rotary_factor: float = 1.0
     rms_norm_eps: float = 1e-6
     hidden_act: str = "silu"
+    # The draft's decoder layers (eagle3/draft_arch.py): how many, and of which transformers type.
+    num_layers: int = 1
+    layer_type: LayerType = LayerType.llama
     ttt_steps: int = 3
     ttt_step_loss_decay: float = 1.0
     loss: str = "kl_div"
@@ -149,6 +153,8 @@ class DraftConfig:
     norm_before_fc: bool | None = None
     norm_output: bool | None = None
     fc_norm: bool | None = None
+    # EAGLE-3.1: the null flags take fc_norm=true, norm_before_fc=false, norm_output=true (draft_arch.EAGLE31_FLAGS).
+    eagle31: bool = False
     # Recompute the decoder layer in the backward instead of keeping its activations (eagle3/recompute.py):
     # less activation memory for about one more layer forward per TTT step.
     gradient_checkpointing: bool = False
@@ -164,6 +170,9 @@ class DraftConfig:
             value = getattr(self, key)
             _require(math.isfinite(value) and value > 0, f"model.draft.{key}", f"must be positive, got {value}")
         _require(self.ttt_steps >= 1, "model.draft.ttt_steps", "must be >= 1")
+        _require(self.num_layers >= 1, "model.draft.num_layers", f"must be >= 1, got {self.num_layers}")
+        conflicts = flag_conflicts(self)
+        _require(not conflicts, "model.draft", "; ".join(conflicts))
         _require(0 < self.draft_vocab_size <= self.vocab_size, "model.draft.draft_vocab_size",
                  f"must be in (0, model.draft.vocab_size={self.vocab_size}]")
         _require(self.attn_impl in ATTN_IMPLS, "model.draft.attn_impl",

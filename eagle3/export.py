@@ -37,8 +37,9 @@ def specforge_config(config: dict[str, Any], draft_vocab_size: int, aux_ids: lis
     layer = config["transformer_layer_config"]
     out = {
         "architectures": ["LlamaForCausalLMEagle3"],
-        "model_type": "llama",
-        "num_hidden_layers": 1,
+        # the decoder's own type and depth, so that SGLang's rules see them (it builds one Llama midlayer)
+        "model_type": layer.get("model_type", "llama"),
+        "num_hidden_layers": layer.get("num_hidden_layers", 1),
         "draft_vocab_size": draft_vocab_size,
         "tie_word_embeddings": False,
         "eagle_config": {"use_aux_hidden_state": True, "eagle_aux_hidden_state_layer_ids": aux_ids},

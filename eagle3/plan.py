@@ -2,8 +2,8 @@
 
 Pure arithmetic over the typed config parts: no torch, no speculators, nothing built. It counts every tensor
 the trainer holds on a rank: the draft's parameters as speculators builds them (Eagle3DraftModel: the frozen
-verifier embedding and heads, fc, one decoder layer whose attention takes the 2H-wide [embedding, hidden]
-input, the norms, the d2t/t2d buffers), gradients and AdamW's two fp32 moments (sharded under FSDP), the
+verifier embedding and heads, fc, the decoder layers as eagle3/draft_arch.py counts them, the norms, the
+d2t/t2d buffers), gradients and AdamW's two fp32 moments (sharded under FSDP), the
 reader's hidden-state buffers (eagle3/data/reader.py), with data=online the verifier every rank holds and its
 forward (eagle3/data/online.py; `verifier_terms`), and the activations autograd keeps for one
 micro-batch through `ttt_steps` test-time-training steps (derived from speculators' forward; see
@@ -21,12 +21,10 @@ import math
 from dataclasses import dataclass, field
 
 from eagle3.config import DataConfig, DistributedConfig, DraftConfig, OptimConfig
+from eagle3.draft_arch import layer_step_elements, layer_weights, parameter_counts
 from eagle3.errors import ConfigError
 
 GIB = 1024 ** 3
-# speculators' training defaults for a fresh draft; the same dict as eagle3.init.build.SPECULATORS_FLAGS
-# (which imports torch; a test keeps the two equal).
-DEFAULT_FLAGS = {"norm_before_residual": True, "norm_before_fc": True, "norm_output": True, "fc_norm": False}
 DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4}
 # Dense bf16 peak of one device (NVIDIA's H100/H200 SXM datasheet, without sparsity) and the share of it a
 # one-layer draft's step reaches: an assumption to be replaced by bench/gpu.py's measured MFU.
@@ -128,26 +126,6 @@ class DataStats:
     hidden_bytes_on_disk: int
 
 
-def parameter_counts(draft: DraftConfig, train_lm_head: bool = False) -> dict[str, tuple[int, bool]]:
-    """{tensor group: (elements, trainable)} of the Eagle3DraftModel speculators builds for `draft`."""
-    h, n_aux = draft.hidden_size, len(draft.aux_layer_ids)
-    q, kv = draft.num_attention_heads * draft.head_dim, draft.num_key_value_heads * draft.head_dim
-    flags = {k: getattr(draft, k) if getattr(draft, k) is not None else v for k, v in DEFAULT_FLAGS.items()}
-    counts = {
-        "embed_tokens (verifier's, frozen)": (draft.vocab_size * h, False),
-        "lm_head (draft vocab)": (draft.draft_vocab_size * h, train_lm_head),
-        "verifier_lm_head (targets, frozen)": (draft.draft_vocab_size * h, False),
-        "verifier_norm (frozen)": (h, False),
-        "fc (aux hidden states -> H)": (n_aux * h * h, True),
-        # q/k/v take the concatenated [embedding, hidden] input: 2H wide.
-        "decoder layer attention": (2 * h * q + 2 * 2 * h * kv + q * h, True),
-        "decoder layer MLP": (3 * h * draft.intermediate_size, True),
-        "norms": (h * (3 + 1) + (n_aux * h if flags["norm_before_fc"] else 0)
-                  + (n_aux * h if flags["fc_norm"] else 0), True),
-    }
-    return counts
-
-
 def buffer_bytes(draft: DraftConfig) -> int:
     """t2d (bool over the verifier vocabulary) and d2t (int64 offsets), present when the draft vocab is smaller."""
     if draft.draft_vocab_size == draft.vocab_size:
@@ -172,8 +150,7 @@ def _activations(draft: DraftConfig, seq: int, attn_impl: str, device_type: str,
     Before the steps: the input norm over the n aux states (2 nH) and the targets (T x draft vocab).
     """
     h, n_aux, steps = draft.hidden_size, len(draft.aux_layer_ids), draft.ttt_steps
-    qd, kvd, inter, dv = (draft.num_attention_heads * draft.head_dim, draft.num_key_value_heads * draft.head_dim,
-                          draft.intermediate_size, draft.draft_vocab_size)
+    kvd, dv = draft.num_key_value_heads * draft.head_dim, draft.draft_vocab_size
     heads = draft.num_attention_heads
     cuda = device_type == "cuda"
     c = 2 if cuda else 4            # compute dtype: bf16 autocast on CUDA, fp32 on CPU
@@ -181,11 +158,14 @@ def _activations(draft: DraftConfig, seq: int, attn_impl: str, device_type: str,
     # CPU (eager loss): fp32 log-probabilities and target probabilities; CUDA (speculators' fused Triton loss):
     # contiguous copies of the step's logits and targets in bf16.
     loss = 2 if cuda else 4
-    cache_kv = 2 * kvd * steps * (steps + 1) // 2  # sum over steps of the concatenated keys and values
-    layer_step = (4 * h + 3 * qd + 2 * h + 4 * inter) * c + 4 * h * norm  # without the cache and score terms
+    layers = draft.num_layers
+    # sum over steps of the concatenated keys and values, in every layer
+    cache_kv = layers * 2 * kvd * steps * (steps + 1) // 2
+    layer_step = layer_step_elements(draft, c, norm)  # all layers, without the cache and score terms
     outside_step = 2 * h * norm + 2 * dv * loss
     tri = steps * (steps + 1) // 2  # sum over steps of (t + 1): key length of step t in units of T
-    score_bytes = {"eager": heads * (4 + (2 if cuda else 0)), "sdpa": c}.get(attn_impl, 0)
+    # each layer keeps its own softmax (eager) or additive mask (sdpa, converted from the bool mask per call)
+    score_bytes = layers * {"eager": heads * (4 + (2 if cuda else 0)), "sdpa": c}.get(attn_impl, 0)
     score_name = {"eager": "softmax scores (heads x T x T(t+1)) per TTT step",
                   "sdpa": "additive attention mask (T x T(t+1)) per TTT step"}.get(attn_impl)
     first = 2 * n_aux * h * norm + dv * c
@@ -204,9 +184,9 @@ def _activations(draft: DraftConfig, seq: int, attn_impl: str, device_type: str,
     else:
         # The checkpoint keeps each step's layer input (2H) and the earlier steps' keys/values (its inputs);
         # sdpa/eager masks stay alive in the recompute's closure; one step's layer lives again in the backward.
-        past_kv = 2 * kvd * (steps - 1) * steps // 2
+        past_kv = layers * 2 * kvd * (steps - 1) * steps // 2
         terms.append(Term(f"activations: layer inputs + cache x {steps} TTT steps (checkpointed)",
-                          seq * (steps * 2 * h * c + past_kv * c)))
+                          seq * (steps * (2 * h + (layers - 1) * h) * c + past_kv * c)))
         terms.append(Term(f"activations: final norm + loss x {steps}", seq * steps * outside_step))
         if score_name:
             # speculators' masks as built: bool for sdpa (converted to the compute dtype inside the kernel
@@ -214,9 +194,10 @@ def _activations(draft: DraftConfig, seq: int, attn_impl: str, device_type: str,
             mask_bytes = 1 if attn_impl == "sdpa" else c
             terms.append(Term(f"attention masks ({attn_impl}, kept for the recompute)",
                               seq * seq * tri * mask_bytes, "T^2 x sum(t+1) x bytes"))
-        recompute = seq * (layer_step + 2 * kvd * steps * c)
+        # one layer (the first, the widest) lives again at a time
+        recompute = seq * (layer_step_elements(draft, c, norm, layers=1) + 2 * kvd * steps * c)
         if score_name:  # the last step's score matrix (eager) or converted mask (sdpa), alive again
-            recompute += seq * seq * steps * score_bytes
+            recompute += seq * seq * steps * score_bytes // layers
     # The largest transient: the last step's loss working set (logits, log-probs, probs, elementwise loss),
     # or eager attention's score gradients (two of the last step's score matrices).
     loss_transient = seq * dv * (c + 3 * loss)
@@ -316,12 +297,12 @@ def step_flops(draft: DraftConfig, seq: int, train_lm_head: bool, checkpointing:
     h, steps = draft.hidden_size, draft.ttt_steps
     trainable = sum(n for name, (n, tr) in counts.items() if tr and name != "norms")
     head = draft.draft_vocab_size * h
-    layer = counts["decoder layer attention"][0] + counts["decoder layer MLP"][0]
     per_token = steps * (6 * trainable + (0 if train_lm_head else 4 * head)) + 2 * head
-    if checkpointing:
-        per_token += steps * 2 * layer
+    if checkpointing:  # every layer's forward once more
+        per_token += steps * 2 * layer_weights(draft)
     qd = draft.num_attention_heads * draft.head_dim
-    attention = sum(3 * 2 * 2 * qd * (seq / 2 + t * 1) for t in range(steps))  # keys: the causal half + diagonals
+    # keys: the causal half + diagonals, in every layer
+    attention = draft.num_layers * sum(3 * 2 * 2 * qd * (seq / 2 + t * 1) for t in range(steps))
     return seq * (per_token + attention)
 
 

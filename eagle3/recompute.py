@@ -20,7 +20,8 @@ from transformers import DynamicCache
 
 
 def recompute_decoder_layers(model: torch.nn.Module) -> torch.nn.Module:
-    """Turns on recomputation for every decoder layer of an Eagle3DraftModel, in place; returns the model.
+    """Turns on recomputation for every decoder layer of an Eagle3DraftModel (all model.draft.num_layers of them,
+    llama or qwen3), in place; returns the model.
     Parameter names and the saved checkpoint format do not change (the layers are patched, not wrapped)."""
     for layer in model.layers:
         layer.forward = types.MethodType(_recomputed_forward, layer)

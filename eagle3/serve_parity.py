@@ -115,6 +115,11 @@ def _layer_type(allowed: tuple[str, ...]) -> Callable[[Served], str | None]:
     return check
 
 
+def _one_layer(s: Served) -> str | None:
+    n = s.layer.get("num_hidden_layers", 1)
+    return None if n == 1 else f"num_hidden_layers={n}: SGLang's EAGLE-3 draft loads one decoder layer (midlayer)"
+
+
 def _flags_explicit(s: Served) -> str | None:
     missing = [k for k in FLAGS if not isinstance(s.config.get(k), bool)]
     return (f"{', '.join(missing)} not stated: vLLM reads a missing norm_before_residual as true, speculators "
@@ -286,6 +291,7 @@ RULES: dict[str, list[Rule]] = {
     "sglang": [
         Rule("architecture", "refuse", _architecture_sglang),
         Rule("decoder", "refuse", _layer_type(("llama",))),
+        Rule("decoder", "refuse", _one_layer),
         Rule("norm flags", "refuse", _no_norm_before_residual),
         Rule("aux layers", "refuse", _aux_ids_sglang),
         Rule("aux layers", "warn", _aux_offset_known),

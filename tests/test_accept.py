@@ -66,7 +66,8 @@ def scratch_draft(summary, attn_impl="sdpa", **flags):
     """An untrained draft as the scratch initializer builds it, with the given norm flags."""
     from eagle3.config import DraftConfig
     from eagle3.data.vocab import vocab_mapping
-    from eagle3.init.build import SPECULATORS_FLAGS, new_draft
+    from eagle3.draft_arch import SPECULATORS_FLAGS
+    from eagle3.init.build import new_draft
 
     draft_cfg = DraftConfig(**OmegaConf.to_container(compose_cfg().model.draft, resolve=True))
     d2t, t2d = vocab_mapping(summary["data_dir"], draft_cfg.draft_vocab_size, draft_cfg.vocab_size)
@@ -412,7 +413,8 @@ def spread_pair(tmp_path_factory):
     from eagle3.config import DraftConfig, TinyVerifierConfig
     from eagle3.data.verifier import tiny_verifier_dir
     from eagle3.data.verifier_forward import load_causal_lm
-    from eagle3.init.build import SPECULATORS_FLAGS, new_draft
+    from eagle3.draft_arch import SPECULATORS_FLAGS
+    from eagle3.init.build import new_draft
 
     vocab, draft_vocab, hidden = 48, 24, 32
     tiny = TinyVerifierConfig(vocab_size=vocab, hidden_size=hidden, intermediate_size=64, num_layers=2,

@@ -7,7 +7,8 @@ from omegaconf import OmegaConf
 
 from conftest import CONF, compose_cfg
 from eagle3.config import DraftConfig, validate
-from eagle3.init.build import SPECULATORS_FLAGS, meta_draft, resolved_flags
+from eagle3.draft_arch import SPECULATORS_FLAGS, resolved_flags
+from eagle3.init.build import meta_draft
 from eagle3.init.pretrained import SPECFORGE_FLAGS
 
 PATHS = ["model.verifier.path=/models/Kimi-K2.5", "data.path=/data/k25"]

@@ -102,7 +102,8 @@ def test_micro_batches_equal_speculators_field_by_field(data_bf16, sharding):
 
 def tiny_draft(flags: dict):
     from eagle3.config import DraftConfig
-    from eagle3.init.build import SPECULATORS_FLAGS, bare_draft
+    from eagle3.draft_arch import SPECULATORS_FLAGS
+    from eagle3.init.build import bare_draft
 
     draft = {"vocab_size": VOCAB, "hidden_size": H, "intermediate_size": 64, "num_attention_heads": 2,
              "num_key_value_heads": 2, "head_dim": 16, "max_position_embeddings": 2 * T, "rope_theta": 10000.0,

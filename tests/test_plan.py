@@ -17,8 +17,9 @@ sys.path.insert(0, str(ROOT / "bench"))
 from plan_memory import build_model, compare, draft_config, live_bytes_mode, make_batch, measure, planned  # noqa: E402
 
 from eagle3.config import DraftConfig  # noqa: E402
+from eagle3.draft_arch import SPECULATORS_FLAGS  # noqa: E402
 from eagle3.errors import ConfigError  # noqa: E402
-from eagle3.plan import DEFAULT_FLAGS, buffer_bytes, parameter_counts  # noqa: E402
+from eagle3.plan import buffer_bytes, parameter_counts  # noqa: E402
 
 KIMI = DraftConfig(hidden_size=7168, intermediate_size=18432, num_attention_heads=64, num_key_value_heads=64,
                    head_dim=128, vocab_size=163840, draft_vocab_size=32000, aux_layer_ids=[2, 30, 58])
@@ -40,10 +41,10 @@ KIMI_CONFIG = {"architectures": ["DeepseekV3ForCausalLM"], "model_type": "deepse
 def _meta_groups(model) -> dict[str, tuple[int, bool]]:
     groups: dict[str, list] = {}
     for name, p in model.named_parameters():
-        if name.startswith("layers.0.self_attn."):
-            key = "decoder layer attention"
-        elif name.startswith("layers.0.mlp."):
-            key = "decoder layer MLP"
+        if name.startswith("layers.") and ".self_attn." in name and "_norm." not in name:
+            key = "decoder layers: attention"
+        elif name.startswith("layers.") and ".mlp." in name:
+            key = "decoder layers: MLP"
         elif name.startswith(("embed_tokens", "lm_head", "verifier_lm_head", "verifier_norm", "fc.")):
             key = next(k for k in parameter_counts(TINY) if k.startswith(name.split(".")[0] + " "))
         else:
@@ -56,18 +57,13 @@ def _meta_groups(model) -> dict[str, tuple[int, bool]]:
 
 @pytest.mark.parametrize("draft", [TINY, KIMI, LLAMA_8B], ids=["tiny", "kimi_k25", "llama_8b"])
 def test_parameter_counts_are_those_of_speculators_model_on_the_meta_device(draft):
-    from eagle3.init.build import bare_draft, resolved_flags
+    from eagle3.draft_arch import resolved_flags
+    from eagle3.init.build import bare_draft
 
-    model = bare_draft(draft, resolved_flags(draft, DEFAULT_FLAGS), "meta")
+    model = bare_draft(draft, resolved_flags(draft, SPECULATORS_FLAGS), "meta")
     assert _meta_groups(model) == parameter_counts(draft)
     assert buffer_bytes(draft) == sum(b.numel() * b.element_size() for b in model.buffers()
                                       if b.dim() == 1 and b.numel() in (draft.vocab_size, draft.draft_vocab_size))
-
-
-def test_default_flags_are_the_builders():
-    from eagle3.init.build import SPECULATORS_FLAGS
-
-    assert DEFAULT_FLAGS == SPECULATORS_FLAGS
 
 
 @pytest.mark.parametrize("shape", [("T512 k3 sdpa", 512, 3, "sdpa", False), ("T1024 k2 eager", 1024, 2, "eager", False),

@@ -317,7 +317,8 @@ def test_headers_safetensors_loads_still_pass(tmp_path):
 def draft_checkpoint(tmp_path_factory) -> Path:
     """A real speculators checkpoint of a small draft (speculators' own save_pretrained), untrained."""
     from eagle3.config import DraftConfig
-    from eagle3.init.build import SPECULATORS_FLAGS, bare_draft
+    from eagle3.draft_arch import SPECULATORS_FLAGS
+    from eagle3.init.build import bare_draft
 
     draft = DraftConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_attention_heads=2,
                         num_key_value_heads=2, head_dim=16, max_position_embeddings=128, rope_theta=10000.0,

@@ -243,7 +243,8 @@ def _new_cache():
 
 def _draft_step(draft: torch.nn.Module, token_ids: torch.Tensor, hidden: torch.Tensor, positions: torch.Tensor,
                 mask, cache, cache_position: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """One TTT step of `Eagle3DraftModel.forward`, line for line: embed, concat, rotary, layers, norm, head.
+    """One TTT step of `Eagle3DraftModel.forward`, line for line: embed, concat, rotary, every decoder layer in turn
+    (any number, of any type eagle3/draft_arch.py builds; each keeps its own cache entries), norm, head.
     Returns, at the last position only (the chain's), the hidden state fed to the next step (normed when
     config.norm_output) and the draft logits."""
     embeds = draft.embed_tokens(token_ids)

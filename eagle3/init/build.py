@@ -5,47 +5,23 @@ from __future__ import annotations
 import torch
 
 from eagle3.config import DraftConfig
+from eagle3.draft_arch import LayerType, layer_config_kwargs
 from eagle3.rope import Rope, rope_parameters
-
-# speculators' training defaults for a fresh EAGLE-3 draft (its `speculators train` flags).
-SPECULATORS_FLAGS = {"norm_before_residual": True, "norm_before_fc": True, "norm_output": True, "fc_norm": False}
-FLAGS = tuple(SPECULATORS_FLAGS)
 
 
 def draft_layer_config(draft: DraftConfig, attn_impl: str):
-    """The 1-layer Llama decoder config of the draft (speculators calls it `verifier_config`, but it is the draft's)."""
-    from transformers import LlamaConfig
+    """The decoder config of the draft's layers, of its layer type (speculators calls it `verifier_config`, but
+    it is the draft's)."""
+    from transformers import LlamaConfig, Qwen3Config
 
-    config = LlamaConfig(
-        vocab_size=draft.vocab_size,
-        hidden_size=draft.hidden_size,
-        intermediate_size=draft.intermediate_size,
-        num_hidden_layers=1,
-        num_attention_heads=draft.num_attention_heads,
-        num_key_value_heads=draft.num_key_value_heads,
-        head_dim=draft.head_dim,
-        max_position_embeddings=draft.max_position_embeddings,
-        rope_parameters=rope_parameters(draft_rope(draft)),
-        rms_norm_eps=draft.rms_norm_eps,
-        hidden_act=draft.hidden_act,
-        tie_word_embeddings=False,
-    )
+    config_class = {LayerType.llama: LlamaConfig, LayerType.qwen3: Qwen3Config}[LayerType(draft.layer_type)]
+    config = config_class(**layer_config_kwargs(draft), rope_parameters=rope_parameters(draft_rope(draft)))
     config._attn_implementation = attn_impl
     return config
 
 
 def draft_rope(draft: DraftConfig) -> Rope:
     return Rope(draft.rope_theta, draft.rope_scaling, draft.partial_rotary_factor)
-
-
-def run_flags(draft: DraftConfig) -> dict[str, bool | None]:
-    """The norm flags as the run's config sets them (None: as the initializer says)."""
-    return {k: getattr(draft, k) for k in FLAGS}
-
-
-def resolved_flags(draft: DraftConfig, defaults: dict[str, bool]) -> dict[str, bool]:
-    """The norm flags of the draft: the run's value where it sets one, else `defaults` (the init's)."""
-    return {k: defaults[k] if v is None else v for k, v in run_flags(draft).items()}
 
 
 def new_draft(draft: DraftConfig, flags: dict[str, bool], attn_impl: str, verifier_dir: str,

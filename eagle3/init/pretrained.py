@@ -22,8 +22,9 @@ from typing import Any
 import torch
 
 from eagle3.config import PretrainedInitConfig
+from eagle3.draft_arch import FLAGS, SPECULATORS_FLAGS, asked_flags, structure
 from eagle3.init import InitContext, register
-from eagle3.init.build import FLAGS, SPECULATORS_FLAGS, draft_rope, meta_draft, new_draft, run_flags
+from eagle3.init.build import draft_rope, meta_draft, new_draft
 from eagle3.init.files import CheckpointError, checkpoint_files, load_tensors, read_config, tensor_shapes
 from eagle3.rope import Rope, RopeError, read_rope
 
@@ -49,6 +50,7 @@ class Source:
     stated_flags: dict[str, bool]
     stated_aux_ids: list[int] | None          # in Hugging Face output_hidden_states indexing
     stated_rope: Rope | None
+    stated_structure: dict[str, Any]          # the decoder's model_type and num_hidden_layers, where stated
 
 
 def read_source(path: Path, key_map: dict[str, str]) -> Source:
@@ -71,7 +73,9 @@ def read_source(path: Path, key_map: dict[str, str]) -> Source:
         rope = read_rope(layer) if isinstance(layer, dict) else None
     except RopeError as e:
         raise CheckpointError(f"{path}/config.json states {e}; a one-layer draft has one RoPE") from None
-    return Source(path, files, layout, shapes, keys, stated, ids, rope)
+    stated_structure = {k: layer[k] for k in ("model_type", "num_hidden_layers")
+                        if layout == "speculators" and isinstance(layer, dict) and k in layer}
+    return Source(path, files, layout, shapes, keys, stated, ids, rope, stated_structure)
 
 
 def is_explicit(overrides: list[str], key: str) -> bool:
@@ -85,7 +89,7 @@ def resolve_architecture(ctx: InitContext, source: Source) -> tuple[dict[str, bo
     notes = [f"{k}={layout_defaults[k]} (the {source.layout} layout's default: the checkpoint does not state it)"
              for k in FLAGS if k not in source.stated_flags]
     flags, conflicts = {}, []
-    for k, run_value in run_flags(ctx.draft).items():
+    for k, run_value in asked_flags(ctx.draft).items():
         if run_value is None or run_value == checkpoint[k]:
             flags[k] = checkpoint[k]
         elif is_explicit(ctx.overrides, f"model.draft.{k}"):
@@ -103,6 +107,9 @@ def resolve_architecture(ctx: InitContext, source: Source) -> tuple[dict[str, bo
                              f"{source.stated_aux_ids} (Hugging Face hidden_states indexing)")
     if source.stated_aux_ids is None:
         notes.append(f"aux_layer_ids: the checkpoint does not state them; using the run's {run_ids}")
+    names = {"model_type": "model.draft.layer_type", "num_hidden_layers": "model.draft.num_layers"}
+    conflicts += [f"{names[k]}: the run says {v}, the checkpoint {source.stated_structure[k]}"
+                  for k, v in structure(ctx.draft).items() if source.stated_structure.get(k, v) != v]
     rope_note, rope_conflict = compare_rope(ctx, source.stated_rope)
     notes += rope_note
     conflicts += rope_conflict

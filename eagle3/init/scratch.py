@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from eagle3.draft_arch import SPECULATORS_FLAGS, resolved_flags
 from eagle3.init import InitContext, register
-from eagle3.init.build import SPECULATORS_FLAGS, new_draft, resolved_flags
+from eagle3.init.build import new_draft
 
 
 @register("scratch")
