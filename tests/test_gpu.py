@@ -101,7 +101,7 @@ def train_on_gpu(cfg: RunConfig, monkeypatch, one_rank_group: bool = False) -> t
     """Runs one rank in this process as the launcher would, on the GPU; returns (summary, spy, verifier, data)."""
     import eagle3.rank
     from eagle3.distributed import World, init_world
-    from eagle3.launch import check_data, materialize_inputs
+    from eagle3.inputs import check_data, materialize_inputs
 
     verifier_dir, data_dir = materialize_inputs(cfg)
     check_data(cfg, verifier_dir, data_dir)

@@ -22,9 +22,9 @@ from typing import Any
 import torch
 
 from eagle3.config import PretrainedInitConfig
-from eagle3.init import InitContext, register
 from eagle3.init.build import FLAGS, SPECULATORS_FLAGS, draft_rope, meta_draft, new_draft, run_flags
 from eagle3.init.files import CheckpointError, checkpoint_files, load_tensors, read_config, tensor_shapes
+from eagle3.init.registry import InitContext, register
 from eagle3.rope import Rope, RopeError, read_rope
 
 log = logging.getLogger(__name__)

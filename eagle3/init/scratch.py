@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from eagle3.init import InitContext, register
 from eagle3.init.build import SPECULATORS_FLAGS, new_draft, resolved_flags
+from eagle3.init.registry import InitContext, register
 
 
 @register("scratch")
