@@ -40,7 +40,7 @@ def run_job(cfg: RunConfig, verifier_dir: Path, data_dir: Path,
         rdzv = {"rdzv_backend": "static", "rdzv_endpoint": dist.rdzv_endpoint,
                 "rdzv_configs": {"rank": dist.node_rank}, "run_id": "eagle3"}
     launch_config = LaunchConfig(min_nodes=dist.nnodes, max_nodes=dist.nnodes, nproc_per_node=dist.nproc_per_node,
-                                 max_restarts=dist.max_restarts, start_method="spawn", **rdzv)
+                                 max_restarts=0, start_method="spawn", **rdzv)
     os.environ.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // dist.nproc_per_node)))
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError

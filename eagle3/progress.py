@@ -78,5 +78,3 @@ class RunSummary:
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
-
-    as_dict = to_dict

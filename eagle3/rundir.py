@@ -177,8 +177,9 @@ def read_record(file: Path, cls: type[R], what: str) -> R:
     try:
         return cls.from_dict(json.loads(file.read_text(encoding="utf-8")))  # type: ignore[attr-defined]
     except (OSError, ValueError, TypeError) as e:  # ValueError: JSON, UnicodeDecodeError and the record's own
-        raise ConfigError(f"{file} is not {what} ({str(e).splitlines()[0] if str(e) else type(e).__name__}; "
-                          f"cut short by a kill or a full disk, or written by hand?)") from None
+        why = str(e).splitlines()[0] if str(e) else type(e).__name__
+        raise ConfigError(f"{file}: cannot be read as {what} ({why}; cut short by a kill or a full disk, or "
+                          f"written by another tool?)") from None
 
 
 @dataclass

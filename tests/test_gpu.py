@@ -125,7 +125,7 @@ def train_on_gpu(cfg: RunConfig, monkeypatch, one_rank_group: bool = False) -> t
         monkeypatch.setattr(eagle3.rank, "init_world", join)
     summary = eagle3.rank.run_rank(cfg, verifier_dir, data_dir)
     assert summary is not None and not torch.distributed.is_initialized()  # the rank closed its group
-    return summary.as_dict(), spy, verifier_dir, data_dir
+    return summary.to_dict(), spy, verifier_dir, data_dir
 
 
 def assert_trained_on_cuda(summary: dict, spy: Spy, length: int) -> None:

@@ -59,16 +59,16 @@ def test_a_summary_that_is_not_one_is_one_message_naming_the_file(tmp_path, text
     with pytest.raises(ConfigError) as refused:
         RunDir(tmp_path).read_summary()
     message = str(refused.value)
-    assert str(tmp_path / "summary.json") in message and "is not a run summary" in message
+    assert str(tmp_path / "summary.json") in message and "cannot be read as a run summary" in message
     assert why in message or why == "cut short"
 
 
 def test_a_failure_record_and_an_init_report_with_wrong_types_are_refused(tmp_path):
     (tmp_path / "failure.json").write_text(json.dumps({"error": 3}))
-    with pytest.raises(ConfigError, match=r"failure.json is not a failure record \('error' is 3"):
+    with pytest.raises(ConfigError, match=r"failure.json: cannot be read as a failure record \('error' is 3"):
         RunDir(tmp_path).read_failure()
     (tmp_path / "init_report.json").write_text(json.dumps({"flags": {}}))
-    with pytest.raises(ConfigError, match=r"init_report.json is not an init report \(no 'initializer'"):
+    with pytest.raises(ConfigError, match=r"init_report.json: cannot be read as an init report \(no 'initializer'"):
         RunDir(tmp_path).read_init_report()
 
 
@@ -98,3 +98,19 @@ def test_a_failed_run_writes_failure_json_through_its_record(tmp_path):
     record_failure(tmp_path, "DataError: no rows", "Traceback (most recent call last): ...")
     assert RunDir(tmp_path).read_failure() == FailureRecord("DataError: no rows",
                                                             "Traceback (most recent call last): ...")
+
+
+def test_max_restarts_is_refused_with_the_way_to_resume():
+    """A restart of the worker group would rebuild the draft from its initializer and append a second history to
+    metrics.jsonl; the option is refused, and resume= named, before anything is written."""
+    from omegaconf import OmegaConf
+
+    from conftest import compose_cfg
+    from eagle3.config import validate
+
+    plain = OmegaConf.to_container(compose_cfg(["distributed=ddp", "distributed.max_restarts=1"]), resolve=True,
+                                   enum_to_str=True)
+    with pytest.raises(ConfigError, match=r"distributed\.max_restarts.*resume=<run dir>"):
+        validate(plain)
+    plain = OmegaConf.to_container(compose_cfg(["distributed=ddp"]), resolve=True, enum_to_str=True)
+    assert validate(plain).distributed.max_restarts == 0  # a run dir's resolved_config.yaml says 0: it still reads
