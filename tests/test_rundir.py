@@ -114,3 +114,18 @@ def test_max_restarts_is_refused_with_the_way_to_resume():
         validate(plain)
     plain = OmegaConf.to_container(compose_cfg(["distributed=ddp"]), resolve=True, enum_to_str=True)
     assert validate(plain).distributed.max_restarts == 0  # a run dir's resolved_config.yaml says 0: it still reads
+
+
+def test_compare_reads_summary_json_through_its_record(tmp_path):
+    """A summary.json with the val rows but mistyped fields is not taken as a finished run: compare names the file."""
+    from eagle3.compare import find_runs
+
+    row = {"step": 0, "split": "val", "loss": 2.0, "tau_sim": 1.0}
+    for name, steps in (("0_ok", 4), ("1_bad", "four")):
+        run = tmp_path / name
+        run.mkdir()
+        (run / "resolved_config.yaml").write_text("optim:\n  lr: 0.001\n")
+        (run / "summary.json").write_text(summary_json(row, row, row, steps=steps))
+    ok, bad = find_runs([tmp_path])
+    assert ok.status == "completed" and ok.summary is not None and ok.summary.steps == 4
+    assert bad.status == "unreadable" and "1_bad/summary.json: cannot be read as a run summary" in (bad.error or "")
