@@ -16,7 +16,7 @@ import os
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
@@ -30,6 +30,9 @@ from eagle3.objective import objective_value
 from eagle3.rank_errors import RankFailed
 from eagle3.rundir import CHECKPOINTS, RESOLVED_CONFIG, RunDir, config_changes, read_run_config, trained_config
 from eagle3.verifier_shape import unresolvable
+
+if TYPE_CHECKING:
+    from eagle3.progress import RunSummary
 
 log = logging.getLogger(__name__)
 
@@ -76,7 +79,7 @@ def run_one_job(cfg: DictConfig, hydra) -> float | None:
     return objective
 
 
-def run_with_inputs(run_cfg: RunConfig):
+def run_with_inputs(run_cfg: RunConfig) -> RunSummary | None:
     """Builds and checks the run's inputs before any rank starts, then runs the ranks; rank 0's summary."""
     from eagle3.elastic import run_job
     from eagle3.inputs import check_data, materialize_inputs, preflight, refuse_zero_steps
