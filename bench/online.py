@@ -55,7 +55,7 @@ def main() -> None:
     from eagle3.data.online import load_online_verifier
     from eagle3.distributed import World
     from eagle3.init import InitContext, build_draft
-    from eagle3.launch import materialize_inputs
+    from eagle3.inputs import materialize_inputs
     from eagle3.rank import packed_len, pick_device
     from eagle3.train import make_scheduler, train_step
 

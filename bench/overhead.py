@@ -37,7 +37,7 @@ def main() -> None:
     from eagle3.data.loader import build_loaders
     from eagle3.distributed import World
     from eagle3.init import InitContext, build_draft
-    from eagle3.launch import materialize_inputs
+    from eagle3.inputs import materialize_inputs
     from eagle3.progress import Progress
     from eagle3.track import Tracker
     from eagle3.train import StepLog, make_scheduler, to_device, train_step

@@ -28,14 +28,18 @@ import json
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import yaml
 
-from eagle3.rundir import flatten
+from eagle3.errors import ConfigError
+from eagle3.rundir import FAILURE, RESOLVED_CONFIG, SUMMARY, RunDir, flatten
 
 # Keys that differ between any two runs without saying anything about them.
 IGNORED_PREFIXES = ("run.", "resume")
+
+if TYPE_CHECKING:
+    from eagle3.progress import RunSummary
 
 
 @dataclass
@@ -43,7 +47,7 @@ class Run:
     path: Path
     status: str                                   # completed | failed | incomplete | unreadable
     config: dict[str, Any] = field(default_factory=dict)  # flattened: {"optim.lr": 1e-05, ...}
-    summary: dict[str, Any] | None = None
+    summary: RunSummary | None = None
     val_rows: list[dict[str, Any]] = field(default_factory=list)
     error: str | None = None
 
@@ -54,7 +58,7 @@ class Run:
 
     @property
     def best_tau(self) -> float | None:
-        return self.summary["best"]["tau_sim"] if self.summary else None
+        return self.summary.best["tau_sim"] if self.summary else None
 
 
 def find_runs(paths: list[Path]) -> list[Run]:
@@ -75,7 +79,7 @@ def find_runs(paths: list[Path]) -> list[Run]:
 
 
 def _is_run_dir(path: Path) -> bool:
-    return (path / "resolved_config.yaml").is_file() or (path / "failure.json").is_file()
+    return RunDir(path).is_run()
 
 
 def _job_order(path: Path) -> tuple[int, str]:
@@ -87,8 +91,8 @@ def read_run(path: Path) -> Run:
     """A run dir's files. One that cannot be read whole (cut by a kill or a full disk) makes the run "unreadable",
     named in run.error, and the other runs are shown as usual; a metrics.jsonl line that is not a whole row is
     left out with a warning (a kill can cut the last one; a resume drops it too)."""
-    config_file, summary_file, failure_file = (path / n for n in ("resolved_config.yaml", "summary.json",
-                                                                   "failure.json"))
+    room = RunDir(path)
+    config_file, summary_file, failure_file = (room.file(n) for n in (RESOLVED_CONFIG, SUMMARY, FAILURE))
     bad: list[str] = []
     config = _read(config_file, yaml.safe_load, bad) if config_file.is_file() else None
     config = flatten(config) if isinstance(config, dict) else {}
@@ -97,24 +101,24 @@ def read_run(path: Path) -> Run:
         config = {k: yaml.safe_load(v) for k, v in (o.split("=", 1) for o in overrides if "=" in o)}
     rows = metrics_rows(path / "metrics.jsonl") if (path / "metrics.jsonl").is_file() else []
     run = Run(path, "incomplete", config, val_rows=[r for r in rows if r.get("split") == "val"])
-    if failure_file.is_file():
-        failure = _read(failure_file, json.loads, bad)
-        run.status, run.error = "failed", failure.get("error") if isinstance(failure, dict) else None
-    elif summary_file.is_file():
-        summary = _read(summary_file, json.loads, bad)
-        if _is_summary(summary):
+    try:
+        if failure_file.is_file():
+            run.status, run.error = "failed", room.read_failure().error
+        elif summary_file.is_file():
+            summary = room.read_summary()
+            if not _is_summary(summary):
+                raise ConfigError(f"{summary_file}: not a run summary (no step0, best and final val rows)")
             run.status, run.summary = "completed", summary
-        elif summary is not None:
-            bad.append(f"{summary_file}: not a run summary (no step0, best and final val rows)")
+    except ConfigError as e:
+        bad.append(str(e))
     if bad:
         run.status, run.error = "unreadable", "; ".join(bad)
     return run
 
 
-def _is_summary(summary: Any) -> bool:
-    """Whether a parsed summary.json has the val rows the table shows."""
-    rows = [summary.get(k) for k in ("step0", "best", "final")] if isinstance(summary, dict) else [None]
-    return all(isinstance(row, dict) and {"tau_sim", "loss", "step"} <= row.keys() for row in rows)
+def _is_summary(summary: RunSummary) -> bool:
+    """Whether a summary has the val rows the table shows."""
+    return all({"tau_sim", "loss", "step"} <= row.keys() for row in (summary.step0, summary.best, summary.final))
 
 
 def _read(file: Path, parse: Any, bad: list[str]) -> Any:
@@ -183,8 +187,8 @@ def table(runs: list[Run], baseline: str | None = None, costs: dict[str, float] 
         cells = [run.label, run.status, *(_fmt(run.config.get(k)) for k in keys)]
         if run.summary:
             s = run.summary
-            cells += [_fmt(s["step0"]["tau_sim"]), _fmt(s["best"]["tau_sim"]), str(s["best"]["step"]),
-                      _fmt(s["final"]["tau_sim"]), _fmt(s["step0"]["loss"]), _fmt(s["final"]["loss"])]
+            cells += [_fmt(s.step0["tau_sim"]), _fmt(s.best["tau_sim"]), str(s.best["step"]),
+                      _fmt(s.final["tau_sim"]), _fmt(s.step0["loss"]), _fmt(s.final["loss"])]
         else:  # failed or incomplete: what its metrics.jsonl holds (no final values: it did not finish)
             cells += val_row_cells(run.val_rows)
         if target is not None:
@@ -221,7 +225,7 @@ def predicted_speedup(run: Run, costs: dict[str, float]) -> dict[str, Any] | Non
     if greedy:
         rates, source = max(greedy, key=lambda r: r["k"])["accept_rate"], "measured"
     elif run.summary:
-        best = run.summary["best"]
+        best = run.summary.best
         rates = [best[f"full_acc_{j}"] for j in range(len(best)) if f"full_acc_{j}" in best]
     if not rates:
         return None

@@ -377,6 +377,8 @@ class DistributedConfig:
     node_rank: int = MISSING                # MISSING, not 0: multinode must not default it silently
     rdzv_endpoint: str | None = MISSING
     backend: str = "auto"
+    # Elastic restarts are not offered: a restarted rank would build the draft anew, not resume it. Kept so that
+    # a run dir's resolved_config.yaml (max_restarts: 0) still reads; a failed run continues with resume=.
     max_restarts: int = 0
 
     @property
@@ -394,7 +396,10 @@ class DistributedConfig:
         _require(self.nnodes == 1 or bool(self.rdzv_endpoint), "distributed.rdzv_endpoint",
                  "is required with more than one node: host:port of node 0, reachable from every node")
         _require(self.backend in ("auto", "nccl", "gloo"), "distributed.backend", "must be auto, nccl or gloo")
-        _require(self.max_restarts >= 0, "distributed.max_restarts", "must be >= 0")
+        _require(self.max_restarts == 0, "distributed.max_restarts",
+                 "must be 0: a restarted rank would build the draft anew instead of resuming it, and train a second "
+                 "history; after a failure continue the run from checkpoints/last with python launch.py "
+                 "resume=<run dir>")
 
 
 @dataclass

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from eagle3.errors import CheckpointError
-from eagle3.rundir import relative_checkpoints
+from eagle3.rundir import record_from_dict, relative_checkpoints
 
 Row = dict[str, Any]  # a metrics.jsonl row: {"step", "split", "epoch", "loss", "tau_sim", ...}
 
@@ -61,6 +61,8 @@ class RunSummary:
     data_dir: str
     device: str
     world_size: int
+    # git commit and library versions of the run, the best checkpoint's sha256 (eagle3/provenance.py)
+    provenance: dict[str, Any] | None = None
 
     @classmethod
     def of(cls, progress: Progress, verifier_dir: Path, data_dir: Path, device: str, world_size: int) -> RunSummary:
@@ -71,5 +73,10 @@ class RunSummary:
                    checkpoints=relative_checkpoints(),
                    verifier_dir=str(verifier_dir), data_dir=str(data_dir), device=device, world_size=world_size)
 
-    def as_dict(self) -> dict[str, Any]:
+    @classmethod
+    def from_dict(cls, plain: Any) -> RunSummary:
+        """summary.json's record; ValueError saying what is missing or mistyped (eagle3.rundir.read_record)."""
+        return record_from_dict(cls, plain)
+
+    def to_dict(self) -> dict[str, Any]:
         return asdict(self)

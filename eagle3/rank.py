@@ -6,7 +6,6 @@ launcher starts in each rank's process.
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 from pathlib import Path
@@ -23,7 +22,7 @@ from eagle3.init import InitContext, build_draft
 from eagle3.progress import RunSummary
 from eagle3.rank_errors import write_rank_error
 from eagle3.recompute import recompute_decoder_layers
-from eagle3.rundir import checkpoint_dir
+from eagle3.rundir import InitReport, RunDir, checkpoint_dir
 from eagle3.track import Tracker
 from eagle3.train import train
 
@@ -135,7 +134,7 @@ def _train_on(world: World, device: torch.device, cfg: RunConfig, run_dir: Path,
                           attn_impl=attn_impl, overrides=cfg.run.overrides)
         model, init_report = build_draft(ctx)
         if world.is_main:
-            (run_dir / "init_report.json").write_text(json.dumps(init_report, indent=2) + "\n")
+            RunDir(run_dir).write_init_report(InitReport.from_dict(init_report))
     if draft.gradient_checkpointing:  # a run dir from before the knob reads its schema default (false)
         recompute_decoder_layers(model)
     if world.is_main:

@@ -2,17 +2,40 @@
 (summary.json's checkpoints) or re-derived from the dir the user names (resolved_config.yaml's `run.dir`), so a
 run dir that was moved or copied resumes, evaluates and compares as itself, and never as the run that once stood
 at its old path. Imports nothing heavy: the launcher's light paths go through it.
+
+`RunDir(path)` is the one room for the run dir's files: its lock, the refusal of a dir that already holds a run,
+and typed reads and writes of the resolved config, summary.json, failure.json, init_report.json and
+data_check.json; `SweepIndex(sweep_dir)` is a sweep's index.json. Each JSON file is a dataclass record with
+`from_dict`/`to_dict` (the keys on disk are the fields); a file that is not one is one message naming it, and
+every write is whole or not at all (a temporary file, then a rename).
 """
 
 from __future__ import annotations
 
+import dataclasses
+import fcntl
+import json
+import os
+import tempfile
+import types
+import typing
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import IO, TYPE_CHECKING, Any, TypeVar
 
 from eagle3.errors import ConfigError
 
+if TYPE_CHECKING:
+    from eagle3.progress import RunSummary
+
 RESOLVED_CONFIG = "resolved_config.yaml"
 SUMMARY = "summary.json"
+FAILURE = "failure.json"
+INIT_REPORT = "init_report.json"
+DATA_CHECK = "data_check.json"
+METRICS = "metrics.jsonl"
+LOCK = ".lock"
+SWEEP_INDEX = "index.json"
 CHECKPOINTS = "checkpoints"
 CHECKPOINT_NAMES = ("last", "best")
 
@@ -72,3 +95,322 @@ def flatten(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
         else:
             out[f"{prefix}{key}"] = value
     return out
+
+
+def output_dir_problem(path: Path) -> str | None:
+    """Why `path` cannot be a run's output dir (an existing file, or a dir or parent no file can be written
+    in), or None. Probes by writing, so a read-only mount is caught for root too."""
+    if path.exists() and not path.is_dir():
+        return f"{path} is an existing file, not a directory"
+    existing = path
+    while not existing.exists():
+        existing = existing.parent
+    if not existing.is_dir():
+        return f"{path} cannot be created: {existing} is a file"
+    try:
+        fd, probe = tempfile.mkstemp(prefix=".eagle3-probe-", dir=existing)
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as e:
+        where = "is not writable" if existing == path else f"cannot be created: {existing} is not writable"
+        return f"{path} {where} ({e.strerror})"
+    return None
+
+
+# --- records: the run dir's JSON files as dataclasses ------------------------------------------------------------
+
+R = TypeVar("R")
+
+
+def _matches(value: Any, hint: Any) -> bool:
+    """Whether a parsed JSON value has the type a record's field declares (containers: their own type only)."""
+    if hint is Any:
+        return True
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if origin in (typing.Union, types.UnionType):
+        return any(_matches(value, a) for a in args)
+    if hint is type(None):
+        return value is None
+    if hint is float:
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+    if hint is int:
+        return isinstance(value, int) and not isinstance(value, bool)
+    if origin is list:
+        return isinstance(value, list) and all(_matches(v, args[0]) for v in value)
+    return isinstance(value, origin or hint)
+
+
+def record_from_dict(cls: type[R], plain: Any) -> R:
+    """The record of type `cls` a parsed JSON file holds; ValueError saying what is missing or mistyped."""
+    if not isinstance(plain, dict):
+        raise ValueError(f"not a JSON object but {type(plain).__name__}")
+    hints = typing.get_type_hints(cls)
+    kwargs = {}
+    for f in dataclasses.fields(cls):  # type: ignore[arg-type]
+        if f.name not in plain:
+            if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
+                raise ValueError(f"no {f.name!r}")
+            continue
+        if not _matches(plain[f.name], hints[f.name]):
+            raise ValueError(f"{f.name!r} is {plain[f.name]!r}, not of type {hints[f.name]}")
+        kwargs[f.name] = plain[f.name]
+    return cls(**kwargs)
+
+
+def record_to_dict(record: Any, omit_none: tuple[str, ...] = ()) -> dict[str, Any]:
+    """The record's fields as JSON keys; those named in `omit_none` only when they hold a value."""
+    return {k: v for k, v in dataclasses.asdict(record).items() if not (k in omit_none and v is None)}
+
+
+def write_json(file: Path, plain: Any) -> None:
+    """Writes whole or not at all: a kill or a full disk mid-write never leaves half a file."""
+    tmp = file.with_name(f".{file.name}.{os.getpid()}.tmp")
+    try:
+        tmp.write_text(json.dumps(plain, indent=2) + "\n")
+        os.replace(tmp, file)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def read_record(file: Path, cls: type[R], what: str) -> R:
+    """The record in `file`; ConfigError naming the file when it is not one (cut short, not JSON, wrong types)."""
+    try:
+        return cls.from_dict(json.loads(file.read_text(encoding="utf-8")))  # type: ignore[attr-defined]
+    except (OSError, ValueError, TypeError) as e:  # ValueError: JSON, UnicodeDecodeError and the record's own
+        why = str(e).splitlines()[0] if str(e) else type(e).__name__
+        raise ConfigError(f"{file}: cannot be read as {what} ({why}; cut short by a kill or a full disk, or "
+                          f"written by another tool?)") from None
+
+
+@dataclass
+class FailureRecord:
+    """failure.json: why a run failed (the error's one line) and the traceback."""
+
+    error: str
+    traceback: str = ""
+
+    @classmethod
+    def from_dict(cls, plain: Any) -> FailureRecord:
+        return record_from_dict(cls, plain)
+
+    def to_dict(self) -> dict[str, Any]:
+        return record_to_dict(self)
+
+
+@dataclass
+class InitReport:
+    """init_report.json: which initializer built the draft, and what it says it did (its own keys, kept as given)."""
+
+    initializer: str
+    details: dict[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def from_dict(cls, plain: Any) -> InitReport:
+        if not isinstance(plain, dict):
+            raise ValueError(f"not a JSON object but {type(plain).__name__}")
+        head = record_from_dict(cls, {"initializer": plain.get("initializer")} if "initializer" in plain else {})
+        return cls(head.initializer, {k: v for k, v in plain.items() if k != "initializer"})
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"initializer": self.initializer, **self.details}
+
+
+@dataclass
+class DataCheck:
+    """data_check.json: the start-up data check of the rows a run trains on (eagle3.data.check's report), the
+    data.on_bad_sample policy, the rows skipped, and the JSONL lines left out while reading online rows."""
+
+    data_dir: str
+    rows: int
+    bad: int
+    counts: dict[str, Any]
+    full: bool
+    first_bad: list[dict[str, Any]]
+    policy: str
+    skipped_rows: list[int]
+    truncated: dict[str, Any] | None = None
+    source_skipped: dict[str, Any] | None = None
+
+    @classmethod
+    def from_dict(cls, plain: Any) -> DataCheck:
+        return record_from_dict(cls, plain)
+
+    def to_dict(self) -> dict[str, Any]:
+        return record_to_dict(self, omit_none=("truncated", "source_skipped"))
+
+
+@dataclass
+class IndexEntry:
+    """One job of a sweep in its index.json: what it ran with, how it ended, and its headline results."""
+
+    num: int
+    name: str
+    run_dir: str | None
+    overrides: list[str]
+    status: str                          # completed | failed | stopped | interrupted
+    error: str | None = None
+    resume: str | None = None            # a stopped job's resume command
+    steps: int | None = None
+    best_tau_sim: float | None = None
+    best_step: int | None = None
+    final_loss: float | None = None
+    final_tau_sim: float | None = None
+
+    @classmethod
+    def from_dict(cls, plain: Any) -> IndexEntry:
+        return record_from_dict(cls, plain)
+
+    def to_dict(self) -> dict[str, Any]:
+        return record_to_dict(self, omit_none=("resume", "steps", "best_tau_sim", "best_step", "final_loss",
+                                               "final_tau_sim"))
+
+    def with_results(self, summary: RunSummary | None) -> IndexEntry:
+        if summary is None:
+            return self
+        return dataclasses.replace(self, steps=summary.steps, best_tau_sim=summary.best["tau_sim"],
+                                   best_step=summary.best["step"], final_loss=summary.final["loss"],
+                                   final_tau_sim=summary.final["tau_sim"])
+
+
+class SweepIndex:
+    """`<sweep_dir>/index.json`: one entry per job, by `num`. Jobs of a sweep may finish at once (Slurm, optuna's
+    n_jobs): each update holds a lock around its read-modify-write."""
+
+    def __init__(self, sweep_dir: str | Path) -> None:
+        self.dir = Path(sweep_dir)
+        self.file = self.dir / SWEEP_INDEX
+
+    def exists(self) -> bool:
+        return self.file.exists()
+
+    def entries(self) -> list[IndexEntry]:
+        """The entries; ConfigError naming the file when it is not a sweep index."""
+        if not self.file.exists():
+            return []
+        try:
+            plain = json.loads(self.file.read_text(encoding="utf-8"))
+            jobs = plain["jobs"] if isinstance(plain, dict) else None
+            if not isinstance(jobs, list):
+                raise ValueError("no list of 'jobs'")
+            return [IndexEntry.from_dict(job) for job in jobs]
+        except (OSError, ValueError, KeyError, TypeError) as e:
+            raise ConfigError(f"{self.file} is not a sweep index ({e})") from None
+
+    def by_num(self) -> dict[int, IndexEntry]:
+        return {entry.num: entry for entry in self.entries()}
+
+    def put(self, entry: IndexEntry) -> None:
+        """Replaces the job's entry (by `num`)."""
+        with open(self.dir / "index.lock", "a") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            jobs = [e for e in self.entries() if e.num != entry.num] + [entry]
+            write_json(self.file, {"sweep_dir": str(self.dir.resolve()),
+                                   "jobs": [e.to_dict() for e in sorted(jobs, key=lambda e: e.num)]})
+
+
+# --- the room ----------------------------------------------------------------------------------------------------
+
+_held_locks: list[IO[str]] = []  # open lock files: a run dir's lock lasts as long as this process
+
+
+class RunDir:
+    """A run's dir and the files in it."""
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+
+    def __repr__(self) -> str:
+        return f"RunDir({str(self.path)!r})"
+
+    def file(self, name: str) -> Path:
+        return self.path / name
+
+    def is_run(self) -> bool:
+        """Whether it is a run dir at all (its config was written, or it failed before that)."""
+        return self.file(RESOLVED_CONFIG).is_file() or self.file(FAILURE).is_file()
+
+    # --- taking it ---
+    def hold(self) -> None:
+        """Takes the dir for this process, so that two runs started in the same second (Hydra names run dirs by
+        the second) or two resumes of one run cannot write into one dir together."""
+        self.path.mkdir(parents=True, exist_ok=True)
+        try:  # never through a symlink: the lock is a file of this dir
+            lock = open(self.file(LOCK), "a", opener=lambda p, flags: os.open(p, flags | os.O_NOFOLLOW))
+        except OSError as e:
+            raise ConfigError(f"{self.path}/{LOCK} cannot be this run's lock ({e.strerror}: a symlink?); nothing "
+                              f"was written: remove it or choose another hydra.run.dir") from None
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            lock.close()
+            raise ConfigError(f"{self.path} is in use by another run (started in the same second, or resuming it); "
+                              f"nothing was written: choose another hydra.run.dir") from None
+        _held_locks.append(lock)
+
+    def refuse_to_overwrite(self) -> None:
+        """Refuses a dir that holds a run, or symlinks a run would write through."""
+        from eagle3.console import resume_command
+
+        links = self.links_leading_out()
+        if links:
+            raise ConfigError(f"{self.path} holds symlinks that lead outside it or nowhere ({', '.join(links[:4])}"
+                              f"{', ...' if len(links) > 4 else ''}): a run writes its files into its dir and would "
+                              f"write through them; nothing was written: remove them or choose another hydra.run.dir")
+        if self.file(CHECKPOINTS).exists() or self.file(METRICS).exists():
+            raise ConfigError(f"{self.path} already holds a run (checkpoints or metrics.jsonl); nothing was "
+                              f"overwritten: continue it with {resume_command(self.path)}, or choose another "
+                              f"hydra.run.dir")
+
+    def links_leading_out(self) -> list[str]:
+        """The symlinks in the dir and its subdirs (.hydra/, wandb/: where Hydra, the run and wandb write; links
+        not followed) whose target is missing or outside it, as "name -> target"."""
+        if not self.path.is_dir():
+            return []
+        inside = self.path.resolve()
+        top = list(self.path.iterdir())
+        entries = top + [e for d in top if d.is_dir() and not d.is_symlink() for e in d.iterdir()]
+        return sorted(f"{e.relative_to(self.path)} -> {os.readlink(e)}" for e in entries
+                      if e.is_symlink() and (not e.exists() or not e.resolve().is_relative_to(inside)))
+
+    # --- the resolved config ---
+    def write_config(self, resolved: dict[str, Any]) -> None:
+        from omegaconf import OmegaConf
+
+        tmp = self.file(f".{RESOLVED_CONFIG}.tmp")
+        tmp.write_text(OmegaConf.to_yaml(resolved))
+        os.replace(tmp, self.file(RESOLVED_CONFIG))
+
+    def read_config(self, what: str = "resume") -> dict[str, Any]:
+        return read_run_config(self.path, what)
+
+    # --- summary.json ---
+    def write_summary(self, summary: RunSummary) -> None:
+        write_json(self.file(SUMMARY), summary.to_dict())
+
+    def read_summary(self) -> RunSummary:
+        from eagle3.progress import RunSummary
+
+        return read_record(self.file(SUMMARY), RunSummary, "a run summary")
+
+    # --- failure.json ---
+    def write_failure(self, failure: FailureRecord) -> None:
+        write_json(self.file(FAILURE), failure.to_dict())
+
+    def read_failure(self) -> FailureRecord:
+        return read_record(self.file(FAILURE), FailureRecord, "a failure record")
+
+    def clear_failure(self) -> None:
+        self.file(FAILURE).unlink(missing_ok=True)
+
+    # --- init_report.json and data_check.json ---
+    def write_init_report(self, report: InitReport) -> None:
+        write_json(self.file(INIT_REPORT), report.to_dict())
+
+    def read_init_report(self) -> InitReport:
+        return read_record(self.file(INIT_REPORT), InitReport, "an init report")
+
+    def write_data_check(self, check: DataCheck) -> None:
+        write_json(self.file(DATA_CHECK), check.to_dict())
+
+    def read_data_check(self) -> DataCheck:
+        return read_record(self.file(DATA_CHECK), DataCheck, "a data check record")

@@ -19,6 +19,7 @@ from typing import IO, Any
 from eagle3.config import LoggerConfig, LoggerMode, RunInfo
 from eagle3.errors import ConfigError
 from eagle3.progress import RunSummary
+from eagle3.rundir import RunDir
 
 OFFLINE_ADVICE = ("or use logger.mode=offline (wandb sync <run_dir>/wandb/offline-run-* later) or "
                   "logger.mode=disabled")
@@ -139,14 +140,13 @@ class Tracker:
     def finish(self, summary: RunSummary) -> None:
         if not self.enabled:
             return
+        from dataclasses import replace
+
         from eagle3.provenance import provenance
 
         best = self.run_dir / summary.checkpoints["best"]
-        record = summary.as_dict() | {"provenance": provenance(best if best.is_dir() else None)}
-        # Written whole or not at all: a kill or a full disk mid-write never leaves half a summary.json.
-        tmp = self.run_dir / ".summary.json.tmp"
-        tmp.write_text(json.dumps(record, indent=2) + "\n")
-        os.replace(tmp, self.run_dir / "summary.json")
+        summary = replace(summary, provenance=provenance(best if best.is_dir() else None))
+        RunDir(self.run_dir).write_summary(summary)  # whole or not at all
         if self._wandb is not None:
             for which, row in (("best", summary.best), ("final", summary.final)):
                 for k, v in row.items():

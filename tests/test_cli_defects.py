@@ -14,6 +14,7 @@ from omegaconf import OmegaConf
 from safetensors import SafetensorError
 from test_data import SYNTH, TINY
 from test_prepare import AUX, id_rows, verifier, write_jsonl  # noqa: F401  (fixtures)
+from test_rundir import summary_json
 
 from conftest import launch
 from eagle3.config import LoggerConfig, LoggerMode
@@ -171,7 +172,7 @@ def test_compare_shows_the_readable_runs_and_names_a_cut_file(tmp_path, capsys):
         run.mkdir()
         (run / "resolved_config.yaml").write_text(f"optim:\n  lr: {lr}\n")
         (run / "metrics.jsonl").write_text(json.dumps(row) + "\n")
-        (run / "summary.json").write_text(json.dumps({"step0": row, "best": row, "final": row}))
+        (run / "summary.json").write_text(summary_json(row, row, row))
     with open(tmp_path / "1_optim.lr=0.002" / "metrics.jsonl", "a") as f:
         f.write('{"step": 4, "split": "tr')  # the last line, cut by a kill: a warning, the run is still whole
     assert main([str(tmp_path)]) == 0
@@ -193,7 +194,7 @@ def test_summary_json_is_whole_or_absent_when_its_write_fails(tmp_path, monkeypa
     from eagle3.track import Tracker
 
     class Summary:
-        def as_dict(self):
+        def to_dict(self):
             return {"step0": {}, "best": {}, "final": {}, "steps": 4}
 
     real = Path.write_text

@@ -8,6 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from test_rundir import summary_json
+
 from conftest import ROOT
 
 
@@ -100,7 +102,7 @@ def test_compare_lists_failed_runs(tmp_path):
     (ok / "resolved_config.yaml").write_text("optim:\n  lr: 0.001\n")
     row = {"step": 0, "split": "val", "loss": 2.0, "tau_sim": 1.0}
     (ok / "metrics.jsonl").write_text(json.dumps(row) + "\n")
-    (ok / "summary.json").write_text(json.dumps({"step0": row, "best": row, "final": row}))
+    (ok / "summary.json").write_text(summary_json(row, row, row))
     (bad / ".hydra").mkdir(parents=True)
     (bad / ".hydra" / "overrides.yaml").write_text("- optim.lr=-1\n")
     (bad / "failure.json").write_text(json.dumps({"error": "ConfigError: optim.lr: must be a positive number"}))
@@ -119,7 +121,7 @@ def test_steps_to_reach_a_baselines_best(tmp_path):
         rows = [{"step": 10 * i, "split": "val", "loss": 1.0, "tau_sim": t} for i, t in enumerate(taus)]
         (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
         best = max(rows, key=lambda r: r["tau_sim"])
-        (run / "summary.json").write_text(json.dumps({"step0": rows[0], "best": best, "final": rows[-1]}))
+        (run / "summary.json").write_text(summary_json(rows[0], best, rows[-1]))
     header, body = table(find_runs([tmp_path]), baseline="#0")
     assert header[-1] == "steps to #0's best"
     assert {row[0]: row[-1] for row in body} == {"#1": "10", "#0": "20", "#2": "-"}

@@ -101,7 +101,7 @@ def train_on_gpu(cfg: RunConfig, monkeypatch, one_rank_group: bool = False) -> t
     """Runs one rank in this process as the launcher would, on the GPU; returns (summary, spy, verifier, data)."""
     import eagle3.rank
     from eagle3.distributed import World, init_world
-    from eagle3.launch import check_data, materialize_inputs
+    from eagle3.inputs import check_data, materialize_inputs
 
     verifier_dir, data_dir = materialize_inputs(cfg)
     check_data(cfg, verifier_dir, data_dir)
@@ -125,7 +125,7 @@ def train_on_gpu(cfg: RunConfig, monkeypatch, one_rank_group: bool = False) -> t
         monkeypatch.setattr(eagle3.rank, "init_world", join)
     summary = eagle3.rank.run_rank(cfg, verifier_dir, data_dir)
     assert summary is not None and not torch.distributed.is_initialized()  # the rank closed its group
-    return summary.as_dict(), spy, verifier_dir, data_dir
+    return summary.to_dict(), spy, verifier_dir, data_dir
 
 
 def assert_trained_on_cuda(summary: dict, spy: Spy, length: int) -> None:

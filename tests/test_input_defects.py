@@ -110,7 +110,7 @@ def test_a_layernorm_verifier_is_refused_naming_the_norm(tmp_path):
 # --- the plan: CPU runs are checked against the host's memory; plan=true's exit status ------------------------
 
 def test_on_cpu_the_fit_guard_checks_the_hosts_memory():
-    from eagle3.launch import refuse_if_it_cannot_fit, run_plan
+    from eagle3.fit import refuse_if_it_cannot_fit, run_plan
     from eagle3.plan_inputs import device_and_memory
 
     kind, one, source = device_and_memory("cpu", None)
@@ -126,7 +126,7 @@ def test_on_cpu_the_fit_guard_checks_the_hosts_memory():
 
 
 def test_a_plan_that_does_not_fit_says_its_exit_status():
-    from eagle3.launch import run_plan
+    from eagle3.fit import run_plan
     from eagle3.plan import NO_FIT_STATUS, format_plan
 
     text = format_plan(run_plan(tiny_run_config(["device=cpu", "distributed.device_memory_gb=0.01"])))
@@ -201,24 +201,24 @@ def test_a_fifo_or_a_device_as_data_path_is_named_for_what_it_is(tmp_path):
 # --- a fresh run dir holding symlinks that lead outside it or nowhere -----------------------------------------
 
 def test_a_run_dir_with_symlinks_leading_out_is_refused_and_nothing_is_written_through(tmp_path):
-    from eagle3.launch import hold_run_dir, refuse_to_overwrite
+    from eagle3.rundir import RunDir
 
     run_dir, outside = tmp_path / "run", tmp_path / "outside"
     run_dir.mkdir()
     outside.mkdir()
     (run_dir / "wandb" / "run-1").mkdir(parents=True)
     (run_dir / "wandb" / "latest-run").symlink_to("run-1")  # inside the run dir (as wandb links): allowed
-    refuse_to_overwrite(run_dir)
+    RunDir(run_dir).refuse_to_overwrite()
     (run_dir / ".hydra").mkdir()
     for name in ("resolved_config.yaml", "summary.json", ".hydra/config.yaml"):
         (run_dir / name).symlink_to(outside / Path(name).name)  # dangling, and leading out
     with pytest.raises(ConfigError, match="symlinks that lead outside it or nowhere") as refused:
-        refuse_to_overwrite(run_dir)
+        RunDir(run_dir).refuse_to_overwrite()
     message = str(refused.value)
     assert "summary.json -> " in message and ".hydra/config.yaml -> " in message and "latest-run" not in message
     (run_dir / ".lock").symlink_to(outside / ".lock")
     with pytest.raises(ConfigError, match=r"\.lock cannot be this run's lock"):
-        hold_run_dir(run_dir)
+        RunDir(run_dir).hold()
     assert list(outside.iterdir()) == []
 
 

@@ -331,7 +331,7 @@ def train_in_process(overrides: list[str], run_dir: Path, cache: Path) -> None:
 
     from conftest import compose_cfg
     from eagle3.config import run_config
-    from eagle3.launch import check_data, materialize_inputs
+    from eagle3.inputs import check_data, materialize_inputs
     from eagle3.rank import run_rank
 
     plain = OmegaConf.to_container(compose_cfg([f"cache_dir={cache}", *overrides]), resolve=True, enum_to_str=True)
@@ -474,9 +474,11 @@ def test_arrow_rows_prepared_for_another_verifier_are_refused(tmp_path):
 def test_a_resumed_run_refuses_rows_other_than_those_it_started_on(tmp_path):
     """An edited JSONL is other rows (another content-keyed rows dir, another draft vocabulary): resume stops."""
     from eagle3.errors import DataError
-    from eagle3.launch import refuse_other_rows
+    from eagle3.inputs import refuse_other_rows
+    from eagle3.rundir import DataCheck, RunDir
 
-    (tmp_path / "data_check.json").write_text(json.dumps({"data_dir": "/cache/datasets/rows-aaa"}))
+    RunDir(tmp_path).write_data_check(DataCheck(data_dir="/cache/datasets/rows-aaa", rows=4, bad=0, counts={},
+                                                full=False, first_bad=[], policy="error", skipped_rows=[]))
     refuse_other_rows(tmp_path, Path("/cache/datasets/rows-aaa"))
     with pytest.raises(DataError, match="the data changed since the run started"):
         refuse_other_rows(tmp_path, Path("/cache/datasets/rows-bbb"))

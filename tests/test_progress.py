@@ -36,7 +36,7 @@ def test_progress_of_another_version_is_refused_not_patched(tmp_path):
 def test_summary_keeps_its_keys_and_values(tmp_path):
     progress = Progress(step=9, tokens=1000.0, train_wall_s=4.0, step0=ROW0, best=ROW9, final=ROW9)
     summary = RunSummary.of(progress, Path("/v"), Path("/d"), "cpu", 2)
-    written = json.loads(json.dumps(summary.as_dict()))
+    written = json.loads(json.dumps(summary.to_dict()))
     assert list(written) == SUMMARY_KEYS
     assert written["tokens_per_s"] == 250.0 and written["best"] == ROW9 and written["world_size"] == 2
     assert written["checkpoints"] == {"last": "checkpoints/last", "best": "checkpoints/best"}  # in the run dir

@@ -48,7 +48,8 @@ def rows_only_rank_1_validates(data_dir: Path, total_seq_len: int, train_ratio: 
 @pytest.mark.slow
 def test_a_data_error_in_one_rank_is_reported_as_that_ranks_own(cache_dir, tmp_path):
     """A hidden-state file only rank 1 reads, truncated after the start-up check (run_job is what runs after it)."""
-    from eagle3.launch import materialize_inputs, run_job
+    from eagle3.elastic import run_job
+    from eagle3.inputs import materialize_inputs
 
     run_dir = tmp_path / "run"
     cfg = two_rank_config(cache_dir, run_dir)

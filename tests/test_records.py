@@ -51,14 +51,14 @@ def test_resume_drops_rows_after_the_checkpoint_and_a_torn_last_line(tmp_path):
 
 def test_two_runs_cannot_hold_one_run_dir(tmp_path):
     from eagle3.errors import ConfigError
-    from eagle3.launch import _held_run_dirs, hold_run_dir
+    from eagle3.rundir import RunDir, _held_locks
 
-    hold_run_dir(tmp_path / "run")
+    RunDir(tmp_path / "run").hold()
     try:
         with pytest.raises(ConfigError, match="in use by another run"):
-            hold_run_dir(tmp_path / "run")  # a second open file of the lock, as a second process would hold
+            RunDir(tmp_path / "run").hold()  # a second open file of the lock, as a second process would hold
     finally:
-        _held_run_dirs.pop().close()
+        _held_locks.pop().close()
 
 
 def test_a_dir_holding_a_run_or_a_sweep_is_refused_before_hydra_writes_into_it(tmp_path):

@@ -22,7 +22,7 @@ def small_run(cache_dir: Path, run_dir: Path, overrides: list[str]):
     """The pieces of a tiny run, built as the launcher builds them, for driving eagle3.train.train directly."""
     from eagle3.data.loader import build_loaders
     from eagle3.init import InitContext, build_draft
-    from eagle3.launch import materialize_inputs
+    from eagle3.inputs import materialize_inputs
 
     os.environ["EAGLE3_CACHE"] = str(cache_dir)
     from eagle3.config import run_config

@@ -195,7 +195,7 @@ def test_a_full_disk_during_a_save_keeps_last_and_prints_the_resume_line(cache_d
 
 
 def test_a_failure_record_that_cannot_be_written_is_a_warning(tmp_path, monkeypatch, caplog):
-    from eagle3.launch import record_failure
+    from eagle3.job_outcome import record_failure
 
     def full(self, *args, **kwargs):
         raise OSError(errno.ENOSPC, "No space left on device")
@@ -216,7 +216,7 @@ def composed_run(cache_dir: Path, run_dir: Path, overrides: list[str]):
 
     from conftest import compose_cfg
     from eagle3.config import run_config
-    from eagle3.launch import materialize_inputs
+    from eagle3.inputs import materialize_inputs
 
     os.environ["EAGLE3_CACHE"] = str(cache_dir)
     plain = OmegaConf.to_container(compose_cfg(["logger.mode=disabled", *SMALL_DATA, *overrides]), resolve=True,
@@ -230,7 +230,7 @@ def composed_run(cache_dir: Path, run_dir: Path, overrides: list[str]):
 @pytest.mark.slow
 def test_a_run_that_would_train_no_step_is_refused_before_any_rank(cache_dir, tmp_path):
     from eagle3.errors import ConfigError
-    from eagle3.launch import refuse_zero_steps
+    from eagle3.inputs import refuse_zero_steps
 
     cfg, data_dir = composed_run(cache_dir, tmp_path / "run", [])
     refuse_zero_steps(cfg, data_dir, None)  # the tiny default trains
@@ -278,7 +278,7 @@ def test_a_resume_whose_config_was_edited_is_refused_naming_the_keys(stopped_cop
 
 
 def test_a_resumed_job_of_a_moved_sweep_updates_its_entry_in_the_sweep_index(tmp_path):
-    from eagle3.launch import update_resumed_sweep_job
+    from eagle3.job_outcome import update_resumed_sweep_job
 
     old, sweep = tmp_path / "made here", tmp_path / "moved sweep"
     (sweep / "1_optim.lr=0.003").mkdir(parents=True)

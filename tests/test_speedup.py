@@ -8,6 +8,7 @@ import subprocess
 import sys
 
 import pytest
+from test_rundir import summary_json
 
 from conftest import ROOT
 from eagle3.eval.speedup import StepCosts, main, predict
@@ -59,8 +60,8 @@ def test_cli_json_and_sources(tmp_path, capsys):
     # A run dir's val full_acc_* are labelled an estimate.
     run = tmp_path / "run"
     run.mkdir()
-    (run / "summary.json").write_text(json.dumps({"best": {"step": 9, "full_acc_0": 0.4, "full_acc_1": 0.2,
-                                                           "tau_sim": 1.6}}))
+    (run / "summary.json").write_text(summary_json({}, {"step": 9, "full_acc_0": 0.4, "full_acc_1": 0.2,
+                                                             "tau_sim": 1.6}, {}))
     out.unlink()
     main(["--run", str(run), "--baseline-ms", "10", "--verify-ms", "11", "--json", str(out)])
     assert "ESTIMATE" in capsys.readouterr().out
@@ -99,7 +100,7 @@ def fake_run(path, lr, full_acc, accept_rate=None):
     (path / "resolved_config.yaml").write_text(f"optim:\n  lr: {lr}\n")
     best = {"step": 10, "tau_sim": 1 + sum(full_acc), "loss": 1.0,
             **{f"full_acc_{j}": a for j, a in enumerate(full_acc)}}
-    (path / "summary.json").write_text(json.dumps({"step0": best, "best": best, "final": best}))
+    (path / "summary.json").write_text(summary_json(best, best, best))
     if accept_rate is not None:
         (path / f"accept_k{len(accept_rate)}.json").write_text(json.dumps({"k": len(accept_rate),
                                                                           "accept_rate": accept_rate}))

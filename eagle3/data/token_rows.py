@@ -45,7 +45,7 @@ def token_rows_dir(data: DataConfig, verifier_dir: Path, cache_dir: str) -> Path
         params = {"verifier": verifier["config_hash"], "verifier_dir": str(verifier_dir), "synth": asdict(synth)}
 
         def sample(out: Path) -> None:
-            from eagle3.data.synthetic import sample_rows
+            from eagle3.data.sampling import sample_rows
             from eagle3.data.verifier_forward import load_causal_lm
 
             save_rows(sample_rows(load_causal_lm(verifier_dir), synth), out)

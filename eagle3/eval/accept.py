@@ -124,20 +124,19 @@ def resolve_inputs(args: argparse.Namespace) -> tuple[Path, Path, tuple[Path, fl
     """(checkpoint, verifier dir, (data dir, train ratio) of the run's val split or None), checked to exist."""
     from eagle3.config import run_config
     from eagle3.errors import ConfigError
-    from eagle3.rundir import RESOLVED_CONFIG, SUMMARY, checkpoint_dir, read_run_config
+    from eagle3.rundir import RESOLVED_CONFIG, SUMMARY, RunDir, checkpoint_dir
 
     checkpoint, verifier, val_split = args.checkpoint, args.verifier, None
     if args.run:
-        run = Path(args.run)
-        summary_file = run / SUMMARY
-        if not summary_file.is_file() or not (run / RESOLVED_CONFIG).is_file():
-            raise ConfigError(f"--run: {run} is not a finished run dir (needs {SUMMARY} and {RESOLVED_CONFIG}); "
+        run = RunDir(args.run)
+        if not run.file(SUMMARY).is_file() or not run.file(RESOLVED_CONFIG).is_file():
+            raise ConfigError(f"--run: {run.path} is not a finished run dir (needs {SUMMARY} and {RESOLVED_CONFIG}); "
                               "pass the checkpoint dir and --verifier instead")
-        summary = json.loads(summary_file.read_text())
-        train_ratio = run_config(read_run_config(run, "--run")).data.train_ratio
-        checkpoint = checkpoint or checkpoint_dir(run, "best")  # this run's, wherever the run dir now is
-        verifier = verifier or summary["verifier_dir"]
-        val_split = (Path(summary["data_dir"]), train_ratio)
+        summary = run.read_summary()
+        train_ratio = run_config(run.read_config("--run")).data.train_ratio
+        checkpoint = checkpoint or checkpoint_dir(run.path, "best")  # this run's, wherever the run dir now is
+        verifier = verifier or summary.verifier_dir
+        val_split = (Path(summary.data_dir), train_ratio)
     if not checkpoint or not verifier:
         raise ConfigError("give a checkpoint dir and --verifier, or --run <run dir>")
     if not args.prompts and val_split is None:

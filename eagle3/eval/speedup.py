@@ -88,14 +88,15 @@ def rates_from_report(path: Path) -> tuple[list[float], str]:
 
 def rates_from_run(run: Path) -> tuple[list[float], str]:
     """full_acc_j of the run's best val row: teacher-forced, an estimate that overstates served acceptance."""
-    summary_file = run / "summary.json"
-    if not summary_file.is_file():
-        raise ConfigError(f"--run: {run} is not a finished run dir (no summary.json)")
+    from eagle3.rundir import SUMMARY, RunDir
+
+    room = RunDir(run)
+    if not room.file(SUMMARY).is_file():
+        raise ConfigError(f"--run: {run} is not a finished run dir (no {SUMMARY})")
     try:
-        best = json.loads(summary_file.read_text())["best"]
-        assert isinstance(best, dict)
-    except (ValueError, KeyError, TypeError, AssertionError):
-        raise ConfigError(f"--run: {summary_file} is not a run summary (no best val row)") from None
+        best = room.read_summary().best
+    except ConfigError as e:
+        raise ConfigError(f"--run: {e}") from None
     rates = [best[f"full_acc_{j}"] for j in range(len(best)) if f"full_acc_{j}" in best]
     if not rates:
         raise ConfigError(f"--run: the best val row of {run} has no full_acc_* entries")

@@ -23,9 +23,9 @@ import torch
 
 from eagle3.config import PretrainedInitConfig
 from eagle3.draft_arch import FLAGS, SPECULATORS_FLAGS, asked_flags, structure
-from eagle3.init import InitContext, register
 from eagle3.init.build import draft_rope, meta_draft, new_draft
 from eagle3.init.files import CheckpointError, checkpoint_files, load_tensors, read_config, tensor_shapes
+from eagle3.init.registry import InitContext, register
 from eagle3.rope import Rope, RopeError, read_rope
 
 log = logging.getLogger(__name__)

@@ -5,8 +5,8 @@ from __future__ import annotations
 from typing import Any
 
 from eagle3.draft_arch import SPECULATORS_FLAGS, resolved_flags
-from eagle3.init import InitContext, register
 from eagle3.init.build import new_draft
+from eagle3.init.registry import InitContext, register
 
 
 @register("scratch")

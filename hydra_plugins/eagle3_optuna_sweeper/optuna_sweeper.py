@@ -28,7 +28,6 @@ would reuse run-dir numbers and sweep-index entries.
 # No `from __future__ import annotations`: Hydra executes plugin modules before they are in sys.modules,
 # where dataclasses cannot resolve string annotations.
 import fcntl
-import json
 import logging
 import math
 import signal
@@ -45,6 +44,7 @@ from hydra.plugins.sweeper import Sweeper
 from hydra.types import HydraContext, TaskFunction
 from omegaconf import DictConfig, OmegaConf
 
+from eagle3.rundir import IndexEntry, SweepIndex
 from eagle3.study import STUDY_FILE  # in the sweep dir; eagle3.compare reads the study's history from it
 
 from .search_space import parse_search_space, to_override
@@ -228,10 +228,10 @@ class OptunaSweeper(Sweeper):
         for stale in (t for t in trials if t.state == optuna.trial.TrialState.RUNNING):
             # Nothing else runs this study (hold_study_dir): a trial still RUNNING belongs to a sweep that was
             # stopped. One whose run saved checkpoints/last stays RUNNING: resuming it tells the study its value.
-            job = jobs.get(stale.number, {})
-            if job.get("status") == "stopped":
+            job = jobs.get(stale.number)
+            if job is not None and job.status == "stopped":
                 log.info("trial %d was stopped with checkpoints/last saved; %s finishes it and tells the study",
-                         stale.number, job.get("resume"))
+                         stale.number, job.resume)
                 continue
             log.warning("trial %d was left running by an earlier sweep: told FAIL", stale.number)
             study.tell(stale.number, state=optuna.trial.TrialState.FAIL)
@@ -325,12 +325,9 @@ def stop_between_trials() -> Iterator[None]:
             signal.signal(s, handler)
 
 
-def index_jobs(sweep_dir: Path) -> dict[int, dict[str, Any]]:
-    """The sweep index's entries (eagle3.launch writes them) by job number = trial number."""
-    try:
-        return {job["num"]: job for job in json.loads((sweep_dir / "index.json").read_text())["jobs"]}
-    except (OSError, ValueError, KeyError):
-        return {}
+def index_jobs(sweep_dir: Path) -> dict[int, IndexEntry]:
+    """The sweep index's entries (eagle3.job_outcome writes them) by job number = trial number."""
+    return SweepIndex(sweep_dir).by_num()
 
 
 def settle_stopped(study, pending: list[tuple[Any, list[str]]], sweep_dir: Path) -> None:
@@ -340,17 +337,17 @@ def settle_stopped(study, pending: list[tuple[Any, list[str]]], sweep_dir: Path)
     'interrupted' index entry."""
     import optuna
 
-    from eagle3.launch import write_index_entry
+    from eagle3.job_outcome import write_index_entry
 
     jobs = index_jobs(sweep_dir)
     for trial, overrides in pending:
         job = jobs.get(trial.number)
-        if job is not None and job.get("status") == "stopped":
+        if job is not None and job.status == "stopped":
             continue
         study.tell(trial, state=optuna.trial.TrialState.FAIL)
         if job is None:
-            write_index_entry(sweep_dir, {"num": trial.number, "name": ",".join(sorted(overrides)), "run_dir": None,
-                                          "overrides": overrides}, "interrupted", None,
+            write_index_entry(sweep_dir, IndexEntry(num=trial.number, name=",".join(sorted(overrides)), run_dir=None,
+                                                    overrides=overrides, status="interrupted"), "interrupted", None,
                               "the sweep was stopped by a signal before this trial started")
 
 

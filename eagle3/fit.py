@@ -1,0 +1,64 @@
+"""What a run asks of this machine, before anything is written or any rank starts: the plan (eagle3.plan) with
+what the machine and the disk say (eagle3.plan_inputs), the guard that refuses a run that cannot fit, and the
+devices the config names. Imports torch only inside the functions that need it."""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING
+
+from eagle3.config import PretrainedInitConfig, TrainConfig
+from eagle3.errors import ConfigError
+
+if TYPE_CHECKING:
+    from eagle3.plan import Plan
+
+log = logging.getLogger(__name__)
+
+
+def run_plan(cfg: TrainConfig) -> Plan:
+    """The plan of this run (eagle3.plan) with what the machine and the disk say (eagle3.plan_inputs)."""
+    from eagle3.plan import make_plan
+    from eagle3.plan_inputs import dataset_stats, device_and_memory, rows_unknown_reason, verifier_shape, verifier_size
+
+    draft, dist = cfg.model.draft, cfg.distributed
+    kind, memory, source = device_and_memory(cfg.device, dist.device_memory_gb, in_process=dist.world_size == 1,
+                                             ranks_per_node=dist.nproc_per_node)
+    online = cfg.data.online.enabled
+    # Online, every rank holds the verifier and eval.accept reuses it; offline only eval.accept loads it (rank 0).
+    accept_loads = cfg.eval.accept.enabled and not online
+    verifier_bytes, verifier_note = verifier_size(cfg.model.verifier) if accept_loads else (0, "")
+    train_lm_head = isinstance(cfg.init, PretrainedInitConfig) and cfg.init.train_lm_head
+    return make_plan(draft, cfg.data, cfg.optim, dist, device_type=kind, device_memory=memory,
+                     device_memory_source=source, train_lm_head=train_lm_head,
+                     data_stats=dataset_stats(cfg.data, draft.hidden_size, draft.aux_layer_ids),
+                     no_rows_reason=rows_unknown_reason(cfg.data), verifier_bytes=verifier_bytes,
+                     verifier_note=verifier_note,
+                     online_verifier=verifier_shape(cfg.model.verifier) if online else None)
+
+
+def refuse_if_it_cannot_fit(cfg: TrainConfig) -> None:
+    """Stops a run whose planned peak per rank exceeds the device's memory (eagle3.plan.check_fits)."""
+    from eagle3.plan import check_fits, human
+
+    plan = run_plan(cfg)
+    check_fits(plan)
+    of = f"of {human(plan.device_memory)} ({plan.device_memory_source})" if plan.device_memory else \
+        f"({plan.device_memory_source})"
+    log.info("plan: about %s per rank %s; python launch.py plan=true ... for the terms", human(plan.peak), of)
+
+
+def check_devices(cfg: TrainConfig) -> None:
+    """What the config asks of this machine's devices, before anything is built (imports torch only then)."""
+    dist = cfg.distributed
+    if cfg.device != "cuda" and dist.backend != "nccl":
+        return
+    import torch
+
+    wants = "device=cuda" if cfg.device == "cuda" else "distributed.backend=nccl"
+    if not torch.cuda.is_available():
+        raise ConfigError(f"{wants} needs a CUDA GPU, and torch sees none on this machine; use device=auto (or cpu)"
+                          f"{' and distributed.backend=auto (gloo on CPU)' if dist.backend == 'nccl' else ''}")
+    if torch.cuda.device_count() < dist.nproc_per_node:
+        raise ConfigError(f"distributed.nproc_per_node={dist.nproc_per_node} starts one rank per GPU, and this "
+                          f"machine has {torch.cuda.device_count()}")

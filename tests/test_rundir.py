@@ -1,0 +1,131 @@
+"""The run dir's room (eagle3.rundir): its JSON files are typed records, read back equal to what was written, and a
+file that is not one (cut short, mistyped) is one message naming it; writes are whole or not at all."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from eagle3.errors import ConfigError
+from eagle3.progress import Progress, RunSummary
+from eagle3.rundir import DataCheck, FailureRecord, IndexEntry, InitReport, RunDir, SweepIndex
+
+
+def summary_json(step0: dict, best: dict, final: dict, **fields) -> str:
+    """A summary.json as a run writes it, with these val rows (tests that build run dirs by hand)."""
+    summary = RunSummary.of(Progress(step=final.get("step", 0), step0=step0, best=best, final=final),
+                            Path("/verifier"), Path("/data"), "cpu", 1)
+    return json.dumps({**summary.to_dict(), **fields})
+
+
+ROW = {"step": 4, "split": "val", "epoch": 0, "loss": 2.5, "tau_sim": 1.25, "full_acc_0": 0.5}
+
+
+def test_every_record_reads_back_equal_to_what_was_written(tmp_path):
+    run = RunDir(tmp_path)
+    summary = RunSummary.of(Progress(step=4, tokens=64.0, train_wall_s=2.0, step0=ROW, best=ROW, final=ROW),
+                            Path("/v"), Path("/d"), "cpu", 2)
+    run.write_summary(summary)
+    assert run.read_summary() == summary
+    assert json.loads(run.file("summary.json").read_text())["checkpoints"] == {"last": "checkpoints/last",
+                                                                              "best": "checkpoints/best"}
+    run.write_failure(FailureRecord("RunStopped: the loss is NaN", "Traceback ..."))
+    assert run.read_failure() == FailureRecord("RunStopped: the loss is NaN", "Traceback ...")
+    report = InitReport.from_dict({"initializer": "scratch", "flags": {"norm_before_residual": True}})
+    run.write_init_report(report)
+    assert json.loads(run.file("init_report.json").read_text()) == {"initializer": "scratch",
+                                                                    "flags": {"norm_before_residual": True}}
+    assert run.read_init_report() == report
+    check = DataCheck(data_dir="/d", rows=3, bad=1, counts={"token_id": 1}, full=False,
+                      first_bad=[{"row": 2, "kind": "token_id", "detail": "id 99"}], policy="skip", skipped_rows=[2])
+    run.write_data_check(check)
+    assert run.read_data_check() == check
+    assert "source_skipped" not in json.loads(run.file("data_check.json").read_text())  # the keys as before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["data_check.json", "failure.json", "init_report.json",
+                                                          "summary.json"]  # no temporary file left
+
+
+@pytest.mark.parametrize("text, why", [
+    ('{"steps": 3, "tokens": 1.0, "tokens_per', "cut short"),
+    ("[1, 2]", "not a JSON object"),
+    (None, "'steps' is '3'"),
+])
+def test_a_summary_that_is_not_one_is_one_message_naming_the_file(tmp_path, text, why):
+    if text is None:
+        text = summary_json(ROW, ROW, ROW).replace('"steps": 4', '"steps": "3"')
+    (tmp_path / "summary.json").write_text(text)
+    with pytest.raises(ConfigError) as refused:
+        RunDir(tmp_path).read_summary()
+    message = str(refused.value)
+    assert str(tmp_path / "summary.json") in message and "cannot be read as a run summary" in message
+    assert why in message or why == "cut short"
+
+
+def test_a_failure_record_and_an_init_report_with_wrong_types_are_refused(tmp_path):
+    (tmp_path / "failure.json").write_text(json.dumps({"error": 3}))
+    with pytest.raises(ConfigError, match=r"failure.json: cannot be read as a failure record \('error' is 3"):
+        RunDir(tmp_path).read_failure()
+    (tmp_path / "init_report.json").write_text(json.dumps({"flags": {}}))
+    with pytest.raises(ConfigError, match=r"init_report.json: cannot be read as an init report \(no 'initializer'"):
+        RunDir(tmp_path).read_init_report()
+
+
+def test_the_sweep_index_keeps_its_keys_and_replaces_an_entry_by_number(tmp_path):
+    index = SweepIndex(tmp_path)
+    summary = RunSummary.from_dict(json.loads(summary_json(ROW, ROW, ROW)))
+    index.put(IndexEntry(num=1, name="optim.lr=0.1", run_dir="/s/1", overrides=["optim.lr=0.1"], status="failed",
+                         error="RunStopped: NaN"))
+    index.put(IndexEntry(num=0, name="optim.lr=0.01", run_dir="/s/0", overrides=["optim.lr=0.01"],
+                         status="completed").with_results(summary))
+    index.put(IndexEntry(num=1, name="optim.lr=0.1", run_dir="/s/1", overrides=["optim.lr=0.1"], status="stopped",
+                         resume="python launch.py resume=/s/1"))
+    plain = json.loads((tmp_path / "index.json").read_text())
+    assert plain["sweep_dir"] == str(tmp_path.resolve())
+    assert plain["jobs"][0] == {"num": 0, "name": "optim.lr=0.01", "run_dir": "/s/0", "overrides": ["optim.lr=0.01"],
+                                "status": "completed", "error": None, "steps": 4, "best_tau_sim": 1.25,
+                                "best_step": 4, "final_loss": 2.5, "final_tau_sim": 1.25}
+    assert [(e.num, e.status) for e in index.entries()] == [(0, "completed"), (1, "stopped")]
+    (tmp_path / "index.json").write_text('{"jobs": [{"num": "zero"}]}')
+    with pytest.raises(ConfigError, match="index.json is not a sweep index"):
+        index.entries()
+
+
+def test_a_failed_run_writes_failure_json_through_its_record(tmp_path):
+    from eagle3.job_outcome import record_failure
+
+    record_failure(tmp_path, "DataError: no rows", "Traceback (most recent call last): ...")
+    assert RunDir(tmp_path).read_failure() == FailureRecord("DataError: no rows",
+                                                            "Traceback (most recent call last): ...")
+
+
+def test_max_restarts_is_refused_with_the_way_to_resume():
+    """A restart of the worker group would rebuild the draft from its initializer and append a second history to
+    metrics.jsonl; the option is refused, and resume= named, before anything is written."""
+    from omegaconf import OmegaConf
+
+    from conftest import compose_cfg
+    from eagle3.config import validate
+
+    plain = OmegaConf.to_container(compose_cfg(["distributed=ddp", "distributed.max_restarts=1"]), resolve=True,
+                                   enum_to_str=True)
+    with pytest.raises(ConfigError, match=r"distributed\.max_restarts.*resume=<run dir>"):
+        validate(plain)
+    plain = OmegaConf.to_container(compose_cfg(["distributed=ddp"]), resolve=True, enum_to_str=True)
+    assert validate(plain).distributed.max_restarts == 0  # a run dir's resolved_config.yaml says 0: it still reads
+
+
+def test_compare_reads_summary_json_through_its_record(tmp_path):
+    """A summary.json with the val rows but mistyped fields is not taken as a finished run: compare names the file."""
+    from eagle3.compare import find_runs
+
+    row = {"step": 0, "split": "val", "loss": 2.0, "tau_sim": 1.0}
+    for name, steps in (("0_ok", 4), ("1_bad", "four")):
+        run = tmp_path / name
+        run.mkdir()
+        (run / "resolved_config.yaml").write_text("optim:\n  lr: 0.001\n")
+        (run / "summary.json").write_text(summary_json(row, row, row, steps=steps))
+    ok, bad = find_runs([tmp_path])
+    assert ok.status == "completed" and ok.summary is not None and ok.summary.steps == 4
+    assert bad.status == "unreadable" and "1_bad/summary.json: cannot be read as a run summary" in (bad.error or "")
