@@ -191,11 +191,11 @@ def test_compare_shows_the_readable_runs_and_names_a_cut_file(tmp_path, capsys):
 def test_summary_json_is_whole_or_absent_when_its_write_fails(tmp_path, monkeypatch):
     import errno
 
+    from eagle3.progress import Progress, RunSummary
     from eagle3.track import Tracker
 
-    class Summary:
-        def to_dict(self):
-            return {"step0": {}, "best": {}, "final": {}, "steps": 4}
+    row = {"step": 4, "split": "val", "epoch": 0, "loss": 2.5, "tau_sim": 1.25}
+    summary = RunSummary.of(Progress(step=4, step0=row, best=row, final=row), Path("/v"), Path("/d"), "cpu", 1)
 
     real = Path.write_text
 
@@ -206,7 +206,7 @@ def test_summary_json_is_whole_or_absent_when_its_write_fails(tmp_path, monkeypa
     with Tracker(tmp_path, LoggerConfig(mode=LoggerMode.disabled)) as tracker:
         monkeypatch.setattr(Path, "write_text", half_then_full)
         with pytest.raises(OSError):
-            tracker.finish(Summary())
+            tracker.finish(summary)
     assert not (tmp_path / "summary.json").exists()
 
 

@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 import yaml
 from omegaconf import OmegaConf
+from test_rundir import summary_json
 
 from conftest import ROOT, compose_cfg
 from eagle3.serve import engine as engine_module
@@ -75,8 +76,9 @@ def fake_run(tmp_path, monkeypatch) -> dict[str, Path]:
     plain = OmegaConf.to_container(compose_cfg(["logger.mode=disabled"]), resolve=True, enum_to_str=True)
     plain["run"] = {"dir": str(run), "name": "t", "group": "t", "choices": {}, "overrides": []}
     (run / "resolved_config.yaml").write_text(yaml.safe_dump(plain))
-    (run / "summary.json").write_text(json.dumps({"checkpoints": {"best": str(ckpt)}, "verifier_dir": str(verifier),
-                                                  "data_dir": str(tmp_path / "data")}))
+    row = {"step": 4, "split": "val", "epoch": 0, "loss": 2.5, "tau_sim": 1.25}
+    (run / "summary.json").write_text(summary_json(row, row, row, verifier_dir=str(verifier),
+                                                   data_dir=str(tmp_path / "data")))
     prompts = tmp_path / "prompts.jsonl"
     prompts.write_text('{"input_ids": [1, 2, 3]}\n')
     fake = tmp_path / "fake-python"
@@ -278,7 +280,7 @@ def test_compare_shows_served_columns_and_ranks_by_them(tmp_path):
         run.mkdir()
         (run / "resolved_config.yaml").write_text("optim:\n  lr: 0.001\n")
         best = {"step": 10, "tau_sim": tau, "loss": 1.0, "full_acc_0": tau - 1}
-        (run / "summary.json").write_text(json.dumps({"step0": best, "best": best, "final": best}))
+        (run / "summary.json").write_text(summary_json(best, best, best))
         if speedup is not None:
             serve_report(run, 1, speedup - 0.1, [0.3])
             serve_report(run, 3, speedup, [0.3, 0.2, 0.1])
@@ -318,7 +320,7 @@ def test_summary_json_records_its_provenance(trained_run):
 
     summary = json.loads((trained_run / "summary.json").read_text())
     record = summary["provenance"]
-    assert record["checkpoint_sha256"] == checkpoint_sha256(Path(summary["checkpoints"]["best"]))
+    assert record["checkpoint_sha256"] == checkpoint_sha256(trained_run / summary["checkpoints"]["best"])
     assert len(record["git_commit"]) == 40 and {"torch", "transformers", "speculators"} <= set(record["versions"])
 
 
