@@ -85,7 +85,7 @@ def time_ours(model, draft, data, steps, warmup, device):
     from eagle3.distributed import World
     from eagle3.progress import Progress
     from eagle3.track import Tracker
-    from eagle3.train import StepLog, make_scheduler, train_step
+    from eagle3.train import StepLog, count_step, log_train_row, make_scheduler, train_step
 
     model = model.to(device)
     if device.type == "cpu":
@@ -99,7 +99,7 @@ def time_ours(model, draft, data, steps, warmup, device):
     run_dir = Path(tempfile.mkdtemp(prefix="eagle3-gpu-bench-"))
     tracker = Tracker(run_dir, LoggerConfig(mode=LoggerMode.disabled)).__enter__()
     progress = Progress()
-    log = StepLog(tracker, World(), scheduler, 10, warmup + steps, progress)
+    log = StepLog(tracker, World(), scheduler, warmup + steps, progress)
 
     def step(batch):
         if device.type == "cpu":
@@ -107,9 +107,10 @@ def time_ours(model, draft, data, steps, warmup, device):
                      for k, v in batch.items()}
         grad_norm = train_step(model, iter([batch]), 1, optimizer, scheduler, params, 1.0, device, autocast, kwargs,
                                World(), log.window)
-        progress.step += 1  # what the loop does after each step
-        progress.step_in_epoch += 1
-        log.after_step(progress, 0, grad_norm)
+        count_step(progress, grad_norm, 0, 1, World())  # what the loop does after each step
+        log.count(grad_norm)
+        if progress.step % 10 == 0:  # a train row every 10 steps, as log_every=10 gives
+            log_train_row(log, progress, World())
 
     for batch in data[:warmup]:
         step(batch)
@@ -119,6 +120,7 @@ def time_ours(model, draft, data, steps, warmup, device):
         step(batch)
     sync(device)
     elapsed = time.perf_counter() - start
+    log.close()
     tracker.__exit__(None, None, None)
     return elapsed
 

@@ -40,7 +40,7 @@ def main() -> None:
     from eagle3.inputs import materialize_inputs
     from eagle3.progress import Progress
     from eagle3.track import Tracker
-    from eagle3.train import StepLog, make_scheduler, to_device, train_step
+    from eagle3.train import StepLog, count_step, log_train_row, make_scheduler, to_device, train_step
 
     quiet_libraries()
     cfg = tiny_run_config()
@@ -69,7 +69,7 @@ def main() -> None:
     run_dir = Path(tempfile.mkdtemp(prefix="eagle3-bench-"))
     tracker = Tracker(run_dir, cfg.logger).__enter__()
     progress = Progress()
-    log = StepLog(tracker, World(), scheduler, cfg.logger.log_every, 10**9, progress)
+    log = StepLog(tracker, World(), scheduler, 10**9, progress)
 
     def bare(batch):
         bare_opt.zero_grad(set_to_none=True)
@@ -81,9 +81,10 @@ def main() -> None:
     def project(batch):
         grad_norm = train_step(project_model, iter([batch]), 1, project_opt, scheduler, project_params,
                                optim.grad_clip, torch.device("cpu"), nullcontext(), kwargs, World(), log.window)
-        progress.step += 1  # what the loop does after each step
-        progress.step_in_epoch += 1
-        log.after_step(progress, 0, grad_norm)
+        count_step(progress, grad_norm, 0, 1, World())  # what the loop does after each step
+        log.count(grad_norm)
+        if progress.step % cfg.logger.log_every == 0:
+            log_train_row(log, progress, World())
 
     def timed(step_fn) -> float:
         start = time.perf_counter()
