@@ -77,7 +77,7 @@ def run_one_job(cfg: DictConfig, hydra) -> float | None:
     job.completed(summary, objective)
     log.info("done in %.1f s", time.perf_counter() - start)
     if run_cfg.eval.serve.enabled:
-        serve_at_end(run_dir, run_cfg, job.multirun, hydra.job.num)
+        serve_at_end(run_dir, run_cfg, job.multirun, hydra.job.num if job.multirun else 0)
     return objective
 
 

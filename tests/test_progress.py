@@ -15,7 +15,7 @@ ROW0 = {"step": 0, "split": "val", "epoch": 0, "loss": 73.5, "full_acc_0": 0.01,
 ROW9 = {"step": 9, "split": "val", "epoch": 1, "loss": 17.4, "full_acc_0": 0.36, "tau_sim": 1.87}
 # summary.json's keys as eagle3.compare and eagle3.eval.accept read them, in the order they are written.
 SUMMARY_KEYS = ["steps", "tokens", "tokens_per_s", "train_wall_s", "step0", "final", "best", "checkpoints",
-                "verifier_dir", "data_dir", "device", "world_size"]
+                "verifier_dir", "data_dir", "device", "world_size", "provenance"]
 
 
 def test_progress_round_trips_through_a_weights_only_trainer_state(tmp_path):
