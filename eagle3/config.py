@@ -64,6 +64,43 @@ class Strategy(str, Enum):
     fsdp = "fsdp"
 
 
+class Device(str, Enum):
+    """Where a run trains; auto: a CUDA GPU when torch sees one, else the CPU (eagle3/runtime.py resolves it)."""
+
+    auto = "auto"
+    cpu = "cpu"
+    cuda = "cuda"
+
+
+class Backend(str, Enum):
+    """The process group's backend; auto: nccl on CUDA, gloo on CPU."""
+
+    auto = "auto"
+    nccl = "nccl"
+    gloo = "gloo"
+
+
+class AttnImpl(str, Enum):
+    """The draft's attention; auto: flex attention on CUDA, sdpa on CPU (flex has no CPU backward)."""
+
+    auto = "auto"
+    sdpa = "sdpa"
+    eager = "eager"
+    simple_flex_attention = "simple_flex_attention"
+
+
+class DraftLoss(str, Enum):
+    """speculators' loss names (speculators.losses.resolve_loss_config)."""
+
+    kl_div = "kl_div"
+    ce = "ce"
+    rkl = "rkl"
+    jsd = "jsd"
+    tv = "tv"
+    nla = "nla"
+    lk_hybrid = "lk_hybrid"
+
+
 @dataclass
 class TinyVerifierConfig:
     """A small Llama built from a seed, used when no verifier path is given."""
@@ -118,9 +155,6 @@ class VerifierConfig:
         return layers if isinstance(layers, int) else None
 
 
-ATTN_IMPLS = ("auto", "sdpa", "eager", "simple_flex_attention")
-
-
 @dataclass
 class DraftConfig:
     hidden_size: int = MISSING
@@ -145,8 +179,8 @@ class DraftConfig:
     layer_type: LayerType = LayerType.llama
     ttt_steps: int = 3
     ttt_step_loss_decay: float = 1.0
-    loss: str = "kl_div"
-    attn_impl: str = "auto"
+    loss: DraftLoss = DraftLoss.kl_div
+    attn_impl: AttnImpl = AttnImpl.auto
     # Architecture flags; null = as the initializer says (scratch: speculators' defaults; pretrained: the
     # checkpoint's, or its layout's known defaults).
     norm_before_residual: bool | None = None
@@ -175,8 +209,6 @@ class DraftConfig:
         _require(not conflicts, "model.draft", "; ".join(conflicts))
         _require(0 < self.draft_vocab_size <= self.vocab_size, "model.draft.draft_vocab_size",
                  f"must be in (0, model.draft.vocab_size={self.vocab_size}]")
-        _require(self.attn_impl in ATTN_IMPLS, "model.draft.attn_impl",
-                 "must be auto, sdpa, eager or simple_flex_attention")
         ids = list(self.aux_layer_ids)
         _require(len(ids) > 0, "model.draft.aux_layer_ids", "must name at least one verifier layer")
         _require(len(set(ids)) == len(ids), "model.draft.aux_layer_ids",
@@ -376,7 +408,7 @@ class DistributedConfig:
     device_memory_gb: float | None = None
     node_rank: int = MISSING                # MISSING, not 0: multinode must not default it silently
     rdzv_endpoint: str | None = MISSING
-    backend: str = "auto"
+    backend: Backend = Backend.auto
     # Elastic restarts are not offered: a restarted rank would build the draft anew, not resume it. Kept so that
     # a run dir's resolved_config.yaml (max_restarts: 0) still reads; a failed run continues with resume=.
     max_restarts: int = 0
@@ -395,7 +427,6 @@ class DistributedConfig:
                  f"must be in [0, distributed.nnodes={self.nnodes})")
         _require(self.nnodes == 1 or bool(self.rdzv_endpoint), "distributed.rdzv_endpoint",
                  "is required with more than one node: host:port of node 0, reachable from every node")
-        _require(self.backend in ("auto", "nccl", "gloo"), "distributed.backend", "must be auto, nccl or gloo")
         _require(self.max_restarts == 0, "distributed.max_restarts",
                  "must be 0: a restarted rank would build the draft anew instead of resuming it, and train a second "
                  "history; after a failure continue the run from checkpoints/last with python launch.py "
@@ -479,7 +510,7 @@ class TrainConfig:
     eval: EvalConfig = field(default_factory=EvalConfig)
     seed: int = 0
     cache_dir: str = MISSING
-    device: str = "auto"
+    device: Device = Device.auto
     resume: str | None = None
     # true: print the memory and time plan of this config per rank (eagle3/plan.py) and exit; builds nothing
     plan: bool = False
@@ -491,7 +522,6 @@ class TrainConfig:
         self.optim.check()
         self.data.check(dataset_required)
         self.model.check()
-        _require(self.device in ("auto", "cpu", "cuda"), "device", "must be auto, cpu or cuda")
         _require(0 <= self.seed < 2**63, "seed", f"must be in [0, 2**63), got {self.seed}")
         _require(not (self.device == "cpu" and self.distributed.backend == "nccl"), "distributed.backend",
                  "nccl runs on CUDA GPUs only, and device=cpu; use distributed.backend=auto (gloo on CPU)")

@@ -1,0 +1,81 @@
+"""The schemas in eagle3/config.py are where a value is declared and checked: string choices are Enums (a typo fails
+at composition, with Hydra's own message), `auto` is resolved once (eagle3.runtime), each range is checked in one
+schema and the CLIs take their options from it, and the option files in conf/ state only what differs from it."""
+
+from __future__ import annotations
+
+import pytest
+import yaml
+from hydra.errors import ConfigCompositionException
+from omegaconf import OmegaConf
+
+from conftest import compose_cfg
+from eagle3.config import plain_config, run_config, validate
+from eagle3.errors import ConfigError
+
+
+def typed(overrides: list[str] | None = None):
+    return validate(OmegaConf.to_container(compose_cfg(overrides), resolve=True, enum_to_str=True))
+
+
+@pytest.mark.parametrize("override,key,choices", [
+    ("model.draft.attn_impl=flash", "model.draft.attn_impl", "[auto, sdpa, eager, simple_flex_attention]"),
+    ("model.draft.loss=kl", "model.draft.loss", "kl_div"),
+    ("distributed.backend=mpi", "distributed.backend", "[auto, nccl, gloo]"),
+    ("device=tpu", "device", "[auto, cpu, cuda]"),
+])
+def test_a_mistyped_choice_fails_at_composition_naming_the_choices(override, key, choices):
+    with pytest.raises(ConfigCompositionException) as e:
+        compose_cfg([override])
+    cause = str(e.value.__cause__)
+    assert "Invalid value" in cause and choices in cause and f"full_key: {key}" in cause, cause
+
+
+def test_choices_compare_as_strings_and_are_written_as_their_names(tmp_path):
+    cfg = typed(["model.draft.attn_impl=eager", "distributed.backend=gloo", "device=cpu"])
+    assert cfg.model.draft.attn_impl == "eager" and cfg.distributed.backend == "gloo" and cfg.device == "cpu"
+    assert cfg.model.draft.loss == "kl_div"
+    plain = {**plain_config(cfg), "run": {"dir": str(tmp_path), "name": "r", "group": "g"}}
+    assert plain["model"]["draft"]["attn_impl"] == "eager" and plain["device"] == "cpu"
+    text = yaml.safe_dump(plain)  # resolved_config.yaml: plain strings, no python tags
+    assert "!!python" not in text
+    again = run_config(yaml.safe_load(text))  # an old run dir's file (strings) reads through the same schemas
+    assert again.model.draft.attn_impl == "eager" and again.distributed.backend == "gloo"
+
+
+def test_the_runtime_resolves_auto_on_a_cpu_machine(monkeypatch):
+    import torch
+
+    from eagle3.runtime import Runtime, resolve_runtime, runtime_of
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert runtime_of(typed()) == Runtime("cpu", "gloo", "sdpa", "float32")
+    assert resolve_runtime("cpu", "auto", "eager") == Runtime("cpu", "gloo", "eager", "float32")
+    with pytest.raises(ConfigError, match=r"^device=cuda needs a CUDA GPU, and torch sees none"):
+        resolve_runtime("cuda")
+    with pytest.raises(ConfigError, match=r"^distributed.backend=nccl needs a CUDA GPU.*backend=auto \(gloo on CPU\)"):
+        resolve_runtime("auto", "nccl")
+
+
+def test_the_runtime_resolves_auto_on_a_gpu_machine(monkeypatch):
+    import torch
+
+    from eagle3.runtime import Runtime, resolve_runtime
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    cuda = resolve_runtime("auto")
+    assert cuda == Runtime("cuda", "nccl", "simple_flex_attention", "bfloat16")
+    assert (cuda.loss_impl, cuda.device(1), cuda.dtype()) == ("fused", torch.device("cuda", 1), torch.bfloat16)
+    assert resolve_runtime("cpu").device_type == "cpu"  # asked for the CPU: the GPU is not used
+    assert resolve_runtime("auto", "gloo").backend == "gloo"
+    with pytest.raises(ConfigError, match=r"nproc_per_node=4 starts one rank per GPU, and this machine has 2"):
+        resolve_runtime("cuda", ranks_per_node=4)
+
+
+def test_the_plan_names_the_attention_as_a_plain_string():
+    from eagle3.fit import run_plan
+
+    plan = run_plan(typed(["model.draft.attn_impl=eager", "device=cpu", "distributed.device_memory_gb=16"]))
+    assert type(plan.attn_impl) is str and plan.attn_impl == "eager"
+    assert run_plan(typed(["device=cpu", "distributed.device_memory_gb=16"])).attn_impl == "sdpa"
