@@ -276,6 +276,13 @@ HIDDEN_STATES_DTYPES = ("bfloat16", "float16", "float32")
 MIN_SEQ_LEN = 2  # data.total_seq_len: one input token and its next token, the shortest pair training shifts
 
 
+def check_total_seq_len(value: int) -> None:
+    """data.total_seq_len's range (DataConfig.check; python -m eagle3.data.check --total-seq-len)."""
+    _require(value >= MIN_SEQ_LEN, "data.total_seq_len",
+             f"must be at least {MIN_SEQ_LEN}, got {value}: a packed micro-batch must hold one token and the next one "
+             f"it predicts (training shifts each row by one)")
+
+
 @dataclass
 class DataConfig:
     name: str = MISSING
@@ -298,9 +305,7 @@ class DataConfig:
             _require(self.synth.temperature > 0, "data.synth.temperature",
                      f"must be > 0 (responses are sampled), got {self.synth.temperature}")
         _require(0 < self.train_ratio < 1, "data.train_ratio", f"must be in (0, 1), got {self.train_ratio}")
-        _require(self.total_seq_len >= MIN_SEQ_LEN, "data.total_seq_len",
-                 f"must be at least {MIN_SEQ_LEN}, got {self.total_seq_len}: a packed micro-batch must hold one "
-                 f"token and the next one it predicts (training shifts each row by one)")
+        check_total_seq_len(self.total_seq_len)
         _require(self.prefetch >= 0, "data.prefetch", f"must be >= 0, got {self.prefetch}")
         _require(self.hidden_states_dtype in HIDDEN_STATES_DTYPES, "data.hidden_states_dtype",
                  f"must be one of {', '.join(HIDDEN_STATES_DTYPES)}, got {self.hidden_states_dtype}")
@@ -450,19 +455,26 @@ class AcceptEvalConfig:
 
     enabled: bool = False
     prompts: str | None = None   # JSONL of input_ids or messages rows; null: the val split's prompts
-    num_prompts: int = 8
-    k: int = 3
-    max_new_tokens: int = 32
+    num_prompts: int = 8            # use the first N prompts
+    k: int = 3                      # draft tokens per verify step
+    max_new_tokens: int = 32        # tokens generated per prompt
     every: int = 1                  # measure at every N-th val pass, the step-0 pass first
     temperature: float = 0.0        # sampling temperature (0: greedy; > 0: speculative sampling, seeded by `seed`)
 
-    def check(self, dist: DistributedConfig) -> None:
-        # The verifier it needs always exists: ModelConfig.check requires model.verifier.path or .tiny.
-        for key, low in (("k", 1), ("num_prompts", 1), ("max_new_tokens", 2), ("every", 1)):
+    def check_values(self) -> None:
+        """Its values' ranges; also what `python -m eagle3.eval.accept` checks its options with."""
+        for key, low in (("k", 1), ("num_prompts", 1), ("every", 1)):
             value = getattr(self, key)
             _require(value >= low, f"eval.accept.{key}", f"must be >= {low}, got {value}")
+        _require(self.max_new_tokens >= 2, "eval.accept.max_new_tokens",
+                 f"must be >= 2 (the first token comes from the prompt's forward, without a draft), "
+                 f"got {self.max_new_tokens}")
         # `not >=` also refuses NaN, which would otherwise sample from NaN logits.
         _require(self.temperature >= 0, "eval.accept.temperature", f"must be >= 0, got {self.temperature}")
+
+    def check(self, dist: DistributedConfig) -> None:
+        # The verifier it needs always exists: ModelConfig.check requires model.verifier.path or .tiny.
+        self.check_values()
         if not self.enabled:
             return
         _require(dist.strategy != Strategy.fsdp or dist.world_size == 1, "eval.accept.enabled",

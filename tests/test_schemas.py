@@ -79,3 +79,88 @@ def test_the_plan_names_the_attention_as_a_plain_string():
     plan = run_plan(typed(["model.draft.attn_impl=eager", "device=cpu", "distributed.device_memory_gb=16"]))
     assert type(plan.attn_impl) is str and plan.attn_impl == "eager"
     assert run_plan(typed(["device=cpu", "distributed.device_memory_gb=16"])).attn_impl == "sdpa"
+
+
+def config_message(override: str) -> str:
+    with pytest.raises(ConfigError) as e:
+        typed([override])
+    return str(e.value)
+
+
+@pytest.mark.parametrize("argv,override,flag", [
+    (["--temperature", "-1"], "eval.accept.temperature=-1", "--temperature"),
+    (["--k", "0"], "eval.accept.k=0", "--k"),
+    (["--num-prompts", "0"], "eval.accept.num_prompts=0", "--num-prompts"),
+    (["--max-new-tokens", "1"], "eval.accept.max_new_tokens=1", "--max-new-tokens"),
+])
+def test_eval_accept_refuses_an_option_with_its_schema_message(argv, override, flag, tmp_path):
+    from eagle3.eval.accept import main
+
+    key = override.split("=")[0]
+    with pytest.raises(SystemExit) as e:
+        main(["--run", str(tmp_path), *argv])  # refused before the run dir is read
+    assert str(e.value.code) == "error: " + config_message(override).replace(f"{key}:", f"{flag} ({key}):")
+
+
+def test_eval_accept_takes_its_defaults_and_help_from_the_schema(capsys):
+    from eagle3.config import AcceptEvalConfig
+    from eagle3.eval.accept import parse_args
+
+    args, schema = parse_args([]), AcceptEvalConfig()
+    assert (args.num_prompts, args.max_new_tokens, args.temperature) == (schema.num_prompts, schema.max_new_tokens,
+                                                                         schema.temperature)
+    assert args.k is None  # the checkpoint's ttt_steps, not eval.accept.k's default
+    with pytest.raises(SystemExit):
+        parse_args(["--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert "sampling temperature (0: greedy; > 0: speculative sampling, seeded by `seed`) (default: 0, as " \
+           "eval.accept.temperature)" in text  # the comment next to the field in eagle3/config.py
+    assert "tokens generated per prompt (default: 32, as eval.accept.max_new_tokens)" in text
+
+
+def test_data_check_refuses_a_total_seq_len_with_its_schema_message(tmp_path, capsys):
+    from eagle3.data.check import main
+
+    with pytest.raises(SystemExit) as e:
+        main([str(tmp_path), "--total-seq-len", "1"])
+    expected = config_message("data.total_seq_len=1").replace("data.total_seq_len:", "--total-seq-len "
+                                                                                     "(data.total_seq_len):")
+    assert e.value.code == 2 and expected in capsys.readouterr().err
+
+
+def test_data_prepare_takes_on_bad_sample_and_device_from_the_schemas(capsys):
+    from eagle3.config import BadSamplePolicy, Device
+    from eagle3.data.prepare import main
+
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert "--on-bad-sample {" + ",".join(p.value for p in BadSamplePolicy) + "}" in text
+    assert "(default: error, as data.on_bad_sample)" in text
+    assert "--device {" + ",".join(d.value for d in Device) + "}" in text
+
+
+def test_bad_samples_take_the_policy_names_of_the_schema():
+    from eagle3.data.jsonl import BadSamples
+
+    assert BadSamples("skip").policy == "skip"
+    with pytest.raises(ValueError, match="'sometimes' is not a valid BadSamplePolicy"):
+        BadSamples("sometimes")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("argv,status", [
+    (["eagle3.eval.accept", "--run", "{tmp}", "--temperature", "-1"], 1),
+    (["eagle3.data.check", "{tmp}", "--total-seq-len", "1"], 2),
+])
+def test_a_refused_cli_option_is_one_line_on_the_console(argv, status, tmp_path):
+    import subprocess
+    import sys
+
+    from conftest import ROOT
+
+    argv = [a.format(tmp=tmp_path) for a in argv]
+    proc = subprocess.run([sys.executable, "-m", *argv], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == status, proc.stderr
+    lines = [line for line in proc.stderr.splitlines() if line.strip() and not line.startswith(("usage:", " "))]
+    assert len(lines) == 1 and "Traceback" not in proc.stderr and "must be" in lines[0], proc.stderr
