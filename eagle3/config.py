@@ -125,6 +125,8 @@ class TinyVerifierConfig:
 class VerifierConfig:
     # MISSING, not None: a YAML `???` merged onto a default keeps the default, so options that need a
     # user-given path would silently get null.
+    # A local Hugging Face model dir: config.json plus the safetensors holding embed_tokens, lm_head and the final
+    # norm (the draft shares them); null with `tiny`.
     path: str | None = MISSING
     tiny: TinyVerifierConfig | None = None
 
@@ -174,19 +176,20 @@ class DraftConfig:
     partial_rotary_factor: float = 1.0
     rms_norm_eps: float = 1e-6
     hidden_act: str = "silu"
-    # The draft's decoder layers (eagle3/draft_arch.py): how many, and of which transformers type.
+    # The draft's decoder layers (eagle3/draft_arch.py): how many (layer 0 reads [embedding, hidden]), and of
+    # which transformers type (llama | qwen3: a Qwen3 layer adds q/k norms).
     num_layers: int = 1
     layer_type: LayerType = LayerType.llama
-    ttt_steps: int = 3
-    ttt_step_loss_decay: float = 1.0
-    loss: DraftLoss = DraftLoss.kl_div
-    attn_impl: AttnImpl = AttnImpl.auto
-    # Architecture flags; null = as the initializer says (scratch: speculators' defaults; pretrained: the
-    # checkpoint's, or its layout's known defaults).
-    norm_before_residual: bool | None = None
-    norm_before_fc: bool | None = None
-    norm_output: bool | None = None
-    fc_norm: bool | None = None
+    ttt_steps: int = 3              # draft tokens trained per position (test-time training steps)
+    ttt_step_loss_decay: float = 1.0   # weight of step k's loss is decay**k
+    loss: DraftLoss = DraftLoss.kl_div   # speculators loss name: kl_div | ce | rkl | jsd | tv | nla | lk_hybrid
+    attn_impl: AttnImpl = AttnImpl.auto   # auto: simple_flex_attention on CUDA, sdpa on CPU | sdpa | eager
+    # Architecture flags; null = as the initializer says (scratch: speculators' training defaults true, true, true,
+    # false; pretrained: what the checkpoint states, else its layout's known defaults).
+    norm_before_residual: bool | None = None   # RMSNorm the incoming hidden state before the first residual add
+    norm_before_fc: bool | None = None         # one RMSNorm over the concatenated aux hidden states before fc
+    norm_output: bool | None = None            # feed the normed output, not the raw one, into the next TTT step
+    fc_norm: bool | None = None                # one RMSNorm per aux hidden state before fc (not norm_before_fc)
     # EAGLE-3.1: the null flags take fc_norm=true, norm_before_fc=false, norm_output=true (draft_arch.EAGLE31_FLAGS).
     eagle31: bool = False
     # Recompute the decoder layer in the backward instead of keeping its activations (eagle3/recompute.py):
@@ -354,16 +357,21 @@ class InitConfig:
 @dataclass
 class ScratchInitConfig(InitConfig):
     name: str = "scratch"
+    # lr range that trains a fresh draft; the launcher warns outside it
     recommended_lr: list[float] = field(default_factory=lambda: [1e-5, 3e-3])
 
 
 @dataclass
 class PretrainedInitConfig(InitConfig):
     name: str = "pretrained"
-    path: str = MISSING
+    path: str = MISSING             # the checkpoint dir (config.json + model.safetensors or a sharded index)
+    # checkpoint key prefix -> speculators' prefix
     key_map: dict[str, str] = field(default_factory=lambda: {"midlayer.": "layers.0."})
+    # keep: the checkpoint's d2t/t2d | rebuild: the data's mapping, lm_head rows unmoved (wrong: kept as a
+    # baseline) | remap: the data's mapping, rows moved to their tokens, new tokens' rows from the verifier's lm_head
     vocab: VocabPolicy = VocabPolicy.remap
-    train_lm_head: bool = False
+    train_lm_head: bool = False     # speculators freezes the draft lm_head; SpecForge trains it
+    # finetuning: below a scratch lr; the launcher warns outside it
     recommended_lr: list[float] = field(default_factory=lambda: [1e-6, 3e-5])
 
 
@@ -373,17 +381,23 @@ INIT_SCHEMAS: dict[str, type[InitConfig]] = {"scratch": ScratchInitConfig, "pret
 
 @dataclass
 class OptimConfig:
-    lr: float = 1e-4
-    epochs: int = 1
-    max_steps: int | None = None
-    warmup_ratio: float = 0.015
-    weight_decay: float = 0.0
-    betas: list[float] = field(default_factory=lambda: [0.9, 0.95])
-    grad_clip: float = 0.5
-    scheduler: Scheduler = Scheduler.cosine
+    """AdamW with warmup and decay; the defaults follow SpecForge/EAGLE practice for real drafters."""
+
+    lr: float = 1e-4                # peak learning rate
+    epochs: int = 1                 # passes over the training split
+    max_steps: int | None = None    # optimizer steps cap across epochs; null = no cap, 0 = only the step-0 eval
+    warmup_ratio: float = 0.015     # share of the total steps spent warming up linearly from 0
+    weight_decay: float = 0.0       # AdamW decoupled weight decay
+    betas: list[float] = field(default_factory=lambda: [0.9, 0.95])   # AdamW betas
+    grad_clip: float = 0.5          # max global grad norm
+    scheduler: Scheduler = Scheduler.cosine   # cosine | linear | constant (after warmup)
+    # micro-batches per optimizer step on each rank; global batch in tokens = data.total_seq_len * grad_accum *
+    # world size
     grad_accum: int = 1
-    checkpoint_every: int | None = None
-    eval_every: int | None = None
+    checkpoint_every: int | None = None   # optimizer steps between resumable `last` checkpoints; null = each epoch end
+    eval_every: int | None = None   # optimizer steps between val passes (and `best` updates) besides epoch ends
+    # steps in a row with a non-finite loss or gradient (skipped, not applied) before the run stops, saving
+    # checkpoints/last
     max_skipped_steps: int = 10
 
     def check(self) -> None:
@@ -405,15 +419,16 @@ class OptimConfig:
 @dataclass
 class DistributedConfig:
     name: str = MISSING
-    strategy: Strategy = Strategy.ddp
-    nproc_per_node: int = 1
-    nnodes: int = 1
-    # GB of memory per device for the plan's fit check when no GPU is visible (plan=true on a laptop);
-    # null: a visible GPU's free memory (torch.cuda.mem_get_info), else no check.
+    strategy: Strategy = Strategy.ddp      # ddp | fsdp
+    nproc_per_node: int = 1                 # ranks (processes) on this node; one per GPU on CUDA
+    nnodes: int = 1                         # nodes in the job
+    # GB of memory per device for the plan's fit check when no GPU is visible (plan=true on a laptop; the plan
+    # then assumes a GPU run); null: a visible GPU's free memory (torch.cuda.mem_get_info), else no check.
     device_memory_gb: float | None = None
-    node_rank: int = MISSING                # MISSING, not 0: multinode must not default it silently
-    rdzv_endpoint: str | None = MISSING
-    backend: Backend = Backend.auto
+    # This node's index, 0 .. nnodes-1. MISSING, not 0: multinode must not default it silently.
+    node_rank: int = MISSING
+    rdzv_endpoint: str | None = MISSING     # host:port on node 0 that every node can reach; null: a free local port
+    backend: Backend = Backend.auto         # auto: nccl on CUDA, gloo on CPU | nccl | gloo
     # Elastic restarts are not offered: a restarted rank would build the draft anew, not resume it. Kept so that
     # a run dir's resolved_config.yaml (max_restarts: 0) still reads; a failed run continues with resume=.
     max_restarts: int = 0
@@ -440,11 +455,11 @@ class DistributedConfig:
 
 @dataclass
 class LoggerConfig:
-    mode: LoggerMode = LoggerMode.offline
+    mode: LoggerMode = LoggerMode.offline   # offline | online | disabled
     project: str = "eagle3"
-    entity: str | None = None
-    tags: list[str] = field(default_factory=list)
-    log_every: int = 10
+    entity: str | None = None               # wandb team or user; null = your default
+    tags: list[str] = field(default_factory=list)   # extra wandb tags
+    log_every: int = 10                     # optimizer steps between train rows in metrics.jsonl and wandb
 
 
 @dataclass
@@ -453,12 +468,13 @@ class AcceptEvalConfig:
     (eagle3/eval). Only for verifiers that fit beside the draft; off by default. `python -m eagle3.eval.accept`
     takes its option defaults from here."""
 
-    enabled: bool = False
-    prompts: str | None = None   # JSONL of input_ids or messages rows; null: the val split's prompts
-    num_prompts: int = 8            # use the first N prompts
-    k: int = 3                      # draft tokens per verify step
+    enabled: bool = False           # true: measure at val passes (not with FSDP across ranks)
+    # JSONL of {"input_ids": [...]} or {"messages": [...]} rows; null: the val split's prompts
+    prompts: str | None = None
+    num_prompts: int = 8            # prompts decoded per measurement (the first N)
+    k: int = 3                      # draft tokens proposed per verifier forward (conf/train.yaml: the ttt_steps)
     max_new_tokens: int = 32        # tokens generated per prompt
-    every: int = 1                  # measure at every N-th val pass, the step-0 pass first
+    every: int = 1                  # measure at every N-th val pass (1: all of them, the step-0 pass included)
     temperature: float = 0.0        # sampling temperature (0: greedy; > 0: speculative sampling, seeded by `seed`)
 
     def check_values(self) -> None:
@@ -495,7 +511,8 @@ class ServeEvalConfig:
     prompts, token budget and temperature; off by default."""
 
     enabled: bool = False
-    k: list[int] | None = None     # speculative tokens, one report each; null: the checkpoint's (its ttt_steps)
+    # a list of k, one report each (serve_vllm_k<k>_t<T>.json); null: the checkpoint's (its ttt_steps)
+    k: list[int] | None = None
     python: str | None = None      # the engine's interpreter; null: $EAGLE3_VLLM_PYTHON, else the --install venv
 
     def check(self) -> None:
@@ -520,13 +537,18 @@ class TrainConfig:
     distributed: DistributedConfig = MISSING
     logger: LoggerConfig = MISSING
     eval: EvalConfig = field(default_factory=EvalConfig)
-    seed: int = 0
+    seed: int = 0                   # seeds torch (draft init) and the training data order
     cache_dir: str = MISSING
-    device: Device = Device.auto
-    resume: str | None = None
-    # true: print the memory and time plan of this config per rank (eagle3/plan.py) and exit; builds nothing
+    device: Device = Device.auto    # auto (cuda if present, else cpu) | cpu | cuda
+    resume: str | None = None       # a run dir: continue that run in place from its checkpoints/last (no overrides)
+    # true: print the run's memory (GiB per rank) and time plan and exit; builds nothing, writes no run dir; exit
+    # status 0 if it fits, 3 if it does not, 1 for a refused config. A run always plans first and stops if it
+    # cannot fit (eagle3/plan.py)
     plan: bool = False
-    objective: Objective = Objective.tau_sim   # returned to a sweeper (hydra/sweeper=optuna); conf/train.yaml
+    # What the run returns to a sweeper (hydra/sweeper=optuna maximises it): tau_sim, the best val tau_sim; or
+    # accept_len, the measured acceptance (tokens per verify step) of checkpoints/best: needs
+    # eval.accept.enabled=true and eval.accept.every=1, so that the val pass that chose the best checkpoint measured it.
+    objective: Objective = Objective.tau_sim
 
     def check(self, dataset_required: bool = True) -> None:
         """The checks a type cannot express, each raising ConfigError naming the key. `dataset_required=False`:
@@ -570,7 +592,7 @@ class RunConfig(TrainConfig):
 
 
 def register_configs() -> None:
-    # Sweep sub-dir names come from the overrides; `experiment=k2_to_k25/remap` must not nest a directory.
+    # Sweep sub-dir names come from the overrides; `experiment=k2_to_k25/finetune` must not nest a directory.
     if not OmegaConf.has_resolver("dirname_safe"):
         OmegaConf.register_new_resolver("dirname_safe", lambda s: str(s).replace("/", "-"))
     from eagle3.verifier_shape import register_resolvers  # model=auto: ${verifier_config:<path>,<key>}

@@ -164,3 +164,81 @@ def test_a_refused_cli_option_is_one_line_on_the_console(argv, status, tmp_path)
     assert proc.returncode == status, proc.stderr
     lines = [line for line in proc.stderr.splitlines() if line.strip() and not line.startswith(("usage:", " "))]
     assert len(lines) == 1 and "Traceback" not in proc.stderr and "must be" in lines[0], proc.stderr
+
+
+# conf/data is the data sources' (their own schemas); conf/hydra holds Hydra's and its plugins' options.
+DELTA_GROUPS = ("distributed", "experiment", "init", "logger", "model", "optim")
+
+
+def option_files(conf) -> list[tuple[str, list[str]]]:
+    """Each option file in the delta groups (path relative to conf/) with the override that selects it."""
+    files = [("train.yaml", [])]
+    for group in DELTA_GROUPS:
+        for path in sorted((conf / group).rglob("*.yaml")):
+            option = path.relative_to(conf / group).with_suffix("").as_posix()
+            files.append((path.relative_to(conf).as_posix(), [f"{group}={option}"]))
+    return files
+
+
+def leaf_keys(node: dict, prefix: tuple[str, ...] = ()) -> list[tuple[str, ...]]:
+    keys = []
+    for key, value in node.items():
+        if isinstance(value, dict) and value:
+            keys += leaf_keys(value, (*prefix, str(key)))
+        else:
+            keys.append((*prefix, str(key)))
+    return keys
+
+
+def composed(overrides: list[str]) -> dict:
+    """The composition of `overrides`, unresolved (inside initialize_config_dir)."""
+    from hydra import compose
+
+    return OmegaConf.to_container(compose(config_name="train", overrides=overrides), resolve=False)
+
+
+def at(plain: dict, parts: tuple[str, ...]):
+    for part in parts:
+        if not isinstance(plain, dict) or part not in plain:
+            return "<absent>"
+        plain = plain[part]
+    return plain
+
+
+def restated_lines(conf, rel: str, overrides: list[str]) -> list[str]:
+    """The keys of conf/<rel> whose line changes nothing: the config composed without the file's own values (its
+    defaults list kept) already has them."""
+    path = conf / rel
+    text = path.read_text()
+    body = yaml.safe_load(text) or {}
+    package = () if rel == "train.yaml" or "@package _global_" in text else (rel.split("/")[0],)
+    keys = leaf_keys({k: v for k, v in body.items() if k != "defaults"})
+    full = composed(overrides)
+    header = "# @package _global_\n" if "@package _global_" in text else ""
+    path.write_text(header + yaml.safe_dump({"defaults": body["defaults"]} if "defaults" in body else {}))
+    try:
+        parent = composed(overrides)
+    finally:
+        path.write_text(text)
+    return [f"{rel}: {'.'.join(key)}: {at(full, package + key)!r}" for key in keys
+            if at(full, package + key) == at(parent, package + key)]
+
+
+@pytest.mark.slow  # about 50 compositions
+def test_option_files_hold_only_deltas_from_their_schemas(tmp_path):
+    import shutil
+
+    from hydra import initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+
+    from conftest import CONF
+    from eagle3.config import register_configs
+
+    conf = tmp_path / "conf"
+    shutil.copytree(CONF, conf)
+    register_configs()
+    GlobalHydra.instance().clear()
+    with initialize_config_dir(config_dir=str(conf), version_base="1.3"):
+        restated = [line for rel, overrides in option_files(conf) for line in restated_lines(conf, rel, overrides)]
+    assert not restated, "lines equal to what the schema (or the option they extend) already says; drop them " \
+                         "and move their comments onto the schema's field in eagle3/config.py:\n" + "\n".join(restated)
