@@ -242,3 +242,17 @@ def test_option_files_hold_only_deltas_from_their_schemas(tmp_path):
         restated = [line for rel, overrides in option_files(conf) for line in restated_lines(conf, rel, overrides)]
     assert not restated, "lines equal to what the schema (or the option they extend) already says; drop them " \
                          "and move their comments onto the schema's field in eagle3/config.py:\n" + "\n".join(restated)
+
+
+def test_a_signal_raises_in_the_block_and_the_handler_before_it_is_back():
+    import os
+    import signal
+
+    from eagle3.errors import StoppedBeforeTraining
+    from eagle3.signal_scope import raising_on
+
+    before = signal.getsignal(signal.SIGUSR1)
+    with pytest.raises(StoppedBeforeTraining) as e, raising_on((signal.SIGUSR1,), StoppedBeforeTraining):
+        os.kill(os.getpid(), signal.SIGUSR1)
+    assert e.value.signum == signal.SIGUSR1
+    assert signal.getsignal(signal.SIGUSR1) is before
