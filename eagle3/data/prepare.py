@@ -29,7 +29,7 @@ from eagle3.data.record import read_record, verifier_fingerprint, write_record
 from eagle3.data.token_rows import save_rows
 from eagle3.data.verifier_forward import load_causal_lm, write_hidden_states
 from eagle3.errors import ConfigError, DataError, UserError
-from eagle3.runtime import resolve_runtime
+from eagle3.runtime import compute_dtype_on, resolve_runtime
 from eagle3.schema_cli import add_fields
 from eagle3.verifier_shape import default_aux_layer_ids
 
@@ -185,7 +185,7 @@ def prepare(args: argparse.Namespace) -> dict[str, Any]:
              args.max_len, sum(bad.skipped.values()), f": {dict(bad.skipped)}" if bad.skipped else "")
     device = resolve_runtime(args.device).device_type
     # bf16 on a GPU, as the verifier is served; fp32 on a CPU, which has no fast bf16 matmul.
-    model = load_causal_lm(args.model, device, torch.bfloat16 if device == "cuda" else torch.float32, key="--model")
+    model = load_causal_lm(args.model, device, getattr(torch, compute_dtype_on(device)), key="--model")
     notes = {"source": str(args.data), "max_len": args.max_len, "on_bad_sample": args.on_bad_sample,
              **bad.as_dict()}
     record = write_dataset(model, args.model, rows, args.out, aux, args.batch_tokens, getattr(torch, args.dtype),
