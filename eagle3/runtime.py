@@ -66,10 +66,13 @@ def attn_impl_on(choice: AttnImpl | str, device_type: str) -> str:
 def resolve_runtime(device: Device | str, backend: Backend | str = Backend.auto,
                     attn_impl: AttnImpl | str = AttnImpl.auto, ranks_per_node: int = 1) -> Runtime:
     """The runtime these choices give on this machine; ConfigError where they ask for a GPU it lacks."""
-    import torch
-
     device, backend = Device(device), Backend(backend)
     asks_cuda = device == Device.cuda or backend == Backend.nccl
+    if device == Device.cpu and not asks_cuda:  # nothing to ask torch (not even imported)
+        return Runtime("cpu", "gloo" if backend == Backend.auto else backend.value, attn_impl_on(attn_impl, "cpu"),
+                       compute_dtype_on("cpu"))
+    import torch
+
     cuda = torch.cuda.is_available()
     if asks_cuda and not cuda:
         wants = "device=cuda" if device == Device.cuda else "distributed.backend=nccl"
