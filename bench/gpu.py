@@ -40,13 +40,14 @@ def build(shape: dict, device, seed: int = 0, attn_impl: str | None = None):
     `attn_impl` says otherwise."""
     from bench.common import random_draft
     from eagle3.config import DraftConfig
+    from eagle3.runtime import attn_impl_on
 
     draft = {"vocab_size": shape["vocab"], "hidden_size": shape["hidden"], "intermediate_size": shape["intermediate"],
              "num_attention_heads": shape["heads"], "num_key_value_heads": shape["kv_heads"],
              "head_dim": shape["head_dim"], "max_position_embeddings": shape["seq"] + 16, "rope_theta": 500000.0,
              "rms_norm_eps": 1e-5, "hidden_act": "silu", "draft_vocab_size": shape["draft_vocab"],
              "aux_layer_ids": [2, 16, 29], "ttt_steps": 3}
-    attn_impl = attn_impl or ("simple_flex_attention" if device.type == "cuda" else "sdpa")
+    attn_impl = attn_impl or attn_impl_on("auto", device.type)
     model = random_draft(DraftConfig(**draft), attn_impl, std=0.02, seed=seed)
     return model, draft
 
@@ -84,6 +85,7 @@ def time_ours(model, draft, data, steps, warmup, device):
     from eagle3.config import LoggerConfig, LoggerMode
     from eagle3.distributed import World
     from eagle3.progress import Progress
+    from eagle3.runtime import compute_dtype_on, loss_impl_on
     from eagle3.track import Tracker
     from eagle3.train import StepLog, count_step, log_train_row, make_scheduler, train_step
 
@@ -94,8 +96,9 @@ def time_ours(model, draft, data, steps, warmup, device):
     optimizer = torch.optim.AdamW(params, lr=1e-4, weight_decay=0.0)
     scheduler = make_scheduler(optimizer, "linear", 0, 10**6)
     kwargs = {"ttt_steps": draft["ttt_steps"], "ttt_step_loss_decay": 1.0,
-              "loss_config": resolve_loss_config("kl_div", "fused" if device.type == "cuda" else "eager")}
-    autocast = torch.autocast("cuda", dtype=torch.bfloat16) if device.type == "cuda" else nullcontext()
+              "loss_config": resolve_loss_config("kl_div", loss_impl_on(device.type))}
+    dtype = getattr(torch, compute_dtype_on(device.type))
+    autocast = torch.autocast("cuda", dtype=dtype) if device.type == "cuda" else nullcontext()
     run_dir = Path(tempfile.mkdtemp(prefix="eagle3-gpu-bench-"))
     tracker = Tracker(run_dir, LoggerConfig(mode=LoggerMode.disabled)).__enter__()
     progress = Progress()
@@ -170,9 +173,10 @@ def main() -> None:
     import torch
 
     from eagle3.console import quiet_libraries
+    from eagle3.runtime import resolve_runtime
 
     quiet_libraries()
-    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    device = resolve_runtime("auto").device()
     shape = SHAPES["small" if args.small or device.type == "cpu" else "gpu"]
     model, draft = build(shape, device)
     flops = model_flops_per_token(draft, model)

@@ -56,7 +56,8 @@ def main() -> None:
     from eagle3.distributed import World
     from eagle3.init import InitContext, build_draft
     from eagle3.inputs import materialize_inputs
-    from eagle3.rank import packed_len, pick_device
+    from eagle3.rank import micro_batch_len
+    from eagle3.runtime import runtime_of
     from eagle3.train import make_scheduler, train_step
 
     quiet_libraries()
@@ -64,15 +65,15 @@ def main() -> None:
     if not cfg.data.verifier_in_rank():
         raise SystemExit(f"bench/online.py measures online data: data={cfg.data.name} is not (drop that override)")
     draft, optim = cfg.model.draft, cfg.optim
-    device = pick_device(cfg.device, 0)
-    cuda = device.type == "cuda"
+    runtime = runtime_of(cfg)
+    device, cuda = runtime.device(), runtime.cuda
     verifier_dir, rows_dir = materialize_inputs(cfg)
     world = World()
     # As a rank does it: the verifier first, then the seed, the loaders and the draft.
     verifier = load_online_verifier(verifier_dir, draft.aux_layer_ids, device, world, shard=False)
     torch.manual_seed(cfg.seed)
-    attn_impl = draft.attn_impl if draft.attn_impl != "auto" else ("simple_flex_attention" if cuda else "sdpa")
-    loader, _ = build_loaders(rows_dir, packed_len(cfg.data.total_seq_len, attn_impl, draft.ttt_steps),
+    attn_impl = runtime.attn_impl
+    loader, _ = build_loaders(rows_dir, micro_batch_len(cfg, runtime),
                               draft.hidden_size, len(draft.aux_layer_ids), cfg.data.train_ratio, cfg.seed,
                               grad_accum=optim.grad_accum, device=device, verifier=verifier,
                               hidden_states_dtype=getattr(torch, cfg.data.hidden_states_dtype.value))
@@ -82,9 +83,9 @@ def main() -> None:
     optimizer = torch.optim.AdamW(trainable, lr=optim.lr, betas=(optim.betas[0], optim.betas[1]),
                                   weight_decay=optim.weight_decay)
     scheduler = make_scheduler(optimizer, optim.scheduler.value, 0, 10**9)
-    autocast = torch.autocast("cuda", dtype=torch.bfloat16) if cuda else nullcontext()
+    autocast = torch.autocast("cuda", dtype=runtime.dtype()) if cuda else nullcontext()
     call_kwargs = {"ttt_steps": draft.ttt_steps, "ttt_step_loss_decay": draft.ttt_step_loss_decay,
-                   "loss_config": resolve_loss_config(draft.loss, "fused" if cuda else "eager")}
+                   "loss_config": resolve_loss_config(draft.loss, runtime.loss_impl)}
     window: dict = {}
     micro = args.steps * optim.grad_accum
     if micro > len(loader):

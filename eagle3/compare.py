@@ -34,6 +34,7 @@ import yaml
 
 from eagle3.errors import ConfigError
 from eagle3.rundir import FAILURE, RESOLVED_CONFIG, SUMMARY, RunDir, flatten
+from eagle3.study import STUDY_FILE  # hydra_plugins/eagle3_optuna_sweeper keeps the study there, in the sweep dir
 
 # Keys that differ between any two runs without saying anything about them.
 IGNORED_PREFIXES = ("run.", "resume")
@@ -426,8 +427,6 @@ def rankings_text(runs: list[Run], fmt: str) -> str:
 
 
 # --- an Optuna study's history (sweeps made with hydra/sweeper=optuna) ------------------------------------------
-
-STUDY_FILE = "study.db"  # hydra_plugins/eagle3_optuna_sweeper keeps the study here, in the sweep dir
 
 
 @dataclass

@@ -70,6 +70,43 @@ class Strategy(str, Enum):
     fsdp = "fsdp"
 
 
+class Device(str, Enum):
+    """Where a run trains; auto: a CUDA GPU when torch sees one, else the CPU (eagle3/runtime.py resolves it)."""
+
+    auto = "auto"
+    cpu = "cpu"
+    cuda = "cuda"
+
+
+class Backend(str, Enum):
+    """The process group's backend; auto: nccl on CUDA, gloo on CPU."""
+
+    auto = "auto"
+    nccl = "nccl"
+    gloo = "gloo"
+
+
+class AttnImpl(str, Enum):
+    """The draft's attention; auto: flex attention on CUDA, sdpa on CPU (flex has no CPU backward)."""
+
+    auto = "auto"
+    sdpa = "sdpa"
+    eager = "eager"
+    simple_flex_attention = "simple_flex_attention"
+
+
+class DraftLoss(str, Enum):
+    """speculators' loss names (speculators.losses.resolve_loss_config)."""
+
+    kl_div = "kl_div"
+    ce = "ce"
+    rkl = "rkl"
+    jsd = "jsd"
+    tv = "tv"
+    nla = "nla"
+    lk_hybrid = "lk_hybrid"
+
+
 @dataclass
 class TinyVerifierConfig:
     """A small Llama built from a seed, used when no verifier path is given."""
@@ -94,6 +131,8 @@ class TinyVerifierConfig:
 class VerifierConfig:
     # MISSING, not None: a YAML `???` merged onto a default keeps the default, so options that need a
     # user-given path would silently get null.
+    # A local Hugging Face model dir: config.json plus the safetensors holding embed_tokens, lm_head and the final
+    # norm (the draft shares them); null with `tiny`.
     path: str | None = MISSING
     tiny: TinyVerifierConfig | None = None
 
@@ -124,9 +163,6 @@ class VerifierConfig:
         return layers if isinstance(layers, int) else None
 
 
-ATTN_IMPLS = ("auto", "sdpa", "eager", "simple_flex_attention")
-
-
 @dataclass
 class DraftConfig:
     hidden_size: int = MISSING
@@ -146,19 +182,20 @@ class DraftConfig:
     partial_rotary_factor: float = 1.0
     rms_norm_eps: float = 1e-6
     hidden_act: str = "silu"
-    # The draft's decoder layers (eagle3/draft_arch.py): how many, and of which transformers type.
+    # The draft's decoder layers (eagle3/draft_arch.py): how many (layer 0 reads [embedding, hidden]), and of
+    # which transformers type (llama | qwen3: a Qwen3 layer adds q/k norms).
     num_layers: int = 1
     layer_type: LayerType = LayerType.llama
-    ttt_steps: int = 3
-    ttt_step_loss_decay: float = 1.0
-    loss: str = "kl_div"
-    attn_impl: str = "auto"
-    # Architecture flags; null = as the initializer says (scratch: speculators' defaults; pretrained: the
-    # checkpoint's, or its layout's known defaults).
-    norm_before_residual: bool | None = None
-    norm_before_fc: bool | None = None
-    norm_output: bool | None = None
-    fc_norm: bool | None = None
+    ttt_steps: int = 3              # draft tokens trained per position (test-time training steps)
+    ttt_step_loss_decay: float = 1.0   # weight of step k's loss is decay**k
+    loss: DraftLoss = DraftLoss.kl_div   # speculators loss name: kl_div | ce | rkl | jsd | tv | nla | lk_hybrid
+    attn_impl: AttnImpl = AttnImpl.auto   # auto: simple_flex_attention on CUDA, sdpa on CPU | sdpa | eager
+    # Architecture flags; null = as the initializer says (scratch: speculators' training defaults true, true, true,
+    # false; pretrained: what the checkpoint states, else its layout's known defaults).
+    norm_before_residual: bool | None = None   # RMSNorm the incoming hidden state before the first residual add
+    norm_before_fc: bool | None = None         # one RMSNorm over the concatenated aux hidden states before fc
+    norm_output: bool | None = None            # feed the normed output, not the raw one, into the next TTT step
+    fc_norm: bool | None = None                # one RMSNorm per aux hidden state before fc (not norm_before_fc)
     # EAGLE-3.1: the null flags take fc_norm=true, norm_before_fc=false, norm_output=true (draft_arch.EAGLE31_FLAGS).
     eagle31: bool = False
     # Recompute the decoder layer in the backward instead of keeping its activations (eagle3/recompute.py):
@@ -181,8 +218,6 @@ class DraftConfig:
         _require(not conflicts, "model.draft", "; ".join(conflicts))
         _require(0 < self.draft_vocab_size <= self.vocab_size, "model.draft.draft_vocab_size",
                  f"must be in (0, model.draft.vocab_size={self.vocab_size}]")
-        _require(self.attn_impl in ATTN_IMPLS, "model.draft.attn_impl",
-                 "must be auto, sdpa, eager or simple_flex_attention")
         ids = list(self.aux_layer_ids)
         _require(len(ids) > 0, "model.draft.aux_layer_ids", "must name at least one verifier layer")
         _require(len(set(ids)) == len(ids), "model.draft.aux_layer_ids",
@@ -251,6 +286,13 @@ class HiddenStatesDtype(str, Enum):
 MIN_SEQ_LEN = 2  # data.total_seq_len: one input token and its next token, the shortest pair training shifts
 
 
+def check_total_seq_len(value: int) -> None:
+    """data.total_seq_len's range (DataConfig.check; python -m eagle3.data.check --total-seq-len)."""
+    _require(value >= MIN_SEQ_LEN, "data.total_seq_len",
+             f"must be at least {MIN_SEQ_LEN}, got {value}: a packed micro-batch must hold one token and the next one "
+             f"it predicts (training shifts each row by one)")
+
+
 @dataclass
 class DataConfig:
     """What every data source's options have. `name` selects the source: one schema per source, each in its own
@@ -276,9 +318,7 @@ class DataConfig:
         `dataset_required=False` (plan=true, which reads no data): a dataset path need only name a directory, so a
         run can be planned before its dataset is prepared into it."""
         _require(0 < self.train_ratio < 1, "data.train_ratio", f"must be in (0, 1), got {self.train_ratio}")
-        _require(self.total_seq_len >= MIN_SEQ_LEN, "data.total_seq_len",
-                 f"must be at least {MIN_SEQ_LEN}, got {self.total_seq_len}: a packed micro-batch must hold one "
-                 f"token and the next one it predicts (training shifts each row by one)")
+        check_total_seq_len(self.total_seq_len)
 
     def verifier_in_rank(self) -> str | None:
         """"full" (every rank holds a copy) or "sharded" (across the ranks) when the ranks hold the verifier and
@@ -330,16 +370,21 @@ class InitConfig:
 @dataclass
 class ScratchInitConfig(InitConfig):
     name: str = "scratch"
+    # lr range that trains a fresh draft; the launcher warns outside it
     recommended_lr: list[float] = field(default_factory=lambda: [1e-5, 3e-3])
 
 
 @dataclass
 class PretrainedInitConfig(InitConfig):
     name: str = "pretrained"
-    path: str = MISSING
+    path: str = MISSING             # the checkpoint dir (config.json + model.safetensors or a sharded index)
+    # checkpoint key prefix -> speculators' prefix
     key_map: dict[str, str] = field(default_factory=lambda: {"midlayer.": "layers.0."})
+    # keep: the checkpoint's d2t/t2d | rebuild: the data's mapping, lm_head rows unmoved (wrong: kept as a
+    # baseline) | remap: the data's mapping, rows moved to their tokens, new tokens' rows from the verifier's lm_head
     vocab: VocabPolicy = VocabPolicy.remap
-    train_lm_head: bool = False
+    train_lm_head: bool = False     # speculators freezes the draft lm_head; SpecForge trains it
+    # finetuning: below a scratch lr; the launcher warns outside it
     recommended_lr: list[float] = field(default_factory=lambda: [1e-6, 3e-5])
 
 
@@ -349,17 +394,23 @@ INIT_SCHEMAS: dict[str, type[InitConfig]] = {"scratch": ScratchInitConfig, "pret
 
 @dataclass
 class OptimConfig:
-    lr: float = 1e-4
-    epochs: int = 1
-    max_steps: int | None = None
-    warmup_ratio: float = 0.015
-    weight_decay: float = 0.0
-    betas: list[float] = field(default_factory=lambda: [0.9, 0.95])
-    grad_clip: float = 0.5
-    scheduler: Scheduler = Scheduler.cosine
+    """AdamW with warmup and decay; the defaults follow SpecForge/EAGLE practice for real drafters."""
+
+    lr: float = 1e-4                # peak learning rate
+    epochs: int = 1                 # passes over the training split
+    max_steps: int | None = None    # optimizer steps cap across epochs; null = no cap, 0 = only the step-0 eval
+    warmup_ratio: float = 0.015     # share of the total steps spent warming up linearly from 0
+    weight_decay: float = 0.0       # AdamW decoupled weight decay
+    betas: list[float] = field(default_factory=lambda: [0.9, 0.95])   # AdamW betas
+    grad_clip: float = 0.5          # max global grad norm
+    scheduler: Scheduler = Scheduler.cosine   # cosine | linear | constant (after warmup)
+    # micro-batches per optimizer step on each rank; global batch in tokens = data.total_seq_len * grad_accum *
+    # world size
     grad_accum: int = 1
-    checkpoint_every: int | None = None
-    eval_every: int | None = None
+    checkpoint_every: int | None = None   # optimizer steps between resumable `last` checkpoints; null = each epoch end
+    eval_every: int | None = None   # optimizer steps between val passes (and `best` updates) besides epoch ends
+    # steps in a row with a non-finite loss or gradient (skipped, not applied) before the run stops, saving
+    # checkpoints/last
     max_skipped_steps: int = 10
 
     def check(self) -> None:
@@ -381,15 +432,16 @@ class OptimConfig:
 @dataclass
 class DistributedConfig:
     name: str = MISSING
-    strategy: Strategy = Strategy.ddp
-    nproc_per_node: int = 1
-    nnodes: int = 1
-    # GB of memory per device for the plan's fit check when no GPU is visible (plan=true on a laptop);
-    # null: a visible GPU's free memory (torch.cuda.mem_get_info), else no check.
+    strategy: Strategy = Strategy.ddp      # ddp | fsdp
+    nproc_per_node: int = 1                 # ranks (processes) on this node; one per GPU on CUDA
+    nnodes: int = 1                         # nodes in the job
+    # GB of memory per device for the plan's fit check when no GPU is visible (plan=true on a laptop; the plan
+    # then assumes a GPU run); null: a visible GPU's free memory (torch.cuda.mem_get_info), else no check.
     device_memory_gb: float | None = None
-    node_rank: int = MISSING                # MISSING, not 0: multinode must not default it silently
-    rdzv_endpoint: str | None = MISSING
-    backend: str = "auto"
+    # This node's index, 0 .. nnodes-1. MISSING, not 0: multinode must not default it silently.
+    node_rank: int = MISSING
+    rdzv_endpoint: str | None = MISSING     # host:port on node 0 that every node can reach; null: a free local port
+    backend: Backend = Backend.auto         # auto: nccl on CUDA, gloo on CPU | nccl | gloo
     # Elastic restarts are not offered: a restarted rank would build the draft anew, not resume it. Kept so that
     # a run dir's resolved_config.yaml (max_restarts: 0) still reads; a failed run continues with resume=.
     max_restarts: int = 0
@@ -408,7 +460,6 @@ class DistributedConfig:
                  f"must be in [0, distributed.nnodes={self.nnodes})")
         _require(self.nnodes == 1 or bool(self.rdzv_endpoint), "distributed.rdzv_endpoint",
                  "is required with more than one node: host:port of node 0, reachable from every node")
-        _require(self.backend in ("auto", "nccl", "gloo"), "distributed.backend", "must be auto, nccl or gloo")
         _require(self.max_restarts == 0, "distributed.max_restarts",
                  "must be 0: a restarted rank would build the draft anew instead of resuming it, and train a second "
                  "history; after a failure continue the run from checkpoints/last with python launch.py "
@@ -417,11 +468,11 @@ class DistributedConfig:
 
 @dataclass
 class LoggerConfig:
-    mode: LoggerMode = LoggerMode.offline
+    mode: LoggerMode = LoggerMode.offline   # offline | online | disabled
     project: str = "eagle3"
-    entity: str | None = None
-    tags: list[str] = field(default_factory=list)
-    log_every: int = 10
+    entity: str | None = None               # wandb team or user; null = your default
+    tags: list[str] = field(default_factory=list)   # extra wandb tags
+    log_every: int = 10                     # optimizer steps between train rows in metrics.jsonl and wandb
 
 
 @dataclass
@@ -430,21 +481,29 @@ class AcceptEvalConfig:
     (eagle3/eval). Only for verifiers that fit beside the draft; off by default. `python -m eagle3.eval.accept`
     takes its option defaults from here."""
 
-    enabled: bool = False
-    prompts: str | None = None   # JSONL of input_ids or messages rows; null: the val split's prompts
-    num_prompts: int = 8
-    k: int = 3
-    max_new_tokens: int = 32
-    every: int = 1                  # measure at every N-th val pass, the step-0 pass first
+    enabled: bool = False           # true: measure at val passes (not with FSDP across ranks)
+    # JSONL of {"input_ids": [...]} or {"messages": [...]} rows; null: the val split's prompts
+    prompts: str | None = None
+    num_prompts: int = 8            # prompts decoded per measurement (the first N)
+    k: int = 3                      # draft tokens proposed per verifier forward (conf/train.yaml: the ttt_steps)
+    max_new_tokens: int = 32        # tokens generated per prompt
+    every: int = 1                  # measure at every N-th val pass (1: all of them, the step-0 pass included)
     temperature: float = 0.0        # sampling temperature (0: greedy; > 0: speculative sampling, seeded by `seed`)
+
+    def check_values(self) -> None:
+        """Its values' ranges; also what `python -m eagle3.eval.accept` checks its options with."""
+        for key, low in (("k", 1), ("num_prompts", 1), ("every", 1)):
+            value = getattr(self, key)
+            _require(value >= low, f"eval.accept.{key}", f"must be >= {low}, got {value}")
+        _require(self.max_new_tokens >= 2, "eval.accept.max_new_tokens",
+                 f"must be >= 2 (the first token comes from the prompt's forward, without a draft), "
+                 f"got {self.max_new_tokens}")
+        # `not >=` also refuses NaN, which would otherwise sample from NaN logits.
+        _require(self.temperature >= 0, "eval.accept.temperature", f"must be >= 0, got {self.temperature}")
 
     def check(self, dist: DistributedConfig) -> None:
         # The verifier it needs always exists: ModelConfig.check requires model.verifier.path or .tiny.
-        for key, low in (("k", 1), ("num_prompts", 1), ("max_new_tokens", 2), ("every", 1)):
-            value = getattr(self, key)
-            _require(value >= low, f"eval.accept.{key}", f"must be >= {low}, got {value}")
-        # `not >=` also refuses NaN, which would otherwise sample from NaN logits.
-        _require(self.temperature >= 0, "eval.accept.temperature", f"must be >= 0, got {self.temperature}")
+        self.check_values()
         if not self.enabled:
             return
         _require(dist.strategy != Strategy.fsdp or dist.world_size == 1, "eval.accept.enabled",
@@ -465,7 +524,8 @@ class ServeEvalConfig:
     prompts, token budget and temperature; off by default."""
 
     enabled: bool = False
-    k: list[int] | None = None     # speculative tokens, one report each; null: the checkpoint's (its ttt_steps)
+    # a list of k, one report each (serve_vllm_k<k>_t<T>.json); null: the checkpoint's (its ttt_steps)
+    k: list[int] | None = None
     python: str | None = None      # the engine's interpreter; null: $EAGLE3_VLLM_PYTHON, else the --install venv
 
     def check(self) -> None:
@@ -490,13 +550,18 @@ class TrainConfig:
     distributed: DistributedConfig = MISSING
     logger: LoggerConfig = MISSING
     eval: EvalConfig = field(default_factory=EvalConfig)
-    seed: int = 0
+    seed: int = 0                   # seeds torch (draft init) and the training data order
     cache_dir: str = MISSING
-    device: str = "auto"
-    resume: str | None = None
-    # true: print the memory and time plan of this config per rank (eagle3/plan.py) and exit; builds nothing
+    device: Device = Device.auto    # auto (cuda if present, else cpu) | cpu | cuda
+    resume: str | None = None       # a run dir: continue that run in place from its checkpoints/last (no overrides)
+    # true: print the run's memory (GiB per rank) and time plan and exit; builds nothing, writes no run dir; exit
+    # status 0 if it fits, 3 if it does not, 1 for a refused config. A run always plans first and stops if it
+    # cannot fit (eagle3/plan.py)
     plan: bool = False
-    objective: Objective = Objective.tau_sim   # returned to a sweeper (hydra/sweeper=optuna); conf/train.yaml
+    # What the run returns to a sweeper (hydra/sweeper=optuna maximises it): tau_sim, the best val tau_sim; or
+    # accept_len, the measured acceptance (tokens per verify step) of checkpoints/best: needs
+    # eval.accept.enabled=true and eval.accept.every=1, so that the val pass that chose the best checkpoint measured it.
+    objective: Objective = Objective.tau_sim
 
     def check(self, dataset_required: bool = True) -> None:
         """The checks a type cannot express, each raising ConfigError naming the key. `dataset_required=False`:
@@ -504,7 +569,6 @@ class TrainConfig:
         self.optim.check()
         self.data.check(self, dataset_required)
         self.model.check()
-        _require(self.device in ("auto", "cpu", "cuda"), "device", "must be auto, cpu or cuda")
         _require(0 <= self.seed < 2**63, "seed", f"must be in [0, 2**63), got {self.seed}")
         _require(not (self.device == "cpu" and self.distributed.backend == "nccl"), "distributed.backend",
                  "nccl runs on CUDA GPUs only, and device=cpu; use distributed.backend=auto (gloo on CPU)")
@@ -537,7 +601,7 @@ class RunConfig(TrainConfig):
 
 
 def register_configs() -> None:
-    # Sweep sub-dir names come from the overrides; `experiment=k2_to_k25/remap` must not nest a directory.
+    # Sweep sub-dir names come from the overrides; `experiment=k2_to_k25/finetune` must not nest a directory.
     if not OmegaConf.has_resolver("dirname_safe"):
         OmegaConf.register_new_resolver("dirname_safe", lambda s: str(s).replace("/", "-"))
     from eagle3.verifier_shape import register_resolvers  # model=auto: ${verifier_config:<path>,<key>}

@@ -14,6 +14,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from eagle3.runtime import compute_dtype_on
+
 
 @dataclass(frozen=True)
 class World:
@@ -32,12 +34,11 @@ class World:
 
 
 def init_world(strategy: str, backend: str, device_type: str) -> World:
-    """Joins the process group that the elastic launcher set up through RANK, WORLD_SIZE and MASTER_*."""
+    """Joins the process group that the elastic launcher set up through RANK, WORLD_SIZE and MASTER_*; `backend`
+    as eagle3.runtime resolved it (nccl | gloo)."""
     if "RANK" not in os.environ:
         return World()
     world = World(int(os.environ["RANK"]), int(os.environ["LOCAL_RANK"]), int(os.environ["WORLD_SIZE"]), strategy)
-    if backend == "auto":
-        backend = "nccl" if device_type == "cuda" else "gloo"
     if device_type == "cuda":
         torch.cuda.set_device(world.local_rank)
     dist.init_process_group(backend=backend)
@@ -58,7 +59,7 @@ def wrap_model(model: torch.nn.Module, world: World, device: torch.device) -> to
         from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
         # bf16 compute on GPU as speculators does; CPU keeps fp32 (no bf16 autocast there).
-        policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16 if device.type == "cuda" else torch.float32,
+        policy = MixedPrecisionPolicy(param_dtype=getattr(torch, compute_dtype_on(device.type)),
                                       reduce_dtype=torch.float32)
         # The mesh on the rank's own device type: fully_shard's default is CUDA's whenever a GPU is visible.
         mesh = init_device_mesh(device.type, (world.size,))

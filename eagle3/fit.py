@@ -8,7 +8,6 @@ import logging
 from typing import TYPE_CHECKING
 
 from eagle3.config import PretrainedInitConfig, TrainConfig
-from eagle3.errors import ConfigError
 
 if TYPE_CHECKING:
     from eagle3.plan import Plan
@@ -49,16 +48,7 @@ def refuse_if_it_cannot_fit(cfg: TrainConfig) -> None:
 
 
 def check_devices(cfg: TrainConfig) -> None:
-    """What the config asks of this machine's devices, before anything is built (imports torch only then)."""
-    dist = cfg.distributed
-    if cfg.device != "cuda" and dist.backend != "nccl":
-        return
-    import torch
+    """What the config asks of this machine's devices, before anything is built (eagle3.runtime)."""
+    from eagle3.runtime import runtime_of
 
-    wants = "device=cuda" if cfg.device == "cuda" else "distributed.backend=nccl"
-    if not torch.cuda.is_available():
-        raise ConfigError(f"{wants} needs a CUDA GPU, and torch sees none on this machine; use device=auto (or cpu)"
-                          f"{' and distributed.backend=auto (gloo on CPU)' if dist.backend == 'nccl' else ''}")
-    if torch.cuda.device_count() < dist.nproc_per_node:
-        raise ConfigError(f"distributed.nproc_per_node={dist.nproc_per_node} starts one rank per GPU, and this "
-                          f"machine has {torch.cuda.device_count()}")
+    runtime_of(cfg)

@@ -77,9 +77,10 @@ def check_data(cfg: RunConfig, verifier_dir: Path, data_dir: Path) -> list[int] 
 def refuse_zero_steps(cfg: RunConfig, data_dir: Path, rows: list[int] | None) -> None:
     """A step takes world_size x grad_accum packed micro-batches: an epoch with fewer would train nothing."""
     from eagle3.data.loader import train_steps
-    from eagle3.rank import micro_batch_len, pick_device
+    from eagle3.rank import micro_batch_len
+    from eagle3.runtime import runtime_of
 
-    length = micro_batch_len(cfg, pick_device(cfg.device, 0).type)
+    length = micro_batch_len(cfg, runtime_of(cfg))
     ranks, accum = cfg.distributed.world_size, cfg.optim.grad_accum
     if ranks * accum == 1 or train_steps(data_dir, length, cfg.data.train_ratio, cfg.seed, rows, ranks, accum):
         return

@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from eagle3.config import DataConfig, DistributedConfig, DraftConfig, OptimConfig
 from eagle3.draft_arch import layer_step_elements, layer_weights, parameter_counts
 from eagle3.errors import ConfigError
+from eagle3.runtime import attn_impl_on
 
 GIB = 1024 ** 3
 DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4}
@@ -316,8 +317,7 @@ def make_plan(draft: DraftConfig, data: DataConfig, optim: OptimConfig, dist: Di
     runs in every rank (eval.accept then reuses it: counted once)."""
     world, strategy, gradient_checkpointing = dist.world_size, dist.strategy.value, draft.gradient_checkpointing
     fsdp = strategy == "fsdp" and world > 1
-    attn = draft.attn_impl if draft.attn_impl != "auto" else ("simple_flex_attention" if device_type == "cuda"
-                                                               else "sdpa")
+    attn = attn_impl_on(draft.attn_impl, device_type)
     counts = parameter_counts(draft, train_lm_head)
     trainable = sum(n for n, tr in counts.values() if tr)
     frozen = sum(n for n, tr in counts.values() if not tr)

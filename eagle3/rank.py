@@ -16,12 +16,12 @@ from eagle3.checkpoint import check_disk, load_draft, load_trainer_state
 from eagle3.config import RunConfig, plain_config
 from eagle3.console import format_result_table, quiet_libraries, setup_rank_logging
 from eagle3.distributed import World, close_world, init_world, wrap_model
-from eagle3.errors import ConfigError
 from eagle3.init import InitContext, build_draft
 from eagle3.progress import RunSummary
 from eagle3.rank_errors import write_rank_error
 from eagle3.recompute import recompute_decoder_layers
 from eagle3.rundir import InitReport, RunDir, checkpoint_dir
+from eagle3.runtime import Runtime, runtime_of
 from eagle3.track import Tracker
 from eagle3.train import train
 
@@ -47,14 +47,6 @@ def worker(cfg: RunConfig, verifier_dir: Path, data_dir: Path, rows: list[int] |
         raise SystemExit(1) from None
 
 
-def pick_device(choice: str, local_rank: int) -> torch.device:
-    if choice == "cpu" or (choice == "auto" and not torch.cuda.is_available()):
-        return torch.device("cpu")
-    if not torch.cuda.is_available():
-        raise ConfigError("device=cuda but no CUDA device is available")  # launch.check_devices says it first
-    return torch.device("cuda", local_rank)
-
-
 FLEX_BLOCK = 128  # flex attention's default block size, which speculators' block masks use
 
 
@@ -70,17 +62,9 @@ def packed_len(total_seq_len: int, attn_impl: str, ttt_steps: int) -> int:
     return padded
 
 
-def micro_batch_len(cfg: RunConfig, device_type: str) -> int:
-    """Tokens per packed micro-batch of this run on `device_type` (packed_len of its attention implementation)."""
-    return packed_len(cfg.data.total_seq_len, draft_attn_impl(cfg.model.draft.attn_impl, device_type),
-                      cfg.model.draft.ttt_steps)
-
-
-def draft_attn_impl(choice: str, device_type: str) -> str:
-    """model.draft.attn_impl with `auto` resolved: flex attention on CUDA, sdpa on CPU (flex has no backward)."""
-    if choice != "auto":
-        return choice
-    return "simple_flex_attention" if device_type == "cuda" else "sdpa"
+def micro_batch_len(cfg: RunConfig, runtime: Runtime) -> int:
+    """Tokens per packed micro-batch of this run (packed_len of its attention implementation)."""
+    return packed_len(cfg.data.total_seq_len, runtime.attn_impl, cfg.model.draft.ttt_steps)
 
 
 def run_rank(cfg: RunConfig, verifier_dir: Path, data_dir: Path, rows: list[int] | None = None) -> RunSummary | None:
@@ -88,15 +72,16 @@ def run_rank(cfg: RunConfig, verifier_dir: Path, data_dir: Path, rows: list[int]
     rank 0 returns the run summary."""
     quiet_libraries()
     run_dir = Path(cfg.run.dir)
-    device = pick_device(cfg.device, int(os.environ.get("LOCAL_RANK", 0)))
-    world = init_world(cfg.distributed.strategy.value, cfg.distributed.backend, device.type)
+    runtime = runtime_of(cfg)
+    device = runtime.device(int(os.environ.get("LOCAL_RANK", 0)))
+    world = init_world(cfg.distributed.strategy.value, runtime.backend, device.type)
     try:
-        return _train_on(world, device, cfg, run_dir, verifier_dir, data_dir, rows)
+        return _train_on(world, runtime, device, cfg, run_dir, verifier_dir, data_dir, rows)
     finally:
         close_world(world)
 
 
-def _train_on(world: World, device: torch.device, cfg: RunConfig, run_dir: Path, verifier_dir: Path,
+def _train_on(world: World, runtime: Runtime, device: torch.device, cfg: RunConfig, run_dir: Path, verifier_dir: Path,
               data_dir: Path, rows: list[int] | None) -> RunSummary | None:
     draft = cfg.model.draft
     verifier = None
@@ -106,10 +91,10 @@ def _train_on(world: World, device: torch.device, cfg: RunConfig, run_dir: Path,
 
         verifier = load_online_verifier(verifier_dir, draft.aux_layer_ids, device, world, in_rank == "sharded")
     torch.manual_seed(cfg.seed)
-    attn_impl = draft_attn_impl(draft.attn_impl, device.type)
+    attn_impl = runtime.attn_impl
     train_loader, val_loader = cfg.data.loaders(
         data_dir, verifier,
-        total_seq_len=micro_batch_len(cfg, device.type),
+        total_seq_len=micro_batch_len(cfg, runtime),
         hidden_size=draft.hidden_size,
         num_aux_layers=len(draft.aux_layer_ids),
         seed=cfg.seed,

@@ -15,6 +15,7 @@ from typing import Any
 from eagle3.console import resume_command
 from eagle3.distributed import World, reduce_sums
 from eagle3.errors import Interrupted, StoppedBeforeTraining
+from eagle3.signal_scope import raising_on
 
 log = logging.getLogger(__name__)
 
@@ -24,21 +25,13 @@ def stop_before_training(what: str) -> Iterator[None]:
     """SIGTERM or Ctrl-C while `what` runs, before any checkpoint exists: the signal raises StoppedBeforeTraining
     where the code is, so the `finally` blocks on the way out remove temporary files (a cache entry is built in a
     temporary dir, eagle3/data/cache.py), and the launcher exits with 128 + the signal after one line."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-
-    def handle(signum: int, frame: FrameType | None) -> None:
+    def stopped(signum: int) -> StoppedBeforeTraining:
         log.warning("%s while %s: stopped before training; nothing half-built is kept, the same command starts "
                     "again", signal.Signals(signum).name, what)
-        raise StoppedBeforeTraining(signum)
+        return StoppedBeforeTraining(signum)
 
-    previous = {s: signal.signal(s, handle) for s in StopRequest.SIGNALS}
-    try:
+    with raising_on(StopRequest.SIGNALS, stopped):
         yield
-    finally:
-        for s, handler in previous.items():
-            signal.signal(s, handler)
 
 
 class StopRequest:

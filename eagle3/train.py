@@ -35,6 +35,7 @@ from eagle3.distributed import (
 from eagle3.errors import RunStopped
 from eagle3.progress import Progress, Row
 from eagle3.rundir import CHECKPOINTS, trained_config
+from eagle3.runtime import compute_dtype_on, loss_impl_on
 from eagle3.stop import StopRequest
 from eagle3.track import Tracker
 
@@ -115,10 +116,10 @@ class Run:
         self.call_kwargs = {
             "ttt_steps": draft.ttt_steps,
             "ttt_step_loss_decay": draft.ttt_step_loss_decay,
-            # The fused loss is Triton: CUDA only.
-            "loss_config": resolve_loss_config(draft.loss, "fused" if device.type == "cuda" else "eager"),
+            "loss_config": resolve_loss_config(draft.loss, loss_impl_on(device.type)),
         }
-        self.autocast: AbstractContextManager[Any] = (torch.autocast("cuda", dtype=torch.bfloat16)
+        dtype = getattr(torch, compute_dtype_on(device.type))
+        self.autocast: AbstractContextManager[Any] = (torch.autocast("cuda", dtype=dtype)
                                                       if device.type == "cuda" else nullcontext())
         self.trainable = [p for p in model.parameters() if p.requires_grad]
         self.optimizer = torch.optim.AdamW(self.trainable, lr=optim.lr, betas=(optim.betas[0], optim.betas[1]),

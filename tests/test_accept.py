@@ -343,11 +343,12 @@ def bad_cli_inputs(strong_run, inputs, tmp_path):
         (tmp_path / f"{name}.jsonl").write_text(text + "\n")
     p = lambda name: str(tmp_path / f"{name}.jsonl")  # noqa: E731
     return [
-        (["--run", str(strong_run), "--k", "0", "--out", str(tmp_path / "x.json")], "--k must be >= 1"),
+        (["--run", str(strong_run), "--k", "0", "--out", str(tmp_path / "x.json")],
+         "--k (eval.accept.k): must be >= 1, got 0"),
         (["--run", str(tmp_path)], "is not a finished run dir"),
         (["--run", str(strong_run), "--threads", "0", "--out", str(tmp_path / "x.json")], "--threads must be >= 1"),
         (["--run", str(strong_run), "--temperature", "-1", "--out", str(tmp_path / "x.json")],
-         "--temperature must be >= 0"),
+         "--temperature (eval.accept.temperature): must be >= 0"),
         ([str(tmp_path / "missing"), "--verifier", verifier, "--prompts", p("oov")], "does not exist"),
         ([best, "--verifier", str(tmp_path), "--prompts", p("oov")], "has no config.json"),
         ([best, "--verifier", verifier], "give --prompts"),
@@ -356,7 +357,8 @@ def bad_cli_inputs(strong_run, inputs, tmp_path):
         ([best, "--verifier", verifier, "--prompts", p("emptyids")], "non-empty list"),
         ([best, "--verifier", verifier, "--prompts", p("oov")], "outside the verifier's vocabulary"),
         ([best, "--verifier", verifier, "--prompts", p("messages")], "need the model's tokenizer"),
-        ([best, "--verifier", verifier, "--prompts", p("oov"), "--max-new-tokens", "1"], "max_new_tokens must be >= 2"),
+        ([best, "--verifier", verifier, "--prompts", p("oov"), "--max-new-tokens", "1"],
+         "--max-new-tokens (eval.accept.max_new_tokens): must be >= 2"),
         ([best, "--verifier", verifier, "--prompts", p("ok"), "--max-new-tokens", "600"], "max_position_embeddings"),
     ]
 

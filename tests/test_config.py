@@ -68,7 +68,6 @@ def test_default_config_is_valid():
     ("optim.epochs=0", "optim.epochs"),
     ("data.train_ratio=1.0", "data.train_ratio"),
     ("model.draft.draft_vocab_size=5000", "model.draft.draft_vocab_size"),
-    ("model.draft.attn_impl=flash", "model.draft.attn_impl"),
     ("distributed.device_memory_gb=0", "distributed.device_memory_gb"),
 ])
 def test_validate_names_the_key(override, key):

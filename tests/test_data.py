@@ -90,7 +90,8 @@ def test_the_check_cli_refuses_a_total_seq_len_no_micro_batch_can_hold(tmp_path,
 
     with pytest.raises(SystemExit) as stop:
         main([str(tmp_path), "--total-seq-len", "0"])
-    assert stop.value.code == 2 and "--total-seq-len must be at least 2" in capsys.readouterr().err
+    assert stop.value.code == 2
+    assert "--total-seq-len (data.total_seq_len): must be at least 2" in capsys.readouterr().err
 
 
 def test_sampling_from_a_verifier_with_nan_weights_is_one_data_error(tmp_path):

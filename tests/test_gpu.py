@@ -118,7 +118,7 @@ def train_on_gpu(cfg: RunConfig, monkeypatch, one_rank_group: bool = False) -> t
                 return True
 
         def join(strategy, backend, device_type):
-            world = init_world(strategy, backend, device_type)  # nccl: backend "auto" on CUDA
+            world = init_world(strategy, backend, device_type)  # nccl: eagle3.runtime resolves auto so on CUDA
             assert torch.distributed.get_backend() == "nccl"
             return OneRankGroup(world.rank, world.local_rank, world.size, strategy)
 

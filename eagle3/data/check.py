@@ -25,9 +25,11 @@ from typing import Any
 import numpy as np
 from tqdm import tqdm
 
+from eagle3.config import DataConfig, check_total_seq_len
 from eagle3.data.hsfiles import Problem, TensorSpec, file_problem, hs_path, read_header
 from eagle3.data.rows import ArrowRows
 from eagle3.errors import ConfigError, DataError, UserError
+from eagle3.schema_cli import add_fields, checked
 
 # Above this share of rows cut by data.total_seq_len, the start-up check stops the run instead of warning:
 # a long-tail row or two is normal, a tenth of the data losing its end is a config mistake.
@@ -182,15 +184,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("data_dir", type=Path)
     parser.add_argument("--quick", action="store_true", help="skip the NaN/inf scan (reads headers and token ids only)")
     parser.add_argument("--vocab-size", type=int, help="the verifier's vocabulary size (default: from the record)")
-    parser.add_argument("--total-seq-len", type=int,
-                        help="the run's data.total_seq_len: also count the rows the trainer would cut to it")
+    flags = {"total_seq_len": "--total-seq-len"}
+    add_fields(parser, DataConfig, flags, "data", defaults={"total_seq_len": None},
+               helps={"total_seq_len": "also count the rows the trainer would cut to the run's total_seq_len"})
     args = parser.parse_args(argv)
-    from eagle3.config import MIN_SEQ_LEN
     from eagle3.data.record import read_record
 
-    if args.total_seq_len is not None and args.total_seq_len < MIN_SEQ_LEN:
-        parser.error(f"--total-seq-len must be at least {MIN_SEQ_LEN} (one token and the next one it predicts), "
-                     f"got {args.total_seq_len}")
+    if args.total_seq_len is not None:
+        try:
+            checked(args, DataConfig, flags, "data", lambda data: check_total_seq_len(data.total_seq_len))
+        except ConfigError as e:
+            parser.error(str(e))
 
     try:
         vocab = args.vocab_size or ((read_record(args.data_dir) or {}).get("verifier") or {}).get("vocab_size")

@@ -13,7 +13,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from eagle3.errors import ConfigError, DataError
+from eagle3.config import BadSamplePolicy
+from eagle3.errors import DataError
 
 Row = tuple[list[int], list[int]]  # (input_ids, loss_mask)
 
@@ -21,10 +22,8 @@ Row = tuple[list[int], list[int]]  # (input_ids, loss_mask)
 class BadSamples:
     """What happened to rows that could not be used as they were: an error, or counted skips."""
 
-    def __init__(self, policy: str):
-        if policy not in ("error", "skip"):
-            raise ConfigError(f"on_bad_sample must be error or skip, got {policy}")
-        self.policy = policy
+    def __init__(self, policy: BadSamplePolicy | str):
+        self.policy = BadSamplePolicy(policy)  # its names are checked where it is declared (data.on_bad_sample)
         self.skipped: Counter[str] = Counter()
         self.examples: list[str] = []
         self.truncated = 0

@@ -31,6 +31,7 @@ from eagle3.data.rows import ArrowRows
 from eagle3.data.verifier_forward import forward_hidden_states, hidden_state_taps, load_causal_lm, packed_batch
 from eagle3.distributed import World
 from eagle3.errors import ConfigError
+from eagle3.runtime import compute_dtype_on
 
 log = logging.getLogger(__name__)
 
@@ -59,7 +60,7 @@ def load_online_verifier(verifier_dir: Path, aux_layer_ids: Sequence[int], devic
                          shard: bool) -> OnlineVerifier:
     """The verifier on this rank: a full copy, or (`shard` with more than one rank) an FSDP2 shard of each decoder
     layer and of the rest of the decoder; its lm_head is then dropped, since the hidden states never need it."""
-    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    dtype = getattr(torch, compute_dtype_on(device.type))
     if not (shard and world.distributed):
         model = load_causal_lm(verifier_dir, device, dtype)
         model.requires_grad_(False)

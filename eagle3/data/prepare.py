@@ -21,7 +21,7 @@ from typing import Any
 
 import torch
 
-from eagle3.config import BadSamplePolicy, DataConfig, HiddenStatesDtype
+from eagle3.config import DataConfig, Device, HiddenStatesDtype
 from eagle3.console import shell_override
 from eagle3.data.cache import cache_key
 from eagle3.data.jsonl import Row
@@ -29,6 +29,8 @@ from eagle3.data.record import read_record, verifier_fingerprint, write_record
 from eagle3.data.token_rows import save_rows
 from eagle3.data.verifier_forward import load_causal_lm, write_hidden_states
 from eagle3.errors import ConfigError, DataError, UserError
+from eagle3.runtime import compute_dtype_on, resolve_runtime
+from eagle3.schema_cli import add_fields
 from eagle3.verifier_shape import default_aux_layer_ids
 
 log = logging.getLogger(__name__)
@@ -131,14 +133,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-len", type=int, default=8192,
                         help="tokens per row; longer rows are truncated and counted")
     parser.add_argument("--batch-tokens", type=int, default=16384, help="padded tokens per verifier forward")
-    parser.add_argument("--device", default="auto", choices=["auto", "cuda", "cpu"])
+    parser.add_argument("--device", default=Device.auto.value, choices=[d.value for d in Device])
     # The options a run's `data` config also has default to its schema's values (eagle3/config.py DataConfig).
     parser.add_argument("--dtype", default=DataConfig.hidden_states_dtype.value,
                         choices=[d.value for d in HiddenStatesDtype],
                         help="dtype the hidden states are stored in")
-    parser.add_argument("--on-bad-sample", default=DataConfig.on_bad_sample.value,
-                        choices=[p.value for p in BadSamplePolicy],
-                        help="a row that cannot be used: stop with its line number, or leave it out and count it")
+    add_fields(parser, DataConfig, {"on_bad_sample": "--on-bad-sample"}, "data", helps={
+        "on_bad_sample": "a row that cannot be used: stop with its line number, or leave it out and count it"})
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     try:
@@ -183,9 +184,9 @@ def prepare(args: argparse.Namespace) -> dict[str, Any]:
     rows = read_rows(args.data, args.max_len, verifier["vocab_size"], bad, tokenize_chat)
     log.info("%s: %d rows (%d truncated to %d tokens, %d skipped%s)", args.data, len(rows), bad.truncated,
              args.max_len, sum(bad.skipped.values()), f": {dict(bad.skipped)}" if bad.skipped else "")
-    device = "cuda" if args.device == "auto" and torch.cuda.is_available() else args.device.replace("auto", "cpu")
+    device = resolve_runtime(args.device).device_type
     # bf16 on a GPU, as the verifier is served; fp32 on a CPU, which has no fast bf16 matmul.
-    model = load_causal_lm(args.model, device, torch.bfloat16 if device == "cuda" else torch.float32, key="--model")
+    model = load_causal_lm(args.model, device, getattr(torch, compute_dtype_on(device)), key="--model")
     notes = {"source": str(args.data), "max_len": args.max_len, "on_bad_sample": args.on_bad_sample,
              **bad.as_dict()}
     record = write_dataset(model, args.model, rows, args.out, aux, args.batch_tokens, getattr(torch, args.dtype),

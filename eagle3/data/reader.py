@@ -35,7 +35,6 @@ import torch
 
 from eagle3.data.hsfiles import check_file, hs_path, open_file, read_into
 from eagle3.data.rows import ArrowRows
-from eagle3.errors import ConfigError
 
 
 def split_hidden(buffer: torch.Tensor) -> dict[str, torch.Tensor]:
@@ -106,8 +105,6 @@ class PackedLoader:
     def __init__(self, data_dir: Path, rows: ArrowRows, split_rows: Sequence[int], batch_sampler,
                  total_seq_len: int, hidden_size: int, num_aux_layers: int, dtype: torch.dtype, prefetch: int,
                  device: torch.device):
-        if prefetch < 0:
-            raise ConfigError(f"data.prefetch: must be >= 0, got {prefetch}")
         self.data_dir, self.rows, self.split_rows = Path(data_dir), rows, split_rows
         self.batch_sampler = batch_sampler
         self.total_seq_len, self.hidden_size, self.num_aux = total_seq_len, hidden_size, num_aux_layers

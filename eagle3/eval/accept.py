@@ -22,10 +22,15 @@ if TYPE_CHECKING:
     from eagle3.eval.prompts import Prompt
 
 
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    from eagle3.config import AcceptEvalConfig
+# The options a training run's eval.accept also has: their defaults, help and checks are its schema's.
+SCHEMA_FLAGS = {"num_prompts": "--num-prompts", "k": "--k", "max_new_tokens": "--max-new-tokens",
+                "temperature": "--temperature"}
 
-    defaults = AcceptEvalConfig()  # the options a training run's eval.accept also has default to its values
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    from eagle3.config import AcceptEvalConfig, Device
+    from eagle3.schema_cli import add_fields
+
     p = argparse.ArgumentParser(prog="python -m eagle3.eval.accept", description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("checkpoint", nargs="?", help="draft checkpoint dir (speculators format); with --run: the "
@@ -35,22 +40,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                                  "summary.json and resolved_config.yaml")
     p.add_argument("--prompts", help="JSONL of {\"input_ids\": [...]} or {\"messages\": [...]} rows "
                                      "(default with --run: the prompts of the run's val split)")
-    p.add_argument("--num-prompts", type=int, default=defaults.num_prompts,
-                   help=f"use the first N prompts (default: {defaults.num_prompts}, as eval.accept.num_prompts)")
-    p.add_argument("--k", type=int, default=None, help="draft tokens per verify step (default: the checkpoint's "
-                                                       "speculative_tokens, its training ttt_steps, as eval.accept.k)")
-    p.add_argument("--max-new-tokens", type=int, default=defaults.max_new_tokens,
-                   help=f"tokens generated per prompt (default: {defaults.max_new_tokens}, "
-                        "as eval.accept.max_new_tokens)")
-    p.add_argument("--temperature", type=float, default=defaults.temperature,
-                   help=f"sampling temperature of draft and verifier (default: {defaults.temperature:g}, as "
-                        "eval.accept.temperature; 0: greedy, > 0: speculative sampling)")
+    add_fields(p, AcceptEvalConfig, SCHEMA_FLAGS, "eval.accept", defaults={"k": None}, helps={
+        "k": "draft tokens per verify step (default: the checkpoint's speculative_tokens, its training ttt_steps)"})
     p.add_argument("--seed", type=int, default=0, help="seed of the sampling generator at temperature > 0 "
                                                        "(a training run's val passes use its seed)")
     p.add_argument("--no-cache", dest="cached", action="store_false",
                    help="recompute every forward over the whole prefix (the slower reference harness)")
     p.add_argument("--out", help="JSON report path (overwritten if it exists)")
-    p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
+    p.add_argument("--device", default=Device.auto.value, choices=[d.value for d in Device])
     p.add_argument("--attn-impl", default="sdpa", choices=["sdpa", "eager"], help="the draft's attention")
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default on CPU: 1; many small "
                                                              "forwards gain little from more, and lose a lot "
@@ -72,17 +69,15 @@ def main(argv: list[str] | None = None) -> None:
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
+    from eagle3.config import AcceptEvalConfig
     from eagle3.errors import ConfigError
+    from eagle3.runtime import resolve_runtime
+    from eagle3.schema_cli import checked
 
+    checked(args, AcceptEvalConfig, SCHEMA_FLAGS, "eval.accept", AcceptEvalConfig.check_values)
     checkpoint, verifier_dir, val_split = resolve_inputs(args)
-    if args.k is not None and args.k < 1:
-        raise ConfigError(f"--k must be >= 1, got {args.k}")
-    if args.num_prompts < 1:
-        raise ConfigError(f"--num-prompts must be >= 1, got {args.num_prompts}")
     if args.threads is not None and args.threads < 1:
         raise ConfigError(f"--threads must be >= 1, got {args.threads}")
-    if not args.temperature >= 0:
-        raise ConfigError(f"--temperature must be >= 0, got {args.temperature}")
     out = Path(args.out) if args.out else None
     k = args.k or default_k(checkpoint)
     if out is None and args.run:
@@ -91,7 +86,6 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         if out.exists():
             raise ConfigError(f"{out} exists and is not overwritten; pass --out to write the report elsewhere")
 
-    import torch
 
     from eagle3.checkpoint import load_draft
     from eagle3.console import quiet_libraries
@@ -99,7 +93,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     from eagle3.eval.measure import AcceptanceProbe, torch_threads
 
     quiet_libraries()
-    device = "cuda" if args.device == "cuda" or (args.device == "auto" and torch.cuda.is_available()) else "cpu"
+    device = resolve_runtime(args.device).device_type
     prompts, source = load_prompts(args.prompts, verifier_dir, val_split, args.num_prompts)
     verifier = load_causal_lm(verifier_dir, device, key="--verifier")
     try:

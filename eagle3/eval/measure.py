@@ -49,13 +49,7 @@ class AcceptanceProbe:
 
     def __init__(self, verifier: torch.nn.Module, prompts: Sequence[Sequence[int]], k: int, max_new_tokens: int,
                  temperature: float = 0.0, seed: int = 0, cached: bool = True):
-        if temperature < 0:
-            raise ConfigError(f"temperature must be >= 0, got {temperature}")
-        if k < 1:
-            raise ConfigError(f"k must be >= 1, got {k}")
-        if max_new_tokens < 2:
-            raise ConfigError(f"max_new_tokens must be >= 2 (the first token comes from the prompt's forward, "
-                              f"without a draft), got {max_new_tokens}")
+        # k, max_new_tokens and temperature are checked where they are declared (config.AcceptEvalConfig).
         if not prompts:
             raise ConfigError("no prompts")
         self.verifier, self.k, self.max_new_tokens = verifier, k, max_new_tokens

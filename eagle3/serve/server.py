@@ -159,12 +159,7 @@ def running(cmd: list[str], port: int, log: Path) -> Iterator[Server]:
 def stop_on_signals() -> Iterator[None]:
     """SIGTERM and SIGHUP raise Interrupted (a SystemExit) in the main thread while the block runs, so `finally`
     and `with` blocks run as they do for Ctrl-C."""
-    def interrupt(signum, frame):
-        raise Interrupted(signum)
+    from eagle3.signal_scope import raising_on
 
-    before = {s: signal.signal(s, interrupt) for s in (signal.SIGTERM, signal.SIGHUP)}
-    try:
+    with raising_on((signal.SIGTERM, signal.SIGHUP), Interrupted):
         yield
-    finally:
-        for s, handler in before.items():
-            signal.signal(s, handler)

@@ -311,18 +311,15 @@ def stop_between_trials() -> Iterator[None]:
     signal before training stops a run: one line, exit status 128 + the signal; settle_stopped records the trials
     that did not run."""
     from eagle3.errors import StoppedBeforeTraining
+    from eagle3.signal_scope import raising_on
 
-    def handle(signum: int, frame: Any) -> None:
+    def stopped(signum: int) -> StoppedBeforeTraining:
         log.warning("%s between trials: the sweep stops here; the same command continues the study",
                     signal.Signals(signum).name)
-        raise StoppedBeforeTraining(signum)
+        return StoppedBeforeTraining(signum)
 
-    previous = {s: signal.signal(s, handle) for s in (signal.SIGTERM, signal.SIGINT)}
-    try:
+    with raising_on((signal.SIGTERM, signal.SIGINT), stopped):
         yield
-    finally:
-        for s, handler in previous.items():
-            signal.signal(s, handler)
 
 
 def index_jobs(sweep_dir: Path) -> dict[int, IndexEntry]:
