@@ -87,3 +87,23 @@ def test_reports_that_cannot_be_fitted_are_one_message(tmp_path, capsys, make, k
     with pytest.raises(SystemExit, match=message) as e:
         predict_from(tmp_path, *ks)
     assert str(e.value).startswith("error: ") and not list(tmp_path.glob("prediction*"))
+
+
+def test_the_bench_script_gives_predicted_over_measured_per_calibration(tmp_path):
+    """bench/serve_predict.py on reports that follow 1.3 + 0.2 k: every two-k calibration predicts every k
+    exactly, k=1 alone predicts k=5 at 2.3 / 3.5 of its speedup, and the least squares over all k is the model."""
+    import sys
+
+    from conftest import ROOT
+
+    sys.path.insert(0, str(ROOT / "bench"))
+    from serve_predict import ratios
+
+    for k in ACCEPT_RATES:
+        served(tmp_path, k)
+    rows = {r["fitted"]: r for r in ratios(tmp_path, 0.0, "wall")}
+    assert list(rows) == [(1,), (1, 2), (1, 3), (1, 5), (1, 2, 3, 5)]
+    for fitted in [(1, 2), (1, 3), (1, 5), (1, 2, 3, 5)]:
+        assert rows[fitted]["fixed"] == pytest.approx(FIXED) and rows[fitted]["per_token"] == pytest.approx(PER_TOKEN)
+        assert all(r == pytest.approx(1.0) for r in rows[fitted]["ratio"].values())
+    assert rows[(1,)]["ratio"][5] == pytest.approx((FIXED + 5 * PER_TOKEN) / (1 + 5 * 0.5))
