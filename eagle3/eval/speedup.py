@@ -3,8 +3,8 @@
     python -m eagle3.eval.speedup --accept-rates 0.5 0.3 0.2 --baseline-ms 12.2 --verify-ms 30 --draft-ms 1
     python -m eagle3.eval.speedup --accept RUN/accept_k3.json --run RUN --measure     # costs measured here
     python -m eagle3.eval.speedup --run RUN --measure --wallclock                     # and checked by decoding
-    python -m eagle3.eval.speedup --accept RUN/serve_vllm_k5_t0.json --engine-costs RUN/serve_vllm_k1_t0.json
-                                                                 # costs of a served run (eagle3.serve), at k=1
+    python -m eagle3.eval.speedup --accept RUN/serve_vllm_k5_t0.json \
+        --engine-costs RUN/serve_vllm_k1_t0.json RUN/serve_vllm_k5_t0.json   # costs of served runs (eagle3.serve)
 
 The model (one sequence, chain drafts, as eagle3.eval.accept decodes):
     tokens_per_step(k) = 1 + sum_{j<k} r_j        r_j: share of verify steps whose draft token j is accepted
@@ -13,6 +13,9 @@ The model (one sequence, chain drafts, as eagle3.eval.accept decodes):
 baseline_ms is the verifier's plain decoding step (one token per forward); verify_ms(k) its forward over the
 k+1 tokens of a verify step; draft_ms one draft forward (a chain of k costs k of them). The break-even
 acceptance length at k is step_ms(k) / baseline_ms: below it, speculation is slower than plain decoding.
+From a serving engine's reports (--engine-costs) the step is fitted as fixed + per_token * k plain steps: a fixed
+part per speculative step (the verify forward, input preparation, rejection sampling, scheduling: verify_ms, the
+same at every k) and a part per draft token (a draft forward and one more token of verify forward: draft_ms).
 """
 
 from __future__ import annotations
@@ -37,6 +40,7 @@ class StepCosts:
     verify_ms: dict[int, float]  # k -> the verifier's forward over k+1 new tokens
     draft_ms: float
     source: str = "given"
+    fitted_ks: tuple[int, ...] = ()  # the k whose served steps the costs were fitted to
 
 
 def predict(rates: Sequence[float], costs: StepCosts) -> dict[str, Any]:
@@ -124,30 +128,81 @@ def given_costs(args: argparse.Namespace, max_k: int) -> StepCosts:
 SERVED_SPEEDUP = {"wall": "speedup", "median": "speedup_median", "cpu": "speedup_cpu"}
 
 
-def engine_costs(path: Path, max_k: int, clock: str = "wall") -> StepCosts:
-    """Step costs from an eagle3.serve report at k = 1: its plain server's tokens/s is the plain step; its
-    measured speedup (`clock` cpu: in the servers' CPU time) and accept_len give its step, speedup =
-    accept_len * baseline_ms / step_ms. The engine's
-    step is taken as one plain step for the verify forward (a forward over a few tokens costs about one over one
-    when per-step overheads dominate, as they do when serving a small batch) plus a draft forward per draft token,
-    so draft_ms = baseline_ms * (accept_len / speedup - 1)."""
+@dataclass
+class ServedStep:
+    """One eagle3.serve report as the engine's step-cost fit reads it: k, its step in plain steps
+    (accept_len / speedup: the tokens one step makes over the tokens one plain step makes in its time), the
+    plain step in ms, and what must agree between reports fitted together."""
+
+    k: int
+    plain_steps: float
+    plain_ms: float
+    setup: tuple[Any, ...]  # engine, version, dtype
+    path: Path
+
+
+def served_step(path: Path, clock: str) -> ServedStep:
     if not path.is_file():
         raise ConfigError(f"--engine-costs: {path} does not exist or is not a file")
     try:
         r = json.loads(path.read_text())
-        k, accept_len = r["k"], r["accept_len"]
-        speedup = r[SERVED_SPEEDUP[clock]]
-        plain = r["plain_tokens_per_cpu_s" if clock == "cpu" else "plain_tokens_per_s"]
+        k, accept_len = int(r["k"]), float(r["accept_len"])
+        speedup = float(r[SERVED_SPEEDUP[clock]])
+        plain = float(r["plain_tokens_per_cpu_s" if clock == "cpu" else "plain_tokens_per_s"])
     except (ValueError, KeyError, TypeError):
-        raise ConfigError(f"--engine-costs: {path} is not an eagle3.serve report (serve_vllm_k1_*.json)") from None
-    if k != 1:
-        raise ConfigError(f"--engine-costs: {path} was served at k={k}; the verify step is calibrated at k=1 "
-                          "(python -m eagle3.serve RUN --k 1)")
-    baseline_ms = 1000.0 / plain
-    draft_ms = max(0.0, baseline_ms * (accept_len / speedup - 1.0))
-    return StepCosts(baseline_ms, dict.fromkeys(range(1, max_k + 1), baseline_ms), draft_ms,
-                     f"engine: {r.get('engine')} {r.get('engine_version')} {r.get('dtype')}, plain server and k=1 "
-                     f"of {path}, {clock} time")
+        raise ConfigError(f"--engine-costs: {path} is not an eagle3.serve report (serve_vllm_k*_t*.json)") from None
+    if not (speedup > 0 and plain > 0 and accept_len >= 1):
+        raise ConfigError(f"--engine-costs: {path} has speedup {speedup}, plain tokens/s {plain}, accept_len "
+                          f"{accept_len}; a measured report has positive ones")
+    return ServedStep(k, accept_len / speedup, 1000.0 / plain,
+                      (r.get("engine"), r.get("engine_version"), r.get("dtype")), path)
+
+
+def fit_step(points: Sequence[tuple[int, float]]) -> tuple[float, float]:
+    """(fixed, per_token) of step(k) = fixed + per_token * k, in plain steps, from (k, step) points.
+    fixed: the verify forward and the per-step work of speculation (input preparation, rejection sampling,
+    scheduling); per_token: one draft forward and what one more token adds to the verify forward. One point
+    (at k=1): fixed is taken as one plain step (a forward over a few tokens costs about one over one when
+    per-step overheads dominate) and only per_token is fitted. Two or more k: least squares of both."""
+    if len(points) == 1:
+        (k, step), = points
+        return 1.0, (step - 1.0) / k
+    n = len(points)
+    mean_k = sum(k for k, _ in points) / n
+    mean_s = sum(s for _, s in points) / n
+    per_token = (sum((k - mean_k) * (s - mean_s) for k, s in points)
+                 / sum((k - mean_k) ** 2 for k, _ in points))
+    return mean_s - per_token * mean_k, per_token
+
+
+def engine_costs(paths: Sequence[Path], max_k: int, clock: str = "wall") -> StepCosts:
+    """Step costs from eagle3.serve reports: each report's plain server gives the plain step, and its measured
+    speedup (`clock` cpu: in the servers' CPU time) and accept_len give its step, accept_len / speedup plain
+    steps; `fit_step` fits step(k) = fixed + per_token * k to them. One report must be at k=1 (fixed is then
+    taken as one plain step); several must be at distinct k from one engine and dtype."""
+    steps = [served_step(path, clock) for path in paths]
+    if len(steps) == 1 and steps[0].k != 1:
+        raise ConfigError(f"--engine-costs: {paths[0]} was served at k={steps[0].k}; the verify step is calibrated "
+                          "at k=1 (python -m eagle3.serve RUN --k 1), or give reports at two or more k")
+    ks = [s.k for s in steps]
+    if len(set(ks)) != len(ks):
+        raise ConfigError(f"--engine-costs: the reports are at k = {ks}; a fit needs each k once")
+    if len({s.setup for s in steps}) > 1:
+        raise ConfigError("--engine-costs: the reports come from different engines or dtypes ("
+                          + "; ".join(f"{s.path}: {' '.join(map(str, s.setup))}" for s in steps) + "); fit one's")
+    fixed, per_token = fit_step([(s.k, s.plain_steps) for s in steps])
+    if fixed <= 0 or per_token < 0:
+        raise ConfigError("--engine-costs: the fit step(k) = {:.3f} + {:.3f} k plain steps (from k = {}: {}) has a "
+                          "cost below zero: the reports' timings are noise; serve more prompts or tokens".format(
+                              fixed, per_token, ks, ", ".join(f"{s.plain_steps:.3f}" for s in steps)))
+    baseline_ms = sum(s.plain_ms for s in steps) / len(steps)
+    engine, version, dtype = steps[0].setup
+    form = ("one plain step + {1:.3f} k (fixed part assumed)" if len(steps) == 1 else "{0:.3f} + {1:.3f} k"
+            ).format(fixed, per_token)
+    return StepCosts(baseline_ms, dict.fromkeys(range(1, max_k + 1), fixed * baseline_ms), per_token * baseline_ms,
+                     f"engine: {engine} {version} {dtype}, plain server and k = {', '.join(map(str, ks))} of "
+                     f"{', '.join(str(s.path) for s in steps)}, {clock} time; step(k) = {form} plain steps",
+                     fitted_ks=tuple(ks))
 
 
 def served_speedups(costs_report: Path, ks: Sequence[int], clock: str = "wall") -> dict[int, tuple[float, float]]:
@@ -258,7 +313,8 @@ def format_prediction(p: dict[str, Any], rates_source: str) -> str:
         lines.append(f"{r['k']:>3}{r['tokens_per_step']:>13.3f}{r['step_ms']:>10.3f}{r['tokens_per_s']:>11.1f}"
                      f"{r['speedup']:>9.3f}{r['break_even_accept_len']:>12.3f}"
                      + (f"{r['predicted_at_served_accept_len']:>14.3f}{r['served_speedup']:>9.3f}"
-                        f"{100 * r['error']:>7.1f}%" if "served_speedup" in r else ""))
+                        f"{100 * r['error']:>7.1f}%" + ("  (fitted)" if r["in_fit"] else "")
+                        if "served_speedup" in r else ""))
     best = next(r for r in p["rows"] if r["k"] == p["best_k"])
     if p["pays_off"]:
         lines.append(f"best k = {p['best_k']}: {best['speedup']:.2f}x over no speculation "
@@ -333,10 +389,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="the verifier's forward over k+1 tokens, ms: one value for every k, or one per k")
     p.add_argument("--draft-ms", type=float, default=0.0, help="one draft forward, ms (default 0)")
     p.add_argument("--measure", action="store_true", help="measure the step costs here with the draft and verifier")
-    p.add_argument("--engine-costs", type=Path, metavar="SERVE_K1_JSON",
-                   help="step costs from an eagle3.serve report at k=1 (its plain server and its k=1 speedup); the "
-                        "serve reports at other k beside it are shown as measured, with the speedup the costs "
-                        "predict at the accept_len each served with")
+    p.add_argument("--engine-costs", type=Path, nargs="+", metavar="SERVE_JSON",
+                   help="step costs from eagle3.serve reports: step(k) = fixed + per_token * k plain steps, fitted "
+                        "to reports at two or more k (e.g. k=1 and the largest), or to one at k=1 with fixed = one "
+                        "plain step; the serve reports at every k beside the first are shown as measured, with "
+                        "the speedup the costs predict at the accept_len each served with")
     p.add_argument("--context", type=int, default=64, help="context length (tokens) the costs are measured at")
     p.add_argument("--wallclock", action="store_true", help="also decode the run's val prompts with and without "
                                                             "speculation and compare the measured ratio (needs --run)")
@@ -391,15 +448,7 @@ def run(args: argparse.Namespace) -> tuple[dict[str, Any], str]:
     if args.engine_costs is not None:
         if args.measure or args.wallclock or args.baseline_ms is not None:
             raise ConfigError("give one source of step costs: --engine-costs, --measure, or --baseline-ms/--verify-ms")
-        prediction = predict(rates, engine_costs(args.engine_costs, len(rates), args.clock or "wall"))
-        measured = served_speedups(args.engine_costs, ks, args.clock or "wall")
-        for row in prediction["rows"]:
-            if row["k"] in measured:  # the costs checked: predicted at the accept_len that k served with
-                speedup, accept_len = measured[row["k"]]
-                at_served = accept_len / row["step_ms"] * prediction["baseline_ms"]
-                row |= {"served_speedup": speedup, "predicted_at_served_accept_len": at_served,
-                        "error": at_served / speedup - 1}
-        return {**prediction, "accept_source": source}, format_prediction(prediction, source)
+        return against_engine(rates, source, args.engine_costs, args.clock or "wall")
     if not (args.measure or args.wallclock):
         costs = given_costs(args, len(rates))
         prediction = predict(rates, costs)
@@ -436,6 +485,25 @@ def run(args: argparse.Namespace) -> tuple[dict[str, Any], str]:
             result["wallclock"] = rows
             text += "\n" + format_wallclock(rows, len(prompts), args.max_new_tokens)
     return result, text
+
+
+def against_engine(rates: list[float], source: str, reports: Sequence[Path], clock: str
+                   ) -> tuple[dict[str, Any], str]:
+    """The prediction from the engine's step costs, with the serve reports beside the first (same dir and
+    temperature) as measured: at each k served, the speedup the costs predict at the accept_len it served with
+    (which checks the costs alone; rates of one k hold only roughly at another) and its error."""
+    costs = engine_costs(reports, len(rates), clock)
+    prediction = predict(rates, costs)
+    measured = served_speedups(reports[0], range(1, len(rates) + 1), clock)
+    for row in prediction["rows"]:
+        if row["k"] in measured:
+            speedup, accept_len = measured[row["k"]]
+            at_served = accept_len / row["step_ms"] * prediction["baseline_ms"]
+            row |= {"served_speedup": speedup, "predicted_at_served_accept_len": at_served,
+                    "error": at_served / speedup - 1, "in_fit": row["k"] in costs.fitted_ks}
+    return ({**prediction, "accept_source": source, "fitted_ks": list(costs.fitted_ks),
+             "fixed_plain_steps": costs.verify_ms[1] / costs.baseline_ms,
+             "per_token_plain_steps": costs.draft_ms / costs.baseline_ms}, format_prediction(prediction, source))
 
 
 def format_wallclock(rows: list[dict[str, Any]], prompts: int, max_new_tokens: int) -> str:

@@ -2,6 +2,7 @@
 side by side with eagle3.eval.accept's.
 
 engine.py     the engine's own environment (vLLM pins its own torch): built once, found again
+specforge.py  SpecForge's own draft class (installed without its dependencies), which loads the SGLang-layout export
 server.py     vLLM's OpenAI server as a child process group: started, waited for, always stopped
 metrics.py    the spec-decode counters of its /metrics
 session.py    one server's measurement: the prompts one request at a time, tokens/s, counter differences

