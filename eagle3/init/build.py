@@ -42,7 +42,8 @@ def new_draft(draft: DraftConfig, flags: dict[str, bool], attn_impl: str, verifi
     verifier's lm_head rows of the draft vocabulary (frozen), the rest freshly initialized (P-EAGLE: its
     embedding trained, its mask token and k = ttt_steps in its config)."""
     model_class, _ = draft_classes(draft.kind)
-    extra = {"mask_token_id": mask_token(draft), "num_depths": draft.ttt_steps} if draft.kind == DraftKind.peagle else {}
+    peagle = draft.kind == DraftKind.peagle
+    extra = {"mask_token_id": mask_token(draft), "num_depths": draft.ttt_steps} if peagle else {}
     return model_class.from_training_args(
         verifier_config=draft_layer_config(draft, attn_impl),
         t2d=t2d,
