@@ -217,3 +217,16 @@ def test_vllm_parallel_drafting_counts_what_the_harness_counts(peagle_run, engin
     assert report["accepted_per_position"] == [round(r * harness["verify_steps"]) for r in harness["accept_rate"]]
     assert report["accepted_per_position"][0] > 0  # something to agree on
     assert report["harness"]["equal"] and report["same_tokens_as_plain"]
+
+
+@pytest.mark.parametrize("shape,arch", [(("T512 k3 sdpa", 512, 3, "sdpa", False), {}),
+                                        (("T1024 k2 eager", 1024, 2, "eager", False), {}),
+                                        (("T768 k4 sdpa", 768, 4, "sdpa", False), {"num_layers": 2})],
+                         ids=["T512-k3-sdpa", "T1024-k2-eager", "T768-k4-sdpa-2layers"])
+def test_planned_peak_of_a_peagle_draft_is_within_25_percent_of_the_measured_one(shape, arch):
+    """The plan runs P-EAGLE's one pass over its COD-sampled positions, not k TTT steps over all of them."""
+    sys.path.insert(0, str(ROOT / "bench"))
+    from plan_memory import compare
+
+    result = compare(*shape, kind=DraftKind.peagle, **arch)
+    assert 0.75 <= result["ratio"] <= 1.25, result
