@@ -85,7 +85,8 @@ def draft_config(seq: int, ttt_steps: int, attn: str, checkpointing: bool, **arc
 
 
 def build_model(draft, seed: int = 0):
-    """A real Eagle3DraftModel (or P-EAGLE draft) of `draft` on CPU with the frozen verifier parts filled, as training holds it."""
+    """A real Eagle3DraftModel (or P-EAGLE draft) of `draft` on CPU with the frozen verifier parts filled, as
+    training holds it."""
     from bench.common import random_draft
     from eagle3.recompute import recompute_decoder_layers
 
