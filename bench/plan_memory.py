@@ -2,6 +2,7 @@
 
     python bench/plan_memory.py          # prints planned / measured at a few shapes; --json FILE writes them
     python bench/plan_memory.py --num-layers 2 --layer-type qwen3   # the same for another draft architecture
+    python bench/plan_memory.py --kind peagle                       # a P-EAGLE draft (COD-sampled positions)
 
 Measured: one AdamW step (zero_grad, forward, backward, step) of a real Eagle3DraftModel after a first step
 (so the optimizer state exists), under `LiveBytes`, a TorchDispatchMode that counts the bytes of every live
@@ -84,7 +85,8 @@ def draft_config(seq: int, ttt_steps: int, attn: str, checkpointing: bool, **arc
 
 
 def build_model(draft, seed: int = 0):
-    """A real Eagle3DraftModel of `draft` on CPU with the frozen verifier parts filled, as training holds it."""
+    """A real Eagle3DraftModel (or P-EAGLE draft) of `draft` on CPU with the frozen verifier parts filled, as
+    training holds it."""
     from bench.common import random_draft
     from eagle3.recompute import recompute_decoder_layers
 
@@ -160,13 +162,14 @@ def main() -> None:
     parser.add_argument("--json", type=Path, help="write the results here")
     parser.add_argument("--num-layers", type=int, default=1, help="the draft's decoder layers")
     parser.add_argument("--layer-type", choices=["llama", "qwen3"], default="llama", help="their type")
+    parser.add_argument("--kind", choices=["eagle3", "peagle"], default="eagle3", help="the draft kind")
     args = parser.parse_args()
     from eagle3.console import quiet_libraries
 
     quiet_libraries()
-    from eagle3.draft_arch import LayerType
+    from eagle3.draft_arch import DraftKind, LayerType
 
-    arch = {"num_layers": args.num_layers, "layer_type": LayerType(args.layer_type)}
+    arch = {"num_layers": args.num_layers, "layer_type": LayerType(args.layer_type), "kind": DraftKind(args.kind)}
     results = [compare(*shape, **arch) for shape in SHAPES]
     print(f"{'shape':<22} {'planned MiB':>12} {'measured MiB':>13} {'planned/measured':>17}")
     for r in results:

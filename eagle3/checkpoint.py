@@ -9,6 +9,7 @@ that finds the disk full removes its temporary sibling and keeps the previous ch
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import shutil
@@ -144,11 +145,12 @@ def load_draft(path: str | Path, attn_impl: str = "sdpa", device: str | torch.de
     verifier path the checkpoint recorded: speculators reads the verifier's lm_head and norm (not saved in
     the checkpoint) and checks the aux layer ids from there.
     """
-    from speculators.models.eagle3 import Eagle3DraftModel, Eagle3SpeculatorConfig
+    from eagle3.init.build import draft_classes
 
     check_draft_files(Path(path))
+    model_class, config_class = draft_classes(draft_kind(Path(path)))
     try:
-        config = Eagle3SpeculatorConfig.from_pretrained(str(path))
+        config = config_class.from_pretrained(str(path))
     except Exception as e:  # pydantic's or transformers' own errors for a config of another kind
         raise CheckpointError(f"{Path(path) / 'config.json'} is not a speculators Eagle-3 config "
                               f"({type(e).__name__}: {str(e).strip().splitlines()[0][:200] if str(e).strip() else ''})"
@@ -156,5 +158,16 @@ def load_draft(path: str | Path, attn_impl: str = "sdpa", device: str | torch.de
     config.transformer_layer_config._attn_implementation = attn_impl
     if verifier_dir is not None:
         config.speculators_config.verifier.name_or_path = str(verifier_dir)
-    model = Eagle3DraftModel.from_pretrained(str(path), config=config)
+    model = model_class.from_pretrained(str(path), config=config)
     return model.to(device)
+
+
+def draft_kind(path: Path) -> str:
+    """The checkpoint's draft kind (eagle3.draft_arch.DraftKind) by its config's speculators_model_type."""
+    from eagle3.draft_arch import DraftKind
+
+    try:
+        kind = json.loads((path / "config.json").read_text()).get("speculators_model_type", "eagle3")
+    except (OSError, ValueError, AttributeError):
+        return DraftKind.eagle3.value  # the config class's own reading says what is wrong with it
+    return DraftKind.peagle.value if kind == DraftKind.peagle.value else DraftKind.eagle3.value

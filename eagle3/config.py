@@ -24,7 +24,7 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from eagle3.draft_arch import LayerType, flag_conflicts
+from eagle3.draft_arch import DraftKind, LayerType, flag_conflicts
 from eagle3.errors import ConfigError
 from eagle3.verifier_shape import read_verifier_config, shape_problems
 
@@ -198,6 +198,10 @@ class DraftConfig:
     fc_norm: bool | None = None                # one RMSNorm per aux hidden state before fc (not norm_before_fc)
     # EAGLE-3.1: the null flags take fc_norm=true, norm_before_fc=false, norm_output=true (draft_arch.EAGLE31_FLAGS).
     eagle31: bool = False
+    # eagle3: one forward per draft token; peagle: P-EAGLE, all ttt_steps tokens in one forward (draft_arch.py).
+    kind: DraftKind = DraftKind.eagle3
+    # P-EAGLE's masked slots' input token (null: the verifier vocabulary's last id).
+    mask_token_id: int | None = None
     # Recompute the decoder layer in the backward instead of keeping its activations (eagle3/recompute.py):
     # less activation memory for about one more layer forward per TTT step.
     gradient_checkpointing: bool = False
@@ -216,6 +220,11 @@ class DraftConfig:
         _require(self.num_layers >= 1, "model.draft.num_layers", f"must be >= 1, got {self.num_layers}")
         conflicts = flag_conflicts(self)
         _require(not conflicts, "model.draft", "; ".join(conflicts))
+        if self.kind == DraftKind.peagle:
+            _require(self.ttt_step_loss_decay == 1.0, "model.draft.ttt_step_loss_decay",
+                     "P-EAGLE weighs its depths as speculators' PEagleDraftModel does (equally); leave it at 1.0")
+        _require(self.mask_token_id is None or 0 <= self.mask_token_id < self.vocab_size, "model.draft.mask_token_id",
+                 f"must be a token id in [0, model.draft.vocab_size={self.vocab_size}), got {self.mask_token_id}")
         _require(0 < self.draft_vocab_size <= self.vocab_size, "model.draft.draft_vocab_size",
                  f"must be in (0, model.draft.vocab_size={self.vocab_size}]")
         ids = list(self.aux_layer_ids)

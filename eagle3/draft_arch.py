@@ -12,6 +12,12 @@ speculators 0.9 builds the layers (models/eagle3/core.py): layer 0 is the EAGLE-
 query and key head). EAGLE-3.1 (speculators PR #610) is the same class with per-aux `fc_norm` instead of the one
 `norm_before_fc`, and `norm_output`.
 
+P-EAGLE (`model.draft.kind=peagle`, speculators' models/peagle, vLLM's parallel drafting) is the same decoder with
+a trainable embedding and one learned `mask_hidden` (n_aux x H, in place of the aux states): it proposes all k
+tokens in one forward, the first after the last verified token, the other k-1 at `mask_token_id` inputs. It trains
+on COD-sampled positions (speculators' generate_cod_sample_indices: depth d keeps a share max(0.7^d, 0.2) of the
+positions) instead of k test-time-training steps over every position.
+
 This module imports neither torch nor speculators: the plan and `launch.py --cfg job` read it.
 """
 
@@ -29,6 +35,32 @@ class LayerType(str, Enum):
 
     llama = "llama"
     qwen3 = "qwen3"
+
+
+class DraftKind(str, Enum):
+    """How the draft proposes k tokens: eagle3, one forward per token (k TTT steps in training); peagle, all k in
+    one forward (P-EAGLE)."""
+
+    eagle3 = "eagle3"
+    peagle = "peagle"
+
+
+# speculators' COD sampling defaults (PEagleDraftModel.forward): depth d trains on max(RATIO**d, RATIO_MIN) of the
+# positions.
+COD_RATIO, COD_RATIO_MIN = 0.7, 0.2
+
+
+def mask_token(draft: DraftConfig) -> int:
+    """The token id P-EAGLE's masked slots read: model.draft.mask_token_id, else the verifier vocabulary's last."""
+    return draft.vocab_size - 1 if draft.mask_token_id is None else draft.mask_token_id
+
+
+def sampled_share(draft: DraftConfig) -> float:
+    """Tokens one training forward runs through the decoder, per sequence position: k for EAGLE-3 (its TTT
+    steps), sum over depths of COD's kept share for P-EAGLE (one forward over all the sampled positions)."""
+    if draft.kind == DraftKind.eagle3:
+        return float(draft.ttt_steps)
+    return sum(max(COD_RATIO ** d, COD_RATIO_MIN) for d in range(draft.ttt_steps))
 
 
 FLAGS = ("norm_before_residual", "norm_before_fc", "norm_output", "fc_norm")
@@ -112,7 +144,9 @@ def parameter_counts(draft: DraftConfig, train_lm_head: bool = False) -> dict[st
     qk_norms = 2 * draft.head_dim if draft.layer_type == LayerType.qwen3 else 0
     norms = h + n * (2 * h + qk_norms) + h
     norms += (n_aux * h if flags["norm_before_fc"] else 0) + (n_aux * h if flags["fc_norm"] else 0)
-    return {
+    peagle = draft.kind == DraftKind.peagle
+    counts = {
+        # P-EAGLE trains its embedding (PEagleSpeculatorConfig.embed_requires_grad): the mask token's row is learned.
         "embed_tokens (verifier's, frozen)": (draft.vocab_size * h, False),
         "lm_head (draft vocab)": (draft.draft_vocab_size * h, train_lm_head),
         "verifier_lm_head (targets, frozen)": (draft.draft_vocab_size * h, False),
@@ -122,6 +156,10 @@ def parameter_counts(draft: DraftConfig, train_lm_head: bool = False) -> dict[st
         "decoder layers: MLP": (n * 3 * h * draft.intermediate_size, True),
         "norms": (norms, True),
     }
+    if peagle:
+        counts["embed_tokens (verifier's, trained)"] = counts.pop("embed_tokens (verifier's, frozen)")[0], True
+        counts["mask_hidden (masked slots' aux states)"] = (n_aux * h, True)
+    return counts
 
 
 def layer_weights(draft: DraftConfig) -> int:

@@ -73,13 +73,16 @@ def expected_shapes(checkpoint: Path) -> dict[str, tuple[int, ...]]:
     """The tensors, with their shapes, of the draft that `checkpoint`'s config.json describes (built by
     speculators on the meta device: no weights allocated)."""
     import torch
-    from speculators.models.eagle3 import Eagle3DraftModel, Eagle3SpeculatorConfig
 
+    from eagle3.checkpoint import draft_kind
+    from eagle3.init.build import draft_classes
+
+    model_class, config_class = draft_classes(draft_kind(checkpoint))
     try:
-        config = Eagle3SpeculatorConfig.from_pretrained(str(checkpoint))
+        config = config_class.from_pretrained(str(checkpoint))
         config.speculators_config.verifier.name_or_path = None  # shapes only: do not look for the verifier
         with torch.device("meta"):
-            model = Eagle3DraftModel(config)
+            model = model_class(config)
     except Exception as e:  # noqa: BLE001  (pydantic and transformers raise many types for a bad config)
         raise CheckpointError(f"{checkpoint}/config.json does not describe a speculators EAGLE-3 draft "
                               f"({type(e).__name__}: {e})") from None
@@ -109,8 +112,13 @@ def export(checkpoint: Path, out: Path, fmt: str = "speculators", verifier: str 
         raise CheckpointError(f"--out {out} exists and is not an empty directory; nothing was overwritten")
     files = checkpoint_files(checkpoint)
     config = read_config(checkpoint)
-    if config.get("speculators_model_type") != "eagle3":
-        raise CheckpointError(f"{checkpoint}/config.json is not a speculators EAGLE-3 config")
+    kind = config.get("speculators_model_type")
+    if kind not in ("eagle3", "peagle"):
+        raise CheckpointError(f"{checkpoint}/config.json is not a speculators EAGLE-3 or P-EAGLE config")
+    if kind == "peagle" and fmt != "speculators":
+        raise CheckpointError(f"{checkpoint} is a P-EAGLE draft: the {fmt} layout (SGLang) has no parallel "
+                              "drafting (its EAGLE-3 drafter has no mask token, mask_hidden or trained embedding); "
+                              "export it with --format speculators, which vLLM serves")
     shapes = tensor_shapes(files)  # every header checked against its file's size: not safetensors, truncated
     check_checkpoint(checkpoint, shapes, expected_shapes(checkpoint))
     plan, warnings = planned(checkpoint, files, config, fmt, verifier)

@@ -21,7 +21,7 @@ import math
 from dataclasses import dataclass, field
 
 from eagle3.config import DataConfig, DistributedConfig, DraftConfig, OptimConfig
-from eagle3.draft_arch import layer_step_elements, layer_weights, parameter_counts
+from eagle3.draft_arch import DraftKind, layer_step_elements, layer_weights, parameter_counts, sampled_share
 from eagle3.errors import ConfigError
 from eagle3.runtime import attn_impl_on
 
@@ -150,6 +150,8 @@ def _activations(draft: DraftConfig, seq: int, attn_impl: str, device_type: str,
     mask (T x T(t+1), compute dtype); flex neither.
     Before the steps: the input norm over the n aux states (2 nH) and the targets (T x draft vocab).
     """
+    if draft.kind == DraftKind.peagle:
+        return _peagle_activations(draft, seq, attn_impl, device_type)
     h, n_aux, steps = draft.hidden_size, len(draft.aux_layer_ids), draft.ttt_steps
     kvd, dv = draft.num_key_value_heads * draft.head_dim, draft.draft_vocab_size
     heads = draft.num_attention_heads
@@ -211,6 +213,32 @@ def _activations(draft: DraftConfig, seq: int, attn_impl: str, device_type: str,
         terms.append(Term("recomputed layer (last TTT step, in the backward)", recompute))
         transient = max(loss_transient - recompute, score_grads)
     return terms, transient
+
+
+def _peagle_activations(draft: DraftConfig, seq: int, attn_impl: str, device_type: str) -> tuple[list[Term], int]:
+    """P-EAGLE's one forward over the S COD-sampled positions (S = T x draft_arch.sampled_share): the per-token
+    terms of one EAGLE-3 step (its layer's keys and values included) at S tokens instead of k x T, the targets
+    over T and their S gathered rows, and one S x S score term (sdpa: speculators' float mask; eager: the
+    softmax per head; flex: log-sum-exp only). Checked against the measured peak on CPU (bench/plan_memory.py
+    --kind peagle); gradient checkpointing is not modelled for it."""
+    h, n_aux, dv, heads = draft.hidden_size, len(draft.aux_layer_ids), draft.draft_vocab_size, draft.num_attention_heads
+    kvd = draft.num_key_value_heads * draft.head_dim
+    cuda = device_type == "cuda"
+    c, norm, loss = (2, 6, 2) if cuda else (4, 4, 4)
+    sampled = round(seq * sampled_share(draft))
+    per_token = layer_step_elements(draft, c, norm) + draft.num_layers * 2 * kvd * c
+    # per layer, sdpa: the float mask speculators builds (create_float_mask); eager: that mask and the softmax
+    score = draft.num_layers * {"eager": c + heads * (4 + (2 if cuda else 0)), "sdpa": c}.get(attn_impl, 0)
+    terms = [
+        Term("activations: sampled aux states, input norm + targets", sampled * (n_aux * h * (c + 2 * norm) + dv * c)
+             + seq * dv * c, f"{sampled} sampled positions of {seq}"),
+        Term(f"activations: decoder layer x 1 pass over {sampled} positions", sampled * per_token),
+        Term("activations: final norm + loss", sampled * (2 * h * norm + 2 * dv * loss)),
+        Term(f"attention score term ({attn_impl}), S x S", sampled * sampled * score if score
+             else sampled * heads * 4),
+    ]
+    score_grads = 2 * heads * sampled * sampled * 4 if attn_impl == "eager" else 0
+    return terms, max(sampled * dv * (c + 3 * loss), score_grads)
 
 
 def hidden_buffers(draft: DraftConfig, data: DataConfig, device_type: str, ring: int | None) -> list[Term]:
@@ -296,7 +324,8 @@ def step_flops(draft: DraftConfig, seq: int, train_lm_head: bool, checkpointing:
     """Matrix-multiply FLOPs of one micro-batch: 6x trainable weights (forward, backward to inputs and weights),
     4x the frozen lm_head, 2x the targets' head once, and attention (QK^T and AV, causal half) per TTT step."""
     counts = parameter_counts(draft, train_lm_head)
-    h, steps = draft.hidden_size, draft.ttt_steps
+    # P-EAGLE: one pass over its sampled positions; EAGLE-3: ttt_steps passes over all of them.
+    h, steps = draft.hidden_size, sampled_share(draft)
     trainable = sum(n for name, (n, tr) in counts.items() if tr and name != "norms")
     head = draft.draft_vocab_size * h
     per_token = steps * (6 * trainable + (0 if train_lm_head else 4 * head)) + 2 * head
@@ -304,7 +333,9 @@ def step_flops(draft: DraftConfig, seq: int, train_lm_head: bool, checkpointing:
         per_token += steps * 2 * layer_weights(draft)
     qd = draft.num_attention_heads * draft.head_dim
     # keys: the causal half + diagonals, in every layer
-    attention = draft.num_layers * sum(3 * 2 * 2 * qd * (seq / 2 + t * 1) for t in range(steps))
+    if draft.kind == DraftKind.peagle:  # the sampled positions attend to (about) half of them
+        return seq * per_token + draft.num_layers * 3 * 2 * 2 * qd * (seq * steps) ** 2 / 2
+    attention = draft.num_layers * sum(3 * 2 * 2 * qd * (seq / 2 + t * 1) for t in range(draft.ttt_steps))
     return seq * (per_token + attention)
 
 

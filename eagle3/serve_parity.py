@@ -76,10 +76,31 @@ def sglang_aux_ids(ids: list[int], model_type: str | None) -> list[int]:
 
 def _architecture_vllm(s: Served) -> str | None:
     algorithm = (s.config.get("speculators_config") or {}).get("algorithm")
-    if s.config.get("speculators_model_type") != "eagle3" or algorithm != "eagle3":
-        return (f"speculators_model_type={s.config.get('speculators_model_type')!r}, algorithm={algorithm!r}: "
-                "vLLM selects EAGLE-3 by 'eagle3' in both")
+    kind = s.config.get("speculators_model_type")
+    if kind not in ("eagle3", "peagle") or algorithm != kind:
+        return (f"speculators_model_type={kind!r}, algorithm={algorithm!r}: vLLM selects EAGLE-3 by 'eagle3' in "
+                "both, P-EAGLE (parallel drafting) by 'peagle'")
     return None
+
+
+def _parallel(s: Served) -> bool:
+    return s.config.get("speculators_model_type") == "peagle"
+
+
+def _parallel_drafting(s: Served) -> str | None:
+    """vLLM's P-EAGLE reads mask_token_id and mask_hidden, and takes the draft's own (trained) embed_tokens; its
+    config reader copies norm_before_residual and norm_before_fc only (no fc_norm)."""
+    if not _parallel(s):
+        return None
+    problems = []
+    if not isinstance(s.config.get("mask_token_id"), int):
+        problems.append(f"mask_token_id={s.config.get('mask_token_id')!r}: vLLM's masked slots read it")
+    for name in ("mask_hidden", "embed_tokens.weight"):
+        if name not in s.tensors:
+            problems.append(f"{name} is missing: P-EAGLE trained it and vLLM reads it")
+    if s.config.get("fc_norm"):
+        problems.append("fc_norm=true: vLLM's P-EAGLE config reader drops fc_norm (EAGLE-3.1's per-aux norms)")
+    return "; ".join(problems) or None
 
 
 def _architecture_sglang(s: Served) -> str | None:
@@ -178,13 +199,13 @@ def _lm_head(s: Served) -> str | None:
 
 
 def _embed_tokens(s: Served) -> str | None:
-    if "embed_tokens.weight" in s.tensors and s.embed_equal is False:
+    if "embed_tokens.weight" in s.tensors and s.embed_equal is False and not _parallel(s):
         return "embed_tokens differs from the verifier's: vLLM keeps a shipped embed_tokens that differs"
     return None
 
 
 def _embed_unchecked(s: Served) -> str | None:
-    if "embed_tokens.weight" in s.tensors and s.embed_equal is None:
+    if "embed_tokens.weight" in s.tensors and s.embed_equal is None and not _parallel(s):
         return ("embed_tokens is shipped and the verifier's weights are not here to compare: vLLM keeps it "
                 "where it differs from the verifier's")
     return None
@@ -273,6 +294,7 @@ class Rule:
 RULES: dict[str, list[Rule]] = {
     "vllm": [
         Rule("architecture", "refuse", _architecture_vllm),
+        Rule("parallel drafting", "refuse", _parallel_drafting),
         Rule("proposal", "refuse", _proposal),
         Rule("verifier", "warn", _verifier_name),
         Rule("decoder", "refuse", _layer_type(("llama", "qwen3"))),

@@ -171,6 +171,10 @@ class DraftChain:
         device = draft.fc.weight.device
         hidden = fc_input(draft, aux[start:])
 
+        if is_parallel(draft):
+            proposals, step_logits = self._propose_parallel(ids, hidden, start, k, sampling)
+            crop_to(self.cache, m)
+            return proposals, step_logits
         # Step 0 over the new indices (all of them when uncached): the keys the chain attends to.
         token_ids = torch.tensor([list(ids[start + 1:])], device=device)
         positions = torch.arange(start + 1, m + 1, device=device).unsqueeze(0)
@@ -195,6 +199,32 @@ class DraftChain:
                                          torch.tensor([m + j], device=device))
         crop_to(self.cache, m)
         return proposals, step_logits
+
+    def _propose_parallel(self, ids: Sequence[int], hidden: torch.Tensor, start: int, k: int,
+                          sampling: Sampling) -> tuple[list[int], list[torch.Tensor]]:
+        """P-EAGLE's one forward (vLLM's parallel drafting): the new indices as step 0 reads them, then k - 1
+        masked slots (the mask token, fc over the learned mask_hidden) at the next positions; all causal, as
+        speculators' P-EAGLE mask is for one anchor (its depth-d slot sees the prefix and the anchor's lower
+        depths). Slot d's logits give draft token d; the tokens do not feed each other."""
+        draft, m = self.draft, len(ids) - 1
+        device = draft.fc.weight.device
+        masked = fc_input(draft, draft.mask_hidden.reshape(1, -1).expand(k - 1, -1))
+        hidden = torch.cat([hidden, masked], dim=1)
+        token_ids = torch.tensor([list(ids[start + 1:]) + [draft.mask_token_id] * (k - 1)], device=device)
+        end = m + k - 1  # indices start .. end-1 run
+        positions = torch.arange(start + 1, end + 1, device=device).unsqueeze(0)
+        mask = prefix_mask(draft, end, device, start) if end - start > 1 or start == 0 else None
+        out = _decoder(draft, token_ids, hidden, positions, mask, self.cache, torch.arange(start, end, device=device))
+        self.length = m
+        logits = list(draft.lm_head(draft.norm(out[:, -k:]))[0])
+        if sampling.greedy:
+            return [to_target_id(draft, int(lg.argmax())) for lg in logits], logits
+        return [sampling.draw(draft_probs(draft, lg, sampling)) for lg in logits], logits
+
+
+def is_parallel(draft: torch.nn.Module) -> bool:
+    """A P-EAGLE draft (speculators' PEagleDraftModel): all k tokens from one forward."""
+    return hasattr(draft, "mask_hidden")
 
 
 @torch.no_grad()
@@ -247,17 +277,22 @@ def _draft_step(draft: torch.nn.Module, token_ids: torch.Tensor, hidden: torch.T
     (any number, of any type eagle3/draft_arch.py builds; each keeps its own cache entries), norm, head.
     Returns, at the last position only (the chain's), the hidden state fed to the next step (normed when
     config.norm_output) and the draft logits."""
-    embeds = draft.embed_tokens(token_ids)
-    hidden = torch.cat([embeds, hidden], dim=-1)
-    position_embeddings = draft.rotary_emb(hidden, positions)
-    for layer in draft.layers:
-        hidden = layer(hidden, attention_mask=mask, position_ids=positions, past_key_values=cache,
-                       cache_position=cache_position, position_embeddings=position_embeddings)
-    hidden = hidden[:, -1:]
+    hidden = _decoder(draft, token_ids, hidden, positions, mask, cache, cache_position)[:, -1:]
     if draft.config.norm_output:
         hidden = draft.norm(hidden)
         return hidden, draft.lm_head(hidden)[0, -1]
     return hidden, draft.lm_head(draft.norm(hidden))[0, -1]
+
+
+def _decoder(draft: torch.nn.Module, token_ids: torch.Tensor, hidden: torch.Tensor, positions: torch.Tensor,
+             mask, cache, cache_position: torch.Tensor) -> torch.Tensor:
+    """Embed, concat with the fc'd hidden states, rotary, every decoder layer in turn: the decoder's output."""
+    hidden = torch.cat([draft.embed_tokens(token_ids), hidden], dim=-1)
+    position_embeddings = draft.rotary_emb(hidden, positions)
+    for layer in draft.layers:
+        hidden = layer(hidden, attention_mask=mask, position_ids=positions, past_key_values=cache,
+                       cache_position=cache_position, position_embeddings=position_embeddings)
+    return hidden
 
 
 def to_target_id(draft: torch.nn.Module, draft_id: int) -> int:

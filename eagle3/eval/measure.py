@@ -220,12 +220,14 @@ def teacher_forced_tau(verifier: torch.nn.Module, draft: torch.nn.Module, prompt
         batch["document_ids"] = torch.zeros_like(batch["input_ids"])
         steps, _, metrics = draft(**batch, ttt_steps=ttt_steps, loss_config=loss_config)
         accumulate(sums, metrics)
-        chains.append(chain_lengths(draft, steps, ids, len(prompt)))
+        if steps is not None:  # P-EAGLE's forward returns no proposals (its depths are sampled positions)
+            chains.append(chain_lengths(draft, steps, ids, len(prompt)))
     metrics = summarize(sums)
-    lengths = torch.cat(chains).float()
+    lengths = torch.cat(chains).float() if chains else None
     return {"tau_sim": float(metrics["tau_sim"]), "tau_sim_ttt_steps": ttt_steps,
             "full_acc": [float(metrics[f"full_acc_{j}"]) for j in range(ttt_steps)],
-            "chain_len_mean": float(lengths.mean()), "chain_len_harmonic": float(1 / (1 / lengths).mean())}
+            "chain_len_mean": None if lengths is None else float(lengths.mean()),
+            "chain_len_harmonic": None if lengths is None else float(1 / (1 / lengths).mean())}
 
 
 def chain_lengths(draft: torch.nn.Module, steps: list[torch.Tensor], ids: list[int], prompt_len: int) -> torch.Tensor:

@@ -48,7 +48,11 @@ def server_command(python: Path, verifier: Path, port: int, dtype: str, draft: P
            "--served-model-name", SERVED_NAME, "--host", "127.0.0.1", "--port", str(port), "--dtype", dtype,
            "--skip-tokenizer-init", "--seed", str(seed), "--max-num-seqs", "1", "--enforce-eager"]
     if draft is not None:
+        from eagle3.checkpoint import draft_kind
+
         spec = {"model": str(draft), "method": "eagle3", "num_speculative_tokens": k}
+        if draft_kind(draft) == "peagle":  # P-EAGLE: vLLM's parallel drafting, all k tokens in one forward
+            spec["parallel_drafting"] = True
         cmd += ["--speculative-config", json.dumps(spec)]
     return cmd
 
