@@ -127,7 +127,9 @@ def rollout_loss(draft: torch.nn.Module, rows: Sequence[Rollout], loss_config: A
     metrics: dict[str, torch.Tensor] = {}
     count = partial(torch.tensor, dtype=torch.float64, device=device)
     for j in range(k):
-        step = compound_loss(logits[None, :, j], targets[None, :, j].float(), ones,
+        # Contiguous rows in one dtype, as the fused (Triton) loss reads them; offline targets are also computed
+        # under the training autocast.
+        step = compound_loss(logits[None, :, j].contiguous(), targets[None, :, j].to(logits.dtype).contiguous(), ones,
                              torch.full((1, rounds), j, device=device), loss_config,
                              partial(exp_loss_decay, gamma=ttt_step_loss_decay))[0]
         loss = loss + step

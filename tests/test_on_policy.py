@@ -144,3 +144,113 @@ def test_loss_is_finite_reaches_every_step_and_vanishes_at_the_targets(verifier,
     for row in data:
         row.targets = [t.roll(1, dims=0) for t in row.targets]
     assert float(rollout_loss(draft, data, loss_config, 1.0)[0]) > 0.01
+
+
+@pytest.mark.parametrize("override,message", [
+    ("train.on_policy.mix=0", "train.on_policy.mix: is the rollouts' share of the loss, in (0, 1]"),
+    ("train.on_policy.mix=1.5", "train.on_policy.mix"),
+    ("train.on_policy.every=0", "train.on_policy.every: must be >= 1"),
+    ("train.on_policy.temperature=-1", "train.on_policy.temperature: must be >= 0"),
+    ("train.on_policy.max_new_tokens=1", "train.on_policy.max_new_tokens: must be >= 2"),
+])
+def test_on_policy_options_are_checked(override, message):
+    from omegaconf import OmegaConf
+
+    from conftest import compose_cfg
+    from eagle3.config import ConfigError, validate
+
+    plain = OmegaConf.to_container(compose_cfg([override]), resolve=True)
+    with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace("]", r"\]")):
+        validate(plain, dataset_required=False)
+
+
+def test_on_policy_is_off_by_default_and_refuses_fsdp_and_flex_attention(verifier_dir):
+    from omegaconf import OmegaConf
+
+    from conftest import compose_cfg
+    from eagle3.config import ConfigError, validate
+    from eagle3.on_policy import check_attention
+
+    plain = OmegaConf.to_container(compose_cfg(), resolve=True)
+    assert validate(plain, dataset_required=False).train.on_policy.enabled is False
+    fsdp = OmegaConf.to_container(compose_cfg(["train.on_policy.enabled=true", "distributed=fsdp",
+                                               "distributed.nproc_per_node=2"]), resolve=True)
+    with pytest.raises(ConfigError, match="train.on_policy.enabled: .*FSDP"):
+        validate(fsdp, dataset_required=False)
+    with pytest.raises(ConfigError, match="model.draft.attn_impl=sdpa"):
+        check_attention(make_draft(verifier_dir, "simple_flex_attention"))
+
+
+@pytest.mark.slow
+def test_on_policy_run_stopped_and_resumed_equals_the_uninterrupted_run(cache_dir, tmp_path):
+    import json
+    import signal
+
+    from conftest import SMALL_DATA, launch, read_rows, sigterm_after_first_train_row
+
+    args = ["optim.max_steps=6", "logger.log_every=1", "logger.mode=disabled", *SMALL_DATA,
+            "train.on_policy.enabled=true", "train.on_policy.start_step=1", "train.on_policy.every=2",
+            "train.on_policy.temperature=1.0", "train.on_policy.num_prompts=2", "train.on_policy.max_new_tokens=12"]
+    reference = tmp_path / "reference"
+    proc = launch([f"hydra.run.dir={reference}", *args], cache_dir)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    stopped = tmp_path / "stopped"
+    returncode, out = sigterm_after_first_train_row([f"hydra.run.dir={stopped}", *args], cache_dir, stopped)
+    assert returncode == 128 + signal.SIGTERM, out[-2000:]
+    resumed = launch([f"resume={stopped}"], cache_dir)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+
+    def train_rows(run_dir):
+        return {r["step"]: r for r in read_rows(run_dir) if r["split"] == "train"}
+
+    ref, res = train_rows(reference), train_rows(stopped)
+    assert sorted(ref) == sorted(res) == [1, 2, 3, 4, 5, 6]
+    # Rollouts ran at the steps after 1, 3 and 5 done ones: the train rows of steps 2, 4 and 6 carry them.
+    assert [s for s in ref if "rollout_accept_len" in ref[s]] == [2, 4, 6]
+    for step, row in ref.items():
+        for key in ("loss", "rollout_loss", "rollout_accept_len"):
+            if key in row:
+                assert res[step][key] == pytest.approx(row[key], rel=1e-5), (step, key)
+    summaries = [json.loads((d / "summary.json").read_text()) for d in (reference, stopped)]
+    assert summaries[1]["final"]["loss"] == pytest.approx(summaries[0]["final"]["loss"], rel=1e-5)
+
+
+def test_a_rollout_step_mixes_the_rollout_loss_and_the_micro_batches_at_mix(verifier, verifier_dir):
+    from contextlib import nullcontext
+
+    from speculators.losses import resolve_loss_config
+
+    from eagle3.distributed import World
+    from eagle3.eval.drafting import verifier_pass
+    from eagle3.train import train_step
+
+    draft = make_draft(verifier_dir)
+    loss_config = resolve_loss_config("kl_div", "eager")
+    ids = PROMPTS[1] * 3
+    states = verifier_pass(verifier, ids, AUX)
+    length = len(ids) - 1
+    batch = {"hidden_states": states.aux[None, :length], "verifier_last_hidden_states": states.last[None, 1:],
+             "input_ids": torch.tensor([ids[1:]]), "document_ids": torch.zeros(1, length, dtype=torch.long),
+             "loss_mask": torch.ones(1, length, dtype=torch.long), "position_ids": torch.arange(1, length + 1)[None]}
+    call_kwargs = {"ttt_steps": K, "ttt_step_loss_decay": 1.0, "loss_config": loss_config}
+    data = rows(verifier, draft)
+    trainable = [p for p in draft.parameters() if p.requires_grad]
+
+    def grads(loss):
+        draft.zero_grad()
+        loss.backward()
+        return [p.grad.clone() for p in trainable]
+
+    offline = grads(draft(**batch, **call_kwargs)[1])
+    on_policy = grads(rollout_loss(draft, data, loss_config, 1.0)[0])
+    optimizer = torch.optim.SGD(trainable, lr=0.0)  # the step leaves the weights and their gradients as they are
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda _: 1.0)
+    window: dict = {}
+    grad_norm = train_step(draft, iter([batch]), 1, optimizer, scheduler, trainable, 1e9, torch.device("cpu"),
+                           nullcontext(), call_kwargs, World(), window,
+                           (0.3, lambda: rollout_loss(draft, data, loss_config, 1.0)))
+    assert grad_norm is not None
+    for p, g_off, g_on in zip(trainable, offline, on_policy):
+        torch.testing.assert_close(p.grad, 0.3 * g_on + 0.7 * g_off, atol=1e-5, rtol=1e-4)
+    assert float(window["rollout_accept_len_total"]) == sum(len(r.ends) for r in data)
+    assert float(window["full_acc_0_total"]) > 0  # the micro-batch's metrics as well
