@@ -536,6 +536,9 @@ class TrainConfig:
         _require(not (online.enabled and online.shard_verifier and accept.enabled), "eval.accept.enabled",
                  "measures on rank 0 with the whole verifier, and data.online.shard_verifier=true shards it across "
                  "the ranks; measure the saved checkpoint afterwards with python -m eagle3.eval.accept --run <run dir>")
+        _require(not (online.enabled and online.shard_verifier and self.train.on_policy.enabled),
+                 "train.on_policy.enabled", "decodes with the whole verifier in each rank, and "
+                                            "data.online.shard_verifier=true shards it across the ranks")
         # accept_len exists only where the val pass that chose the best checkpoint measured acceptance.
         _require(self.objective != Objective.accept_len or (accept.enabled and accept.every == 1), "objective",
                  "accept_len needs measured acceptance at every val pass: add eval.accept.enabled=true"

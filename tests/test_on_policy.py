@@ -177,6 +177,10 @@ def test_on_policy_is_off_by_default_and_refuses_fsdp_and_flex_attention(verifie
                                                "distributed.nproc_per_node=2"]), resolve=True)
     with pytest.raises(ConfigError, match="train.on_policy.enabled: .*FSDP"):
         validate(fsdp, dataset_required=False)
+    sharded = OmegaConf.to_container(compose_cfg(["train.on_policy.enabled=true", "data=online",
+                                                  "data.online.shard_verifier=true"]), resolve=True)
+    with pytest.raises(ConfigError, match="train.on_policy.enabled: .*shard_verifier"):
+        validate(sharded, dataset_required=False)
     with pytest.raises(ConfigError, match="model.draft.attn_impl=sdpa"):
         check_attention(make_draft(verifier_dir, "simple_flex_attention"))
 
