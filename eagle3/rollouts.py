@@ -92,8 +92,10 @@ def build_on_policy(cfg: OnPolicyConfig, model: torch.nn.Module, verifier: torch
     """This rank's OnPolicy for the (unwrapped) draft `model`: the verifier the run holds (data=online) or one
     loaded here, and this rank's share of the train prompts, short enough to leave room for the decoding."""
     from eagle3.data.verifier_forward import load_causal_lm
+    from eagle3.eval.drafting import check_draft
     from eagle3.eval.measure import aux_layer_ids
 
+    check_draft(model)
     check_attention(model)
     if verifier is None:
         verifier = load_causal_lm(verifier_dir, device)
