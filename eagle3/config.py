@@ -549,6 +549,37 @@ class EvalConfig:
 
 
 @dataclass
+class OnPolicyConfig:
+    """On-policy rollouts of the draft (eagle3/rollouts.py): from optimizer step `start_step` on, every `every` steps
+    each rank decodes `num_prompts` train prompts speculatively with the current draft (k = its ttt_steps, at
+    `temperature`) and mixes the loss on those verify rounds into the step at `mix` (share of the loss)."""
+
+    enabled: bool = False
+    start_step: int = 0
+    every: int = 1
+    temperature: float = 0.0
+    num_prompts: int = 4
+    max_new_tokens: int = 32
+    mix: float = 0.5
+
+    def check(self, dist: DistributedConfig) -> None:
+        for key, low in (("start_step", 0), ("every", 1), ("num_prompts", 1), ("max_new_tokens", 2)):
+            value = getattr(self, key)
+            _require(value >= low, f"train.on_policy.{key}", f"must be >= {low}, got {value}")
+        _require(self.temperature >= 0, "train.on_policy.temperature", f"must be >= 0, got {self.temperature}")
+        _require(0 < self.mix <= 1, "train.on_policy.mix", f"is the rollouts' share of the loss, in (0, 1]; got "
+                                                           f"{self.mix}")
+        _require(not self.enabled or dist.strategy != Strategy.fsdp or dist.world_size == 1,
+                 "train.on_policy.enabled", "runs the whole draft in each rank, and FSDP shards it; use "
+                                            "distributed=ddp")
+
+
+@dataclass
+class LoopConfig:
+    on_policy: OnPolicyConfig = field(default_factory=OnPolicyConfig)
+
+
+@dataclass
 class TrainConfig:
     """What Hydra composes (conf/train.yaml)."""
 
@@ -559,6 +590,7 @@ class TrainConfig:
     distributed: DistributedConfig = MISSING
     logger: LoggerConfig = MISSING
     eval: EvalConfig = field(default_factory=EvalConfig)
+    train: LoopConfig = field(default_factory=LoopConfig)   # what the loop does besides the data's steps
     seed: int = 0                   # seeds torch (draft init) and the training data order
     cache_dir: str = MISSING
     device: Device = Device.auto    # auto (cuda if present, else cpu) | cpu | cuda
@@ -584,6 +616,7 @@ class TrainConfig:
         self.distributed.check()
         self.eval.accept.check(self.distributed)
         self.eval.serve.check()
+        self.train.on_policy.check(self.distributed)
         accept = self.eval.accept
         # accept_len exists only where the val pass that chose the best checkpoint measured acceptance.
         _require(self.objective != Objective.accept_len or (accept.enabled and accept.every == 1), "objective",

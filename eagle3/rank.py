@@ -119,6 +119,13 @@ def _train_on(world: World, runtime: Runtime, device: torch.device, cfg: RunConf
         recompute_decoder_layers(model)
     if world.is_main:
         check_disk(run_dir, model)
+    on_policy = None
+    if cfg.train.on_policy.enabled:
+        from eagle3.rollouts import build_on_policy
+
+        on_policy = build_on_policy(cfg.train.on_policy, model.to(device), verifier.model if verifier else None,
+                                    verifier_dir, data_dir, cfg.data.train_ratio, rows, draft.ttt_steps, device,
+                                    world, cfg.seed)
     model = wrap_model(model.to(device), world, device)
 
     at_val = None
@@ -131,7 +138,8 @@ def _train_on(world: World, runtime: Runtime, device: torch.device, cfg: RunConf
     with Tracker(run_dir, cfg.logger, cfg.run, plain_config(cfg), enabled=world.is_main,
                  resume_step=resume_step) as tracker:
         progress = train(model, train_loader, val_loader, draft, cfg.optim, cfg.logger.log_every, device, world,
-                         tracker, run_dir, resume_state, at_val, cfg.data.on_bad_sample.value, plain_config(cfg))
+                         tracker, run_dir, resume_state, at_val, cfg.data.on_bad_sample.value, plain_config(cfg),
+                         on_policy)
         summary = RunSummary.of(progress, verifier_dir, data_dir, str(device), world.size)
         tracker.finish(summary)
     if not world.is_main:

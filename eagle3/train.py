@@ -41,6 +41,7 @@ from eagle3.track import Tracker
 
 if TYPE_CHECKING:
     from eagle3.data.loader import Loader
+    from eagle3.rollouts import OnPolicy
 
 log = logging.getLogger(__name__)
 
@@ -51,19 +52,20 @@ def train(model: torch.nn.Module, train_loader: Loader, val_loader: Loader, draf
           optim: OptimConfig, log_every: int, device: torch.device, world: World, tracker: Tracker, run_dir: Path,
           resume_state: dict[str, Any] | None = None,
           at_val: Callable[[torch.nn.Module], Row] | None = None, on_bad_sample: str = "error",
-          config: dict[str, Any] | None = None) -> Progress:
+          config: dict[str, Any] | None = None, on_policy: OnPolicy | None = None) -> Progress:
     """Trains `model` (already wrapped for `world`) as `optim` says, with the draft's TTT settings; logs a train
     row every `log_every` steps; returns the loop's final progress. `at_val` adds entries to each val row
     (eval.accept: measured acceptance); every rank calls it. `on_bad_sample` is data.on_bad_sample: what a val
     pass does with rows whose hidden states are not finite (run_validation). `config`: the plain run config,
-    saved with `last` so that a resume can tell whether its config is still the one trained with.
+    saved with `last` so that a resume can tell whether its config is still the one trained with. `on_policy`
+    (train.on_policy): the steps that also train on rollouts of the draft, and their loss.
 
     At the top of each step the loop asks its Cadence what is due (eagle3/cadence.py) and does it."""
     sampler = train_loader.batch_sampler
     cadence = Cadence.of(optim.epochs, optim.max_steps, sampler.steps, log_every, optim.eval_every,
                          optim.checkpoint_every, optim.max_skipped_steps)
     run = Run(model, val_loader, draft, optim, cadence, device, world, tracker, run_dir, at_val, on_bad_sample,
-              config)
+              config, on_policy)
     progress = run.begin(resume_state)
     steps = StepLog(tracker, world, run.scheduler, cadence.total_steps, progress)
     stop, micro_batches, stepped, skipped_in_a_row = StopRequest(), None, False, 0
@@ -91,7 +93,7 @@ def train(model: torch.nn.Module, train_loader: Loader, val_loader: Loader, draf
             if micro_batches is None:
                 sampler.set_epoch(progress.epoch, skip_steps=progress.step_in_epoch)
                 micro_batches = iter(train_loader)
-            grad_norm = run.step(micro_batches, steps.window)
+            grad_norm = run.step(micro_batches, steps.window, progress.step)
             skipped_in_a_row = count_step(progress, grad_norm, skipped_in_a_row, optim.max_skipped_steps, world)
             steps.count(grad_norm)
             stepped = True
@@ -107,12 +109,12 @@ class Run:
     def __init__(self, model: torch.nn.Module, val_loader: Loader, draft: DraftConfig, optim: OptimConfig,
                  cadence: Cadence, device: torch.device, world: World, tracker: Tracker, run_dir: Path,
                  at_val: Callable[[torch.nn.Module], Row] | None, on_bad_sample: str,
-                 config: dict[str, Any] | None):
+                 config: dict[str, Any] | None, on_policy: OnPolicy | None = None):
         from speculators.losses import resolve_loss_config
 
         self.model, self.val_loader, self.optim, self.device, self.world = model, val_loader, optim, device, world
         self.tracker, self.run_dir, self.at_val, self.on_bad_sample = tracker, run_dir, at_val, on_bad_sample
-        self.config = config
+        self.config, self.on_policy = config, on_policy
         self.call_kwargs = {
             "ttt_steps": draft.ttt_steps,
             "ttt_step_loss_decay": draft.ttt_step_loss_decay,
@@ -149,10 +151,16 @@ class Run:
                  self.cadence.steps_per_epoch, self.optim.grad_accum, self.world.size, self.optim.lr)
         return progress
 
-    def step(self, micro_batches: Iterator[Any], window: dict[str, Any]) -> torch.Tensor | None:
+    def step(self, micro_batches: Iterator[Any], window: dict[str, Any], step: int = 0) -> torch.Tensor | None:
+        """The optimizer step after `step` done ones."""
+        rollouts = None
+        if self.on_policy is not None and self.on_policy.due(step):
+            on_policy = self.on_policy
+            rollouts = (on_policy.mix, lambda: on_policy.loss(self.model, step, self.call_kwargs["loss_config"],
+                                                              self.call_kwargs["ttt_step_loss_decay"], self.autocast))
         return train_step(self.model, micro_batches, self.optim.grad_accum, self.optimizer, self.scheduler,
                           self.trainable, self.optim.grad_clip, self.device, self.autocast, self.call_kwargs,
-                          self.world, window)
+                          self.world, window, rollouts)
 
     def evaluate(self, step: int, epoch: int) -> Row:
         metrics = run_validation(self.model, self.val_loader, self.device, self.autocast, self.call_kwargs,
@@ -263,17 +271,27 @@ class StepLog:
 
 def train_step(model, micro_batches, accum: int, optimizer, scheduler, trainable, grad_clip: float,
                device: torch.device, autocast, call_kwargs: dict[str, Any], world: World,
-               window: dict[str, Any]) -> torch.Tensor | None:
+               window: dict[str, Any], rollouts: tuple[float, Callable[[], Any]] | None = None) -> torch.Tensor | None:
     """One optimizer step over `accum` micro-batches; adds their counted metrics to `window`; returns the
     gradient norm before clipping, or None when the loss or a gradient was not finite and the step was skipped
-    (nothing applied, nothing counted)."""
+    (nothing applied, nothing counted). `rollouts` (mix, loss): a step that also trains on rollouts of the draft,
+    their loss (eagle3/rollouts.py) weighted `mix` and the micro-batches' 1 - mix; its gradients accumulate
+    locally and are reduced across ranks with the last micro-batch's."""
     optimizer.zero_grad(set_to_none=True)
     step_metrics: dict[str, Any] = {}
+    share = 1.0
+    if rollouts is not None:
+        mix, rollout_loss = rollouts
+        with grad_sync(model, world, sync=False):
+            loss, metrics = rollout_loss()
+            (loss * mix).backward()
+        accumulate(step_metrics, metrics)
+        share = 1.0 - mix
     for i in range(accum):
         batch = to_device(next(micro_batches), device)
         with grad_sync(model, world, sync=i == accum - 1), autocast:
             _, loss, metrics = model(**batch, **call_kwargs)
-            (loss / accum).backward()
+            (loss / accum if rollouts is None else loss * share / accum).backward()
         accumulate(step_metrics, {**metrics, "tokens": (batch["document_ids"] >= 0).sum()})
     grad_norm = torch.nn.utils.clip_grad_norm_(trainable, grad_clip)
     if hasattr(grad_norm, "full_tensor"):  # FSDP2: a DTensor

@@ -272,16 +272,21 @@ def _new_cache():
 
 
 def _draft_step(draft: torch.nn.Module, token_ids: torch.Tensor, hidden: torch.Tensor, positions: torch.Tensor,
-                mask, cache, cache_position: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+                mask, cache, cache_position: torch.Tensor,
+                last_only: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
     """One TTT step of `Eagle3DraftModel.forward`, line for line: embed, concat, rotary, every decoder layer in turn
     (any number, of any type eagle3/draft_arch.py builds; each keeps its own cache entries), norm, head.
     Returns, at the last position only (the chain's), the hidden state fed to the next step (normed when
-    config.norm_output) and the draft logits."""
-    hidden = _decoder(draft, token_ids, hidden, positions, mask, cache, cache_position)[:, -1:]
+    config.norm_output) and the draft logits; with `last_only=False` those of every position ([1, T, H], [T, V])."""
+    hidden = _decoder(draft, token_ids, hidden, positions, mask, cache, cache_position)
+    if last_only:
+        hidden = hidden[:, -1:]
     if draft.config.norm_output:
         hidden = draft.norm(hidden)
-        return hidden, draft.lm_head(hidden)[0, -1]
-    return hidden, draft.lm_head(draft.norm(hidden))[0, -1]
+        logits = draft.lm_head(hidden)[0]
+    else:
+        logits = draft.lm_head(draft.norm(hidden))[0]
+    return hidden, logits[-1] if last_only else logits
 
 
 def _decoder(draft: torch.nn.Module, token_ids: torch.Tensor, hidden: torch.Tensor, positions: torch.Tensor,
@@ -334,7 +339,7 @@ class VerifierCache:
 @torch.no_grad()
 def speculative_decode(verifier: torch.nn.Module, draft: torch.nn.Module, prompt: Sequence[int], k: int,
                        max_new_tokens: int, aux_layer_ids: Sequence[int], sampling: Sampling = GREEDY,
-                       cached: bool = False, accept_rule=accept_draft_token) -> Decode:
+                       cached: bool = False, accept_rule=accept_draft_token, on_round=None) -> Decode:
     """Chain speculative decoding: the verifier's forward over the prompt gives the first token and the aux
     states; then each step the draft proposes `k` tokens, one verifier forward scores all of them, and `verify`
     keeps an accepted prefix plus one verifier token (greedy: the longest prefix equal to the verifier's greedy
@@ -342,7 +347,9 @@ def speculative_decode(verifier: torch.nn.Module, draft: torch.nn.Module, prompt
 
     Every step proposes all `k` tokens, also near the end; the continuation is cut to `max_new_tokens`
     afterwards, while `accepted` counts what each verify step accepted. `cached` keeps the verifier's KV cache
-    and the draft's step-0 entries across steps (same decisions; only rounding differs)."""
+    and the draft's step-0 entries across steps (same decisions; only rounding differs). `on_round(m, drafts,
+    logits, n)`, if given, sees each verify step: the draft tokens after ids[:m + 1], the verifier's logits at
+    positions m .. m+k (conditioned on them) and how many were accepted."""
     ids = list(prompt)
     chain = DraftChain(draft, cached=cached)
     if cached:
@@ -361,11 +368,15 @@ def speculative_decode(verifier: torch.nn.Module, draft: torch.nn.Module, prompt
         if cached:
             logits, new_aux = verifier_cache.forward([ids[-1], *drafts])  # positions m .. m+k
             n, token = verify(drafts, logits, draft_q, sampling, accept_rule)
+            if on_round is not None:
+                on_round(m, drafts, logits, n)
             verifier_cache.crop(m + n + 1)  # keep x_m and the accepted drafts; the next forward starts at the token
             aux = torch.cat([aux, new_aux[:n + 1]])
         else:
             checked = verifier_pass(verifier, ids + drafts, aux_layer_ids)
             n, token = verify(drafts, checked.logits[m:], draft_q, sampling, accept_rule)
+            if on_round is not None:
+                on_round(m, drafts, checked.logits[m:], n)
             # The verifier's states of the accepted tokens are exact: a causal model's position t never sees later ones.
             aux = checked.aux[:m + n + 1]
         ids += drafts[:n] + [token]

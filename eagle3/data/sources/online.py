@@ -36,6 +36,9 @@ class TokenRows(DataConfig):
         _require(not (self.shard_verifier and run.eval.accept.enabled), "eval.accept.enabled",
                  "measures on rank 0 with the whole verifier, and data.shard_verifier=true shards it across the "
                  "ranks; measure the saved checkpoint afterwards with python -m eagle3.eval.accept --run <run dir>")
+        _require(not (self.shard_verifier and run.train.on_policy.enabled), "train.on_policy.enabled",
+                 "decodes with the whole verifier in each rank, and data.shard_verifier=true shards it across the "
+                 "ranks")
 
     def verifier_in_rank(self) -> str | None:
         return "sharded" if self.shard_verifier else "full"
