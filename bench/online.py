@@ -61,7 +61,7 @@ def main() -> None:
 
     quiet_libraries()
     cfg = tiny_run_config(["data=online", *(SMALL if args.small else []), *args.overrides])
-    if not cfg.data.online.enabled:
+    if not cfg.data.verifier_in_rank():
         raise SystemExit(f"bench/online.py measures online data: data={cfg.data.name} is not (drop that override)")
     draft, optim = cfg.model.draft, cfg.optim
     device = pick_device(cfg.device, 0)
@@ -75,7 +75,7 @@ def main() -> None:
     loader, _ = build_loaders(rows_dir, packed_len(cfg.data.total_seq_len, attn_impl, draft.ttt_steps),
                               draft.hidden_size, len(draft.aux_layer_ids), cfg.data.train_ratio, cfg.seed,
                               grad_accum=optim.grad_accum, device=device, verifier=verifier,
-                              hidden_states_dtype=getattr(torch, cfg.data.hidden_states_dtype))
+                              hidden_states_dtype=getattr(torch, cfg.data.hidden_states_dtype.value))
     model, _ = build_draft(InitContext(draft, cfg.init, verifier_dir, rows_dir, attn_impl, []))
     model = model.to(device).train()
     trainable = [p for p in model.parameters() if p.requires_grad]

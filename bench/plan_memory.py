@@ -135,10 +135,12 @@ def measure(draft, seq: int) -> tuple[int, float]:
 
 
 def planned(draft, seq: int) -> int:
-    from eagle3.config import DataConfig, DistributedConfig, OptimConfig
+    from eagle3.config import DistributedConfig, HiddenStatesDtype, OptimConfig
+    from eagle3.data.sources.tiny import TinyDataConfig
     from eagle3.plan import make_plan
 
-    plan = make_plan(draft, DataConfig(name="bench", path=None, total_seq_len=seq, hidden_states_dtype="float32"),
+    data = TinyDataConfig(total_seq_len=seq, hidden_states_dtype=HiddenStatesDtype.float32)
+    plan = make_plan(draft, data,
                      OptimConfig(), DistributedConfig(name="single", node_rank=0, rdzv_endpoint=None),
                      device_type="cpu", device_memory=None, device_memory_source="none")
     return sum(t.bytes for t in plan.terms if t.on_device and not t.name.startswith("hidden-state ring"))

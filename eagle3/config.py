@@ -15,10 +15,10 @@ from __future__ import annotations
 import math
 import os
 import stat
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from enum import Enum
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, OmegaConf
@@ -27,6 +27,12 @@ from omegaconf.errors import OmegaConfBaseException
 from eagle3.draft_arch import LayerType, flag_conflicts
 from eagle3.errors import ConfigError
 from eagle3.verifier_shape import read_verifier_config, shape_problems
+
+if TYPE_CHECKING:
+    from eagle3.data.check import CheckReport
+    from eagle3.data.loader import Loader
+    from eagle3.data.online import OnlineVerifier
+    from eagle3.plan import DataStats, Term
 
 
 def _require(ok: bool, key: str, problem: str) -> None:
@@ -218,85 +224,92 @@ class ModelConfig:
 
 @dataclass
 class SynthConfig:
-    """Sequences sampled from the verifier itself (like regenerated responses)."""
+    """Sequences sampled from the verifier itself (like regenerated responses): a random prompt masked out of the
+    loss, then a sampled response."""
 
-    num_samples: int = 512
-    prompt_len: int = 16
-    response_len: int = 112
-    temperature: float = 1.0
-    batch_size: int = 64
+    num_samples: int = 512          # sequences
+    prompt_len: int = 16            # tokens of random prompt, excluded from the loss
+    response_len: int = 112         # tokens sampled from the verifier, trained on
+    temperature: float = 1.0        # sampling temperature of the responses
+    batch_size: int = 64            # sequences per verifier forward while sampling
     seed: int = 0
 
-
-@dataclass
-class OnlineConfig:
-    """data=online: the verifier computes the hidden states inside the training loop (eagle3/data/online.py).
-    Always present (disabled by the other data options), so that `data.online.<key>=...` with another data option
-    is one message, not a failed override of a null node."""
-
-    enabled: bool = False          # data=online sets it
-    # true: shard the verifier across the job's ranks (FSDP2, forward only) for verifiers that do not fit one device;
-    # false: a full copy on every rank
-    shard_verifier: bool = False
+    def check(self) -> None:
+        for key in ("num_samples", "prompt_len", "response_len", "batch_size"):
+            value = getattr(self, key)
+            _require(value >= 1, f"data.synth.{key}", f"must be >= 1, got {value}")
+        _require(self.temperature > 0, "data.synth.temperature",
+                 f"must be > 0 (responses are sampled), got {self.temperature}")
 
 
-HIDDEN_STATES_DTYPES = ("bfloat16", "float16", "float32")
+class HiddenStatesDtype(str, Enum):
+    bfloat16 = "bfloat16"
+    float16 = "float16"
+    float32 = "float32"
+
+
 MIN_SEQ_LEN = 2  # data.total_seq_len: one input token and its next token, the shortest pair training shifts
 
 
 @dataclass
 class DataConfig:
-    name: str = MISSING
-    path: str | None = MISSING
-    synth: SynthConfig | None = None
-    total_seq_len: int = 1024
-    train_ratio: float = 0.9
-    prefetch: int = 2
-    hidden_states_dtype: str = "bfloat16"
-    on_bad_sample: BadSamplePolicy = BadSamplePolicy.error
-    online: OnlineConfig = field(default_factory=OnlineConfig)   # data=online: hidden states computed in the loop
+    """What every data source's options have. `name` selects the source: one schema per source, each in its own
+    module under eagle3/data/sources/ (registered there by name, as INIT_SCHEMAS names the initializers' schemas),
+    with its own fields and checks, and what the launcher, the ranks and the plan ask of it (the methods below)."""
 
-    def check(self, dataset_required: bool = True) -> None:
-        """`dataset_required=False` (plan=true, which reads no data): data.path need only be a directory, so a run
-        can be planned before its dataset is prepared into it."""
-        if self.synth is not None:
-            for key in ("num_samples", "prompt_len", "response_len", "batch_size"):
-                value = getattr(self.synth, key)
-                _require(value >= 1, f"data.synth.{key}", f"must be >= 1, got {value}")
-            _require(self.synth.temperature > 0, "data.synth.temperature",
-                     f"must be > 0 (responses are sampled), got {self.synth.temperature}")
+    name: str = MISSING
+    total_seq_len: int = 1024       # tokens packed into one batch (per rank)
+    train_ratio: float = 0.9        # the first share of the rows trains, the rest validates
+    # The dtype hidden states are stored in (offline files) or rounded to (computed in the loop, as files store them)
+    hidden_states_dtype: HiddenStatesDtype = HiddenStatesDtype.bfloat16
+    # A row that cannot be used (no usable hidden states, tokens or loss mask; ids outside the vocabulary; longer
+    # than the verifier's positions): error (stop before training, listing them) | skip (leave it out, counted in
+    # data_check.json). NaN/inf hidden states met in a val pass: error (stop the run) | skip (leave the row out of
+    # val, counted as skipped_rows in the val row).
+    on_bad_sample: BadSamplePolicy = BadSamplePolicy.error
+
+    # Materializing the source writes into cache_dir (the launcher checks it is writable first).
+    writes_cache: ClassVar[bool] = True
+
+    def check(self, run: TrainConfig, dataset_required: bool = True) -> None:
+        """The source's own rules, given the whole run config for those that involve other parts.
+        `dataset_required=False` (plan=true, which reads no data): a dataset path need only name a directory, so a
+        run can be planned before its dataset is prepared into it."""
         _require(0 < self.train_ratio < 1, "data.train_ratio", f"must be in (0, 1), got {self.train_ratio}")
         _require(self.total_seq_len >= MIN_SEQ_LEN, "data.total_seq_len",
                  f"must be at least {MIN_SEQ_LEN}, got {self.total_seq_len}: a packed micro-batch must hold one "
                  f"token and the next one it predicts (training shifts each row by one)")
-        _require(self.prefetch >= 0, "data.prefetch", f"must be >= 0, got {self.prefetch}")
-        _require(self.hidden_states_dtype in HIDDEN_STATES_DTYPES, "data.hidden_states_dtype",
-                 f"must be one of {', '.join(HIDDEN_STATES_DTYPES)}, got {self.hidden_states_dtype}")
-        _require((self.path is None) != (self.synth is None), "data",
-                 "set exactly one of data.path (a speculators-format dataset) and data.synth")
-        changed = [f"data.online.{f.name}" for f in fields(OnlineConfig)
-                   if getattr(self.online, f.name) != getattr(OnlineConfig(), f.name)]
-        _require(self.online.enabled or not changed, changed[0] if changed else "data.online",
-                 f"applies to data=online only, and data={self.name} reads hidden states from files; use data=online")
-        if self.online.enabled:
-            if self.path is not None and dataset_required:
-                p = Path(self.path)
-                # Under on_bad_sample=skip a bad first line is a counted skip like any other, not a wrong file.
-                first_line = self.on_bad_sample == BadSamplePolicy.error
-                if p.is_file():
-                    problem = _jsonl_problem(p, first_line)
-                elif p.is_dir():
-                    problem = None if any(p.glob("*.arrow")) else "is a dir without Arrow rows (no *.arrow file)"
-                else:
-                    problem = path_kind(p, "a JSONL file or a dataset dir")
-                _require(problem is None, "data.path",
-                         f"{self.path} {problem}; data=online reads token rows: a JSONL of {{\"input_ids\", "
-                         f"\"loss_mask\"}} or {{\"messages\"}} rows, or a speculators-format dataset dir (Arrow rows "
-                         f"saved with datasets.save_to_disk; its hidden states are not read)")
-        elif self.path is not None:
-            _require_dir(self.path, "data.path", ["hidden_states"] if dataset_required else [],
-                         "a speculators-format dataset: Arrow rows (input_ids, loss_mask, seq_len) saved with "
-                         "datasets.save_to_disk, hidden_states/hs_<i>.safetensors and token_freq.pt")
+
+    def verifier_in_rank(self) -> str | None:
+        """"full" (every rank holds a copy) or "sharded" (across the ranks) when the ranks hold the verifier and
+        compute the hidden states in the loop; None when the hidden states come from files."""
+        return None
+
+    def materialize(self, cfg: RunConfig, verifier_dir: Path) -> Path:
+        """The data dir the ranks read, built (into cfg.cache_dir) when the source builds one; in the launcher,
+        before any rank starts."""
+        raise NotImplementedError
+
+    def check_rows(self, cfg: RunConfig, verifier_dir: Path, data_dir: Path) -> CheckReport:
+        """The start-up check of the data dir's rows (eagle3.data.check's quick part), before any rank starts."""
+        raise NotImplementedError
+
+    def loaders(self, data_dir: Path, verifier: OnlineVerifier | None, **common: Any) -> tuple[Loader, Loader]:
+        """A rank's train and val loaders (eagle3.data.loader.build_loaders, `common` its shared arguments)."""
+        raise NotImplementedError
+
+    def plan_stats(self, draft: DraftConfig) -> DataStats | None:
+        """The plan's token counts and hidden-state bytes on disk (eagle3.plan.DataStats), None when there are no
+        rows to count before the run reads them."""
+        raise NotImplementedError
+
+    def no_rows_reason(self) -> str:
+        """Why plan_stats has no rows to count ("" for the generic reason: no dataset yet)."""
+        return ""
+
+    def buffer_terms(self, draft: DraftConfig, device_type: str) -> list[Term]:
+        """The plan's terms for the hidden states one micro-batch needs (eagle3.plan)."""
+        raise NotImplementedError
 
 
 class VocabPolicy(str, Enum):
@@ -489,7 +502,7 @@ class TrainConfig:
         """The checks a type cannot express, each raising ConfigError naming the key. `dataset_required=False`:
         data.path need not hold a dataset yet (DataConfig.check)."""
         self.optim.check()
-        self.data.check(dataset_required)
+        self.data.check(self, dataset_required)
         self.model.check()
         _require(self.device in ("auto", "cpu", "cuda"), "device", "must be auto, cpu or cuda")
         _require(0 <= self.seed < 2**63, "seed", f"must be in [0, 2**63), got {self.seed}")
@@ -499,10 +512,6 @@ class TrainConfig:
         self.eval.accept.check(self.distributed)
         self.eval.serve.check()
         accept = self.eval.accept
-        online = self.data.online
-        _require(not (online.enabled and online.shard_verifier and accept.enabled), "eval.accept.enabled",
-                 "measures on rank 0 with the whole verifier, and data.online.shard_verifier=true shards it across "
-                 "the ranks; measure the saved checkpoint afterwards with python -m eagle3.eval.accept --run <run dir>")
         # accept_len exists only where the val pass that chose the best checkpoint measured acceptance.
         _require(self.objective != Objective.accept_len or (accept.enabled and accept.every == 1), "objective",
                  "accept_len needs measured acceptance at every val pass: add eval.accept.enabled=true"
@@ -534,10 +543,11 @@ def register_configs() -> None:
     from eagle3.verifier_shape import register_resolvers  # model=auto: ${verifier_config:<path>,<key>}
 
     register_resolvers()
+    import eagle3.data.sources  # noqa: F401  (each source stores its schema as data/base_<name>)
+
     cs = ConfigStore.instance()
     cs.store(name="base_train", node=TrainConfig)
     cs.store(group="model", name="base_model", node=ModelConfig)
-    cs.store(group="data", name="base_data", node=DataConfig)
     cs.store(group="init", name="base_scratch", node=ScratchInitConfig)
     cs.store(group="init", name="base_pretrained", node=PretrainedInitConfig)
     cs.store(group="optim", name="base_optim", node=OptimConfig)
@@ -560,26 +570,20 @@ def validate(plain: dict[str, Any], dataset_required: bool = True) -> TrainConfi
     return _typed(TrainConfig, plain, dataset_required)
 
 
-def rows_replace_synth(plain: dict[str, Any]) -> dict[str, Any]:
-    """The plain config with data.synth dropped when data=online is given its rows (data.path): online.yaml samples
-    rows only without a path, so with one its synth part describes nothing. Every path to the typed config goes
-    through here (a run, a sweeper's check of every job, plan=true)."""
-    data = plain.get("data")
-    if isinstance(data, dict) and (data.get("online") or {}).get("enabled") and data.get("path") is not None:
-        return {**plain, "data": {**data, "synth": None}}
-    return plain
-
-
 def _typed(schema_type: type[TrainConfig], plain: dict[str, Any], dataset_required: bool = True) -> TrainConfig:
-    plain = rows_replace_synth(plain)
     # Merging into the schemas refuses a key none of them has, which composition lets through when it is added
     # with `+` (`+optim.lr_warmup=0.1`), and converts each value to its type; then every part's check() runs.
     init = plain.get("init")
     name = init.get("name") if isinstance(init, dict) else None
     if name not in INIT_SCHEMAS:
         raise ConfigError(f"init.name: {name!r} has no options schema; known: {', '.join(sorted(INIT_SCHEMAS))}")
+    from eagle3.data.sources import source_schema
+
+    data = plain.get("data")
+    data_schema = source_schema(data.get("name") if isinstance(data, dict) else None)
     schema = OmegaConf.structured(schema_type)
     schema.init = OmegaConf.structured(INIT_SCHEMAS[name])
+    schema.data = OmegaConf.structured(data_schema)
     try:
         cfg = OmegaConf.to_object(OmegaConf.merge(schema, plain))
     except OmegaConfBaseException as e:

@@ -19,20 +19,20 @@ log = logging.getLogger(__name__)
 def run_plan(cfg: TrainConfig) -> Plan:
     """The plan of this run (eagle3.plan) with what the machine and the disk say (eagle3.plan_inputs)."""
     from eagle3.plan import make_plan
-    from eagle3.plan_inputs import dataset_stats, device_and_memory, rows_unknown_reason, verifier_shape, verifier_size
+    from eagle3.plan_inputs import device_and_memory, verifier_shape, verifier_size
 
     draft, dist = cfg.model.draft, cfg.distributed
     kind, memory, source = device_and_memory(cfg.device, dist.device_memory_gb, in_process=dist.world_size == 1,
                                              ranks_per_node=dist.nproc_per_node)
-    online = cfg.data.online.enabled
-    # Online, every rank holds the verifier and eval.accept reuses it; offline only eval.accept loads it (rank 0).
+    online = cfg.data.verifier_in_rank() is not None
+    # Where every rank holds the verifier eval.accept reuses it; otherwise only eval.accept loads it (rank 0).
     accept_loads = cfg.eval.accept.enabled and not online
     verifier_bytes, verifier_note = verifier_size(cfg.model.verifier) if accept_loads else (0, "")
     train_lm_head = isinstance(cfg.init, PretrainedInitConfig) and cfg.init.train_lm_head
     return make_plan(draft, cfg.data, cfg.optim, dist, device_type=kind, device_memory=memory,
                      device_memory_source=source, train_lm_head=train_lm_head,
-                     data_stats=dataset_stats(cfg.data, draft.hidden_size, draft.aux_layer_ids),
-                     no_rows_reason=rows_unknown_reason(cfg.data), verifier_bytes=verifier_bytes,
+                     data_stats=cfg.data.plan_stats(draft), no_rows_reason=cfg.data.no_rows_reason(),
+                     verifier_bytes=verifier_bytes,
                      verifier_note=verifier_note,
                      online_verifier=verifier_shape(cfg.model.verifier) if online else None)
 

@@ -20,11 +20,10 @@ log = logging.getLogger(__name__)
 def materialize_inputs(cfg: RunConfig) -> tuple[Path, Path]:
     """The verifier dir and data dir this run reads, building the tiny verifier and synthetic data if asked."""
     from eagle3.console import quiet_libraries
-    from eagle3.data.synthetic import synthetic_dataset_dir
     from eagle3.data.verifier import tiny_verifier_dir
 
-    verifier, data = cfg.model.verifier, cfg.data
-    if verifier.path is None or data.path is None or data.online.enabled:  # the cache is written: writable?
+    verifier = cfg.model.verifier
+    if verifier.path is None or cfg.data.writes_cache:  # the cache is written: writable?
         problem = output_dir_problem(Path(cfg.cache_dir).absolute())
         if problem:
             raise ConfigError(f"cache_dir: {problem}; set cache_dir (or $EAGLE3_CACHE) to a writable dir")
@@ -37,46 +36,22 @@ def materialize_inputs(cfg: RunConfig) -> tuple[Path, Path]:
     else:
         assert verifier.tiny is not None  # VerifierConfig.check: exactly one of them
         verifier_dir = tiny_verifier_dir(verifier.tiny, cfg.cache_dir)
-    if data.online.enabled:  # token rows only: the hidden states are computed in the loop
-        from eagle3.data.online import check_online_verifier
-        from eagle3.data.token_rows import token_rows_dir
-
-        check_online_verifier(verifier_dir, cfg.model.draft)  # before reading or sampling rows with it
-        return verifier_dir, token_rows_dir(data, verifier_dir, cfg.cache_dir)
-    if data.path is not None:
-        return verifier_dir, Path(data.path)
-    assert data.synth is not None  # DataConfig.check: exactly one of them
-    data_dir = synthetic_dataset_dir(verifier_dir, data.synth, cfg.model.draft.aux_layer_ids, cfg.cache_dir,
-                                     data.hidden_states_dtype)
-    return verifier_dir, data_dir
+    return verifier_dir, cfg.data.materialize(cfg, verifier_dir)
 
 
 def check_data(cfg: RunConfig, verifier_dir: Path, data_dir: Path) -> list[int] | None:
     """The start-up data check, once before any rank starts: the data's record against the model config, then
     every row's hidden-state file header and token ids (eagle3.data.check's quick part). Returns the rows to
     train on when bad ones are skipped, None for all; writes `data_check.json` into a fresh run dir."""
-    from eagle3.data.check import check_dataset
-    from eagle3.data.record import check_record
     from eagle3.data.vocab import vocab_mapping
 
     draft, policy = cfg.model.draft, cfg.data.on_bad_sample.value
     if cfg.resume:
         refuse_other_rows(Path(cfg.run.dir), data_dir)
-    if cfg.data.online.enabled:  # no hidden states to check: the verifier (checked in materialize_inputs) instead
-        from eagle3.data.online import verifier_positions
-        from eagle3.data.record import check_same_verifier
-
-        positions = verifier_positions(verifier_dir)
-        check_same_verifier(data_dir, verifier_dir)  # an Arrow dir prepared for another verifier: its tokenizer
-        report = check_dataset(data_dir, vocab_size=draft.vocab_size, total_seq_len=cfg.data.total_seq_len,
-                               hidden_states=False, max_positions=positions)
-    else:
-        check_record(data_dir, verifier_dir, draft)
-        report = check_dataset(data_dir, num_slots=len(draft.aux_layer_ids) + 1, hidden_size=draft.hidden_size,
-                               vocab_size=draft.vocab_size, total_seq_len=cfg.data.total_seq_len)
-    # Online rows read from a JSONL: the lines left out while reading it (data.on_bad_sample=skip), recorded with
+    report = cfg.data.check_rows(cfg, verifier_dir, data_dir)
+    # Token rows read from a JSONL: the lines left out while reading it (data.on_bad_sample=skip), recorded with
     # the cached rows, so that every run on them says so, not only the one that built the cache entry.
-    source_skips = source_skipped(data_dir) if cfg.data.online.enabled else None
+    source_skips = source_skipped(data_dir)
     if not cfg.resume and cfg.distributed.node_rank == 0:
         RunDir(cfg.run.dir).write_data_check(DataCheck.from_dict({**report.as_dict(), "policy": policy,
                                                                   "skipped_rows": sorted(report.bad),
@@ -85,7 +60,7 @@ def check_data(cfg: RunConfig, verifier_dir: Path, data_dir: Path) -> list[int] 
         log.warning("%s: %d rows skipped while reading it (data.on_bad_sample=skip): %s", source_skips["source"],
                     sum(source_skips["counts"].values()), source_skips["counts"])
     if report.bad and policy == "error":
-        full_check = ("" if cfg.data.online.enabled else f"; python -m eagle3.data.check "
+        full_check = ("" if cfg.data.verifier_in_rank() else f"; python -m eagle3.data.check "
                       f"{shlex.quote(str(data_dir))} checks everything, NaN included")
         raise DataError(f"{report.summary()}\ndata.on_bad_sample=skip trains without them (counted in "
                         f"data_check.json){full_check}")

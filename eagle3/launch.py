@@ -22,7 +22,7 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import InterpolationResolutionError, MissingMandatoryValue
 
-from eagle3.config import RunConfig, lr_advice, plain_config, rows_replace_synth, run_config
+from eagle3.config import RunConfig, lr_advice, plain_config, run_config
 from eagle3.errors import ConfigError, Interrupted, StoppedBeforeTraining, UserError
 from eagle3.fit import check_devices, refuse_if_it_cannot_fit, run_plan
 from eagle3.job_outcome import JobOutcome
@@ -122,9 +122,6 @@ def fresh_run(cfg: DictConfig, hydra, run_dir: Path) -> RunConfig:
     run_cfg = run_config(resolved)
     check_devices(run_cfg)
     refuse_if_it_cannot_fit(run_cfg)  # before anything is written or any rank starts
-    if run_cfg.data.online.shard_verifier and run_cfg.distributed.world_size == 1:
-        log.warning("data.online.shard_verifier=true with one rank: nothing to shard across, the rank holds the whole "
-                    "verifier (distributed=ddp or fsdp with nproc_per_node > 1 shards it)")
     advice, outside = lr_advice(run_cfg.optim, run_cfg.init)
     (log.warning if outside else log.info)(advice)
     if run_cfg.distributed.node_rank == 0:
@@ -145,20 +142,7 @@ def resolve(cfg: DictConfig, hydra, run_dir: Path) -> dict[str, Any]:
         raise ConfigError(unresolvable(e)) from None
     assert isinstance(container, dict)
     resolved = {str(k): v for k, v in container.items()}
-    # data=online with a data.path: the given rows replace the sampled ones, and a data.synth override would change
-    # nothing, so it is refused rather than dropped. data.online.enabled follows the data option: overriding it
-    # would run one mode under the other's name.
-    overrides = [o.lstrip("+~") for o in hydra.overrides.task]
-    enabled = [o for o in overrides if o.startswith("data.online.enabled")]
-    if enabled:
-        raise ConfigError(f"data.online.enabled: set by the data option (data=online: true; data=tiny or offline: "
-                          f"false), not on its own; choose data=online or data=tiny instead of {enabled[0]}")
-    normalized = rows_replace_synth(resolved)
-    synth = [o for o in overrides if o.startswith("data.synth")]
-    if synth and normalized is not resolved:
-        raise ConfigError(f"{synth[0].split('=')[0]}: data=online with data.path reads its rows from there; "
-                          f"data.synth only describes the rows sampled without a data.path")
-    resolved = {**normalized, **absolute_paths(normalized)}
+    resolved = {**resolved, **absolute_paths(resolved)}
     choices = {g: c for g, c in hydra.runtime.choices.items() if not g.startswith("hydra") and c is not None}
     multirun = hydra.mode is not None and hydra.mode.name == "MULTIRUN"
     name = hydra.job.override_dirname or run_dir.name

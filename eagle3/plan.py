@@ -89,10 +89,10 @@ class Plan:
     steps_per_epoch: int | None = None
     total_steps: int | None = None
     data_notes: list[str] = field(default_factory=list)
-    # data=online: "full" (a copy per rank) or "sharded" (data.online.shard_verifier over the ranks); None offline.
+    # data=online: "full" (a copy per rank) or "sharded" (data.shard_verifier over the ranks); None offline.
     online_verifier: str | None = None
     verifier_bytes: int = 0                  # its weights' share of the peak on each rank (all-gathered parts too)
-    verifier_if_sharded: int | None = None   # what that would be with data.online.shard_verifier=true (ranks > 1)
+    verifier_if_sharded: int | None = None   # what that would be with data.shard_verifier=true (ranks > 1)
     verifier_flops_per_step: float = 0.0
 
     def phase_bytes(self) -> dict[str, int]:
@@ -212,20 +212,21 @@ def _activations(draft: DraftConfig, seq: int, attn_impl: str, device_type: str,
     return terms, transient
 
 
-def hidden_buffers(draft: DraftConfig, data: DataConfig, device_type: str) -> list[Term]:
-    """The reader's ring and what one micro-batch becomes on the device (eagle3/data/reader.py, train.to_device);
-    online (eagle3/data/online.py OnlineLoader) no ring: the verifier fills a buffer on the device instead."""
+def hidden_buffers(draft: DraftConfig, data: DataConfig, device_type: str, ring: int | None) -> list[Term]:
+    """What one micro-batch's hidden states take: `ring` buffers (the reader's prefetch + 1) in host memory and one
+    on the device for hidden states read from files (eagle3/data/reader.py, train.to_device); `ring=None` for those
+    the verifier computes in the loop (eagle3/data/online.py OnlineLoader): one buffer per loader on the device."""
     h, slots, t = draft.hidden_size, len(draft.aux_layer_ids) + 1, data.total_seq_len
-    file_bytes = DTYPE_BYTES.get(data.hidden_states_dtype, 2)
+    dtype = data.hidden_states_dtype.value
+    file_bytes = DTYPE_BYTES[dtype]
     one = (t + 1) * slots * h * file_bytes
-    ring = data.prefetch + 1
     cuda = device_type == "cuda"
-    if data.online.enabled:
+    if ring is None:
         # The train and the val loader each allocate theirs once and keep it (refilled at every micro-batch).
-        terms = [Term(f"online hidden-state buffers: 2 x (T+1) x {slots} x H ({data.hidden_states_dtype})", 2 * one,
+        terms = [Term(f"online hidden-state buffers: 2 x (T+1) x {slots} x H ({dtype})", 2 * one,
                       "train and val loader, one each, on the device")]
     else:
-        terms = [Term(f"hidden-state ring: {ring} x (T+1) x {slots} x H ({data.hidden_states_dtype})", ring * one,
+        terms = [Term(f"hidden-state ring: {ring} x (T+1) x {slots} x H ({dtype})", ring * one,
                       "host, page-locked" if cuda else "host", on_device=not cuda)]
         if cuda:
             terms.append(Term("hidden states on the device (one micro-batch)", one))
@@ -250,12 +251,12 @@ def verifier_terms(verifier: VerifierShape, draft: DraftConfig, data: DataConfig
     dtype = "bf16" if b == 2 else "fp32"
     if not sharded:
         terms = [Term(f"verifier weights ({_count(verifier.params)} params, {dtype}), a full copy per rank",
-                      verifier.params * b, "data=online" + (", data.online.shard_verifier=false" if world > 1 else ""))]
+                      verifier.params * b, "data=online" + (", data.shard_verifier=false" if world > 1 else ""))]
     else:
         kept = verifier.params - verifier.lm_head  # the sharded verifier drops its lm_head
         terms = [
             Term(f"verifier weights ({_count(kept)} params without lm_head, {dtype}), sharded over {world}",
-                 math.ceil(kept / world) * b, "data.online.shard_verifier=true"),
+                 math.ceil(kept / world) * b, "data.shard_verifier=true"),
             # The root (embedding + final norm) is sharded with reshard_after_forward=True: gathered while it runs.
             Term("verifier embedding + final norm, all-gathered (FSDP2 root)", verifier.embedding * b,
                  "during its forward", phase=VERIFIER_FORWARD),
@@ -338,15 +339,15 @@ def make_plan(draft: DraftConfig, data: DataConfig, optim: OptimConfig, dist: Di
                           "compute dtype, during forward/backward"))
     elif world > 1:
         terms.append(Term("DDP gradient buckets", 4 * trainable, "a second copy of the gradients"))
-    terms += hidden_buffers(draft, data, device_type)
+    terms += data.buffer_terms(draft, device_type)
     act_terms, transient = _activations(draft, data.total_seq_len, attn, device_type, gradient_checkpointing)
     terms += act_terms
     terms.append(Term("largest transient of the backward", transient))
     for term in act_terms + terms[-1:]:
         term.phase = DRAFT_STEP
-    online = online_verifier if data.online.enabled else None
-    # With one rank load_online_verifier keeps a full copy whatever shard_verifier says.
-    sharded = data.online.enabled and data.online.shard_verifier and world > 1
+    online = online_verifier if data.verifier_in_rank() else None
+    # With one rank load_online_verifier keeps a full copy whatever data.shard_verifier says.
+    sharded = data.verifier_in_rank() == "sharded" and world > 1
     if online is not None:
         terms += verifier_terms(online, draft, data, world, device_type, sharded)
     elif verifier_bytes:
@@ -369,8 +370,8 @@ def make_plan(draft: DraftConfig, data: DataConfig, optim: OptimConfig, dist: Di
             plan.verifier_if_sharded = _verifier_weight_bytes(verifier_terms(online, draft, data, world, device_type,
                                                                              True))
     slots = len(draft.aux_layer_ids) + 1
-    offline_per_token = slots * draft.hidden_size * DTYPE_BYTES.get(data.hidden_states_dtype, 2)
-    offline_formula = f"{slots} x H x {data.hidden_states_dtype}"
+    offline_per_token = slots * draft.hidden_size * DTYPE_BYTES[data.hidden_states_dtype.value]
+    offline_formula = f"{slots} x H x {data.hidden_states_dtype.value}"
     if data_stats is not None:
         plan.steps_per_epoch = max(1, math.ceil(data_stats.train_tokens / tokens_per_step))
         plan.total_steps = plan.steps_per_epoch * optim.epochs
@@ -378,7 +379,7 @@ def make_plan(draft: DraftConfig, data: DataConfig, optim: OptimConfig, dist: Di
             plan.total_steps = min(plan.total_steps, optim.max_steps)
         plan.data_notes = [f"dataset: {data_stats.train_rows} train rows, {data_stats.train_tokens:,} train tokens "
                            f"of {data_stats.total_tokens:,}"]
-        if data.online.enabled:
+        if data.verifier_in_rank():
             offline = data_stats.total_tokens * offline_per_token
             plan.data_notes.append(f"hidden states on disk: none (data=online computes them in the loop); offline "
                                    f"data would store {offline_per_token:,} bytes/token ({offline_formula}), "
@@ -390,7 +391,7 @@ def make_plan(draft: DraftConfig, data: DataConfig, optim: OptimConfig, dist: Di
     else:
         one_b = f"1 B tokens = {offline_per_token * 1e9 / 1024 ** 4:.1f} TiB"
         plan.data_notes = [f"{no_rows_reason or 'no data rows to count (no dataset yet)'}: per-step figures only"]
-        if data.online.enabled:
+        if data.verifier_in_rank():
             plan.data_notes.append(f"hidden states on disk: none (data=online computes them in the loop); offline "
                                    f"data would store {offline_per_token:,} bytes/token ({offline_formula}): {one_b}")
         else:
@@ -427,10 +428,10 @@ def check_fits(plan: Plan) -> None:
                    "(python -m eagle3.data.prepare, or speculators' vLLM pipeline for a verifier that needs a "
                    "serving engine; then data=offline data.path=<that dataset>)")
         if plan.verifier_if_sharded is not None:
-            fix = [f"data.online.shard_verifier=true (its weights divided over the {plan.world_size} ranks: about "
+            fix = [f"data.shard_verifier=true (its weights divided over the {plan.world_size} ranks: about "
                    f"{human(plan.verifier_if_sharded)} per rank)", offline]
         elif plan.online_verifier == "full":  # one rank: sharding needs more of them
-            fix = ["data.online.shard_verifier=true over more ranks (distributed=ddp distributed.nproc_per_node=N)",
+            fix = ["data.shard_verifier=true over more ranks (distributed=ddp distributed.nproc_per_node=N)",
                    offline]
         else:
             fix = ["more ranks to shard it over (distributed.nproc_per_node, distributed.nnodes)", offline]

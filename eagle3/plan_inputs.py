@@ -13,9 +13,9 @@ import os
 from pathlib import Path
 from typing import Any
 
-from eagle3.config import DataConfig, VerifierConfig
+from eagle3.config import SynthConfig, VerifierConfig
 from eagle3.errors import ConfigError
-from eagle3.plan import DTYPE_BYTES, DataStats, VerifierShape
+from eagle3.plan import DataStats, VerifierShape
 from eagle3.verifier_shape import read_verifier_config
 
 GB = 1e9  # distributed.device_memory_gb is in GB (10^9 bytes), as GPU datasheets state it (H200: 141 GB)
@@ -61,40 +61,30 @@ def host_memory(ranks: int) -> tuple[int | None, str]:
     return available // ranks, f"host memory available, {available / GB:.1f} GB{shared} ({source}; device=cpu)"
 
 
-def dataset_stats(data: DataConfig, hidden_size: int, aux_layer_ids: list[int]) -> DataStats | None:
-    """Token counts of the train split and the hidden-state bytes on disk; None when there are no rows yet (or,
-    online, a JSONL's: `rows_unknown_reason` says why). Synthetic data: from its config (num_samples x (prompt +
-    response) tokens), nothing read. Online, no hidden state is stored: 0 bytes on disk."""
-    online = data.online.enabled
-    if data.path is None:
-        synth = data.synth
-        assert synth is not None  # DataConfig.check: exactly one of path and synth
-        seq = synth.prompt_len + synth.response_len
-        train_rows = int(synth.num_samples * data.train_ratio)
-        per_token = (len(aux_layer_ids) + 1) * hidden_size * DTYPE_BYTES.get(data.hidden_states_dtype, 2)
-        return DataStats(train_tokens=train_rows * seq, train_rows=train_rows, total_tokens=synth.num_samples * seq,
-                         hidden_bytes_on_disk=0 if online else synth.num_samples * seq * per_token)
-    path = Path(data.path)
+def synth_stats(synth: SynthConfig, train_ratio: float, hidden_bytes_per_token: int) -> DataStats:
+    """Sampled rows' token counts, from their config alone (num_samples x (prompt + response) tokens), and the
+    hidden-state bytes they store on disk (`hidden_bytes_per_token`: 0 when they are computed in the loop)."""
+    seq = synth.prompt_len + synth.response_len
+    train_rows = int(synth.num_samples * train_ratio)
+    return DataStats(train_tokens=train_rows * seq, train_rows=train_rows, total_tokens=synth.num_samples * seq,
+                     hidden_bytes_on_disk=synth.num_samples * seq * hidden_bytes_per_token)
+
+
+def arrow_stats(path: Path, train_ratio: float, hidden_files: bool) -> DataStats | None:
+    """Token counts of a dataset dir's train split, and with `hidden_files` the bytes of its hidden-state files;
+    None when the dir holds no rows yet (or cannot be read: the start-up data check says why)."""
     if not path.is_dir() or not any(path.glob("*.arrow")):
-        return None  # online: a JSONL, whose rows are known once read (tokenized) at the run's start
+        return None
     from eagle3.data.rows import ArrowRows
 
     try:
         lengths = ArrowRows(path).seq_len
     except Exception:  # noqa: BLE001  (the start-up data check reports a broken dataset with its own message)
         return None
-    split = int(len(lengths) * data.train_ratio)
-    hidden = 0 if online else sum(f.stat().st_size for f in (path / "hidden_states").glob("*.safetensors"))
+    split = int(len(lengths) * train_ratio)
+    hidden = sum(f.stat().st_size for f in (path / "hidden_states").glob("*.safetensors")) if hidden_files else 0
     return DataStats(train_tokens=int(lengths[:split].sum()), train_rows=split, total_tokens=int(lengths.sum()),
                      hidden_bytes_on_disk=hidden)
-
-
-def rows_unknown_reason(data: DataConfig) -> str:
-    """Why dataset_stats has no rows to count ("" for the generic reason: no dataset yet)."""
-    if data.online.enabled and data.path is not None and not Path(data.path).is_dir():
-        return (f"the rows of {data.path} are not counted before a run reads and tokenizes them (a JSONL; an Arrow "
-                f"dataset dir as data.path is counted)")
-    return ""
 
 
 def verifier_size(verifier: VerifierConfig) -> tuple[int, str]:

@@ -15,7 +15,6 @@ import torch
 from eagle3.checkpoint import check_disk, load_draft, load_trainer_state
 from eagle3.config import RunConfig, plain_config
 from eagle3.console import format_result_table, quiet_libraries, setup_rank_logging
-from eagle3.data.loader import build_loaders
 from eagle3.distributed import World, close_world, init_world, wrap_model
 from eagle3.errors import ConfigError
 from eagle3.init import InitContext, build_draft
@@ -101,28 +100,24 @@ def _train_on(world: World, device: torch.device, cfg: RunConfig, run_dir: Path,
               data_dir: Path, rows: list[int] | None) -> RunSummary | None:
     draft = cfg.model.draft
     verifier = None
-    if cfg.data.online.enabled:  # before seeding: loading must not move the draft's initialization
+    in_rank = cfg.data.verifier_in_rank()
+    if in_rank:  # before seeding: loading must not move the draft's initialization
         from eagle3.data.online import load_online_verifier
 
-        verifier = load_online_verifier(verifier_dir, draft.aux_layer_ids, device, world,
-                                        cfg.data.online.shard_verifier)
+        verifier = load_online_verifier(verifier_dir, draft.aux_layer_ids, device, world, in_rank == "sharded")
     torch.manual_seed(cfg.seed)
     attn_impl = draft_attn_impl(draft.attn_impl, device.type)
-    train_loader, val_loader = build_loaders(
-        data_dir,
+    train_loader, val_loader = cfg.data.loaders(
+        data_dir, verifier,
         total_seq_len=micro_batch_len(cfg, device.type),
         hidden_size=draft.hidden_size,
         num_aux_layers=len(draft.aux_layer_ids),
-        train_ratio=cfg.data.train_ratio,
         seed=cfg.seed,
         world_size=world.size,
         rank=world.rank,
         grad_accum=cfg.optim.grad_accum,
-        prefetch=cfg.data.prefetch,
         rows=rows,
         device=device,
-        verifier=verifier,
-        hidden_states_dtype=getattr(torch, cfg.data.hidden_states_dtype),
     )
     last = checkpoint_dir(run_dir, "last")
     resume_state = None

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeAlias
 
 import numpy as np
 import torch
@@ -30,7 +30,7 @@ from eagle3.errors import DataError
 if TYPE_CHECKING:
     from eagle3.data.online import OnlineLoader, OnlineVerifier
 
-    Loader = PackedLoader | OnlineLoader
+    Loader: TypeAlias = PackedLoader | OnlineLoader
 
 
 class ShardedBatchSampler(Sampler):

@@ -21,7 +21,7 @@ from typing import Any
 
 import torch
 
-from eagle3.config import BadSamplePolicy, DataConfig
+from eagle3.config import BadSamplePolicy, DataConfig, HiddenStatesDtype
 from eagle3.console import shell_override
 from eagle3.data.cache import cache_key
 from eagle3.data.jsonl import Row
@@ -133,7 +133,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--batch-tokens", type=int, default=16384, help="padded tokens per verifier forward")
     parser.add_argument("--device", default="auto", choices=["auto", "cuda", "cpu"])
     # The options a run's `data` config also has default to its schema's values (eagle3/config.py DataConfig).
-    parser.add_argument("--dtype", default=DataConfig.hidden_states_dtype, choices=["bfloat16", "float16", "float32"],
+    parser.add_argument("--dtype", default=DataConfig.hidden_states_dtype.value,
+                        choices=[d.value for d in HiddenStatesDtype],
                         help="dtype the hidden states are stored in")
     parser.add_argument("--on-bad-sample", default=DataConfig.on_bad_sample.value,
                         choices=[p.value for p in BadSamplePolicy],

@@ -20,19 +20,21 @@ import sys
 from collections.abc import Sequence
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from eagle3.config import DataConfig
 from eagle3.data.cache import build_once, cache_key
 from eagle3.data.jsonl import Row
 from eagle3.errors import DataError
+
+if TYPE_CHECKING:
+    from eagle3.data.sources.online import OnlineDataConfig
 
 log = logging.getLogger(__name__)
 
 ROWS_RECORD = "eagle3_rows.json"  # where the rows came from, and the JSONL rows skipped on the way
 
 
-def token_rows_dir(data: DataConfig, verifier_dir: Path, cache_dir: str) -> Path:
+def token_rows_dir(data: OnlineDataConfig, verifier_dir: Path, cache_dir: str) -> Path:
     """The dir of Arrow rows and token_freq.pt this online run reads, built into the cache on first use."""
     from eagle3.data.record import verifier_fingerprint
 
@@ -41,7 +43,6 @@ def token_rows_dir(data: DataConfig, verifier_dir: Path, cache_dir: str) -> Path
     verifier = verifier_fingerprint(verifier_dir)
     if data.path is None:
         synth = data.synth
-        assert synth is not None  # DataConfig.check: exactly one of path and synth
         params = {"verifier": verifier["config_hash"], "verifier_dir": str(verifier_dir), "synth": asdict(synth)}
 
         def sample(out: Path) -> None:

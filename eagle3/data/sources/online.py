@@ -1,0 +1,140 @@
+"""data=online: token rows alone, whose hidden states the verifier computes inside the training loop, in every
+rank (eagle3/data/online.py); no hidden state touches the disk. `TokenRows` is what every such source shares (the
+verifier in the rank, its start-up checks, the loaders, the plan's terms); a source of its own kind of token rows
+subclasses it and says only where its rows come from (`token_rows`)."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from eagle3.config import BadSamplePolicy, DataConfig, DraftConfig, SynthConfig, _jsonl_problem, _require, path_kind
+from eagle3.data.sources.registry import register
+
+if TYPE_CHECKING:
+    from eagle3.config import RunConfig, TrainConfig
+    from eagle3.data.check import CheckReport
+    from eagle3.data.loader import Loader
+    from eagle3.data.online import OnlineVerifier
+    from eagle3.plan import DataStats, Term
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class TokenRows(DataConfig):
+    """Token rows whose hidden states the verifier, held by every rank, computes in the loop."""
+
+    # true: shard the verifier across the job's ranks (FSDP2, forward only), for one that does not fit a device;
+    # false: a full copy per rank (bf16 on CUDA, fp32 on CPU)
+    shard_verifier: bool = False
+
+    def check(self, run: TrainConfig, dataset_required: bool = True) -> None:
+        super().check(run, dataset_required)
+        _require(not (self.shard_verifier and run.eval.accept.enabled), "eval.accept.enabled",
+                 "measures on rank 0 with the whole verifier, and data.shard_verifier=true shards it across the "
+                 "ranks; measure the saved checkpoint afterwards with python -m eagle3.eval.accept --run <run dir>")
+
+    def verifier_in_rank(self) -> str | None:
+        return "sharded" if self.shard_verifier else "full"
+
+    def token_rows(self, cfg: RunConfig, verifier_dir: Path) -> Path:
+        """The dir of Arrow rows (input_ids, loss_mask, seq_len) and token_freq.pt the ranks read (see
+        eagle3.data.token_rows.save_rows), built into cfg.cache_dir when the source builds one."""
+        raise NotImplementedError
+
+    def materialize(self, cfg: RunConfig, verifier_dir: Path) -> Path:
+        from eagle3.data.online import check_online_verifier
+
+        check_online_verifier(verifier_dir, cfg.model.draft)  # before reading or sampling rows with it
+        if self.shard_verifier and cfg.distributed.world_size == 1:
+            log.warning("data.shard_verifier=true with one rank: nothing to shard across, the rank holds the whole "
+                        "verifier (distributed=ddp or fsdp with nproc_per_node > 1 shards it)")
+        return self.token_rows(cfg, verifier_dir)
+
+    def check_rows(self, cfg: RunConfig, verifier_dir: Path, data_dir: Path) -> CheckReport:
+        """No hidden states to check: the token ids, lengths and loss masks (the verifier was checked already)."""
+        from eagle3.data.check import check_dataset
+        from eagle3.data.online import verifier_positions
+        from eagle3.data.record import check_same_verifier
+
+        positions = verifier_positions(verifier_dir)
+        check_same_verifier(data_dir, verifier_dir)  # an Arrow dir prepared for another verifier: its tokenizer
+        return check_dataset(data_dir, vocab_size=cfg.model.draft.vocab_size, total_seq_len=self.total_seq_len,
+                             hidden_states=False, max_positions=positions)
+
+    def loaders(self, data_dir: Path, verifier: OnlineVerifier | None, **common: Any) -> tuple[Loader, Loader]:
+        import torch
+
+        from eagle3.data.loader import build_loaders
+
+        return build_loaders(data_dir, train_ratio=self.train_ratio, verifier=verifier,
+                             hidden_states_dtype=getattr(torch, self.hidden_states_dtype.value), **common)
+
+    def plan_stats(self, draft: DraftConfig) -> DataStats | None:
+        return None
+
+    def buffer_terms(self, draft: DraftConfig, device_type: str) -> list[Term]:
+        from eagle3.plan import hidden_buffers
+
+        return hidden_buffers(draft, self, device_type, ring=None)
+
+
+@register
+@dataclass
+class OnlineDataConfig(TokenRows):
+    """Rows from data.path, or without one sampled from the verifier as data.synth says (the tiny default's: the
+    same rows data=tiny trains on; cached under cache_dir, keyed by their content)."""
+
+    name: str = "online"
+    # Token rows: a JSONL of {"input_ids", "loss_mask"} or {"messages"} rows (rendered with the verifier's chat
+    # template), or a speculators-format dataset dir (its Arrow rows; hidden states are not read). null: rows
+    # sampled as data.synth says
+    path: str | None = None
+    synth: SynthConfig = field(default_factory=SynthConfig)   # only without data.path
+
+    def check(self, run: TrainConfig, dataset_required: bool = True) -> None:
+        super().check(run, dataset_required)
+        self.synth.check()
+        if self.path is None:
+            return
+        changed = [f"data.synth.{k}" for k, v in vars(self.synth).items() if v != getattr(SynthConfig(), k)]
+        _require(not changed, changed[0] if changed else "data.synth",
+                 f"describes the rows data=online samples without a data.path, and data.path={self.path} gives the "
+                 f"rows: drop the data.synth override, or data.path to sample rows")
+        if dataset_required:
+            self._check_path(Path(self.path))
+
+    def _check_path(self, p: Path) -> None:
+        # Under on_bad_sample=skip a bad first line is a counted skip like any other, not a wrong file.
+        first_line = self.on_bad_sample == BadSamplePolicy.error
+        if p.is_file():
+            problem = _jsonl_problem(p, first_line)
+        elif p.is_dir():
+            problem = None if any(p.glob("*.arrow")) else "is a dir without Arrow rows (no *.arrow file)"
+        else:
+            problem = path_kind(p, "a JSONL file or a dataset dir")
+        _require(problem is None, "data.path",
+                 f"{self.path} {problem}; data=online reads token rows: a JSONL of {{\"input_ids\", \"loss_mask\"}} "
+                 f"or {{\"messages\"}} rows, or a speculators-format dataset dir (Arrow rows saved with "
+                 f"datasets.save_to_disk; its hidden states are not read)")
+
+    def token_rows(self, cfg: RunConfig, verifier_dir: Path) -> Path:
+        from eagle3.data.token_rows import token_rows_dir
+
+        return token_rows_dir(self, verifier_dir, cfg.cache_dir)
+
+    def plan_stats(self, draft: DraftConfig) -> DataStats | None:
+        from eagle3.plan_inputs import arrow_stats, synth_stats
+
+        if self.path is None:
+            return synth_stats(self.synth, self.train_ratio, 0)
+        return arrow_stats(Path(self.path), self.train_ratio, hidden_files=False)
+
+    def no_rows_reason(self) -> str:
+        if self.path is not None and not Path(self.path).is_dir():
+            return (f"the rows of {self.path} are not counted before a run reads and tokenizes them (a JSONL; an "
+                    f"Arrow dataset dir as data.path is counted)")
+        return ""
