@@ -15,7 +15,8 @@ import torch
 
 from eagle3.config import TinyVerifierConfig
 from eagle3.data import regenerate as regen
-from eagle3.data.regenerate import Regeneration, regenerated_rows_dir
+from eagle3.data.regenerate import regenerated_rows_dir
+from eagle3.data.sources.regenerate import Regeneration
 from eagle3.data.verifier import tiny_verifier_dir
 from eagle3.errors import ConfigError
 
@@ -189,10 +190,10 @@ def test_chat_prompts_render_through_the_chat_template(chat_verifier, tmp_path):
 
 
 def test_bad_settings_and_prompts_are_one_message(verifier, tmp_path):
-    with pytest.raises(ConfigError, match="data.regenerate.max_new_tokens must be >= 1"):
-        Regeneration(max_new_tokens=0)
-    with pytest.raises(ConfigError, match="data.regenerate.temperature must be >= 0"):
-        Regeneration(temperature=-1)
+    with pytest.raises(ConfigError, match="data.regenerate.max_new_tokens: must be >= 1"):
+        Regeneration(max_new_tokens=0).check()
+    with pytest.raises(ConfigError, match="data.regenerate.temperature: must be >= 0"):
+        Regeneration(temperature=float("nan")).check()
     from eagle3.errors import DataError
 
     too_long = write_jsonl(tmp_path / "long.jsonl", [{"input_ids": list(range(600)), "loss_mask": [0] * 599 + [1]}])
@@ -222,3 +223,41 @@ def test_responses_end_at_the_end_of_sequence_token(verifier, tmp_path):
     assert ids == start + greedy[:k + 1] and sum(mask) == k + 1
     record = json.loads((rows_dir / "eagle3_rows.json").read_text())["generation"]
     assert record == {"responses": 1, "tokens": k + 1, "truncated": 0, "empty": 0, "eos_token_ids": [greedy[k]]}
+
+
+@pytest.mark.parametrize("override,says", [
+    ("data.regenerate.temperature=-0.5", "data.regenerate.temperature: must be >= 0"),
+    ("data.regenerate.batch_size=0", "data.regenerate.batch_size: must be >= 1"),
+    ("data.path=MISSING_FILE", "does not exist; data=regenerate reads a prompt set"),
+])
+def test_bad_options_name_their_key(override, says, tmp_path):
+    from omegaconf import OmegaConf
+
+    from conftest import compose_cfg
+    from eagle3.config import validate
+
+    prompts = write_jsonl(tmp_path / "prompts.jsonl", id_prompts(2))
+    overrides = ["data=regenerate", f"data.path={prompts}", override.replace("MISSING_FILE", str(tmp_path / "no"))]
+    resolved = OmegaConf.to_container(compose_cfg(overrides), resolve=True, enum_to_str=True)
+    with pytest.raises(ConfigError, match=says):
+        validate(resolved)
+
+
+@pytest.mark.slow
+def test_launch_trains_on_regenerated_responses(tmp_path):
+    from conftest import launch
+
+    prompts = write_jsonl(tmp_path / "prompts.jsonl", id_prompts(40, seed=7))
+    run_dir = tmp_path / "run"
+    proc = launch(["data=regenerate", f"data.path={prompts}", "data.regenerate.max_new_tokens=24",
+                   "data.regenerate.batch_size=16", "optim.max_steps=2", "logger.mode=disabled", "logger.log_every=1",
+                   f"hydra.run.dir={run_dir}"], tmp_path / "cache")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    check = json.loads((run_dir / "data_check.json").read_text())
+    assert check["rows"] == 40 and check["generation"] == {"responses": 40, "tokens": 40 * 24, "truncated": 40,
+                                                           "empty": 0, "eos_token_ids": []}
+    expected = [r["input_ids"][:r["loss_mask"].index(1)] for r in id_prompts(40, seed=7)]
+    rows = read_rows(Path(check["data_dir"]))
+    assert [ids[:mask.index(1)] for ids, mask in rows] == expected and all(sum(m) == 24 for _, m in rows)
+    metrics = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [m["step"] for m in metrics if m["split"] == "train"] == [1, 2]

@@ -31,27 +31,11 @@ from tqdm import tqdm
 
 from eagle3.data.cache import build_once, cache_key
 from eagle3.data.jsonl import BadSamples, ChatTokenizer, Row, read_rows
-from eagle3.errors import ConfigError, DataError
+from eagle3.data.sources.regenerate import Regeneration
+from eagle3.errors import DataError
 from eagle3.eval.drafting import Sampling
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class Regeneration:
-    """How responses are regenerated (the settings a cache entry is keyed by)."""
-
-    temperature: float = 0.0     # 0: greedy; above: sampled at this temperature from the full distribution
-    max_new_tokens: int = 256    # tokens generated per response at most (fewer where the verifier's positions end)
-    seed: int = 0                # with the prompt's index, seeds each prompt's draws (temperature > 0)
-    batch_size: int = 16         # prompts per generate call, and per chunk file
-
-    def __post_init__(self):
-        for key in ("max_new_tokens", "batch_size"):
-            if getattr(self, key) < 1:
-                raise ConfigError(f"data.regenerate.{key} must be >= 1, got {getattr(self, key)}")
-        if self.temperature < 0:
-            raise ConfigError(f"data.regenerate.temperature must be >= 0, got {self.temperature}")
 
 
 @dataclass
@@ -193,7 +177,7 @@ def weights_stamp(verifier_dir: Path) -> list[tuple[str, int, int]]:
 
 
 def regenerated_rows_dir(path: Path, verifier_dir: Path, settings: Regeneration, cache_dir: str,
-                         on_bad_sample: str = "error", device: str = "cpu") -> Path:
+                         on_bad_sample: str = "error", device: str | torch.device = "cpu") -> Path:
     """The dir of Arrow rows (prompt ids mask 0, the verifier's response mask 1) and token_freq.pt regenerated
     from the prompt set at `path`, built into the cache on first use (data=online's token rows format)."""
     from eagle3.data.online import verifier_positions
