@@ -7,7 +7,8 @@ from __future__ import annotations
 
 import json
 import random
-from dataclasses import asdict
+from dataclasses import replace
+from functools import partial
 from pathlib import Path
 
 import pytest
@@ -112,13 +113,14 @@ def test_sampled_rows_reproduce_from_their_seed_whatever_the_batch(verifier, tmp
 
     model = load_causal_lm(verifier)
     prompts = [r["input_ids"][:r["loss_mask"].index(1)] for r in id_prompts(6, seed=1)]
+    def regenerate(settings: Regeneration, chunks: str) -> list[regen.Generation]:
+        batches = partial(regen.generate, model, [], settings)
+        return regen.regenerate(batches, prompts, settings, tmp_path / chunks, positions=None)
+
     hot = Regeneration(temperature=1.0, max_new_tokens=12, seed=3, batch_size=6)
-    whole = regen.regenerate(model, prompts, hot, tmp_path / "a", positions=None)
-    split = regen.regenerate(model, prompts, Regeneration(**{**asdict(hot), "batch_size": 4}), tmp_path / "b",
-                             positions=None)
-    assert [g.ids for g in whole] == [g.ids for g in split]
-    other = regen.regenerate(model, prompts, Regeneration(**{**asdict(hot), "seed": 4}), tmp_path / "c",
-                             positions=None)
+    whole = regenerate(hot, "a")
+    assert [g.ids for g in whole] == [g.ids for g in regenerate(replace(hot, batch_size=4), "b")]
+    other = regenerate(replace(hot, seed=4), "c")
     greedy = [greedy_by_plain_forwards(model, p, 12) for p in prompts]
     assert [g.ids for g in other] != [g.ids for g in whole]
     assert [g.ids for g in whole] != greedy  # sampled at T=1, not greedy
@@ -146,7 +148,7 @@ def test_a_run_stopped_after_some_chunks_continues_to_the_same_files(verifier, t
 
     monkeypatch.setattr(regen, "write_chunk", write_chunk)
     generated = []
-    monkeypatch.setattr(regen, "generate", lambda *a, **k: generated.append(a[3]) or regen_generate(*a, **k))
+    monkeypatch.setattr(regen, "generate", lambda *a, **k: generated.append(a[5]) or regen_generate(*a, **k))
     resumed = regenerated_rows_dir(prompts, verifier, settings, str(tmp_path / "two"))
     assert generated == [6, 9]  # only the two chunks not saved before the crash
     assert dir_bytes(resumed) == dir_bytes(uninterrupted)

@@ -21,8 +21,9 @@ import json
 import logging
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -31,11 +32,14 @@ from tqdm import tqdm
 
 from eagle3.data.cache import build_once, cache_key
 from eagle3.data.jsonl import BadSamples, ChatTokenizer, Row, read_rows
-from eagle3.data.sources.regenerate import Regeneration
+from eagle3.data.sources.regenerate import Regeneration, RegenerationEngine
 from eagle3.errors import DataError
 from eagle3.eval.drafting import Sampling
 
 log = logging.getLogger(__name__)
+
+
+BatchGenerator = Callable[[Sequence[Sequence[int]], Sequence[int], int], list["Generation"]]
 
 
 @dataclass
@@ -86,33 +90,38 @@ class _RowSampler:
         self.samplings = samplings
 
     def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+        probs = self.samplings[0].probs(scores)  # the batch's, on the CPU in one copy
         chosen = torch.full_like(scores, float("-inf"))
         for row, sampling in enumerate(self.samplings):
-            chosen[row, sampling.draw(sampling.probs(scores[row]))] = 0.0
+            chosen[row, sampling.draw(probs[row])] = 0.0
         return chosen
 
 
-def eos_ids(model: torch.nn.Module) -> list[int]:
-    """The verifier's end-of-sequence ids (its generation config's, else its config's); none for the tiny one."""
-    eos = getattr(model.generation_config, "eos_token_id", None)
-    if eos is None:
-        eos = getattr(model.config, "eos_token_id", None)
+def eos_ids(verifier_dir: Path) -> list[int]:
+    """The verifier's end-of-sequence ids, as transformers and vLLM take them: its generation_config.json's, else
+    its config.json's; none for the tiny verifier."""
+    eos = None
+    for name in ("generation_config.json", "config.json"):
+        file = Path(verifier_dir) / name
+        if eos is None and file.is_file():
+            config = json.loads(file.read_text())
+            eos = config.get("eos_token_id", config.get("text_config", {}).get("eos_token_id"))
     return [] if eos is None else [eos] if isinstance(eos, int) else list(eos)
 
 
 @torch.no_grad()
-def generate(model: torch.nn.Module, prompts: Sequence[Sequence[int]], budgets: Sequence[int], first_index: int,
-             settings: Regeneration) -> list[Generation]:
-    """Each prompt's response, from one batched `generate` call (prompt i's draws seeded by first_index + i)."""
+def generate(model: torch.nn.Module, eos: Sequence[int], settings: Regeneration, prompts: Sequence[Sequence[int]],
+             budgets: Sequence[int], first_index: int) -> list[Generation]:
+    """Each prompt's response by `model` in process, from one batched `generate` call (prompt i's draws seeded by
+    first_index + i)."""
     from transformers import GenerationConfig, LogitsProcessorList
 
     device = next(model.parameters()).device
-    eos = eos_ids(model)
     pad = eos[0] if eos else 0  # what follows a finished row; never read
     width = max(len(p) for p in prompts)
     ids = torch.tensor([[pad] * (width - len(p)) + list(p) for p in prompts], device=device)
     attention = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts], device=device)
-    config = GenerationConfig(do_sample=False, max_new_tokens=max(budgets), eos_token_id=eos or None,
+    config = GenerationConfig(do_sample=False, max_new_tokens=max(budgets), eos_token_id=list(eos) or None,
                               pad_token_id=pad)
     processors = LogitsProcessorList()
     if settings.temperature > 0:
@@ -130,10 +139,11 @@ def _cut(tokens: list[int], eos: set[int], budget: int) -> Generation:
     return Generation(tokens, truncated=len(tokens) == budget)
 
 
-def regenerate(model: torch.nn.Module, prompts: Sequence[list[int]], settings: Regeneration, chunks_dir: Path,
+def regenerate(batches: BatchGenerator, prompts: Sequence[list[int]], settings: Regeneration, chunks_dir: Path,
                positions: int | None) -> list[Generation]:
-    """Every prompt's response, one batch at a time; each batch saved in `chunks_dir` as it is done, and a batch
-    saved there before (by a run that stopped) read back instead of generated again."""
+    """Every prompt's response, one batch at a time (`batches(prompts, budgets, first index)`: in process or by
+    vLLM); each batch saved in `chunks_dir` as it is done, and a batch saved there before (by a run that stopped)
+    read back instead of generated again."""
     chunks_dir.mkdir(parents=True, exist_ok=True)
     bs = settings.batch_size
     generations: list[Generation] = []
@@ -146,7 +156,7 @@ def regenerate(model: torch.nn.Module, prompts: Sequence[list[int]], settings: R
         else:
             budgets = [settings.max_new_tokens if positions is None else min(settings.max_new_tokens,
                                                                               positions - len(p)) for p in batch]
-            chunk = generate(model, batch, budgets, first, settings)
+            chunk = batches(batch, budgets, first)
             write_chunk(file, chunk)
         generations.extend(chunk)
         bar.update(len(batch))
@@ -185,11 +195,15 @@ def regenerated_rows_dir(path: Path, verifier_dir: Path, settings: Regeneration,
     from eagle3.data.token_rows import ROWS_RECORD, file_sha256, save_rows, tokenizer_hash
 
     dtype = torch.bfloat16 if torch.device(device).type == "cuda" else torch.float32
+    vllm = settings.engine == RegenerationEngine.vllm
+    if vllm:
+        from eagle3.data.regenerate_vllm import engine_dtype
     verifier = verifier_fingerprint(verifier_dir)
     params = {"prompts_sha256": file_sha256(path), "verifier": verifier["config_hash"],
               "verifier_dir": str(Path(verifier_dir).resolve()), "weights": weights_stamp(verifier_dir),
               "tokenizer": tokenizer_hash(verifier_dir), "regenerate": asdict(settings),
-              "on_bad_sample": on_bad_sample, "device": torch.device(device).type, "dtype": str(dtype)}
+              "on_bad_sample": on_bad_sample, "device": "vllm" if vllm else torch.device(device).type,
+              "dtype": engine_dtype() if vllm else str(dtype)}
     target = Path(cache_dir) / "datasets" / f"regen-{cache_key(params)}"
     chunks_dir = target.with_name(f"{target.name}.chunks")
 
@@ -197,13 +211,21 @@ def regenerated_rows_dir(path: Path, verifier_dir: Path, settings: Regeneration,
         from eagle3.data.verifier_forward import load_causal_lm
 
         bad = BadSamples(on_bad_sample)
-        prompts = _with_room(read_prompts(path, verifier_dir, verifier["vocab_size"], bad),
-                             verifier_positions(verifier_dir), path, bad)
-        model = load_causal_lm(verifier_dir, device, dtype)
-        generations = regenerate(model, prompts, settings, chunks_dir, verifier_positions(verifier_dir))
+        positions, eos = verifier_positions(verifier_dir), eos_ids(verifier_dir)
+        prompts = _with_room(read_prompts(path, verifier_dir, verifier["vocab_size"], bad), positions, path, bad)
+        if vllm:
+            from eagle3.data.regenerate_vllm import served
+
+            chunks_dir.mkdir(parents=True, exist_ok=True)
+            with served(verifier_dir, settings, chunks_dir / "vllm.log") as batches:
+                generations = regenerate(batches, prompts, settings, chunks_dir, positions)
+        else:
+            model = load_causal_lm(verifier_dir, device, dtype)
+            generations = regenerate(partial(generate, model, eos, settings), prompts, settings, chunks_dir,
+                                     positions)
         save_rows([(p + g.ids, [0] * len(p) + [1] * len(g.ids)) for p, g in zip(prompts, generations)], out)
         record = {"format": 1, "source": str(path.resolve()), **params, **bad.as_dict(),
-                  "generation": generation_counts(generations, eos_ids(model))}
+                  "generation": generation_counts(generations, eos)}
         (out / ROWS_RECORD).write_text(json.dumps(record, indent=2) + "\n")
 
     rows_dir = build_once(target, build, what="regenerated responses")

@@ -5,6 +5,7 @@ are built once into cache_dir, keyed by the prompts' bytes, the verifier and `da
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from enum import Enum
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -19,6 +20,11 @@ if TYPE_CHECKING:
     from eagle3.plan import DataStats
 
 
+class RegenerationEngine(str, Enum):
+    transformers = "transformers"   # the verifier in this process: transformers' batched, KV-cached generate
+    vllm = "vllm"                   # the verifier served by vLLM (python -m eagle3.serve --install builds its venv)
+
+
 @dataclass
 class Regeneration:
     """How the responses are regenerated (the settings the cached rows are keyed by)."""
@@ -27,6 +33,7 @@ class Regeneration:
     max_new_tokens: int = 256    # tokens per response at most (fewer where the verifier's positions end)
     seed: int = 0                # with the prompt's index, seeds each prompt's draws (temperature > 0)
     batch_size: int = 16         # prompts per batched generation, and per chunk saved (a stopped run resumes there)
+    engine: RegenerationEngine = RegenerationEngine.transformers
 
     def check(self) -> None:
         for key in ("max_new_tokens", "batch_size"):
