@@ -263,3 +263,24 @@ def test_launch_trains_on_regenerated_responses(tmp_path):
     assert [ids[:mask.index(1)] for ids, mask in rows] == expected and all(sum(m) == 24 for _, m in rows)
     metrics = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert [m["step"] for m in metrics if m["split"] == "train"] == [1, 2]
+
+
+@pytest.mark.slow
+def test_vllm_writes_the_responses_transformers_writes_at_temperature_0(verifier, tmp_path):
+    """data.regenerate.engine=vllm on CPU in fp32: the same greedy responses as in process, the verifier served by
+    vLLM's server (token ids in and out)."""
+    import os
+
+    from eagle3.data.sources.regenerate import RegenerationEngine
+    from eagle3.serve.engine import PYTHON_ENV, default_dir
+
+    if not (os.environ.get(PYTHON_ENV) or (default_dir() / "bin" / "python").exists()):
+        pytest.skip("no vLLM environment (python -m eagle3.serve --install builds it)")
+    prompts = write_jsonl(tmp_path / "prompts.jsonl", id_prompts(6, seed=3))
+    greedy = Regeneration(max_new_tokens=10, batch_size=4)
+    ours = read_rows(regenerated_rows_dir(prompts, verifier, greedy, str(tmp_path / "hf")))
+    served = regenerated_rows_dir(prompts, verifier, replace(greedy, engine=RegenerationEngine.vllm),
+                                  str(tmp_path / "vllm"))
+    assert read_rows(served) == ours
+    assert json.loads((served / "eagle3_rows.json").read_text())["generation"]["truncated"] == 6
+    assert not list((tmp_path / "vllm" / "datasets").glob("*.chunks"))  # its log went with the chunks
