@@ -28,9 +28,9 @@ CHAT_TEMPLATE = ("{% for m in messages %}<|{{ m['role'] }}|> {{ m['content'] }} 
 
 
 @pytest.fixture(scope="module")
-def verifier(tmp_path_factory) -> Path:
-    """The project's tiny verifier (its default shape and seed)."""
-    return tiny_verifier_dir(TinyVerifierConfig(), str(tmp_path_factory.mktemp("regen-cache")))
+def verifier(cache_dir) -> Path:
+    """The project's tiny verifier (its default shape and seed), built once per session in the shared cache."""
+    return tiny_verifier_dir(TinyVerifierConfig(), str(cache_dir))
 
 
 @pytest.fixture(scope="module")
