@@ -8,17 +8,17 @@ user turn gives one more: the whole conversation with the generation prompt. Eac
 (mask 0) and the verifier's continuation (mask 1), up to `max_new_tokens` or the verifier's positions, ending at
 its end-of-sequence token (included); nothing is tokenized again.
 
-Generation is transformers' `generate` (batched, left-padded, KV-cached). At temperature 0 it is greedy; above,
-each prompt draws its tokens from a CPU generator seeded by (seed, the prompt's index), so a row is the same
-whatever batch or chunk it falls in. The rows are generated one batch at a time, each batch saved as a chunk file
-next to the cache entry, so a run stopped mid-way continues from its last chunk and ends in the same files.
+Generation is transformers' `generate` in process (batched, left-padded, KV-cached), or with engine=vllm vLLM's
+server (eagle3/data/regenerate_vllm.py). At temperature 0 it is greedy; above, each prompt draws its tokens from
+a generator seeded by (seed, the prompt's index), so a row is the same whatever batch or chunk it falls in. The
+rows are generated one batch at a time, each batch saved as a chunk file next to the cache entry, so a run stopped
+mid-way continues from its last chunk and ends in the same files.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-import logging
 import os
 import sys
 from collections.abc import Callable, Sequence
@@ -35,9 +35,6 @@ from eagle3.data.jsonl import BadSamples, ChatTokenizer, Row, read_rows
 from eagle3.data.sources.regenerate import Regeneration, RegenerationEngine
 from eagle3.errors import DataError
 from eagle3.eval.drafting import Sampling
-
-log = logging.getLogger(__name__)
-
 
 BatchGenerator = Callable[[Sequence[Sequence[int]], Sequence[int], int], list["Generation"]]
 
