@@ -369,11 +369,19 @@ def make_plan(draft: DraftConfig, data: DataConfig, optim: OptimConfig, dist: Di
         if not sharded and world > 1:
             plan.verifier_if_sharded = _verifier_weight_bytes(verifier_terms(online, draft, data, world, device_type,
                                                                              True))
+    _add_data_notes(plan, draft, data, optim, data_stats, no_rows_reason)
+    return plan
+
+
+def _add_data_notes(plan: Plan, draft: DraftConfig, data: DataConfig, optim: OptimConfig,
+                    data_stats: DataStats | None, no_rows_reason: str) -> None:
+    """The plan's steps per epoch and in the run (when the rows are counted), and its notes on the dataset and its
+    hidden states on disk."""
     slots = len(draft.aux_layer_ids) + 1
     offline_per_token = slots * draft.hidden_size * DTYPE_BYTES[data.hidden_states_dtype.value]
     offline_formula = f"{slots} x H x {data.hidden_states_dtype.value}"
     if data_stats is not None:
-        plan.steps_per_epoch = max(1, math.ceil(data_stats.train_tokens / tokens_per_step))
+        plan.steps_per_epoch = max(1, math.ceil(data_stats.train_tokens / plan.tokens_per_step))
         plan.total_steps = plan.steps_per_epoch * optim.epochs
         if optim.max_steps is not None:
             plan.total_steps = min(plan.total_steps, optim.max_steps)
@@ -397,7 +405,8 @@ def make_plan(draft: DraftConfig, data: DataConfig, optim: OptimConfig, dist: Di
         else:
             plan.data_notes.append(f"hidden states on disk: {offline_per_token:,} bytes/token ({offline_formula}); "
                                    f"{one_b}")
-    return plan
+
+
 
 
 def _verifier_weight_bytes(terms: list[Term]) -> int:

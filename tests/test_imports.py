@@ -85,3 +85,31 @@ def test_no_import_circle_in_eagle3():
     graph = import_graph()
     assert "eagle3.launch" in graph and graph["eagle3.launch"], "the walk found the package's modules"
     assert cycles(graph) == [], "module-level import circles: " + "; ".join(" -> ".join(c) for c in cycles(graph))
+
+
+# Line budgets: eagle3/launch.py reads top to bottom in one sitting, and every function in eagle3/ fits a screen.
+LAUNCH_MAX_LINES, FUNCTION_MAX_LINES = 250, 80
+
+
+def long_functions(source: str, limit: int = FUNCTION_MAX_LINES) -> list[tuple[str, int]]:
+    """The functions (methods and nested ones too) of `source` longer than `limit` lines, from `def` to their last
+    line, with their lengths."""
+    return [(node.name, node.end_lineno - node.lineno + 1) for node in ast.walk(ast.parse(source))
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.end_lineno is not None
+            and node.end_lineno - node.lineno + 1 > limit]
+
+
+def test_the_walk_sees_a_long_function_nested_or_not():
+    body = "".join(f"    x{i} = {i}\n" for i in range(3))
+    assert long_functions(f"def f():\n{body}", limit=4) == []
+    assert long_functions(f"def f():\n{body}    y = 0\n", limit=4) == [("f", 5)]
+    nested = "class C:\n    def m(self):\n" + "".join(f"        x{i} = {i}\n" for i in range(5))
+    assert long_functions(nested, limit=4) == [("m", 6)]
+
+
+def test_launch_is_under_its_line_budget_and_no_function_in_eagle3_is_over_80_lines():
+    lines = len((PACKAGE / "launch.py").read_text().splitlines())
+    assert lines < LAUNCH_MAX_LINES, f"eagle3/launch.py has {lines} lines (budget: under {LAUNCH_MAX_LINES})"
+    long = [f"{file.relative_to(PACKAGE.parent)}: {name} ({length} lines)" for file in sorted(PACKAGE.rglob("*.py"))
+            for name, length in long_functions(file.read_text())]
+    assert not long, f"functions over {FUNCTION_MAX_LINES} lines: " + "; ".join(long)

@@ -237,10 +237,10 @@ def test_a_data_path_that_holds_no_token_rows_is_one_message(make, says, tmp_pat
 
 def test_measured_acceptance_with_a_sharded_verifier_is_refused(tmp_path):
     run_dir = tmp_path / "run"
-    proc = launch(["data=online", "data.online.shard_verifier=true", "eval.accept.enabled=true", "distributed=ddp",
+    proc = launch(["data=online", "data.shard_verifier=true", "eval.accept.enabled=true", "distributed=ddp",
                    "distributed.nproc_per_node=2", f"hydra.run.dir={run_dir}"], tmp_path / "cache")
     assert_refused(proc, "eval.accept.enabled: measures on rank 0 with the whole verifier, and "
-                         "data.online.shard_verifier=true shards it", run_dir)
+                         "data.shard_verifier=true shards it", run_dir)
 
 
 def test_a_line_that_is_not_utf8_is_a_bad_row_with_its_number(tmp_path):
@@ -306,7 +306,7 @@ def test_arrow_rows_train_with_and_without_token_freq_and_a_sharded_verifier_cha
     for name, data in [("ddp", without), ("fsdp", arrow_rows)]:
         runs[name] = tmp_path / name
         proc = launch(online(verifier, runs[name], f"data.path={data}", f"distributed={name}", *TWO_RANKS,
-                             "data.online.shard_verifier=true"), tmp_path / "cache")
+                             "data.shard_verifier=true"), tmp_path / "cache")
         assert proc.returncode == 0, proc.stderr[-3000:]
         sharding = re.search(r"verifier sharded across 2 ranks .*: this rank holds (\d+) of its (\d+) decoder",
                              (runs[name] / "launch.log").read_text())
@@ -402,11 +402,11 @@ def test_a_draft_shaped_for_another_verifier_is_refused_before_any_rank_starts(t
 
 
 @pytest.mark.parametrize("overrides,message", [
-    (["data.online.shard_verifier=true"], "data.online.shard_verifier: applies to data=online only"),
+    (["data.shard_verifier=true"], "Key 'shard_verifier' not in 'TinyDataConfig'"),
     (["data=online", "data.path={rows}", "data.synth.num_samples=8"],
-     "data.synth.num_samples: data=online with data.path reads its rows from there"),
-    (["data=online", "data.online.enabled=false"], "data.online.enabled: set by the data option"),
-], ids=["online key without data=online", "synth key with online rows", "enabled by hand"])
+     "data.synth.num_samples: describes the rows data=online samples without a data.path"),
+    (["data=online", "data.online.enabled=false"], "Could not override 'data.online.enabled'"),
+], ids=["online key without data=online", "synth key with online rows", "no enabled flag"])
 def test_an_online_override_that_would_change_nothing_is_one_message(tmp_path, overrides, message):
     """Neither is silently ignored: an online knob on offline data, or a sampling knob when the rows are given."""
     rows = tmp_path / "rows.jsonl"
@@ -417,9 +417,9 @@ def test_an_online_override_that_would_change_nothing_is_one_message(tmp_path, o
     assert not (tmp_path / "run").exists() and not (tmp_path / "cache").exists()
 
 
-def test_every_path_to_the_typed_config_drops_the_synth_part_given_rows(tmp_path):
+def test_every_path_to_the_typed_config_takes_online_rows(tmp_path):
     """The sweeper checks every job with eagle3.config.validate before the first starts: data=online with a data.path
-    must pass there as it does in a run (the tiny default's synth part describes no rows then)."""
+    must pass there as it does in a run (the default synth part describes no rows then, and is no override)."""
     from omegaconf import OmegaConf
 
     from conftest import compose_cfg
@@ -428,22 +428,27 @@ def test_every_path_to_the_typed_config_drops_the_synth_part_given_rows(tmp_path
     rows = tmp_path / "rows.jsonl"
     rows.write_text(json.dumps({"input_ids": [1, 2, 3], "loss_mask": [0, 1, 1]}) + "\n")
     plain = OmegaConf.to_container(compose_cfg(["data=online", f"data.path={rows}"]), resolve=True, enum_to_str=True)
-    assert plain["data"]["synth"] is not None  # as composed
     cfg = validate(plain)
-    assert cfg.data.synth is None and cfg.data.online.enabled and cfg.data.path == str(rows)
+    assert cfg.data.verifier_in_rank() == "full" and cfg.data.path == str(rows)
 
 
 def test_a_bad_first_line_rejects_the_file_only_when_bad_rows_are_errors(tmp_path):
-    from eagle3.config import BadSamplePolicy, DataConfig, OnlineConfig
+    from omegaconf import OmegaConf
+
+    from conftest import compose_cfg
+    from eagle3.config import validate
     from eagle3.errors import ConfigError
 
     rows = tmp_path / "rows.jsonl"
     rows.write_text("not json\n" + json.dumps({"input_ids": [1, 2, 3], "loss_mask": [0, 1, 1]}) + "\n")
-    data = DataConfig(name="online", path=str(rows), online=OnlineConfig(enabled=True))
+
+    def typed(*overrides: str):
+        cfg = compose_cfg(["data=online", f"data.path={rows}", *overrides])
+        return validate(OmegaConf.to_container(cfg, resolve=True, enum_to_str=True))
+
     with pytest.raises(ConfigError, match="its first line does not open a JSON object"):
-        data.check()
-    data.on_bad_sample = BadSamplePolicy.skip
-    data.check()  # the line is a counted skip when the rows are read
+        typed()
+    typed("data.on_bad_sample=skip")  # the line is a counted skip when the rows are read
 
 
 def test_a_pickled_verifier_is_refused_before_any_rank_starts(tmp_path):

@@ -268,7 +268,7 @@ def test_an_online_plan_holds_the_verifier_in_every_rank_and_shard_verifier_divi
     online = ["model=llama3_8b", f"model.verifier.path={verifier}", "data=online",
               f"data.path={tmp_path / 'rows-not-there-yet.jsonl'}", "data.total_seq_len=8192", *EIGHT_H200]
     full = run_plan(_planned_config(online))
-    sharded = run_plan(_planned_config(online + ["data.online.shard_verifier=true"]))
+    sharded = run_plan(_planned_config(online + ["data.shard_verifier=true"]))
     offline = run_plan(_planned_config(["model=llama3_8b", f"model.verifier.path={verifier}", "data=offline",
                                         f"data.path={tmp_path}", "data.total_seq_len=8192", *EIGHT_H200]))
 
@@ -325,10 +325,10 @@ def test_the_fit_guard_refuses_an_online_verifier_that_does_not_fit_and_says_wha
     message = str(refused.value)
     assert "the verifier data=online holds in every rank takes 131.4 GiB" in message
     assert "more than the device holds" in message
-    assert "data.online.shard_verifier=true (its weights divided over the 8 ranks" in message
+    assert "data.shard_verifier=true (its weights divided over the 8 ranks" in message
     assert "offline data" in message and "data=offline" in message and "vLLM" in message
     assert "distributed=fsdp" not in message  # the draft's knobs cannot help
-    refuse_if_it_cannot_fit(_planned_config(online + ["data.online.shard_verifier=true"]))  # fits, sharded
+    refuse_if_it_cannot_fit(_planned_config(online + ["data.shard_verifier=true"]))  # fits, sharded
     # On one rank sharding needs more ranks first.
     with pytest.raises(ConfigError, match=r"shard_verifier=true over more ranks.*offline data"):
         refuse_if_it_cannot_fit(_planned_config(online[:-3] + ["distributed.device_memory_gb=141"]))
@@ -425,8 +425,8 @@ def test_the_verifiers_planned_forward_is_within_25_percent_of_the_measured_one(
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from eagle3.config import DataConfig, OnlineConfig
     from eagle3.data.online import OnlineVerifier
+    from eagle3.data.sources.online import OnlineDataConfig
     from eagle3.plan import VERIFIER_FORWARD, verifier_terms
     from eagle3.plan_inputs import shape_from_config
 
@@ -448,7 +448,7 @@ def test_the_verifiers_planned_forward_is_within_25_percent_of_the_measured_one(
     assert shape.params * 4 <= weights <= shape.params * 4 + 1024  # fp32 weights, plus rotary's inverse frequencies
     draft = DraftConfig(hidden_size=256, intermediate_size=896, num_attention_heads=8, num_key_value_heads=2,
                         head_dim=32, vocab_size=1000, draft_vocab_size=500, aux_layer_ids=[1, 2, 3])
-    data = DataConfig(name="online", path=None, total_seq_len=1024, online=OnlineConfig(enabled=True))
+    data = OnlineDataConfig(total_seq_len=1024)
     planned_forward = sum(t.bytes for t in verifier_terms(shape, draft, data, 1, "cpu", False)
                           if t.phase == VERIFIER_FORWARD)
     assert 0.75 <= planned_forward / measured <= 1.25, (planned_forward, measured)
@@ -478,7 +478,7 @@ def test_plan_true_online_prints_the_sharded_kimi_verifier_per_rank_and_a_run_is
     run_dir = tmp_path / "outputs" / "online-plan"
     online = ["model=kimi_k25", f"model.verifier.path={verifier}", "data=online", *EIGHT_H200,
               f"hydra.run.dir={run_dir}"]
-    proc = launch(["plan=true", f"data.path={tmp_path / 'rows-to-come.jsonl'}", "data.online.shard_verifier=true",
+    proc = launch(["plan=true", f"data.path={tmp_path / 'rows-to-come.jsonl'}", "data.shard_verifier=true",
                    *online], cache_dir)
     assert proc.returncode == 3, proc.stderr[-3000:]  # printed, and it does not fit
     assert "verifier weights (1025.234 B params without lm_head, bf16), sharded over 8" in proc.stdout
@@ -494,6 +494,6 @@ def test_plan_true_online_prints_the_sharded_kimi_verifier_per_rank_and_a_run_is
     errors = [line for line in refused.stderr.splitlines() if line.startswith("error:")]
     assert len(errors) == 1, refused.stderr[-2000:]
     assert "the verifier data=online holds in every rank takes 1911.8 GiB" in errors[0]
-    assert "data.online.shard_verifier=true over more ranks" in errors[0] and "offline data" in errors[0]
+    assert "data.shard_verifier=true over more ranks" in errors[0] and "offline data" in errors[0]
     assert not (run_dir / "resolved_config.yaml").exists()
 # <<< data=online

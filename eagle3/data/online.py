@@ -6,7 +6,7 @@ A micro-batch is exactly the offline reader's (eagle3/data/reader.py): the same 
 them. Only the source differs: a document packed at q_s with r_s positions needs the verifier's hidden states at
 its positions 0 .. r_s, so the verifier runs over those r_s + 1 tokens of each document of the pack (one forward
 per micro-batch, the documents packed into one row with per-document masks, each layer's window kept: no padding),
-in the loop's own thread: with data.online.shard_verifier the forward is a collective, and every rank must issue it
+in the loop's own thread: with data.shard_verifier the forward is a collective, and every rank must issue it
 in the same order as the draft's own.
 
 The verifier is loaded once per rank, eval mode, no grad: bf16 on CUDA, fp32 on CPU; a full copy on every rank, or
@@ -82,7 +82,7 @@ def load_online_verifier(verifier_dir: Path, aux_layer_ids: Sequence[int], devic
     # DTensor parameters: numel() is the whole tensor's, to_local() this rank's shard of it.
     total = sum(p.numel() for p in decoder.parameters())
     held = sum(p.to_local().numel() if hasattr(p, "to_local") else p.numel() for p in decoder.parameters())
-    log.info("verifier sharded across %d ranks (data.online.shard_verifier=true): this rank holds %d of its %d "
+    log.info("verifier sharded across %d ranks (data.shard_verifier=true): this rank holds %d of its %d "
              "decoder parameters", world.size, held, total)
     return OnlineVerifier(model, aux_layer_ids, sharded=True)
 

@@ -4,7 +4,6 @@ files shares (`HiddenStateFiles`: the reader thread, its prefetch ring, the file
 
 from __future__ import annotations
 
-import shlex
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
@@ -42,10 +41,6 @@ class HiddenStateFiles(DataConfig):
         check_record(data_dir, verifier_dir, draft)
         return check_dataset(data_dir, num_slots=len(draft.aux_layer_ids) + 1, hidden_size=draft.hidden_size,
                              vocab_size=draft.vocab_size, total_seq_len=self.total_seq_len)
-
-    @staticmethod
-    def full_check_hint(data_dir: Path) -> str:
-        return f"; python -m eagle3.data.check {shlex.quote(str(data_dir))} checks everything, NaN included"
 
     def loaders(self, data_dir: Path, verifier: OnlineVerifier | None, **common: Any) -> tuple[Loader, Loader]:
         from eagle3.data.loader import build_loaders
