@@ -52,10 +52,12 @@ def check_data(cfg: RunConfig, verifier_dir: Path, data_dir: Path) -> list[int] 
     # Token rows read from a JSONL: the lines left out while reading it (data.on_bad_sample=skip), recorded with
     # the cached rows, so that every run on them says so, not only the one that built the cache entry.
     source_skips = source_skipped(data_dir)
+    generation = regenerated_counts(data_dir)
     if not cfg.resume and cfg.distributed.node_rank == 0:
         RunDir(cfg.run.dir).write_data_check(DataCheck.from_dict({**report.as_dict(), "policy": policy,
                                                                   "skipped_rows": sorted(report.bad),
-                                                                  "source_skipped": source_skips}))
+                                                                  "source_skipped": source_skips,
+                                                                  "generation": generation}))
     if source_skips:
         log.warning("%s: %d rows skipped while reading it (data.on_bad_sample=skip): %s", source_skips["source"],
                     sum(source_skips["counts"].values()), source_skips["counts"])
@@ -114,6 +116,20 @@ def source_skipped(rows_dir: Path) -> dict[str, Any] | None:
     if not record or not record.get("skipped"):
         return None
     return {"source": record.get("source"), "counts": record["skipped"], "examples": record.get("skipped_examples", [])}
+
+
+def regenerated_counts(rows_dir: Path) -> dict[str, Any] | None:
+    """Regenerated rows' responses as their record counts them ({"responses", "tokens", "truncated", "empty",
+    "eos_token_ids"}), logged at every run on them; None for rows that were not regenerated."""
+    from eagle3.data.token_rows import read_rows_record
+
+    counts = (read_rows_record(rows_dir) or {}).get("generation")
+    if not isinstance(counts, dict):
+        return None
+    log.info("%s: %d regenerated responses, %d tokens; %d stopped by max_new_tokens or the verifier's positions "
+             "before an end-of-sequence token, %d empty", rows_dir, counts["responses"], counts["tokens"],
+             counts["truncated"], counts["empty"])
+    return counts
 
 
 def preflight(cfg: RunConfig, verifier_dir: Path, data_dir: Path) -> None:

@@ -218,7 +218,8 @@ class InitReport:
 @dataclass
 class DataCheck:
     """data_check.json: the start-up data check of the rows a run trains on (eagle3.data.check's report), the
-    data.on_bad_sample policy, the rows skipped, and the JSONL lines left out while reading online rows."""
+    data.on_bad_sample policy, the rows skipped, the JSONL lines left out while reading online rows, and for
+    regenerated rows their responses' counts (truncated, empty: eagle3.data.regenerate.generation_counts)."""
 
     data_dir: str
     rows: int
@@ -230,13 +231,14 @@ class DataCheck:
     skipped_rows: list[int]
     truncated: dict[str, Any] | None = None
     source_skipped: dict[str, Any] | None = None
+    generation: dict[str, Any] | None = None
 
     @classmethod
     def from_dict(cls, plain: Any) -> DataCheck:
         return record_from_dict(cls, plain)
 
     def to_dict(self) -> dict[str, Any]:
-        return record_to_dict(self, omit_none=("truncated", "source_skipped"))
+        return record_to_dict(self, omit_none=("truncated", "source_skipped", "generation"))
 
 
 @dataclass

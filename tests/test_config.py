@@ -17,7 +17,7 @@ OPTIONS = [(g, p.stem) for g in GROUPS for p in sorted((CONF / g).glob("*.yaml")
 # Values only the user can give: they must be marked required, never defaulted.
 REQUIRED = {("model", "kimi_k25"): ["model.verifier.path"], ("model", "auto"): ["model.verifier.path"],
             ("model", "llama3_8b"): ["model.verifier.path"], ("model", "qwen3_8b"): ["model.verifier.path"],
-            ("data", "offline"): ["data.path"],
+            ("data", "offline"): ["data.path"], ("data", "regenerate"): ["data.path"],
             ("init", "pretrained"): ["init.path"],
             ("distributed", "multinode"): ["distributed.node_rank", "distributed.rdzv_endpoint"]}
 
@@ -33,6 +33,7 @@ def user_values(tmp_path, num_layers: int = 36) -> dict:
     (verifier / "config.json").write_text(json.dumps({
         "hidden_size": 64, "num_attention_heads": 4, "intermediate_size": 128, "vocab_size": 152064,
         "num_hidden_layers": num_layers, "max_position_embeddings": 128, "rope_theta": 10000.0, "rms_norm_eps": 1e-6}))
+    (tmp_path / "prompts.jsonl").write_text('{"input_ids": [1, 2], "loss_mask": [0, 1]}\n')  # data=regenerate's
     return {"model.verifier.path": str(verifier), "data.path": str(data), "init.path": str(tmp_path),
             "distributed.node_rank": 1, "distributed.rdzv_endpoint": "node0:29500"}
 
@@ -45,7 +46,8 @@ def test_every_option_composes_and_validates(group, option, tmp_path):
     for key in REQUIRED.get((group, option), []):
         parent, leaf = key.rsplit(".", 1)
         assert OmegaConf.is_missing(OmegaConf.select(cfg, parent), leaf), key
-        OmegaConf.update(cfg, key, values[key])
+        regenerate = (group, option) == ("data", "regenerate")  # a prompt set, not a dataset dir
+        OmegaConf.update(cfg, key, str(tmp_path / "prompts.jsonl") if regenerate else values[key])
     # throw_on_missing: no other value is left for the user to find out about at run time; validate(): the
     # shipped values are in range and consistent (e.g. model=kimi_k25 with the tiny verifier switched off).
     validate(OmegaConf.to_container(cfg, resolve=True, throw_on_missing=True, enum_to_str=True))

@@ -1,0 +1,250 @@
+"""Regenerated responses: a prompt set's responses written anew by the verifier itself, so that a draft trains on
+what the verifier says rather than on text another model wrote.
+
+The prompts are a JSONL file's rows as eagle3.data.jsonl reads them: chat `messages` rendered with the verifier's
+chat template, or `input_ids` + `loss_mask`. Every masked-in span (an assistant turn of a conversation) is one
+response to regenerate, so each span gives one prompt: the row's tokens before it. A conversation that ends on a
+user turn gives one more: the whole conversation with the generation prompt. Each prompt becomes one row: its ids
+(mask 0) and the verifier's continuation (mask 1), up to `max_new_tokens` or the verifier's positions, ending at
+its end-of-sequence token (included); nothing is tokenized again.
+
+Generation is transformers' `generate` in process (batched, left-padded, KV-cached), or with engine=vllm vLLM's
+server (eagle3/data/regenerate_vllm.py). At temperature 0 it is greedy; above, each prompt draws its tokens from
+a generator seeded by (seed, the prompt's index), so a row is the same whatever batch or chunk it falls in. The
+rows are generated one batch at a time, each batch saved as a chunk file next to the cache entry, so a run stopped
+mid-way continues from its last chunk and ends in the same files.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import sys
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import torch
+from tqdm import tqdm
+
+from eagle3.data.cache import build_once, cache_key
+from eagle3.data.jsonl import BadSamples, ChatTokenizer, Row, read_rows
+from eagle3.data.sources.regenerate import Regeneration, RegenerationEngine
+from eagle3.errors import DataError
+from eagle3.eval.drafting import Sampling
+
+BatchGenerator = Callable[[Sequence[Sequence[int]], Sequence[int], int], list["Generation"]]
+
+
+@dataclass
+class Generation:
+    """One prompt's response: its token ids (the end-of-sequence token included when reached)."""
+
+    ids: list[int]
+    truncated: bool  # stopped by max_new_tokens or the verifier's positions, not by an end-of-sequence token
+
+
+def prompt_spans(row: Row) -> list[list[int]]:
+    """The prompts of a row: its tokens before each maximal run of loss-mask 1 (each run a response)."""
+    ids, mask = row
+    return [ids[:i] for i in range(len(mask)) if mask[i] and (i == 0 or not mask[i - 1])]
+
+
+def read_prompts(path: Path, verifier_dir: Path, vocab_size: int, bad: BadSamples) -> list[list[int]]:
+    """Every prompt of the JSONL prompt set at `path`, in file order."""
+    chat: list[ChatTokenizer] = []  # built on the first messages row: input_ids rows need no tokenizer
+
+    def tokenize_chat(messages: list[dict[str, Any]]) -> Row:
+        if not chat:
+            chat.append(ChatTokenizer(verifier_dir))
+        ids, mask = chat[0](messages)
+        if messages and messages[-1].get("role") != "assistant":
+            # A last user turn asks for one more response: the generation prompt's tokens follow the conversation,
+            # and one mask-1 position after them marks where that response starts (it is never trained on).
+            prompt = chat[0].render(messages, True)
+            if prompt[:len(ids)] != ids:
+                raise ValueError("the chat template renders the conversation differently with a generation prompt")
+            ids, mask = prompt + [prompt[-1]], mask + [0] * (len(prompt) - len(ids)) + [1]
+        return ids, mask
+
+    rows = read_rows(path, sys.maxsize, vocab_size, bad, tokenize_chat)
+    return [prompt for row in rows for prompt in prompt_spans(row)]
+
+
+def row_seed(seed: int, index: int) -> int:
+    """The seed of prompt `index`'s draws: distinct for every (seed, index) pair."""
+    return int(hashlib.sha256(f"{seed}:{index}".encode()).hexdigest()[:15], 16)
+
+
+class _RowSampler:
+    """A logits processor for `generate`: each row's next token drawn from softmax(logits / T) with the row's own
+    generator, returned as the only finite score, so that greedy search takes it."""
+
+    def __init__(self, samplings: Sequence[Sampling]):
+        self.samplings = samplings
+
+    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+        probs = self.samplings[0].probs(scores)  # the batch's, on the CPU in one copy
+        chosen = torch.full_like(scores, float("-inf"))
+        for row, sampling in enumerate(self.samplings):
+            chosen[row, sampling.draw(probs[row])] = 0.0
+        return chosen
+
+
+def eos_ids(verifier_dir: Path) -> list[int]:
+    """The verifier's end-of-sequence ids, as transformers and vLLM take them: its generation_config.json's, else
+    its config.json's; none for the tiny verifier."""
+    eos = None
+    for name in ("generation_config.json", "config.json"):
+        file = Path(verifier_dir) / name
+        if eos is None and file.is_file():
+            config = json.loads(file.read_text())
+            eos = config.get("eos_token_id", config.get("text_config", {}).get("eos_token_id"))
+    return [] if eos is None else [eos] if isinstance(eos, int) else list(eos)
+
+
+@torch.no_grad()
+def generate(model: torch.nn.Module, eos: Sequence[int], settings: Regeneration, prompts: Sequence[Sequence[int]],
+             budgets: Sequence[int], first_index: int) -> list[Generation]:
+    """Each prompt's response by `model` in process, from one batched `generate` call (prompt i's draws seeded by
+    first_index + i)."""
+    from transformers import GenerationConfig, LogitsProcessorList
+
+    device = next(model.parameters()).device
+    pad = eos[0] if eos else 0  # what follows a finished row; never read
+    width = max(len(p) for p in prompts)
+    ids = torch.tensor([[pad] * (width - len(p)) + list(p) for p in prompts], device=device)
+    attention = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts], device=device)
+    config = GenerationConfig(do_sample=False, max_new_tokens=max(budgets), eos_token_id=list(eos) or None,
+                              pad_token_id=pad)
+    processors = LogitsProcessorList()
+    if settings.temperature > 0:
+        processors.append(_RowSampler([Sampling(settings.temperature, row_seed(settings.seed, first_index + i))
+                                       for i in range(len(prompts))]))
+    out = model.generate(input_ids=ids, attention_mask=attention, generation_config=config,
+                         logits_processor=processors)[:, width:].tolist()
+    return [_cut(tokens[:budget], set(eos), budget) for tokens, budget in zip(out, budgets)]
+
+
+def _cut(tokens: list[int], eos: set[int], budget: int) -> Generation:
+    for i, token in enumerate(tokens):
+        if token in eos:
+            return Generation(tokens[:i + 1], truncated=False)
+    return Generation(tokens, truncated=len(tokens) == budget)
+
+
+def regenerate(batches: BatchGenerator, prompts: Sequence[list[int]], settings: Regeneration, chunks_dir: Path,
+               positions: int | None) -> list[Generation]:
+    """Every prompt's response, one batch at a time (`batches(prompts, budgets, first index)`: in process or by
+    vLLM); each batch saved in `chunks_dir` as it is done, and a batch saved there before (by a run that stopped)
+    read back instead of generated again."""
+    chunks_dir.mkdir(parents=True, exist_ok=True)
+    bs = settings.batch_size
+    generations: list[Generation] = []
+    bar = tqdm(total=len(prompts), desc="regenerating responses", unit="prompt", leave=False)
+    for first in range(0, len(prompts), bs):
+        batch = prompts[first:first + bs]
+        file = chunks_dir / f"chunk-{first:09d}.json"
+        if file.is_file():
+            chunk = [Generation(**g) for g in json.loads(file.read_text())]
+        else:
+            budgets = [settings.max_new_tokens if positions is None else min(settings.max_new_tokens,
+                                                                              positions - len(p)) for p in batch]
+            chunk = batches(batch, budgets, first)
+            write_chunk(file, chunk)
+        generations.extend(chunk)
+        bar.update(len(batch))
+    bar.close()
+    return generations
+
+
+def write_chunk(file: Path, chunk: Sequence[Generation]) -> None:
+    """A finished batch's responses, renamed into place: a crash never leaves half a chunk."""
+    tmp = file.with_name(f".{file.name}.tmp-{os.getpid()}")
+    tmp.write_text(json.dumps([asdict(g) for g in chunk]))
+    os.replace(tmp, file)
+
+
+def generation_counts(generations: Sequence[Generation], eos: Sequence[int]) -> dict[str, Any]:
+    """What the data record says of the responses: how many stopped short of an end-of-sequence token, and how
+    many are empty (the end-of-sequence token and nothing before it)."""
+    return {"responses": len(generations), "tokens": sum(len(g.ids) for g in generations),
+            "truncated": sum(g.truncated for g in generations),
+            "empty": sum(len(g.ids) == 1 and g.ids[0] in eos for g in generations),
+            "eos_token_ids": list(eos)}
+
+
+def weights_stamp(verifier_dir: Path) -> list[tuple[str, int, int]]:
+    """The verifier's weight files by name, size and modification time: two verifiers of the same config.json
+    (the tiny one and its derived sibling) write other responses."""
+    return [(f.name, f.stat().st_size, f.stat().st_mtime_ns) for f in sorted(Path(verifier_dir).glob("*.safetensors"))]
+
+
+def regenerated_rows_dir(path: Path, verifier_dir: Path, settings: Regeneration, cache_dir: str,
+                         on_bad_sample: str = "error", device: str | torch.device = "cpu") -> Path:
+    """The dir of Arrow rows (prompt ids mask 0, the verifier's response mask 1) and token_freq.pt regenerated
+    from the prompt set at `path`, built into the cache on first use (data=online's token rows format)."""
+    from eagle3.data.online import verifier_positions
+    from eagle3.data.record import verifier_fingerprint
+    from eagle3.data.token_rows import ROWS_RECORD, file_sha256, save_rows, tokenizer_hash
+
+    dtype = torch.bfloat16 if torch.device(device).type == "cuda" else torch.float32
+    vllm = settings.engine == RegenerationEngine.vllm
+    if vllm:
+        from eagle3.data.regenerate_vllm import engine_dtype
+    verifier = verifier_fingerprint(verifier_dir)
+    params = {"prompts_sha256": file_sha256(path), "verifier": verifier["config_hash"],
+              "verifier_dir": str(Path(verifier_dir).resolve()), "weights": weights_stamp(verifier_dir),
+              "tokenizer": tokenizer_hash(verifier_dir), "regenerate": asdict(settings),
+              "on_bad_sample": on_bad_sample, "device": "vllm" if vllm else torch.device(device).type,
+              "dtype": engine_dtype() if vllm else str(dtype)}
+    target = Path(cache_dir) / "datasets" / f"regen-{cache_key(params)}"
+    chunks_dir = target.with_name(f"{target.name}.chunks")
+
+    def build(out: Path) -> None:
+        from eagle3.data.verifier_forward import load_causal_lm
+
+        bad = BadSamples(on_bad_sample)
+        positions, eos = verifier_positions(verifier_dir), eos_ids(verifier_dir)
+        prompts = _with_room(read_prompts(path, verifier_dir, verifier["vocab_size"], bad), positions, path, bad)
+        if vllm:
+            from eagle3.data.regenerate_vllm import served
+
+            chunks_dir.mkdir(parents=True, exist_ok=True)
+            with served(verifier_dir, settings, chunks_dir / "vllm.log") as batches:
+                generations = regenerate(batches, prompts, settings, chunks_dir, positions)
+        else:
+            model = load_causal_lm(verifier_dir, device, dtype)
+            generations = regenerate(partial(generate, model, eos, settings), prompts, settings, chunks_dir,
+                                     positions)
+        save_rows([(p + g.ids, [0] * len(p) + [1] * len(g.ids)) for p, g in zip(prompts, generations)], out)
+        record = {"format": 1, "source": str(path.resolve()), **params, **bad.as_dict(),
+                  "generation": generation_counts(generations, eos)}
+        (out / ROWS_RECORD).write_text(json.dumps(record, indent=2) + "\n")
+
+    rows_dir = build_once(target, build, what="regenerated responses")
+    if chunks_dir.is_dir():  # the rows are in place: the chunks they were assembled from are not needed again
+        import shutil
+
+        shutil.rmtree(chunks_dir, ignore_errors=True)
+    return rows_dir
+
+
+def _with_room(prompts: list[list[int]], positions: int | None, path: Path, bad: BadSamples) -> list[list[int]]:
+    """The prompts that leave the verifier a position to generate into; the others are bad samples."""
+    kept = []
+    for number, prompt in enumerate(prompts, start=1):
+        if not prompt:
+            bad.bad(f"{path}: prompt {number}", "empty_prompt", "a response with no token before it to continue")
+        elif positions is None or len(prompt) < positions:
+            kept.append(prompt)
+        else:
+            bad.bad(f"{path}: prompt {number}", "prompt_too_long",
+                    f"{len(prompt)} tokens leave no room for a response within the verifier's "
+                    f"{positions} positions")
+    if not kept:
+        raise DataError(f"{path}: no prompt to regenerate a response for ({dict(bad.skipped)} skipped)")
+    return kept

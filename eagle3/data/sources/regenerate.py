@@ -1,0 +1,80 @@
+"""data=regenerate: a prompt set's responses written anew by the verifier itself (eagle3/data/regenerate.py), then
+trained on as data=online trains on token rows: the verifier computes their hidden states in the loop. The rows
+are built once into cache_dir, keyed by the prompts' bytes, the verifier and `data.regenerate`."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import Enum
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from omegaconf import MISSING
+
+from eagle3.config import BadSamplePolicy, DraftConfig, _jsonl_problem, _require, path_kind
+from eagle3.data.sources.online import TokenRows
+from eagle3.data.sources.registry import register
+
+if TYPE_CHECKING:
+    from eagle3.config import RunConfig, TrainConfig
+    from eagle3.plan import DataStats
+
+
+class RegenerationEngine(str, Enum):
+    transformers = "transformers"   # the verifier in this process: transformers' batched, KV-cached generate
+    vllm = "vllm"                   # the verifier served by vLLM (python -m eagle3.serve --install builds its venv)
+
+
+@dataclass
+class Regeneration:
+    """How the responses are regenerated (the settings the cached rows are keyed by)."""
+
+    temperature: float = 0.0     # 0: greedy; above: sampled at this temperature from the full distribution
+    max_new_tokens: int = 256    # tokens per response at most (fewer where the verifier's positions end)
+    seed: int = 0                # with the prompt's index, seeds each prompt's draws (temperature > 0)
+    batch_size: int = 16         # prompts per batched generation, and per chunk saved (a stopped run resumes there)
+    engine: RegenerationEngine = RegenerationEngine.transformers
+
+    def check(self) -> None:
+        for key in ("max_new_tokens", "batch_size"):
+            value = getattr(self, key)
+            _require(value >= 1, f"data.regenerate.{key}", f"must be >= 1, got {value}")
+        # `not >=` also refuses NaN
+        _require(self.temperature >= 0, "data.regenerate.temperature", f"must be >= 0, got {self.temperature}")
+
+
+@register
+@dataclass
+class RegenerateDataConfig(TokenRows):
+    """Rows = each prompt of data.path (prompt ids, out of the loss) + the verifier's response (trained on)."""
+
+    name: str = "regenerate"
+    # The prompt set: a JSONL of {"messages"} rows (rendered with the verifier's chat template; every assistant turn,
+    # and a last user turn, is a response to regenerate) or {"input_ids", "loss_mask"} rows (every span of loss
+    # mask 1 is a response to regenerate; the tokens before it are its prompt)
+    path: str = MISSING
+    regenerate: Regeneration = field(default_factory=Regeneration)
+
+    def check(self, run: TrainConfig, dataset_required: bool = True) -> None:
+        super().check(run, dataset_required)
+        self.regenerate.check()
+        if dataset_required:
+            p = Path(self.path)
+            problem = _jsonl_problem(p, self.on_bad_sample == BadSamplePolicy.error) if p.is_file() else \
+                path_kind(p, "a JSONL file")
+            _require(problem is None, "data.path",
+                     f"{self.path} {problem}; data=regenerate reads a prompt set: a JSONL of {{\"messages\"}} or "
+                     f"{{\"input_ids\", \"loss_mask\"}} rows")
+
+    def token_rows(self, cfg: RunConfig, verifier_dir: Path) -> Path:
+        from eagle3.data.regenerate import regenerated_rows_dir
+        from eagle3.rank import pick_device
+
+        return regenerated_rows_dir(Path(self.path), verifier_dir, self.regenerate, cfg.cache_dir,
+                                    self.on_bad_sample.value, pick_device(cfg.device, 0))
+
+    def plan_stats(self, draft: DraftConfig) -> DataStats | None:
+        return None
+
+    def no_rows_reason(self) -> str:
+        return f"the responses to the prompts of {self.path} are not counted before a run regenerates them"
