@@ -68,10 +68,10 @@ class RegenerateDataConfig(TokenRows):
 
     def token_rows(self, cfg: RunConfig, verifier_dir: Path) -> Path:
         from eagle3.data.regenerate import regenerated_rows_dir
-        from eagle3.rank import pick_device
+        from eagle3.runtime import runtime_of
 
         return regenerated_rows_dir(Path(self.path), verifier_dir, self.regenerate, cfg.cache_dir,
-                                    self.on_bad_sample.value, pick_device(cfg.device, 0))
+                                    self.on_bad_sample.value, runtime_of(cfg).device())
 
     def plan_stats(self, draft: DraftConfig) -> DataStats | None:
         return None
