@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Any
 import yaml
 
 from eagle3.errors import ConfigError
-from eagle3.rundir import FAILURE, RESOLVED_CONFIG, SUMMARY, RunDir, flatten
+from eagle3.rundir import FAILURE, RESOLVED_CONFIG, SUMMARY, RunDir, data_part_before_sources, flatten
 from eagle3.study import STUDY_FILE  # hydra_plugins/eagle3_optuna_sweeper keeps the study there, in the sweep dir
 
 # Keys that differ between any two runs without saying anything about them.
@@ -96,7 +96,7 @@ def read_run(path: Path) -> Run:
     config_file, summary_file, failure_file = (room.file(n) for n in (RESOLVED_CONFIG, SUMMARY, FAILURE))
     bad: list[str] = []
     config = _read(config_file, yaml.safe_load, bad) if config_file.is_file() else None
-    config = flatten(config) if isinstance(config, dict) else {}
+    config = flatten(data_part_before_sources(config)) if isinstance(config, dict) else {}
     if not config and (path / ".hydra" / "overrides.yaml").is_file():  # failed before its config was written
         overrides = yaml.safe_load((path / ".hydra" / "overrides.yaml").read_text()) or []
         config = {k: yaml.safe_load(v) for k, v in (o.split("=", 1) for o in overrides if "=" in o)}

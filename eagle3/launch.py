@@ -22,13 +22,21 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import InterpolationResolutionError, MissingMandatoryValue
 
-from eagle3.config import RunConfig, lr_advice, plain_config, run_config
+from eagle3.config import RunConfig, lr_advice, plain_config, run_config, validate
 from eagle3.errors import ConfigError, Interrupted, StoppedBeforeTraining, UserError
 from eagle3.fit import check_devices, refuse_if_it_cannot_fit, run_plan
 from eagle3.job_outcome import JobOutcome
 from eagle3.objective import objective_value
 from eagle3.rank_errors import RankFailed
-from eagle3.rundir import CHECKPOINTS, RESOLVED_CONFIG, RunDir, config_changes, read_run_config, trained_config
+from eagle3.rundir import (
+    CHECKPOINTS,
+    RESOLVED_CONFIG,
+    RunDir,
+    config_changes,
+    data_part_before_sources,
+    read_run_config,
+    trained_config,
+)
 from eagle3.verifier_shape import unresolvable
 
 if TYPE_CHECKING:
@@ -229,6 +237,8 @@ def load_for_resume(run_dir: Path, hydra) -> RunConfig:
     log.info("resuming %s", run_dir)
     run_cfg = run_config(resolved)
     trained = load_trainer_state(last, mmap=True).get("config")
+    if trained is not None:  # through today's schemas, as the run's own config: an older layout compares as itself
+        trained = trained_config(plain_config(validate(data_part_before_sources(trained), dataset_required=False)))
     changes = config_changes(trained, trained_config(plain_config(run_cfg))) if trained is not None else []
     if changes:  # e.g. fewer ranks (another global batch), or an lr the restored scheduler would not train at
         raise ConfigError(f"resume: {run_dir / RESOLVED_CONFIG} no longer says what {last} was trained with: "

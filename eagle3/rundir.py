@@ -65,7 +65,28 @@ def read_run_config(run_dir: Path, what: str = "resume") -> dict[str, Any]:
     if not isinstance(plain, dict) or not isinstance(plain.get("run", {}), dict):
         raise ConfigError(f"{what}: {config_file} is not a resolved run config (no mapping of keys to values)")
     plain["run"] = {**plain.get("run", {}), "dir": str(run_dir)}
-    return plain
+    return data_part_before_sources(plain)
+
+
+def data_part_before_sources(plain: dict[str, Any]) -> dict[str, Any]:
+    """The plain run config with a data part written before the data sources' registry in today's layout; any
+    other config as it is. Reads the layout of one schema for every data option: `path` and `synth` (null where
+    unused), `prefetch` (unused online) and `online: {enabled, shard_verifier}`. A key it does not know stays, for
+    the schemas to refuse by name."""
+    data = plain.get("data")
+    if not isinstance(data, dict) or not isinstance(data.get("online"), dict):
+        return plain
+    online = dict(data["online"])
+    enabled = online.pop("enabled", False)
+    shard = online.pop("shard_verifier", False)
+    out = {k: v for k, v in data.items() if k != "online" and not (k in ("path", "synth") and v is None)}
+    if enabled:
+        out.pop("prefetch", None)
+    if enabled or shard:
+        out["shard_verifier"] = shard
+    if online:
+        out["online"] = online
+    return {**plain, "data": out}
 
 
 # What a resume may change: where the run dir and the inputs' cache are, where this node is in a multi-node job,

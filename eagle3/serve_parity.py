@@ -198,17 +198,13 @@ def _lm_head(s: Served) -> str | None:
     return None
 
 
-def _embed_tokens(s: Served) -> str | None:
-    if "embed_tokens.weight" in s.tensors and s.embed_equal is False and not _parallel(s):
-        return "embed_tokens differs from the verifier's: vLLM keeps a shipped embed_tokens that differs"
-    return None
-
-
-def _embed_unchecked(s: Served) -> str | None:
-    if "embed_tokens.weight" in s.tensors and s.embed_equal is None and not _parallel(s):
-        return ("embed_tokens is shipped and the verifier's weights are not here to compare: vLLM keeps it "
-                "where it differs from the verifier's")
-    return None
+def _embed_tokens(equal: bool | None, problem: str) -> Callable[[Served], str | None]:
+    """`problem` where an EAGLE-3 export ships embed_tokens and its comparison with the verifier's gave `equal`
+    (None: not compared); P-EAGLE ships its own, trained one."""
+    def check(s: Served) -> str | None:
+        shipped = "embed_tokens.weight" in s.tensors and not _parallel(s)
+        return problem if shipped and s.embed_equal is equal else None
+    return check
 
 
 def _untied(s: Served) -> str | None:
@@ -291,8 +287,18 @@ class Rule:
     check: Callable[[Served], str | None]
 
 
+def _rules(engine: str, own: list[Rule], *, rope_top_level: bool, names: tuple[Rule, ...] = (),
+           embed: tuple[Rule, ...] = ()) -> list[Rule]:
+    """`engine`'s rules: its `own` first, then the rules on the shapes every engine reads alike, with its rules on
+    tensor `names` after fc width and on a shipped `embed`_tokens after lm_head."""
+    return [*own, Rule("fc width", "refuse", _fc_width), *names, Rule("lm_head", "refuse", _lm_head), *embed,
+            Rule("tied", "refuse", _untied), Rule("vocabulary", "refuse", _vocab),
+            Rule("rope", "refuse", _rope_schemas(top_level=rope_top_level)),
+            Rule("rope", "warn", _rope_is_verifiers), Rule("positions", "warn", _max_positions(engine))]
+
+
 RULES: dict[str, list[Rule]] = {
-    "vllm": [
+    "vllm": _rules("vllm", [
         Rule("architecture", "refuse", _architecture_vllm),
         Rule("parallel drafting", "refuse", _parallel_drafting),
         Rule("proposal", "refuse", _proposal),
@@ -300,32 +306,21 @@ RULES: dict[str, list[Rule]] = {
         Rule("decoder", "refuse", _layer_type(("llama", "qwen3"))),
         Rule("norm flags", "refuse", _flags_explicit),
         Rule("aux layers", "refuse", _aux_ids_vllm),
-        Rule("fc width", "refuse", _fc_width),
-        Rule("lm_head", "refuse", _lm_head),
-        Rule("embed_tokens", "refuse", _embed_tokens),
-        Rule("embed_tokens", "warn", _embed_unchecked),
-        Rule("tied", "refuse", _untied),
-        Rule("vocabulary", "refuse", _vocab),
-        Rule("rope", "refuse", _rope_schemas(top_level=False)),
-        Rule("rope", "warn", _rope_is_verifiers),
-        Rule("positions", "warn", _max_positions("vllm")),
-    ],
-    "sglang": [
+    ], rope_top_level=False, embed=(
+        Rule("embed_tokens", "refuse", _embed_tokens(False, "embed_tokens differs from the verifier's: vLLM keeps "
+                                                            "a shipped embed_tokens that differs")),
+        Rule("embed_tokens", "warn", _embed_tokens(None, "embed_tokens is shipped and the verifier's weights are "
+                                                         "not here to compare: vLLM keeps it where it differs "
+                                                         "from the verifier's")),
+    )),
+    "sglang": _rules("sglang", [
         Rule("architecture", "refuse", _architecture_sglang),
         Rule("decoder", "refuse", _layer_type(("llama",))),
         Rule("decoder", "refuse", _one_layer),
         Rule("norm flags", "refuse", _no_norm_before_residual),
         Rule("aux layers", "refuse", _aux_ids_sglang),
         Rule("aux layers", "warn", _aux_offset_known),
-        Rule("fc width", "refuse", _fc_width),
-        Rule("tensor names", "refuse", _sglang_names),
-        Rule("lm_head", "refuse", _lm_head),
-        Rule("tied", "refuse", _untied),
-        Rule("vocabulary", "refuse", _vocab),
-        Rule("rope", "refuse", _rope_schemas(top_level=True)),
-        Rule("rope", "warn", _rope_is_verifiers),
-        Rule("positions", "warn", _max_positions("sglang")),
-    ],
+    ], rope_top_level=True, names=(Rule("tensor names", "refuse", _sglang_names),)),
 }
 
 

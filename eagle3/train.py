@@ -356,8 +356,10 @@ def run_validation(model: torch.nn.Module, loader: Iterable, device: torch.devic
             packs = list(sampler)
             rows = sorted(int(loader.split_rows[packs[i][s]]) for i, bad in enumerate(bad_docs_by_pack)
                           for s in bad.nonzero().flatten().tolist())
+        from eagle3.data.online import OnlineLoader
+
         raise ValNotFinite(not_finite_message(where, nonfinite_rows, rows, world.rank,
-                                              online=hasattr(loader, "verifier")))
+                                              online=isinstance(loader, OnlineLoader)))
     metrics = summarize(sums)
     if skip:
         metrics["skipped_rows"] = nonfinite_rows
