@@ -3,7 +3,10 @@
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
+import logging
 import os
 import subprocess
 import sys
@@ -49,11 +52,84 @@ def compose_cfg(overrides: list[str] | None = None, return_hydra_config: bool = 
 
 
 def launch(args: list[str], cache_dir: Path, timeout: int = 600, **env) -> subprocess.CompletedProcess:
-    """Runs `python launch.py ARGS` as a user would, with its own cache and no wandb account."""
+    """`python launch.py ARGS` with its own cache and no wandb account, run in this process (launch_process runs
+    it in a process of its own): the same exit status and console output, without a fresh import of torch and
+    speculators. For tests whose subject is not signals, a real process's console, several rank processes or
+    imports. `timeout` is the subprocess form's; in process a run is not cut short."""
+    with launcher_env(cache_dir, env), captured_console() as (out, err):
+        returncode = run_launcher(args)
+    return subprocess.CompletedProcess([sys.executable, "launch.py", *args], returncode, out.getvalue(),
+                                       err.getvalue())
+
+
+def launch_process(args: list[str], cache_dir: Path, timeout: int = 600, **env) -> subprocess.CompletedProcess:
+    """Runs `python launch.py ARGS` in a process of its own, as a user would, with its own cache and no wandb
+    account."""
     full_env = {**os.environ, "EAGLE3_CACHE": str(cache_dir), "WANDB_SILENT": "true", **env}
     full_env.pop("HYDRA_FULL_ERROR", None)
     return subprocess.run([sys.executable, str(ROOT / "launch.py"), *args], cwd=ROOT, env=full_env,
                           capture_output=True, text=True, timeout=timeout)
+
+
+def run_launcher(args: list[str]) -> int:
+    """Calls launch.py's Hydra entry point with ARGS as its command line; the exit status a process would have
+    (SystemExit's message printed to stderr, as the interpreter prints it)."""
+    import runpy
+
+    argv = sys.argv
+    sys.argv = [str(ROOT / "launch.py"), *args]
+    GlobalHydra.instance().clear()
+    try:
+        runpy.run_path(str(ROOT / "launch.py"), run_name="__main__")  # as `python launch.py` runs it
+    except SystemExit as e:
+        if e.code is None or isinstance(e.code, int):
+            return e.code or 0
+        print(e.code, file=sys.stderr)
+        return 1
+    finally:
+        sys.argv = argv
+        GlobalHydra.instance().clear()
+    return 0
+
+
+@contextlib.contextmanager
+def launcher_env(cache_dir: Path, env: dict[str, str]):
+    """The environment, cwd, signal handlers, logging and torch RNG a launch in this process may change, given
+    back as they were afterwards."""
+    import signal
+
+    saved_env, cwd = dict(os.environ), os.getcwd()
+    handlers = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT)}
+    root = logging.getLogger()
+    root_handlers, root_level = list(root.handlers), root.level
+    torch = sys.modules.get("torch")
+    rng = torch.get_rng_state() if torch is not None else None
+    os.environ.update({"EAGLE3_CACHE": str(cache_dir), "WANDB_SILENT": "true", **env})
+    os.environ.pop("HYDRA_FULL_ERROR", None)
+    os.chdir(ROOT)
+    try:
+        yield
+    finally:
+        os.environ.clear()
+        os.environ.update(saved_env)
+        os.chdir(cwd)
+        for s, handler in handlers.items():
+            signal.signal(s, handler)
+        for handler in root.handlers:
+            if handler not in root_handlers:
+                handler.close()
+        root.handlers[:] = root_handlers
+        root.setLevel(root_level)
+        if rng is not None:
+            torch.set_rng_state(rng)
+
+
+@contextlib.contextmanager
+def captured_console():
+    """sys.stdout and sys.stderr as two strings (Hydra's logging binds its handlers to them when it configures)."""
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        yield out, err
 
 
 def sigterm_after_first_train_row(args: list[str], cache_dir: Path, run_dir: Path) -> tuple[int, str]:
