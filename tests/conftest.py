@@ -10,6 +10,7 @@ import logging
 import os
 import subprocess
 import sys
+import warnings
 from pathlib import Path
 
 import pytest
@@ -52,35 +53,51 @@ def compose_cfg(overrides: list[str] | None = None, return_hydra_config: bool = 
 
 
 def launch(args: list[str], cache_dir: Path, timeout: int = 600, **env) -> subprocess.CompletedProcess:
-    """`python launch.py ARGS` with its own cache and no wandb account, run in this process (launch_process runs
-    it in a process of its own): the same exit status and console output, without a fresh import of torch and
-    speculators. For tests whose subject is not signals, a real process's console, several rank processes or
-    imports. `timeout` is the subprocess form's; in process a run is not cut short."""
-    with launcher_env(cache_dir, env), captured_console() as (out, err):
-        returncode = run_launcher(args)
-    return subprocess.CompletedProcess([sys.executable, "launch.py", *args], returncode, out.getvalue(),
-                                       err.getvalue())
+    """`python launch.py ARGS` with its own cache and no wandb account, run in this process (run_in_process);
+    launch_process runs it in a process of its own. `timeout` is the subprocess form's: in process a run is not
+    cut short."""
+    return run_in_process(["python", "launch.py", *args], cache_dir, **env)
 
 
 def launch_process(args: list[str], cache_dir: Path, timeout: int = 600, **env) -> subprocess.CompletedProcess:
     """Runs `python launch.py ARGS` in a process of its own, as a user would, with its own cache and no wandb
-    account."""
+    account: for tests whose subject is signals, a real process's console, rank processes or imports."""
     full_env = {**os.environ, "EAGLE3_CACHE": str(cache_dir), "WANDB_SILENT": "true", **env}
     full_env.pop("HYDRA_FULL_ERROR", None)
     return subprocess.run([sys.executable, str(ROOT / "launch.py"), *args], cwd=ROOT, env=full_env,
                           capture_output=True, text=True, timeout=timeout)
 
 
-def run_launcher(args: list[str]) -> int:
-    """Calls launch.py's Hydra entry point with ARGS as its command line; the exit status a process would have
-    (SystemExit's message printed to stderr, as the interpreter prints it)."""
+def run_in_process(argv: list[str], cache_dir: Path | None = None, **env) -> subprocess.CompletedProcess:
+    """A command line as a user types it, `python launch.py ARGS` or `python -m MODULE ARGS`, run in this process
+    from the checkout's root: the exit status and console output the process would have, without importing torch
+    and speculators afresh. The environment, cwd, signal handlers, logging and torch's RNG are given back as they
+    were."""
+    if argv[0] != "python" or not (argv[1:2] == ["launch.py"] or argv[1:2] == ["-m"]):
+        raise ValueError(f"not `python launch.py ...` or `python -m MODULE ...`: {argv}")
+    if cache_dir is not None:
+        env = {"EAGLE3_CACHE": str(cache_dir), "WANDB_SILENT": "true", **env}
+    with restored_process_state(env), captured_console() as (out, err):
+        returncode = exit_status(argv[1:])
+    return subprocess.CompletedProcess(argv, returncode, out.getvalue(), err.getvalue())
+
+
+def exit_status(args: list[str]) -> int:
+    """Runs `python ARGS` as the interpreter would (launch.py as __main__, so that Hydra finds conf/ next to it);
+    the exit status, SystemExit's message printed to stderr as the interpreter prints it."""
     import runpy
 
     argv = sys.argv
-    sys.argv = [str(ROOT / "launch.py"), *args]
     GlobalHydra.instance().clear()
     try:
-        runpy.run_path(str(ROOT / "launch.py"), run_name="__main__")  # as `python launch.py` runs it
+        if args[0] == "-m":
+            sys.argv = [args[1], *args[2:]]
+            with warnings.catch_warnings():  # the module was imported already: runpy runs a fresh copy of it
+                warnings.filterwarnings("ignore", "'.*' found in sys.modules", RuntimeWarning)
+                runpy.run_module(args[1], run_name="__main__", alter_sys=True)
+        else:
+            sys.argv = [str(ROOT / args[0]), *args[1:]]
+            runpy.run_path(str(ROOT / args[0]), run_name="__main__")
     except SystemExit as e:
         if e.code is None or isinstance(e.code, int):
             return e.code or 0
@@ -93,9 +110,10 @@ def run_launcher(args: list[str]) -> int:
 
 
 @contextlib.contextmanager
-def launcher_env(cache_dir: Path, env: dict[str, str]):
-    """The environment, cwd, signal handlers, logging and torch RNG a launch in this process may change, given
-    back as they were afterwards."""
+def restored_process_state(env: dict[str, str]):
+    """os.environ (with `env` set), cwd (the root), SIGTERM/SIGINT handlers, the root logger (its handlers out of
+    the way, so that a CLI's logging.basicConfig prints to the captured console) and torch's RNG, each given back
+    as it was."""
     import signal
 
     saved_env, cwd = dict(os.environ), os.getcwd()
@@ -104,9 +122,10 @@ def launcher_env(cache_dir: Path, env: dict[str, str]):
     root_handlers, root_level = list(root.handlers), root.level
     torch = sys.modules.get("torch")
     rng = torch.get_rng_state() if torch is not None else None
-    os.environ.update({"EAGLE3_CACHE": str(cache_dir), "WANDB_SILENT": "true", **env})
+    os.environ.update(env)
     os.environ.pop("HYDRA_FULL_ERROR", None)
     os.chdir(ROOT)
+    root.handlers[:] = []
     try:
         yield
     finally:
@@ -116,8 +135,7 @@ def launcher_env(cache_dir: Path, env: dict[str, str]):
         for s, handler in handlers.items():
             signal.signal(s, handler)
         for handler in root.handlers:
-            if handler not in root_handlers:
-                handler.close()
+            handler.close()
         root.handlers[:] = root_handlers
         root.setLevel(root_level)
         if rng is not None:
