@@ -150,6 +150,30 @@ def captured_console():
         yield out, err
 
 
+def assert_chain_equals_speculators_forward(draft, verifier, ids: list[int], aux_ids: list[int], k: int) -> list[int]:
+    """Each of the k steps of eval.drafting's chain from the prompt `ids` equals speculators' TTT step on the
+    sequence whose teacher-forced tokens are the draft's own proposals (same position ids, hidden state and token,
+    no off-by-one); the chain's proposals."""
+    import torch
+
+    from eagle3.eval.drafting import propose, verifier_pass
+
+    m = len(ids) - 1
+    drafts, logits = propose(draft, ids, verifier_pass(verifier, ids, aux_ids).aux[:m], k)
+    seq = ids + drafts[:-1]  # speculators' step j at index m-1 embeds seq[m+j]: the draft's token j
+    states = verifier_pass(verifier, seq, aux_ids)
+    captured = []
+    hook = draft.lm_head.register_forward_hook(lambda _m, _i, out: captured.append(out[0]))
+    with torch.no_grad():
+        draft(hidden_states=states.aux[:-1][None], input_ids=torch.tensor([seq[1:]]),
+              document_ids=torch.zeros(1, len(seq) - 1, dtype=torch.long),
+              position_ids=torch.arange(1, len(seq))[None], ttt_steps=k)
+    hook.remove()
+    for j in range(k):
+        torch.testing.assert_close(logits[j], captured[j][m - 1], rtol=1e-5, atol=1e-5)
+    return drafts
+
+
 def sigterm_after_first_train_row(args: list[str], cache_dir: Path, run_dir: Path) -> tuple[int, str]:
     """Starts `python launch.py ARGS` (run dir `run_dir`), sends SIGTERM once metrics.jsonl holds a train row, and
     returns the exit status and the console output."""

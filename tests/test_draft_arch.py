@@ -5,14 +5,21 @@ from __future__ import annotations
 
 import json
 import signal
-import subprocess
 import sys
 
 import pytest
 import torch
 from omegaconf import OmegaConf
 
-from conftest import ROOT, SMALL_DATA, compose_cfg, launch, sigterm_after_first_train_row
+from conftest import (
+    ROOT,
+    SMALL_DATA,
+    assert_chain_equals_speculators_forward,
+    compose_cfg,
+    launch,
+    run_in_process,
+    sigterm_after_first_train_row,
+)
 from eagle3.config import DraftConfig
 from eagle3.draft_arch import EAGLE31_FLAGS, SPECULATORS_FLAGS, LayerType, resolved_flags
 from eagle3.errors import ConfigError
@@ -86,7 +93,7 @@ def test_the_harness_chain_equals_speculators_forward_with_two_layers(layer_type
     teacher-forced tokens are the draft's own proposals (as tests/test_accept.py checks the 1-layer draft)."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from eagle3.eval.drafting import DraftChain, propose, verifier_pass
+    from eagle3.eval.drafting import DraftChain, verifier_pass
     from eagle3.init.build import bare_draft
 
     torch.manual_seed(0)
@@ -100,21 +107,9 @@ def test_the_harness_chain_equals_speculators_forward_with_two_layers(layer_type
             torch.nn.init.normal_(p, std=0.5)
     aux_ids, k = list(draft_cfg.aux_layer_ids), 4
     ids = torch.randint(0, draft_cfg.vocab_size, (40,)).tolist()
-    m = len(ids) - 1
-    aux = verifier_pass(verifier, ids, aux_ids).aux[:m]
-    drafts, logits = propose(draft, ids, aux, k)
+    drafts = assert_chain_equals_speculators_forward(draft, verifier, ids, aux_ids, k)
+    aux = verifier_pass(verifier, ids, aux_ids).aux[:len(ids) - 1]
     assert DraftChain(draft).propose(ids, aux, k)[0] == drafts  # the cached chain decides the same
-    seq = ids + drafts[:-1]
-    states = verifier_pass(verifier, seq, aux_ids)
-    captured = []
-    hook = draft.lm_head.register_forward_hook(lambda _m, _i, out: captured.append(out[0]))
-    with torch.no_grad():
-        draft(hidden_states=states.aux[:-1][None], input_ids=torch.tensor([seq[1:]]),
-              document_ids=torch.zeros(1, len(seq) - 1, dtype=torch.long),
-              position_ids=torch.arange(1, len(seq))[None], ttt_steps=k)
-    hook.remove()
-    for j in range(k):
-        torch.testing.assert_close(logits[j], captured[j][m - 1], rtol=1e-5, atol=1e-5)
 
 
 ARCH_RUNS = {
@@ -145,8 +140,8 @@ def test_each_architecture_trains_resumes_exactly_after_sigterm_and_exports(arch
     assert res["final"]["loss"] == pytest.approx(ref["final"]["loss"], rel=1e-4)
 
     out_dir = tmp_path / "export"
-    exported = subprocess.run([sys.executable, "-m", "eagle3.export", str(stopped / "checkpoints" / "last"),
-                               "--out", str(out_dir)], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    exported = run_in_process(["python", "-m", "eagle3.export", str(stopped / "checkpoints" / "last"), "--out",
+                               str(out_dir)])
     assert exported.returncode == 0, exported.stderr[-3000:]
     model = Eagle3DraftModel.from_pretrained(str(out_dir))
     layer_config = model.config.transformer_layer_config
