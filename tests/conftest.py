@@ -8,6 +8,7 @@ import io
 import json
 import logging
 import os
+import shutil
 import subprocess
 import sys
 import warnings
@@ -28,6 +29,17 @@ SMALL_DATA = ["data.synth.num_samples=128", "data.synth.response_len=48", "data.
 # directly or through another fixture, is in the slow tier whether or not it says so itself, so a test added
 # later that reads `trained_run` cannot slip into the fast tier.
 LAUNCHING_FIXTURES = {"trained_run", "sweep_2x2", "strong_run", "single_accum2", "prepared", "tiny_online"}
+
+
+def pytest_configure(config):
+    """Under pytest-xdist each worker's torch (and the processes it starts) gets its share of the cores: torch's
+    threads spin, so two workers with a thread per core each would slow every forward many times over."""
+    workers = os.environ.get("PYTEST_XDIST_WORKER_COUNT")
+    if workers:
+        threads = max(1, (os.cpu_count() or 1) // int(workers))
+        os.environ["OMP_NUM_THREADS"] = str(threads)
+        if "torch" in sys.modules:
+            sys.modules["torch"].set_num_threads(threads)
 
 
 def pytest_collection_modifyitems(config, items):
@@ -112,8 +124,8 @@ def exit_status(args: list[str]) -> int:
 @contextlib.contextmanager
 def restored_process_state(env: dict[str, str]):
     """os.environ (with `env` set), cwd (the root), SIGTERM/SIGINT handlers, the root logger (its handlers out of
-    the way, so that a CLI's logging.basicConfig prints to the captured console) and torch's RNG, each given back
-    as it was."""
+    the way, so that a CLI's logging.basicConfig prints to the captured console), torch's RNG and threads (set by
+    an OMP_NUM_THREADS in `env`), each given back as it was."""
     import signal
 
     saved_env, cwd = dict(os.environ), os.getcwd()
@@ -122,6 +134,9 @@ def restored_process_state(env: dict[str, str]):
     root_handlers, root_level = list(root.handlers), root.level
     torch = sys.modules.get("torch")
     rng = torch.get_rng_state() if torch is not None else None
+    threads = torch.get_num_threads() if torch is not None else None
+    if torch is not None and "OMP_NUM_THREADS" in env:  # as a process started with it would have
+        torch.set_num_threads(int(env["OMP_NUM_THREADS"]))
     os.environ.update(env)
     os.environ.pop("HYDRA_FULL_ERROR", None)
     os.chdir(ROOT)
@@ -138,8 +153,9 @@ def restored_process_state(env: dict[str, str]):
             handler.close()
         root.handlers[:] = root_handlers
         root.setLevel(root_level)
-        if rng is not None:
+        if torch is not None:
             torch.set_rng_state(rng)
+            torch.set_num_threads(threads)
 
 
 @contextlib.contextmanager
@@ -191,29 +207,55 @@ def sigterm_after_first_train_row(args: list[str], cache_dir: Path, run_dir: Pat
     return proc.returncode, out
 
 
+def session_dir(tmp_path_factory, name: str) -> Path:
+    """A dir of this test session's, the same for every pytest-xdist worker (they share the parent of their
+    base temp dirs)."""
+    if os.environ.get("PYTEST_XDIST_WORKER") is None:
+        return tmp_path_factory.mktemp(name)
+    path = tmp_path_factory.getbasetemp().parent / name
+    path.mkdir(exist_ok=True)
+    return path
+
+
+def built_once(tmp_path_factory, name: str, build) -> Path:
+    """`build(dir)` run once in this test session, whichever worker asks first (the others wait and reuse it);
+    the dir. A build that fails is tried again by the next worker that asks."""
+    from filelock import FileLock
+
+    root = session_dir(tmp_path_factory, "built-once")
+    with FileLock(root / f"{name}.lock"):
+        if not (root / f"{name}.built").exists():
+            shutil.rmtree(root / name, ignore_errors=True)
+            build(root / name)
+            (root / f"{name}.built").touch()
+    return root / name
+
+
 @pytest.fixture(scope="session")
 def cache_dir(tmp_path_factory) -> Path:
-    return tmp_path_factory.mktemp("eagle3-cache")
+    """The session's cache (shared by the workers: its entries are built atomically, eagle3/data/cache.py)."""
+    return session_dir(tmp_path_factory, "eagle3-cache")
 
 
 @pytest.fixture(scope="session")
 def trained_run(cache_dir, tmp_path_factory) -> Path:
     """One short real run of the tiny default (offline wandb), shared by the tests that read its run dir."""
-    run_dir = tmp_path_factory.mktemp("runs") / "trained"
-    proc = launch([f"hydra.run.dir={run_dir}", "optim.epochs=2", *SMALL_DATA], cache_dir,
-                  WANDB_MODE="offline")
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    return run_dir
+    def train(run_dir: Path) -> None:
+        proc = launch([f"hydra.run.dir={run_dir}", "optim.epochs=2", *SMALL_DATA], cache_dir, WANDB_MODE="offline")
+        assert proc.returncode == 0, proc.stderr[-4000:]
+
+    return built_once(tmp_path_factory, "trained", train)
 
 
 @pytest.fixture(scope="session")
 def sweep_2x2(cache_dir, tmp_path_factory) -> Path:
     """A 2x2 multirun over optim.lr and optim.epochs with offline wandb, as a user would run one."""
-    sweep = tmp_path_factory.mktemp("sweeps") / "lr_epochs"
-    proc = launch(["-m", "optim.lr=1e-3,3e-3", "optim.epochs=1,2", f"hydra.sweep.dir={sweep}", "optim.max_steps=6",
-                   *SMALL_DATA], cache_dir, WANDB_MODE="offline")
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    return sweep
+    def sweep(sweep_dir: Path) -> None:
+        proc = launch(["-m", "optim.lr=1e-3,3e-3", "optim.epochs=1,2", f"hydra.sweep.dir={sweep_dir}",
+                       "optim.max_steps=6", *SMALL_DATA], cache_dir, WANDB_MODE="offline")
+        assert proc.returncode == 0, proc.stderr[-3000:]
+
+    return built_once(tmp_path_factory, "lr_epochs", sweep)
 
 
 def read_rows(run_dir: Path) -> list[dict]:
