@@ -64,6 +64,20 @@ def compose_cfg(overrides: list[str] | None = None, return_hydra_config: bool = 
         return compose(config_name="train", overrides=overrides or [], return_hydra_config=return_hydra_config)
 
 
+def typed_run_config(cache_dir: Path, run_dir: Path, overrides: list[str]):
+    """The checked run config of a small tiny run (SMALL_DATA, no wandb) with run dir `run_dir` and the cache
+    `cache_dir`, as the launcher hands it to a rank."""
+    from omegaconf import OmegaConf
+
+    from eagle3.config import run_config
+
+    plain = OmegaConf.to_container(compose_cfg([f"cache_dir={cache_dir}", "logger.mode=disabled", *SMALL_DATA,
+                                                *overrides]), resolve=True, enum_to_str=True)
+    assert isinstance(plain, dict)
+    plain["run"] = {"dir": str(run_dir), "name": "t", "group": "t", "choices": {}, "overrides": []}
+    return run_config(plain)
+
+
 def launch(args: list[str], cache_dir: Path, timeout: int = 600, **env) -> subprocess.CompletedProcess:
     """`python launch.py ARGS` with its own cache and no wandb account, run in this process (run_in_process);
     launch_process runs it in a process of its own. `timeout` is the subprocess form's: in process a run is not
@@ -164,6 +178,28 @@ def captured_console():
     out, err = io.StringIO(), io.StringIO()
     with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
         yield out, err
+
+
+def parameter_groups(model, draft) -> dict[str, tuple[int, bool]]:
+    """The built draft's parameters grouped under eagle3.plan's names for `draft` (parameter_counts' keys):
+    {name: (count, trainable)}."""
+    from eagle3.plan import parameter_counts
+
+    names = parameter_counts(draft)
+    out: dict[str, list] = {}
+    for name, p in model.named_parameters():
+        if name.startswith("layers.") and ".self_attn." in name and "_norm." not in name:
+            key = "decoder layers: attention"
+        elif name.startswith("layers.") and ".mlp." in name:
+            key = "decoder layers: MLP"
+        elif name.startswith(("embed_tokens", "lm_head", "verifier_lm_head", "verifier_norm", "fc.")):
+            key = next(k for k in names if k.startswith(name.split(".")[0] + " "))
+        else:
+            key = "norms"
+        entry = out.setdefault(key, [0, p.requires_grad])
+        entry[0] += p.numel()
+        assert entry[1] == p.requires_grad, name
+    return {k: (n, trainable) for k, (n, trainable) in out.items()}
 
 
 def assert_chain_equals_speculators_forward(draft, verifier, ids: list[int], aux_ids: list[int], k: int) -> list[int]:

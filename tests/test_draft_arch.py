@@ -17,6 +17,7 @@ from conftest import (
     assert_chain_equals_speculators_forward,
     compose_cfg,
     launch,
+    parameter_groups,
     run_in_process,
     sigterm_after_first_train_row,
 )
@@ -33,24 +34,6 @@ def tiny_draft(**overrides) -> DraftConfig:
     return DraftConfig(**{**plain, **overrides})
 
 
-def groups(model) -> dict[str, tuple[int, bool]]:
-    """The built model's parameters, grouped by the plan's names."""
-    out: dict[str, list] = {}
-    for name, p in model.named_parameters():
-        if name.startswith("layers.") and ".self_attn." in name and "_norm." not in name:
-            key = "decoder layers: attention"
-        elif name.startswith("layers.") and ".mlp." in name:
-            key = "decoder layers: MLP"
-        elif name.startswith(("embed_tokens", "lm_head", "verifier_lm_head", "verifier_norm", "fc.")):
-            key = next(k for k in parameter_counts(tiny_draft()) if k.startswith(name.split(".")[0] + " "))
-        else:
-            key = "norms"
-        entry = out.setdefault(key, [0, p.requires_grad])
-        entry[0] += p.numel()
-        assert entry[1] == p.requires_grad, name
-    return {k: (n, trainable) for k, (n, trainable) in out.items()}
-
-
 @pytest.mark.parametrize("eagle31", [False, True], ids=["eagle3", "eagle31"])
 @pytest.mark.parametrize("layer_type,num_layers", ARCHS, ids=lambda a: str(getattr(a, "value", a)))
 def test_plan_counts_the_parameters_of_the_built_draft(layer_type, num_layers, eagle31):
@@ -60,7 +43,7 @@ def test_plan_counts_the_parameters_of_the_built_draft(layer_type, num_layers, e
     model = meta_draft(draft, resolved_flags(draft, SPECULATORS_FLAGS))
     assert len(model.layers) == num_layers
     assert model.config.transformer_layer_config.model_type == layer_type.value
-    assert groups(model) == parameter_counts(draft)
+    assert parameter_groups(model, draft) == parameter_counts(draft)
 
 
 def test_a_layer_type_typo_fails_at_composition():
