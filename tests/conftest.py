@@ -1,5 +1,6 @@
-"""Shared fixtures: Hydra composition of conf/, a small cache, and one short real training run; the test tiers
-(markers `slow` and `gpu`, registered in pyproject.toml)."""
+"""Shared fixtures: Hydra composition of conf/, a small cache, and one short real training run, each built once per
+session (for every pytest-xdist worker); `python launch.py` and `python -m MODULE` run in this process or in one
+of their own; the test tiers (markers `slow` and `gpu`, registered in pyproject.toml)."""
 
 from __future__ import annotations
 
@@ -36,10 +37,9 @@ def pytest_configure(config):
     threads spin, so two workers with a thread per core each would slow every forward many times over."""
     workers = os.environ.get("PYTEST_XDIST_WORKER_COUNT")
     if workers:
-        threads = max(1, (os.cpu_count() or 1) // int(workers))
-        os.environ["OMP_NUM_THREADS"] = str(threads)
+        os.environ.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // int(workers))))
         if "torch" in sys.modules:
-            sys.modules["torch"].set_num_threads(threads)
+            sys.modules["torch"].set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
 
 
 def pytest_collection_modifyitems(config, items):
