@@ -155,6 +155,7 @@ def test_the_sglang_export_refuses_a_draft_sglang_would_build_otherwise(layer_ty
     assert (written["model_type"], written["num_hidden_layers"]) == (layer_type.value, num_layers)
 
 
+@pytest.mark.slow  # measures the peak memory of real training steps: 5-12 s each on 2 cores
 @pytest.mark.parametrize("layer_type", [LayerType.llama, LayerType.qwen3])
 @pytest.mark.parametrize("shape", [("T768 k4 sdpa", 768, 4, "sdpa", False),
                                    ("T512 k3 sdpa ckpt", 512, 3, "sdpa", True)],

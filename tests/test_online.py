@@ -97,6 +97,7 @@ def micro_batches(loader):
 SMALL = ("input_ids", "loss_mask", "position_ids", "document_ids")
 
 
+@pytest.mark.slow  # the verifier's forward for every micro-batch of an epoch: 8-16 s each on 2 cores
 @pytest.mark.parametrize("world_size, rank, grad_accum", [(1, 0, 1), (1, 0, 2), (2, 0, 2), (2, 1, 2)])
 def test_online_micro_batches_are_the_offline_ones_in_fp32(datasets, online_verifier, world_size, rank, grad_accum):
     offline = loaders(datasets["float32"], world_size, rank, grad_accum)
