@@ -124,6 +124,7 @@ def test_online_micro_batches_are_the_offline_ones_in_fp32(datasets, online_veri
     assert online_verifier.forward_s > 0
 
 
+@pytest.mark.slow  # prepares the offline datasets it compares with (the module's `datasets`): ~20 s on 2 cores
 def test_online_bf16_rounds_the_hidden_states_as_bf16_files_store_them(datasets, online_verifier):
     """hidden_states_dtype=bfloat16: the verifier's fp32 values rounded to bf16 as prepare rounds them into its
     files. Offline and online forwards differ in batch shape (prepare's batches of whole rows, online's one batch
