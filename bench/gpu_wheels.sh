@@ -8,7 +8,7 @@
 # The GPU machine this targets runs Python 3.12 on x86-64 and already holds torch, triton,
 # transformers, tokenizers, safetensors, numpy, pyarrow, pandas, huggingface-hub, httpx, aiohttp, rich, typer,
 # click, psutil, protobuf, tqdm, matplotlib, pyyaml and pytest. What it lacks is fetched here, pinned, without
-# dependencies (so pip never replaces the machine's torch): speculators, hydra, omegaconf, datasets and their own
+# dependencies (so pip never replaces the machine's torch): speculators, hydra, omegaconf, datasets, pytest-xdist and their own
 # pure-Python needs, at the versions this project is tested with here. PYTHON_VERSION overrides the target Python (default 3.12).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -24,6 +24,7 @@ PINNED=(
   loguru==0.7.3                                                 # speculators' logging
   openai==3.57.0 distro==1.9.0 jiter==0.19.0 sniffio==1.3.1     # imported by speculators' data generation
   httpx2==2.16.2 httpcore2==2.16.2 truststore==0.10.5 h11==0.16.0
+  pytest-xdist==3.8.0 execnet==2.1.2                            # pyproject's addopts run the tests in two workers
 )
 # Binary wheels for the device's Python and platform (pydantic-core and jiter are compiled; the rest are
 # pure Python and match any platform).

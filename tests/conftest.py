@@ -1,12 +1,18 @@
-"""Shared fixtures: Hydra composition of conf/, a small cache, and one short real training run; the test tiers
-(markers `slow` and `gpu`, registered in pyproject.toml)."""
+"""Shared fixtures: Hydra composition of conf/, a small cache, and one short real training run, each built once per
+session (for every pytest-xdist worker); `python launch.py` and `python -m MODULE` run in this process or in one
+of their own; the test tiers (markers `slow` and `gpu`, registered in pyproject.toml)."""
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
+import logging
 import os
+import shutil
 import subprocess
 import sys
+import warnings
 from pathlib import Path
 
 import pytest
@@ -24,6 +30,16 @@ SMALL_DATA = ["data.synth.num_samples=128", "data.synth.response_len=48", "data.
 # directly or through another fixture, is in the slow tier whether or not it says so itself, so a test added
 # later that reads `trained_run` cannot slip into the fast tier.
 LAUNCHING_FIXTURES = {"trained_run", "sweep_2x2", "strong_run", "single_accum2", "prepared", "tiny_online"}
+
+
+def pytest_configure(config):
+    """Under pytest-xdist each worker's torch (and the processes it starts) gets its share of the cores: torch's
+    threads spin, so two workers with a thread per core each would slow every forward many times over."""
+    workers = os.environ.get("PYTEST_XDIST_WORKER_COUNT")
+    if workers:
+        os.environ.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // int(workers))))
+        if "torch" in sys.modules:
+            sys.modules["torch"].set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
 
 
 def pytest_collection_modifyitems(config, items):
@@ -48,12 +64,166 @@ def compose_cfg(overrides: list[str] | None = None, return_hydra_config: bool = 
         return compose(config_name="train", overrides=overrides or [], return_hydra_config=return_hydra_config)
 
 
+def typed_run_config(cache_dir: Path, run_dir: Path, overrides: list[str]):
+    """The checked run config of a small tiny run (SMALL_DATA, no wandb) with run dir `run_dir` and the cache
+    `cache_dir`, as the launcher hands it to a rank."""
+    from omegaconf import OmegaConf
+
+    from eagle3.config import run_config
+
+    plain = OmegaConf.to_container(compose_cfg([f"cache_dir={cache_dir}", "logger.mode=disabled", *SMALL_DATA,
+                                                *overrides]), resolve=True, enum_to_str=True)
+    assert isinstance(plain, dict)
+    plain["run"] = {"dir": str(run_dir), "name": "t", "group": "t", "choices": {}, "overrides": []}
+    return run_config(plain)
+
+
 def launch(args: list[str], cache_dir: Path, timeout: int = 600, **env) -> subprocess.CompletedProcess:
-    """Runs `python launch.py ARGS` as a user would, with its own cache and no wandb account."""
+    """`python launch.py ARGS` with its own cache and no wandb account, run in this process (run_in_process);
+    launch_process runs it in a process of its own. `timeout` is the subprocess form's: in process a run is not
+    cut short."""
+    return run_in_process(["python", "launch.py", *args], cache_dir, **env)
+
+
+def launch_process(args: list[str], cache_dir: Path, timeout: int = 600, **env) -> subprocess.CompletedProcess:
+    """Runs `python launch.py ARGS` in a process of its own, as a user would, with its own cache and no wandb
+    account: for tests whose subject is signals, a real process's console, rank processes or imports."""
     full_env = {**os.environ, "EAGLE3_CACHE": str(cache_dir), "WANDB_SILENT": "true", **env}
     full_env.pop("HYDRA_FULL_ERROR", None)
     return subprocess.run([sys.executable, str(ROOT / "launch.py"), *args], cwd=ROOT, env=full_env,
                           capture_output=True, text=True, timeout=timeout)
+
+
+def run_in_process(argv: list[str], cache_dir: Path | None = None, **env) -> subprocess.CompletedProcess:
+    """A command line as a user types it, `python launch.py ARGS` or `python -m MODULE ARGS`, run in this process
+    from the checkout's root: the exit status and console output the process would have, without importing torch
+    and speculators afresh. The environment, cwd, signal handlers, logging and torch's RNG are given back as they
+    were."""
+    if argv[0] != "python" or not (argv[1:2] == ["launch.py"] or argv[1:2] == ["-m"]):
+        raise ValueError(f"not `python launch.py ...` or `python -m MODULE ...`: {argv}")
+    if cache_dir is not None:
+        env = {"EAGLE3_CACHE": str(cache_dir), "WANDB_SILENT": "true", **env}
+    with restored_process_state(env), captured_console() as (out, err):
+        returncode = exit_status(argv[1:])
+    return subprocess.CompletedProcess(argv, returncode, out.getvalue(), err.getvalue())
+
+
+def exit_status(args: list[str]) -> int:
+    """Runs `python ARGS` as the interpreter would (launch.py as __main__, so that Hydra finds conf/ next to it);
+    the exit status, SystemExit's message printed to stderr as the interpreter prints it."""
+    import runpy
+
+    argv = sys.argv
+    GlobalHydra.instance().clear()
+    try:
+        if args[0] == "-m":
+            sys.argv = [args[1], *args[2:]]
+            with warnings.catch_warnings():  # the module was imported already: runpy runs a fresh copy of it
+                warnings.filterwarnings("ignore", "'.*' found in sys.modules", RuntimeWarning)
+                runpy.run_module(args[1], run_name="__main__", alter_sys=True)
+        else:
+            sys.argv = [str(ROOT / args[0]), *args[1:]]
+            runpy.run_path(str(ROOT / args[0]), run_name="__main__")
+    except SystemExit as e:
+        if e.code is None or isinstance(e.code, int):
+            return e.code or 0
+        print(e.code, file=sys.stderr)
+        return 1
+    finally:
+        sys.argv = argv
+        GlobalHydra.instance().clear()
+    return 0
+
+
+@contextlib.contextmanager
+def restored_process_state(env: dict[str, str]):
+    """os.environ (with `env` set), cwd (the root), SIGTERM/SIGINT handlers, the root logger (its handlers out of
+    the way, so that a CLI's logging.basicConfig prints to the captured console), torch's RNG and threads (set by
+    an OMP_NUM_THREADS in `env`), each given back as it was."""
+    import signal
+
+    saved_env, cwd = dict(os.environ), os.getcwd()
+    handlers = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT)}
+    root = logging.getLogger()
+    root_handlers, root_level = list(root.handlers), root.level
+    torch = sys.modules.get("torch")
+    rng = torch.get_rng_state() if torch is not None else None
+    threads = torch.get_num_threads() if torch is not None else None
+    if torch is not None and "OMP_NUM_THREADS" in env:  # as a process started with it would have
+        torch.set_num_threads(int(env["OMP_NUM_THREADS"]))
+    os.environ.update(env)
+    os.environ.pop("HYDRA_FULL_ERROR", None)
+    os.chdir(ROOT)
+    root.handlers[:] = []
+    try:
+        yield
+    finally:
+        os.environ.clear()
+        os.environ.update(saved_env)
+        os.chdir(cwd)
+        for s, handler in handlers.items():
+            signal.signal(s, handler)
+        for handler in root.handlers:
+            handler.close()
+        root.handlers[:] = root_handlers
+        root.setLevel(root_level)
+        if torch is not None:
+            torch.set_rng_state(rng)
+            torch.set_num_threads(threads)
+
+
+@contextlib.contextmanager
+def captured_console():
+    """sys.stdout and sys.stderr as two strings (Hydra's logging binds its handlers to them when it configures)."""
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        yield out, err
+
+
+def parameter_groups(model, draft) -> dict[str, tuple[int, bool]]:
+    """The built draft's parameters grouped under eagle3.plan's names for `draft` (parameter_counts' keys):
+    {name: (count, trainable)}."""
+    from eagle3.plan import parameter_counts
+
+    names = parameter_counts(draft)
+    out: dict[str, list] = {}
+    for name, p in model.named_parameters():
+        if name.startswith("layers.") and ".self_attn." in name and "_norm." not in name:
+            key = "decoder layers: attention"
+        elif name.startswith("layers.") and ".mlp." in name:
+            key = "decoder layers: MLP"
+        elif name.startswith(("embed_tokens", "lm_head", "verifier_lm_head", "verifier_norm", "fc.")):
+            key = next(k for k in names if k.startswith(name.split(".")[0] + " "))
+        else:
+            key = "norms"
+        entry = out.setdefault(key, [0, p.requires_grad])
+        entry[0] += p.numel()
+        assert entry[1] == p.requires_grad, name
+    return {k: (n, trainable) for k, (n, trainable) in out.items()}
+
+
+def assert_chain_equals_speculators_forward(draft, verifier, ids: list[int], aux_ids: list[int], k: int) -> list[int]:
+    """Each of the k steps of eval.drafting's chain from the prompt `ids` equals speculators' TTT step on the
+    sequence whose teacher-forced tokens are the draft's own proposals (same position ids, hidden state and token,
+    no off-by-one); the chain's proposals."""
+    import torch
+
+    from eagle3.eval.drafting import propose, verifier_pass
+
+    m = len(ids) - 1
+    drafts, logits = propose(draft, ids, verifier_pass(verifier, ids, aux_ids).aux[:m], k)
+    seq = ids + drafts[:-1]  # speculators' step j at index m-1 embeds seq[m+j]: the draft's token j
+    states = verifier_pass(verifier, seq, aux_ids)
+    captured = []
+    hook = draft.lm_head.register_forward_hook(lambda _m, _i, out: captured.append(out[0]))
+    with torch.no_grad():
+        draft(hidden_states=states.aux[:-1][None], input_ids=torch.tensor([seq[1:]]),
+              document_ids=torch.zeros(1, len(seq) - 1, dtype=torch.long),
+              position_ids=torch.arange(1, len(seq))[None], ttt_steps=k)
+    hook.remove()
+    for j in range(k):
+        torch.testing.assert_close(logits[j], captured[j][m - 1], rtol=1e-5, atol=1e-5)
+    return drafts
 
 
 def sigterm_after_first_train_row(args: list[str], cache_dir: Path, run_dir: Path) -> tuple[int, str]:
@@ -73,29 +243,55 @@ def sigterm_after_first_train_row(args: list[str], cache_dir: Path, run_dir: Pat
     return proc.returncode, out
 
 
+def session_dir(tmp_path_factory, name: str) -> Path:
+    """A dir of this test session's, the same for every pytest-xdist worker (they share the parent of their
+    base temp dirs)."""
+    if os.environ.get("PYTEST_XDIST_WORKER") is None:
+        return tmp_path_factory.mktemp(name)
+    path = tmp_path_factory.getbasetemp().parent / name
+    path.mkdir(exist_ok=True)
+    return path
+
+
+def built_once(tmp_path_factory, name: str, build) -> Path:
+    """`build(dir)` run once in this test session, whichever worker asks first (the others wait and reuse it);
+    the dir. A build that fails is tried again by the next worker that asks."""
+    from filelock import FileLock
+
+    root = session_dir(tmp_path_factory, "built-once")
+    with FileLock(root / f"{name}.lock"):
+        if not (root / f"{name}.built").exists():
+            shutil.rmtree(root / name, ignore_errors=True)
+            build(root / name)
+            (root / f"{name}.built").touch()
+    return root / name
+
+
 @pytest.fixture(scope="session")
 def cache_dir(tmp_path_factory) -> Path:
-    return tmp_path_factory.mktemp("eagle3-cache")
+    """The session's cache (shared by the workers: its entries are built atomically, eagle3/data/cache.py)."""
+    return session_dir(tmp_path_factory, "eagle3-cache")
 
 
 @pytest.fixture(scope="session")
 def trained_run(cache_dir, tmp_path_factory) -> Path:
     """One short real run of the tiny default (offline wandb), shared by the tests that read its run dir."""
-    run_dir = tmp_path_factory.mktemp("runs") / "trained"
-    proc = launch([f"hydra.run.dir={run_dir}", "optim.epochs=2", *SMALL_DATA], cache_dir,
-                  WANDB_MODE="offline")
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    return run_dir
+    def train(run_dir: Path) -> None:
+        proc = launch([f"hydra.run.dir={run_dir}", "optim.epochs=2", *SMALL_DATA], cache_dir, WANDB_MODE="offline")
+        assert proc.returncode == 0, proc.stderr[-4000:]
+
+    return built_once(tmp_path_factory, "trained", train)
 
 
 @pytest.fixture(scope="session")
 def sweep_2x2(cache_dir, tmp_path_factory) -> Path:
     """A 2x2 multirun over optim.lr and optim.epochs with offline wandb, as a user would run one."""
-    sweep = tmp_path_factory.mktemp("sweeps") / "lr_epochs"
-    proc = launch(["-m", "optim.lr=1e-3,3e-3", "optim.epochs=1,2", f"hydra.sweep.dir={sweep}", "optim.max_steps=6",
-                   *SMALL_DATA], cache_dir, WANDB_MODE="offline")
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    return sweep
+    def sweep(sweep_dir: Path) -> None:
+        proc = launch(["-m", "optim.lr=1e-3,3e-3", "optim.epochs=1,2", f"hydra.sweep.dir={sweep_dir}",
+                       "optim.max_steps=6", *SMALL_DATA], cache_dir, WANDB_MODE="offline")
+        assert proc.returncode == 0, proc.stderr[-3000:]
+
+    return built_once(tmp_path_factory, "lr_epochs", sweep)
 
 
 def read_rows(run_dir: Path) -> list[dict]:

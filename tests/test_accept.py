@@ -14,7 +14,15 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
-from conftest import ROOT, SMALL_DATA, compose_cfg, launch, read_rows
+from conftest import (
+    ROOT,
+    SMALL_DATA,
+    assert_chain_equals_speculators_forward,
+    compose_cfg,
+    launch,
+    read_rows,
+    run_in_process,
+)
 from eagle3.config import ConfigError, validate
 
 # A draft trained long enough to accept clearly more than an untrained one. The shared `trained_run` (30 steps)
@@ -84,26 +92,12 @@ def scratch_draft(summary, attn_impl="sdpa", **flags):
 def test_chain_logits_equal_speculators_forward(inputs, attn_impl, flags):
     """Every step of the chain equals speculators' TTT step on a sequence whose teacher-forced tokens are the
     draft's own proposals: same position ids, hidden state and token, no off-by-one."""
-    from eagle3.eval.drafting import propose, verifier_pass
-
     draft = scratch_draft(inputs["summary"], attn_impl, **flags)
-    verifier, aux_ids, k = inputs["verifier"], [1, 2, 3], 4
-    # speculators' forward below sees len(seq) - 1 = 128 positions: with flex attention its TTT steps need a
-    # multiple of the block size (128), as training's packed batches are.
+    # speculators' forward sees len(seq) - 1 = 128 positions: with flex attention its TTT steps need a multiple of
+    # the block size (128), as training's packed batches are.
+    k = 4
     ids = (inputs["prompts"][0] + list(range(5, 300)))[:130 - k]
-    m = len(ids) - 1
-    drafts, logits = propose(draft, ids, verifier_pass(verifier, ids, aux_ids).aux[:m], k)
-    seq = ids + drafts[:-1]  # speculators' step j at index m-1 embeds seq[m+j]: the draft's token j
-    states = verifier_pass(verifier, seq, aux_ids)
-    captured = []
-    hook = draft.lm_head.register_forward_hook(lambda _m, _i, out: captured.append(out[0]))
-    with torch.no_grad():
-        draft(hidden_states=states.aux[:-1][None], input_ids=torch.tensor([seq[1:]]),
-              document_ids=torch.zeros(1, len(seq) - 1, dtype=torch.long),
-              position_ids=torch.arange(1, len(seq))[None], ttt_steps=k)
-    hook.remove()
-    for j in range(k):
-        torch.testing.assert_close(logits[j], captured[j][m - 1], rtol=1e-5, atol=1e-5)
+    assert_chain_equals_speculators_forward(draft, inputs["verifier"], ids, [1, 2, 3], k)
 
 
 def test_prefix_mask_equals_speculators_mask(inputs):
@@ -269,9 +263,8 @@ def test_cli_run_and_prompt_files(strong_run, inputs, tmp_path):
     ids_file = tmp_path / "ids.jsonl"
     ids_file.write_text("".join(json.dumps({"input_ids": p}) + "\n" for p in inputs["prompts"][:2]))
     out = tmp_path / "ids_report.json"
-    proc = subprocess.run([sys.executable, "-m", "eagle3.eval.accept", "--run", str(strong_run), "--prompts",
-                           str(ids_file), "--k", "2", "--max-new-tokens", "12", "--out", str(out)],
-                          cwd=ROOT, capture_output=True, text=True, timeout=300, env={**_env(), "OMP_NUM_THREADS": "1"})
+    proc = run_in_process(["python", "-m", "eagle3.eval.accept", "--run", str(strong_run), "--prompts", str(ids_file),
+                           "--k", "2", "--max-new-tokens", "12", "--out", str(out)])
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "accept_len" in proc.stdout and "tau_sim" in proc.stdout and "lossless" in proc.stdout
     report = json.loads(out.read_text())

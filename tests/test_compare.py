@@ -4,13 +4,11 @@ from __future__ import annotations
 
 import json
 import struct
-import subprocess
-import sys
 from pathlib import Path
 
 from test_rundir import summary_json
 
-from conftest import ROOT
+from conftest import run_in_process
 
 
 def wandb_records(run_file: Path):
@@ -66,8 +64,7 @@ def test_offline_wandb_runs_carry_the_sweep_group_config_and_step0(sweep_2x2):
 
 def test_compare_prints_one_row_per_job_with_the_swept_keys_and_plots(sweep_2x2, tmp_path):
     png = tmp_path / "sweep.png"
-    proc = subprocess.run([sys.executable, "-m", "eagle3.compare", str(sweep_2x2), "--plot", str(png)], cwd=ROOT,
-                          capture_output=True, text=True, timeout=120)
+    proc = run_in_process(["python", "-m", "eagle3.compare", str(sweep_2x2), "--plot", str(png)])
     assert proc.returncode == 0, proc.stderr
     header, _, *rows = proc.stdout.strip().splitlines()
     assert len(rows) == 4

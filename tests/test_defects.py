@@ -10,7 +10,7 @@ import json
 
 import pytest
 
-from conftest import SMALL_DATA, launch
+from conftest import SMALL_DATA, launch, run_in_process
 
 # --- 6: an experiment name that does not exist is an error, listing the ones that do ---------------------
 
@@ -255,12 +255,8 @@ def test_readme_own_data_commands_run_as_printed_on_another_verifier(tmp_path, c
     (paths with spaces included), with no draft dimension given by hand."""
     import random
     import shlex
-    import subprocess
-    import sys
 
     import yaml
-
-    from conftest import ROOT
 
     verifier = own_verifier(tmp_path / "my verifier")
     rng = random.Random(0)
@@ -272,10 +268,8 @@ def test_readme_own_data_commands_run_as_printed_on_another_verifier(tmp_path, c
     (tmp_path / "rows.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     data = tmp_path / "my data" / "ds"
 
-    def run(argv):
-        return subprocess.run([sys.executable if a == "python" else a for a in argv], cwd=ROOT, capture_output=True,
-                              text=True, timeout=900, env={**__import__("os").environ, "EAGLE3_CACHE": str(cache_dir),
-                                                           "WANDB_MODE": "disabled"})
+    def run(argv):  # each command as printed, in this process
+        return run_in_process(argv, cache_dir, WANDB_MODE="disabled")
 
     proc = run(["python", "-m", "eagle3.data.prepare", "--model", str(verifier), "--data", str(tmp_path / "rows.jsonl"),
                 "--out", str(data), "--device", "cpu"])

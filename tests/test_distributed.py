@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import ROOT, SMALL_DATA, compose_cfg, launch, read_rows
+from conftest import ROOT, SMALL_DATA, compose_cfg, launch, launch_process, read_rows
 
 QUICK = ["logger.mode=disabled", "logger.log_every=1", "optim.max_steps=12", *SMALL_DATA]
 CONTRACT = ["resolved_config.yaml", "metrics.jsonl", "summary.json", "checkpoints/last/model.safetensors",
@@ -47,7 +47,8 @@ def single_accum2(cache_dir, tmp_path_factory) -> Path:
 @pytest.mark.slow
 def test_ddp_two_ranks_match_one_process_with_the_same_global_batch(single_accum2, cache_dir, tmp_path):
     run_dir = tmp_path / "ddp"
-    proc = launch([f"hydra.run.dir={run_dir}", "distributed=ddp", "distributed.nproc_per_node=2", *QUICK], cache_dir)
+    proc = launch_process([f"hydra.run.dir={run_dir}", "distributed=ddp", "distributed.nproc_per_node=2", *QUICK],
+                          cache_dir)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert_contract(run_dir)
     assert (run_dir / "rank_1.log").is_file() and not (run_dir / "rank_0.log").exists()
@@ -64,7 +65,8 @@ def test_fsdp_trains_and_saves_a_checkpoint_speculators_loads(cache_dir, tmp_pat
     from eagle3.checkpoint import load_draft
 
     run_dir = tmp_path / "fsdp"
-    proc = launch([f"hydra.run.dir={run_dir}", "distributed=fsdp", "distributed.nproc_per_node=2", *QUICK], cache_dir)
+    proc = launch_process([f"hydra.run.dir={run_dir}", "distributed=fsdp", "distributed.nproc_per_node=2", *QUICK],
+                          cache_dir)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert_contract(run_dir)
     summary = json.loads((run_dir / "summary.json").read_text())
@@ -82,7 +84,7 @@ def test_two_launch_processes_form_one_multinode_job(cache_dir, tmp_path):
     node1 = subprocess.Popen([sys.executable, str(ROOT / "launch.py"), *args, "distributed.node_rank=1"], cwd=ROOT,
                              env={**os.environ, **env}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                              text=True)
-    node0 = launch([*args, "distributed.node_rank=0"], cache_dir)
+    node0 = launch_process([*args, "distributed.node_rank=0"], cache_dir)
     out1, _ = node1.communicate(timeout=300)
     assert node0.returncode == 0, node0.stderr[-3000:]
     assert node1.returncode == 0, out1[-3000:]

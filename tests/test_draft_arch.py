@@ -5,14 +5,22 @@ from __future__ import annotations
 
 import json
 import signal
-import subprocess
 import sys
 
 import pytest
 import torch
 from omegaconf import OmegaConf
 
-from conftest import ROOT, SMALL_DATA, compose_cfg, launch, sigterm_after_first_train_row
+from conftest import (
+    ROOT,
+    SMALL_DATA,
+    assert_chain_equals_speculators_forward,
+    compose_cfg,
+    launch,
+    parameter_groups,
+    run_in_process,
+    sigterm_after_first_train_row,
+)
 from eagle3.config import DraftConfig
 from eagle3.draft_arch import EAGLE31_FLAGS, SPECULATORS_FLAGS, LayerType, resolved_flags
 from eagle3.errors import ConfigError
@@ -26,24 +34,6 @@ def tiny_draft(**overrides) -> DraftConfig:
     return DraftConfig(**{**plain, **overrides})
 
 
-def groups(model) -> dict[str, tuple[int, bool]]:
-    """The built model's parameters, grouped by the plan's names."""
-    out: dict[str, list] = {}
-    for name, p in model.named_parameters():
-        if name.startswith("layers.") and ".self_attn." in name and "_norm." not in name:
-            key = "decoder layers: attention"
-        elif name.startswith("layers.") and ".mlp." in name:
-            key = "decoder layers: MLP"
-        elif name.startswith(("embed_tokens", "lm_head", "verifier_lm_head", "verifier_norm", "fc.")):
-            key = next(k for k in parameter_counts(tiny_draft()) if k.startswith(name.split(".")[0] + " "))
-        else:
-            key = "norms"
-        entry = out.setdefault(key, [0, p.requires_grad])
-        entry[0] += p.numel()
-        assert entry[1] == p.requires_grad, name
-    return {k: (n, trainable) for k, (n, trainable) in out.items()}
-
-
 @pytest.mark.parametrize("eagle31", [False, True], ids=["eagle3", "eagle31"])
 @pytest.mark.parametrize("layer_type,num_layers", ARCHS, ids=lambda a: str(getattr(a, "value", a)))
 def test_plan_counts_the_parameters_of_the_built_draft(layer_type, num_layers, eagle31):
@@ -53,7 +43,7 @@ def test_plan_counts_the_parameters_of_the_built_draft(layer_type, num_layers, e
     model = meta_draft(draft, resolved_flags(draft, SPECULATORS_FLAGS))
     assert len(model.layers) == num_layers
     assert model.config.transformer_layer_config.model_type == layer_type.value
-    assert groups(model) == parameter_counts(draft)
+    assert parameter_groups(model, draft) == parameter_counts(draft)
 
 
 def test_a_layer_type_typo_fails_at_composition():
@@ -86,7 +76,7 @@ def test_the_harness_chain_equals_speculators_forward_with_two_layers(layer_type
     teacher-forced tokens are the draft's own proposals (as tests/test_accept.py checks the 1-layer draft)."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from eagle3.eval.drafting import DraftChain, propose, verifier_pass
+    from eagle3.eval.drafting import DraftChain, verifier_pass
     from eagle3.init.build import bare_draft
 
     torch.manual_seed(0)
@@ -100,21 +90,9 @@ def test_the_harness_chain_equals_speculators_forward_with_two_layers(layer_type
             torch.nn.init.normal_(p, std=0.5)
     aux_ids, k = list(draft_cfg.aux_layer_ids), 4
     ids = torch.randint(0, draft_cfg.vocab_size, (40,)).tolist()
-    m = len(ids) - 1
-    aux = verifier_pass(verifier, ids, aux_ids).aux[:m]
-    drafts, logits = propose(draft, ids, aux, k)
+    drafts = assert_chain_equals_speculators_forward(draft, verifier, ids, aux_ids, k)
+    aux = verifier_pass(verifier, ids, aux_ids).aux[:len(ids) - 1]
     assert DraftChain(draft).propose(ids, aux, k)[0] == drafts  # the cached chain decides the same
-    seq = ids + drafts[:-1]
-    states = verifier_pass(verifier, seq, aux_ids)
-    captured = []
-    hook = draft.lm_head.register_forward_hook(lambda _m, _i, out: captured.append(out[0]))
-    with torch.no_grad():
-        draft(hidden_states=states.aux[:-1][None], input_ids=torch.tensor([seq[1:]]),
-              document_ids=torch.zeros(1, len(seq) - 1, dtype=torch.long),
-              position_ids=torch.arange(1, len(seq))[None], ttt_steps=k)
-    hook.remove()
-    for j in range(k):
-        torch.testing.assert_close(logits[j], captured[j][m - 1], rtol=1e-5, atol=1e-5)
 
 
 ARCH_RUNS = {
@@ -145,8 +123,8 @@ def test_each_architecture_trains_resumes_exactly_after_sigterm_and_exports(arch
     assert res["final"]["loss"] == pytest.approx(ref["final"]["loss"], rel=1e-4)
 
     out_dir = tmp_path / "export"
-    exported = subprocess.run([sys.executable, "-m", "eagle3.export", str(stopped / "checkpoints" / "last"),
-                               "--out", str(out_dir)], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    exported = run_in_process(["python", "-m", "eagle3.export", str(stopped / "checkpoints" / "last"), "--out",
+                               str(out_dir)])
     assert exported.returncode == 0, exported.stderr[-3000:]
     model = Eagle3DraftModel.from_pretrained(str(out_dir))
     layer_config = model.config.transformer_layer_config
@@ -177,6 +155,7 @@ def test_the_sglang_export_refuses_a_draft_sglang_would_build_otherwise(layer_ty
     assert (written["model_type"], written["num_hidden_layers"]) == (layer_type.value, num_layers)
 
 
+@pytest.mark.slow  # measures the peak memory of real training steps: 5-12 s each on 2 cores
 @pytest.mark.parametrize("layer_type", [LayerType.llama, LayerType.qwen3])
 @pytest.mark.parametrize("shape", [("T768 k4 sdpa", 768, 4, "sdpa", False),
                                    ("T512 k3 sdpa ckpt", 512, 3, "sdpa", True)],

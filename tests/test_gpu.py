@@ -118,8 +118,8 @@ def train_on_gpu(cfg: RunConfig, monkeypatch, one_rank_group: bool = False) -> t
                 return True
 
         def join(strategy, backend, device_type):
-            world = init_world(strategy, backend, device_type)  # nccl: eagle3.runtime resolves auto so on CUDA
-            assert torch.distributed.get_backend() == "nccl"
+            world = init_world(strategy, backend, device_type)  # as eagle3.runtime resolved it: nccl on CUDA, gloo on CPU
+            assert torch.distributed.get_backend() == ("nccl" if device_type == "cuda" else "gloo")
             return OneRankGroup(world.rank, world.local_rank, world.size, strategy)
 
         monkeypatch.setattr(eagle3.rank, "init_world", join)
@@ -139,23 +139,29 @@ def assert_trained_on_cuda(summary: dict, spy: Spy, length: int) -> None:
                                and b["length"] == length for b in spy.batches)
 
 
-def val_loss_of(checkpoint: Path, cfg: RunConfig, data_dir: Path, total_seq_len: int | None = None) -> dict:
-    """Val metrics of a checkpoint loaded by speculators onto the GPU, as the trainer computes them there
+def val_loss_of(checkpoint: Path, cfg: RunConfig, data_dir: Path, total_seq_len: int | None = None,
+                device: torch.device = CUDA) -> dict:
+    """Val metrics of a checkpoint loaded by speculators onto `device`, as the trainer computes them there
     (`total_seq_len`: the packed length the run trained with, when it differs from data.total_seq_len)."""
+    from contextlib import nullcontext
+
     from speculators.losses import resolve_loss_config
 
     from eagle3.checkpoint import load_draft
     from eagle3.data.loader import build_loaders
+    from eagle3.rank import draft_attn_impl
     from eagle3.train import run_validation
 
-    draft = cfg.model.draft
-    model = load_draft(checkpoint, "simple_flex_attention", device=CUDA)
-    assert next(model.parameters()).device == CUDA
+    draft, cuda = cfg.model.draft, device.type == "cuda"
+    model = load_draft(checkpoint, "simple_flex_attention" if cuda else draft_attn_impl(draft.attn_impl, "cpu"),
+                       device=device)
+    assert next(model.parameters()).device == device
     _, val = build_loaders(data_dir, total_seq_len or cfg.data.total_seq_len, draft.hidden_size,
-                           len(draft.aux_layer_ids), cfg.data.train_ratio, cfg.seed, device=CUDA)
+                           len(draft.aux_layer_ids), cfg.data.train_ratio, cfg.seed, device=device)
     kwargs = {"ttt_steps": draft.ttt_steps, "ttt_step_loss_decay": draft.ttt_step_loss_decay,
-              "loss_config": resolve_loss_config(draft.loss, "fused")}
-    return run_validation(model, val, CUDA, torch.autocast("cuda", dtype=torch.bfloat16), kwargs)
+              "loss_config": resolve_loss_config(draft.loss, "fused" if cuda else "eager")}
+    autocast = torch.autocast("cuda", dtype=torch.bfloat16) if cuda else nullcontext()
+    return run_validation(model, val, device, autocast, kwargs)
 
 
 # First: the cheapest, so that a device call cut short by its time limit still has it.

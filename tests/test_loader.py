@@ -121,6 +121,7 @@ def tiny_draft(flags: dict):
     return model.eval()
 
 
+@pytest.mark.slow  # every micro-batch of an epoch through the model, three ways: 6-11 s on 2 cores
 @pytest.mark.parametrize("flags", [{}, {"fc_norm": True, "norm_before_fc": False}], ids=["speculators", "fc_norm"])
 def test_the_model_gives_the_same_loss_and_metrics(data_bf16, data_fp32, flags):
     from speculators.losses import resolve_loss_config

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import SMALL_DATA, launch, read_rows, sigterm_after_first_train_row
+from conftest import SMALL_DATA, launch, launch_process, read_rows, sigterm_after_first_train_row
 
 # The sampler warns about the rows longer than a micro-batch on purpose.
 pytestmark = pytest.mark.filterwarnings("ignore:Found .* samples longer than batch_max_length")
@@ -97,6 +97,7 @@ def micro_batches(loader):
 SMALL = ("input_ids", "loss_mask", "position_ids", "document_ids")
 
 
+@pytest.mark.slow  # the verifier's forward for every micro-batch of an epoch: 8-16 s each on 2 cores
 @pytest.mark.parametrize("world_size, rank, grad_accum", [(1, 0, 1), (1, 0, 2), (2, 0, 2), (2, 1, 2)])
 def test_online_micro_batches_are_the_offline_ones_in_fp32(datasets, online_verifier, world_size, rank, grad_accum):
     offline = loaders(datasets["float32"], world_size, rank, grad_accum)
@@ -123,6 +124,7 @@ def test_online_micro_batches_are_the_offline_ones_in_fp32(datasets, online_veri
     assert online_verifier.forward_s > 0
 
 
+@pytest.mark.slow  # prepares the offline datasets it compares with (the module's `datasets`): ~20 s on 2 cores
 def test_online_bf16_rounds_the_hidden_states_as_bf16_files_store_them(datasets, online_verifier):
     """hidden_states_dtype=bfloat16: the verifier's fp32 values rounded to bf16 as prepare rounds them into its
     files. Offline and online forwards differ in batch shape (prepare's batches of whole rows, online's one batch
@@ -195,8 +197,9 @@ def test_an_online_ddp_run_has_the_offline_runs_losses(verifier, prepared_fp32, 
     # One process online is the tiny default's test below (data=online against data=tiny, equal at every step).
     runs = {"offline": [*offline, *ONE_PROCESS], "online_ddp": [*online, *DDP]}
     for name, args in runs.items():
-        proc = launch([f"hydra.run.dir={tmp_path / name}", f"model.verifier.path={verifier}", *E2E, *args],
-                      tmp_path / "cache")
+        start = launch_process if DDP[0] in args else launch  # two ranks: processes of their own
+        proc = start([f"hydra.run.dir={tmp_path / name}", f"model.verifier.path={verifier}", *E2E, *args],
+                     tmp_path / "cache")
         assert proc.returncode == 0, proc.stderr[-3000:]
     summary = json.loads((tmp_path / "online_ddp" / "summary.json").read_text())
     assert summary["world_size"] == 2 and summary["steps"] == 6

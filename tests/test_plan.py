@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import ROOT, launch
+from conftest import ROOT, launch, parameter_groups
 
 sys.path.insert(0, str(ROOT / "bench"))
 
@@ -38,30 +38,13 @@ KIMI_CONFIG = {"architectures": ["DeepseekV3ForCausalLM"], "model_type": "deepse
                "tie_word_embeddings": False, "torch_dtype": "bfloat16"}
 
 
-def _meta_groups(model) -> dict[str, tuple[int, bool]]:
-    groups: dict[str, list] = {}
-    for name, p in model.named_parameters():
-        if name.startswith("layers.") and ".self_attn." in name and "_norm." not in name:
-            key = "decoder layers: attention"
-        elif name.startswith("layers.") and ".mlp." in name:
-            key = "decoder layers: MLP"
-        elif name.startswith(("embed_tokens", "lm_head", "verifier_lm_head", "verifier_norm", "fc.")):
-            key = next(k for k in parameter_counts(TINY) if k.startswith(name.split(".")[0] + " "))
-        else:
-            key = "norms"
-        entry = groups.setdefault(key, [0, p.requires_grad])
-        entry[0] += p.numel()
-        assert entry[1] == p.requires_grad, name
-    return {k: (n, trainable) for k, (n, trainable) in groups.items()}
-
-
 @pytest.mark.parametrize("draft", [TINY, KIMI, LLAMA_8B], ids=["tiny", "kimi_k25", "llama_8b"])
 def test_parameter_counts_are_those_of_speculators_model_on_the_meta_device(draft):
     from eagle3.draft_arch import resolved_flags
     from eagle3.init.build import bare_draft
 
     model = bare_draft(draft, resolved_flags(draft, SPECULATORS_FLAGS), "meta")
-    assert _meta_groups(model) == parameter_counts(draft)
+    assert parameter_groups(model, draft) == parameter_counts(draft)
     assert buffer_bytes(draft) == sum(b.numel() * b.element_size() for b in model.buffers()
                                       if b.dim() == 1 and b.numel() in (draft.vocab_size, draft.draft_vocab_size))
 

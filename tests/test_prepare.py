@@ -4,11 +4,9 @@ rows, resuming, the record of what the data holds, and every kind of bad input."
 from __future__ import annotations
 
 import json
-import os
 import random
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -16,7 +14,7 @@ import torch
 from omegaconf import OmegaConf
 from safetensors.torch import load_file, save_file
 
-from conftest import ROOT, compose_cfg
+from conftest import compose_cfg, run_in_process
 from eagle3.data.verifier import tiny_verifier_dir
 from eagle3.data.verifier_forward import batch_plan, load_causal_lm
 
@@ -24,9 +22,7 @@ AUX = [1, 2, 3]
 
 
 def run_module(module: str, *args, cache_dir: Path | None = None) -> subprocess.CompletedProcess:
-    env = {**os.environ, **({"EAGLE3_CACHE": str(cache_dir)} if cache_dir else {})}
-    return subprocess.run([sys.executable, "-m", module, *map(str, args)], cwd=ROOT, env=env, capture_output=True,
-                          text=True, timeout=300)
+    return run_in_process(["python", "-m", module, *map(str, args)], cache_dir)
 
 
 def prepare(verifier: Path, data: Path, out: Path, *extra) -> subprocess.CompletedProcess:

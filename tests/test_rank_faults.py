@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from omegaconf import OmegaConf
 
-from conftest import ROOT, SMALL_DATA, compose_cfg, launch
+from conftest import ROOT, SMALL_DATA, compose_cfg, launch, launch_process
 from eagle3.errors import DataError, UserError
 from eagle3.rank_errors import RankError, RankFailed, first_rank_error, write_rank_error
 
@@ -91,7 +91,7 @@ def test_nccl_without_cuda_is_one_message_not_the_elastic_wall(cache_dir, tmp_pa
 
     if torch.cuda.is_available():
         pytest.skip("this machine has a GPU")
-    proc = launch([f"hydra.run.dir={tmp_path / 'run'}", "distributed=ddp", "distributed.backend=nccl",
+    proc = launch_process([f"hydra.run.dir={tmp_path / 'run'}", "distributed=ddp", "distributed.backend=nccl",
                    "optim.max_steps=1"], cache_dir, timeout=180)
     assert proc.returncode != 0
     assert proc.stderr.count("Traceback") == 0 and "ChildFailedError" not in proc.stderr, proc.stderr[-3000:]

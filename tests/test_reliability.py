@@ -13,9 +13,8 @@ from pathlib import Path
 
 import pytest
 import torch
-from omegaconf import OmegaConf
 
-from conftest import ROOT, SMALL_DATA, compose_cfg, launch, read_rows, sigterm_after_first_train_row
+from conftest import ROOT, SMALL_DATA, launch, read_rows, sigterm_after_first_train_row, typed_run_config
 
 
 def small_run(cache_dir: Path, run_dir: Path, overrides: list[str]):
@@ -24,13 +23,7 @@ def small_run(cache_dir: Path, run_dir: Path, overrides: list[str]):
     from eagle3.init import InitContext, build_draft
     from eagle3.inputs import materialize_inputs
 
-    os.environ["EAGLE3_CACHE"] = str(cache_dir)
-    from eagle3.config import run_config
-
-    plain = OmegaConf.to_container(compose_cfg(["logger.mode=disabled", *SMALL_DATA, *overrides]), resolve=True,
-                                   enum_to_str=True)
-    plain["run"] = {"dir": str(run_dir), "name": "t", "group": "t", "choices": {}, "overrides": []}
-    cfg = run_config(plain)
+    cfg = typed_run_config(cache_dir, run_dir, overrides)
     run_dir.mkdir(parents=True)
     verifier_dir, data_dir = materialize_inputs(cfg)
     draft = cfg.model.draft

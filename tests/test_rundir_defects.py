@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import SMALL_DATA, launch, read_rows, sigterm_after_first_train_row
+from conftest import SMALL_DATA, launch, read_rows, sigterm_after_first_train_row, typed_run_config
 
 STOPPED_ARGS = ["optim.epochs=2", "logger.log_every=1", "logger.mode=disabled", *SMALL_DATA]
 
@@ -210,19 +210,9 @@ def test_a_failure_record_that_cannot_be_written_is_a_warning(tmp_path, monkeypa
 
 def composed_run(cache_dir: Path, run_dir: Path, overrides: list[str]):
     """A checked run config as the launcher types it, with its verifier and data built (the session cache)."""
-    import os
-
-    from omegaconf import OmegaConf
-
-    from conftest import compose_cfg
-    from eagle3.config import run_config
     from eagle3.inputs import materialize_inputs
 
-    os.environ["EAGLE3_CACHE"] = str(cache_dir)
-    plain = OmegaConf.to_container(compose_cfg(["logger.mode=disabled", *SMALL_DATA, *overrides]), resolve=True,
-                                   enum_to_str=True)
-    plain["run"] = {"dir": str(run_dir), "name": "t", "group": "t", "choices": {}, "overrides": []}
-    cfg = run_config(plain)
+    cfg = typed_run_config(cache_dir, run_dir, overrides)
     _, data_dir = materialize_inputs(cfg)
     return cfg, data_dir
 

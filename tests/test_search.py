@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from omegaconf import OmegaConf
 
-from conftest import ROOT, SMALL_DATA, compose_cfg, launch
+from conftest import ROOT, SMALL_DATA, compose_cfg, launch, run_in_process
 from eagle3.config import Objective, validate
 from eagle3.errors import ConfigError
 
@@ -167,8 +167,7 @@ def test_confirm_measures_the_two_best_and_prints_both_rankings(study_sweep, tmp
     dirs = run_dirs(study_sweep)
     by_tau = sorted(dirs, key=lambda n: (-best_tau(dirs[n]), n))
     png = tmp_path / "study.png"
-    proc = subprocess.run([sys.executable, "-m", "eagle3.compare", str(study_sweep), "--confirm", "2",
-                           "--plot", str(png)], cwd=ROOT, capture_output=True, text=True, timeout=900)
+    proc = run_in_process(["python", "-m", "eagle3.compare", str(study_sweep), "--confirm", "2", "--plot", str(png)])
     assert proc.returncode == 0, proc.stderr[-3000:]
     measured = {n for n, d in dirs.items() if list(d.glob("accept_k*.json"))}
     assert measured == set(by_tau[:2])
@@ -191,6 +190,5 @@ def test_confirm_measures_the_two_best_and_prints_both_rankings(study_sweep, tmp
     assert pixels.shape[1] > 4 * pixels.shape[0]  # four panels: the study's history is the fourth
 
     # Again: nothing left to measure among the two best; --confirm 0 only ranks.
-    proc = subprocess.run([sys.executable, "-m", "eagle3.compare", str(study_sweep), "--confirm", "2"], cwd=ROOT,
-                          capture_output=True, text=True, timeout=300)
+    proc = run_in_process(["python", "-m", "eagle3.compare", str(study_sweep), "--confirm", "2"])
     assert proc.returncode == 0 and "measuring" not in proc.stderr, proc.stderr
