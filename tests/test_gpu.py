@@ -118,7 +118,7 @@ def train_on_gpu(cfg: RunConfig, monkeypatch, one_rank_group: bool = False) -> t
                 return True
 
         def join(strategy, backend, device_type):
-            world = init_world(strategy, backend, device_type)  # as eagle3.runtime resolved it: nccl on CUDA, gloo on CPU
+            world = init_world(strategy, backend, device_type)  # as eagle3.runtime resolved it
             assert torch.distributed.get_backend() == ("nccl" if device_type == "cuda" else "gloo")
             return OneRankGroup(world.rank, world.local_rank, world.size, strategy)
 
