@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from eagle3.eval.speedup import main as speedup_main
+from tests.conftest import compose_cfg, launch
 from tests.test_speedup_engine import served
 
 
@@ -53,3 +54,30 @@ def test_reports_of_two_served_runs_are_not_fitted_together(tmp_path, key, other
     assert "come from different served runs" in refused_prediction(tmp_path, one, five)
     edit_report(five, **run)  # the same run's reports still fit
     speedup_main(["--accept-rates", "0.3", "0.1", "--engine-costs", str(one), str(five)])
+
+
+@pytest.mark.parametrize("override, allowed", [
+    ("model.draft.loss=kll", "expected one of [kl_div, ce, rkl, jsd, tv, nla, lk_hybrid]"),
+    ("model.draft.kind=peegle", "expected one of [eagle3, peagle]"),
+    ("data.on_bad_sample=maybe", "expected one of [error, skip]"),
+    ("data.prefetch=x", "Value 'x' of type 'str' could not be converted to Integer"),
+])
+def test_a_sweep_job_whose_value_does_not_compose_is_refused_saying_what_is_allowed(override, allowed):
+    """The sweeper refuses a sweep with one bad job's value in one line per job; that line must say what the key
+    takes, as a single run's message does, not only that the override did not merge."""
+    from hydra_plugins.eagle3_basic_sweeper.sweeper import composition_problem
+
+    with pytest.raises(Exception) as e:
+        compose_cfg([override])
+    problem = composition_problem(e.value)
+    assert problem.startswith(f"Error merging override {override}: ") and allowed in problem and "\n" not in problem
+
+
+@pytest.mark.slow
+def test_a_sweep_with_one_mistyped_enum_value_starts_no_job(tmp_path):
+    sweep = tmp_path / "sweep"
+    r = launch(["-m", f"hydra.sweep.dir={sweep}", "model.draft.loss=ce,kll", "plan=true"], tmp_path / "cache")
+    assert r.returncode != 0 and "Traceback" not in r.stderr
+    assert "1 of 2 sweep jobs have an invalid config; no job was started" in r.stderr
+    assert "model.draft.loss=kll: Invalid value 'kll', expected one of [kl_div, ce," in r.stderr
+    assert not sweep.exists()

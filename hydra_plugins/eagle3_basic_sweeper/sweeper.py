@@ -62,6 +62,14 @@ def job_config_problem(job_cfg: DictConfig) -> Optional[str]:  # noqa: UP045
     return None
 
 
+def composition_problem(e: BaseException) -> str:
+    """Hydra's composition error in one line, with its cause's first line, which says what the key allows
+    ("Error merging override model.draft.loss=kll: Invalid value 'kll', expected one of [kl_div, ce, ...]")."""
+    problem = str(e).splitlines()[0]
+    cause = str(e.__cause__).splitlines()[0] if e.__cause__ is not None and str(e.__cause__) else ""
+    return f"{problem.rstrip('.')}: {cause}" if cause and cause not in problem else problem
+
+
 class Eagle3BasicSweeper(BasicSweeper):
     def sweep(self, arguments: list[str]) -> Any:
         assert self.config is not None and self.launcher is not None and self.hydra_context is not None
@@ -98,7 +106,7 @@ class Eagle3BasicSweeper(BasicSweeper):
                 try:
                     job_cfg = loader.load_sweep_config(self.config, list(overrides))
                 except Exception as e:  # a composition error: Hydra's own message
-                    problem: Optional[str] = str(e).splitlines()[0]  # noqa: UP045
+                    problem: Optional[str] = composition_problem(e)  # noqa: UP045
                 else:
                     problem = job_config_problem(job_cfg)
                 if problem:
