@@ -223,6 +223,9 @@ class DraftConfig:
         if self.kind == DraftKind.peagle:
             _require(self.ttt_step_loss_decay == 1.0, "model.draft.ttt_step_loss_decay",
                      "P-EAGLE weighs its depths as speculators' PEagleDraftModel does (equally); leave it at 1.0")
+        _require(self.mask_token_id is None or self.kind == DraftKind.peagle, "model.draft.mask_token_id",
+                 f"is the input token of P-EAGLE's masked slots, and model.draft.kind={self.kind.value} has none: "
+                 f"drop it, or set model.draft.kind=peagle")
         _require(self.mask_token_id is None or 0 <= self.mask_token_id < self.vocab_size, "model.draft.mask_token_id",
                  f"must be a token id in [0, model.draft.vocab_size={self.vocab_size}), got {self.mask_token_id}")
         _require(0 < self.draft_vocab_size <= self.vocab_size, "model.draft.draft_vocab_size",

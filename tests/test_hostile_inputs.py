@@ -7,7 +7,10 @@ import json
 from pathlib import Path
 
 import pytest
+from omegaconf import OmegaConf
 
+from eagle3.config import validate
+from eagle3.errors import ConfigError
 from eagle3.eval.speedup import main as speedup_main
 from tests.conftest import compose_cfg, launch
 from tests.test_speedup_engine import served
@@ -81,3 +84,17 @@ def test_a_sweep_with_one_mistyped_enum_value_starts_no_job(tmp_path):
     assert "1 of 2 sweep jobs have an invalid config; no job was started" in r.stderr
     assert "model.draft.loss=kll: Invalid value 'kll', expected one of [kl_div, ce," in r.stderr
     assert not sweep.exists()
+
+
+def composed(overrides: list[str]):
+    """The typed, checked config of `overrides`, as plan=true checks it (no dataset read)."""
+    plain = OmegaConf.to_container(compose_cfg(overrides), resolve=True, enum_to_str=True)
+    return validate({str(k): v for k, v in plain.items()}, dataset_required=False)
+
+
+def test_a_mask_token_for_a_draft_without_masked_slots_is_refused():
+    """model.draft.mask_token_id means something to P-EAGLE only; with the default kind=eagle3 it did nothing."""
+    with pytest.raises(ConfigError, match=r"^model.draft.mask_token_id: .* model.draft.kind=eagle3 has none: drop it, "
+                                          r"or set model.draft.kind=peagle$"):
+        composed(["model.draft.mask_token_id=5"])
+    assert composed(["model.draft.kind=peagle", "model.draft.mask_token_id=5"]).model.draft.mask_token_id == 5
