@@ -510,8 +510,9 @@ class AcceptEvalConfig:
         _require(self.max_new_tokens >= 2, "eval.accept.max_new_tokens",
                  f"must be >= 2 (the first token comes from the prompt's forward, without a draft), "
                  f"got {self.max_new_tokens}")
-        # `not >=` also refuses NaN, which would otherwise sample from NaN logits.
-        _require(self.temperature >= 0, "eval.accept.temperature", f"must be >= 0, got {self.temperature}")
+        # NaN would sample from NaN logits, and inf from a uniform distribution whatever the verifier says.
+        _require(math.isfinite(self.temperature) and self.temperature >= 0, "eval.accept.temperature",
+                 f"must be >= 0 and finite, got {self.temperature}")
 
     def check(self, dist: DistributedConfig) -> None:
         # The verifier it needs always exists: ModelConfig.check requires model.verifier.path or .tiny.

@@ -98,3 +98,14 @@ def test_a_mask_token_for_a_draft_without_masked_slots_is_refused():
                                           r"or set model.draft.kind=peagle$"):
         composed(["model.draft.mask_token_id=5"])
     assert composed(["model.draft.kind=peagle", "model.draft.mask_token_id=5"]).model.draft.mask_token_id == 5
+
+
+def test_an_infinite_accept_temperature_is_refused_in_the_run_and_the_cli():
+    """T=inf divides every logit to 0: a uniform draw, whatever the verifier and the draft say."""
+    from eagle3.eval.accept import main as accept_main
+
+    with pytest.raises(ConfigError, match=r"^eval.accept.temperature: must be >= 0 and finite, got inf$"):
+        composed(["eval.accept.temperature=inf"])
+    with pytest.raises(SystemExit, match=r"^error: --temperature \(eval.accept.temperature\): must be >= 0 and "
+                                         r"finite, got inf$"):
+        accept_main(["--temperature", "inf"])
