@@ -285,8 +285,8 @@ class SynthConfig:
         for key in ("num_samples", "prompt_len", "response_len", "batch_size"):
             value = getattr(self, key)
             _require(value >= 1, f"data.synth.{key}", f"must be >= 1, got {value}")
-        _require(self.temperature > 0, "data.synth.temperature",
-                 f"must be > 0 (responses are sampled), got {self.temperature}")
+        _require(math.isfinite(self.temperature) and self.temperature > 0, "data.synth.temperature",
+                 f"must be > 0 and finite (responses are sampled from the verifier), got {self.temperature}")
 
 
 class HiddenStatesDtype(str, Enum):

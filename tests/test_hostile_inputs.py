@@ -109,3 +109,10 @@ def test_an_infinite_accept_temperature_is_refused_in_the_run_and_the_cli():
     with pytest.raises(SystemExit, match=r"^error: --temperature \(eval.accept.temperature\): must be >= 0 and "
                                          r"finite, got inf$"):
         accept_main(["--temperature", "inf"])
+
+
+@pytest.mark.parametrize("source", ["tiny", "online"])
+def test_an_infinite_synth_temperature_is_refused(source):
+    """Responses drawn at T=inf are uniform noise, not the verifier's: no row would be like its output."""
+    with pytest.raises(ConfigError, match=r"^data.synth.temperature: must be > 0 and finite .*, got inf$"):
+        composed([f"data={source}", "data.synth.temperature=inf"])
