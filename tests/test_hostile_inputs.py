@@ -116,3 +116,21 @@ def test_an_infinite_synth_temperature_is_refused(source):
     """Responses drawn at T=inf are uniform noise, not the verifier's: no row would be like its output."""
     with pytest.raises(ConfigError, match=r"^data.synth.temperature: must be > 0 and finite .*, got inf$"):
         composed([f"data={source}", "data.synth.temperature=inf"])
+
+
+def test_prepare_refuses_aux_layer_ids_that_name_a_layer_twice(cache_dir, tmp_path, capsys):
+    """A dataset of layers [2, 2] would cost the whole verifier pass and no run could train on it (a run refuses
+    model.draft.aux_layer_ids=[2,2]); refused before a file is written."""
+    from eagle3.config import TinyVerifierConfig
+    from eagle3.data.prepare import main as prepare_main
+    from eagle3.data.verifier import tiny_verifier_dir
+
+    plain = OmegaConf.to_container(compose_cfg(), resolve=True)
+    verifier = tiny_verifier_dir(TinyVerifierConfig(**plain["model"]["verifier"]["tiny"]), str(cache_dir))
+    data = tmp_path / "rows.jsonl"
+    data.write_text(json.dumps({"input_ids": [1, 2, 3, 4], "loss_mask": [0, 1, 1, 1]}) + "\n")
+    out = tmp_path / "out"
+    assert prepare_main(["--model", str(verifier), "--data", str(data), "--out", str(out),
+                         "--aux-layer-ids", "2", "2", "--device", "cpu"]) == 1
+    assert "error: aux layer ids [2, 2] name a layer twice" in capsys.readouterr().err
+    assert not out.exists()
