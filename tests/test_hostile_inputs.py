@@ -134,3 +134,14 @@ def test_prepare_refuses_aux_layer_ids_that_name_a_layer_twice(cache_dir, tmp_pa
                          "--aux-layer-ids", "2", "2", "--device", "cpu"]) == 1
     assert "error: aux layer ids [2, 2] name a layer twice" in capsys.readouterr().err
     assert not out.exists()
+
+
+@pytest.mark.parametrize("value", ["0", "-5"])
+def test_data_check_refuses_a_vocabulary_size_below_one(tmp_path, capsys, value):
+    """--vocab-size 0 was taken as not given (the record's size was checked instead) and -5 counted every token
+    as outside the vocabulary; either is refused before the dataset is read."""
+    from eagle3.data.check import main as check_main
+
+    with pytest.raises(SystemExit) as e:
+        check_main([str(tmp_path), "--vocab-size", value])
+    assert e.value.code == 2 and f"--vocab-size must be >= 1, got {value}" in capsys.readouterr().err
