@@ -152,3 +152,31 @@ def test_data_check_refuses_a_vocabulary_size_below_one(tmp_path, capsys, value)
     with pytest.raises(SystemExit) as e:
         check_main([str(tmp_path), "--vocab-size", value])
     assert e.value.code == 2 and f"--vocab-size must be >= 1, got {value}" in capsys.readouterr().err
+
+
+def tiny_draft(**overrides):
+    from eagle3.config import DraftConfig
+
+    plain = OmegaConf.to_container(compose_cfg().model.draft, resolve=True)
+    return DraftConfig(**{**plain, **overrides})
+
+
+@pytest.mark.parametrize("run_kind, checkpoint_kind", [("peagle", "eagle3"), ("eagle3", "peagle")])
+def test_a_pretrained_draft_of_the_other_kind_is_refused_naming_the_kind(tmp_path, run_kind, checkpoint_kind):
+    """init=pretrained from an EAGLE-3 checkpoint into model.draft.kind=peagle (or back) said only that
+    mask_hidden was missing (or unexpected); it names model.draft.kind and both kinds."""
+    from eagle3.config import PretrainedInitConfig
+    from eagle3.draft_arch import SPECULATORS_FLAGS, DraftKind
+    from eagle3.init import InitContext
+    from eagle3.init.build import bare_draft
+    from eagle3.init.files import CheckpointError
+    from eagle3.init.pretrained import preflight
+
+    checkpoint = tmp_path / "ckpt"
+    bare_draft(tiny_draft(kind=DraftKind(checkpoint_kind)), SPECULATORS_FLAGS, "cpu").save_pretrained(str(checkpoint))
+    ctx = InitContext(tiny_draft(kind=DraftKind(run_kind)), PretrainedInitConfig(path=str(checkpoint)), tmp_path,
+                      tmp_path, "sdpa", [])
+    with pytest.raises(CheckpointError, match=f"model.draft.kind: the run says {run_kind}, the checkpoint "
+                                              f"{checkpoint_kind}"):
+        preflight(ctx)
+    preflight(InitContext(tiny_draft(kind=DraftKind(checkpoint_kind)), ctx.init, tmp_path, tmp_path, "sdpa", []))

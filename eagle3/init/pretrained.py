@@ -22,7 +22,7 @@ from typing import Any
 import torch
 
 from eagle3.config import PretrainedInitConfig
-from eagle3.draft_arch import FLAGS, SPECULATORS_FLAGS, asked_flags, structure
+from eagle3.draft_arch import FLAGS, SPECULATORS_FLAGS, DraftKind, asked_flags, structure
 from eagle3.init.build import draft_rope, meta_draft, new_draft
 from eagle3.init.files import CheckpointError, checkpoint_files, load_tensors, read_config, tensor_shapes
 from eagle3.init.registry import InitContext, register
@@ -51,6 +51,7 @@ class Source:
     stated_aux_ids: list[int] | None          # in Hugging Face output_hidden_states indexing
     stated_rope: Rope | None
     stated_structure: dict[str, Any]          # the decoder's model_type and num_hidden_layers, where stated
+    kind: str = "eagle3"                      # eagle3.draft_arch.DraftKind: its speculators_model_type
 
 
 def read_source(path: Path, key_map: dict[str, str]) -> Source:
@@ -75,7 +76,9 @@ def read_source(path: Path, key_map: dict[str, str]) -> Source:
         raise CheckpointError(f"{path}/config.json states {e}; a one-layer draft has one RoPE") from None
     stated_structure = {k: layer[k] for k in ("model_type", "num_hidden_layers")
                         if layout == "speculators" and isinstance(layer, dict) and k in layer}
-    return Source(path, files, layout, shapes, keys, stated, ids, rope, stated_structure)
+    kind = config.get("speculators_model_type") if layout == "speculators" else None
+    return Source(path, files, layout, shapes, keys, stated, ids, rope, stated_structure,
+                  kind if isinstance(kind, str) else DraftKind.eagle3.value)
 
 
 def is_explicit(overrides: list[str], key: str) -> bool:
@@ -110,6 +113,9 @@ def resolve_architecture(ctx: InitContext, source: Source) -> tuple[dict[str, bo
     names = {"model_type": "model.draft.layer_type", "num_hidden_layers": "model.draft.num_layers"}
     conflicts += [f"{names[k]}: the run says {v}, the checkpoint {source.stated_structure[k]}"
                   for k, v in structure(ctx.draft).items() if source.stated_structure.get(k, v) != v]
+    if source.kind != DraftKind(ctx.draft.kind).value:
+        conflicts.append(f"model.draft.kind: the run says {DraftKind(ctx.draft.kind).value}, the checkpoint "
+                         f"{source.kind} (its speculators_model_type)")
     rope_note, rope_conflict = compare_rope(ctx, source.stated_rope)
     notes += rope_note
     conflicts += rope_conflict
