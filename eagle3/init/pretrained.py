@@ -21,7 +21,7 @@ from typing import Any
 
 import torch
 
-from eagle3.config import PretrainedInitConfig
+from eagle3.config import DraftConfig, PretrainedInitConfig
 from eagle3.draft_arch import FLAGS, SPECULATORS_FLAGS, DraftKind, asked_flags, structure
 from eagle3.init.build import draft_rope, meta_draft, new_draft
 from eagle3.init.files import CheckpointError, checkpoint_files, load_tensors, read_config, tensor_shapes
@@ -35,6 +35,15 @@ SKIPPED = {
     "verifier_lm_head.weight": "the verifier's own head: taken from the verifier",
     "verifier_norm.weight": "the verifier's own final norm: taken from the verifier",
 }
+
+
+def skipped_keys(draft: DraftConfig) -> dict[str, str]:
+    """The checkpoint tensors not loaded, with why; a P-EAGLE draft trains its embed_tokens, so its own is loaded."""
+    if draft.kind == DraftKind.peagle:
+        return {k: why for k, why in SKIPPED.items() if k != "embed_tokens.weight"}
+    return SKIPPED
+
+
 # SpecForge/EAGLE drafters: the residual is the un-normalized hidden state, fc sees the raw aux states, and
 # the pre-norm output is fed to the next TTT step (speculators' converter defaults agree).
 SPECFORGE_FLAGS = {"norm_before_residual": False, "norm_before_fc": False, "norm_output": False, "fc_norm": False}
@@ -143,12 +152,14 @@ def compare_rope(ctx: InitContext, stated: Rope | None) -> tuple[list[str], list
     return [], [f"RoPE: the run says {run}, the checkpoint {stated} (model.draft.{', model.draft.'.join(ROPE_KEYS)})"]
 
 
-def plan_load(shapes: dict[str, tuple[int, ...]], model_shapes: dict[str, tuple[int, ...]]) -> dict[str, Any]:
-    """Which checkpoint tensor goes where. Raises with every missing, unexpected and mismatched key."""
+def plan_load(shapes: dict[str, tuple[int, ...]], model_shapes: dict[str, tuple[int, ...]],
+              skip: dict[str, str] = SKIPPED) -> dict[str, Any]:
+    """Which checkpoint tensor goes where (`skip`: those not loaded, with why). Raises with every missing,
+    unexpected and mismatched key."""
     loaded, skipped, unexpected, mismatched = [], {}, [], []
     for key, shape in sorted(shapes.items()):
-        if key in SKIPPED:
-            skipped[key] = SKIPPED[key]
+        if key in skip:
+            skipped[key] = skip[key]
         elif key in ("d2t", "t2d"):
             continue
         elif key not in model_shapes:
@@ -160,7 +171,7 @@ def plan_load(shapes: dict[str, tuple[int, ...]], model_shapes: dict[str, tuple[
         else:
             loaded.append(key)
     missing = [f"{k} {list(s)}" for k, s in sorted(model_shapes.items())
-               if k not in shapes and k not in SKIPPED and k not in ("d2t", "t2d")]
+               if k not in shapes and k not in skip and k not in ("d2t", "t2d")]
     return {"loaded": loaded, "skipped": skipped, "missing": missing, "unexpected": unexpected,
             "mismatched": mismatched}
 
@@ -199,7 +210,7 @@ def preflight(ctx: InitContext) -> Source:
     flags, _ = resolve_architecture(ctx, source)
     check_vocab(ctx, source)
     model_shapes = {k: tuple(v.shape) for k, v in meta_draft(ctx.draft, flags).state_dict().items()}
-    check_plan(plan_load(source.shapes, model_shapes), source)
+    check_plan(plan_load(source.shapes, model_shapes, skipped_keys(ctx.draft)), source)
     return source
 
 
@@ -215,7 +226,8 @@ def init_pretrained(ctx: InitContext) -> tuple[Any, dict[str, Any]]:
     source = read_source(Path(options(ctx).path), dict(options(ctx).key_map))
     flags, notes = resolve_architecture(ctx, source)
     check_vocab(ctx, source)
-    wanted = {raw for raw, key in source.keys.items() if key not in SKIPPED}  # embed_tokens can be GBs
+    skip = skipped_keys(ctx.draft)
+    wanted = {raw for raw, key in source.keys.items() if key not in skip}  # embed_tokens can be GBs
     weights = {source.keys[k]: v for k, v in load_tensors(source.files, wanted).items()}
 
     draft, policy = ctx.draft, options(ctx).vocab.value
@@ -230,7 +242,7 @@ def init_pretrained(ctx: InitContext) -> tuple[Any, dict[str, Any]]:
     model = new_draft(draft, flags, ctx.attn_impl, str(ctx.verifier_dir), t2d, d2t)
 
     model_state = model.state_dict()
-    plan = plan_load(source.shapes, {k: tuple(v.shape) for k, v in model_state.items()})
+    plan = plan_load(source.shapes, {k: tuple(v.shape) for k, v in model_state.items()}, skip)
     check_plan(plan, source)
     new_ids = target_ids(d2t)
     with torch.no_grad():
