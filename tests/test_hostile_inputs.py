@@ -211,3 +211,12 @@ def test_a_peagle_draft_initialized_from_a_peagle_checkpoint_keeps_its_trained_e
     model, report = init_pretrained(InitContext(draft, init, verifier, data, "sdpa", []))
     assert "embed_tokens.weight" in report["keys"]["loaded"]
     assert torch.equal(model.embed_tokens.weight, torch.full_like(model.embed_tokens.weight, 0.25))
+
+
+@pytest.mark.parametrize("value", ["inf", "nan", "-1"])
+def test_serve_refuses_a_temperature_no_sampler_has_before_reading_the_run(tmp_path, value):
+    """--temperature inf was served (vLLM samples uniformly) into serve_vllm_k<k>_tinf.json."""
+    from eagle3.serve.__main__ import main as serve_main
+
+    with pytest.raises(SystemExit, match=rf"^error: --temperature must be >= 0 and finite, got {value}"):
+        serve_main([str(tmp_path / "no-run"), "--temperature", value])
