@@ -24,7 +24,7 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from eagle3.draft_arch import DraftKind, LayerType, flag_conflicts
+from eagle3.draft_arch import DraftKind, LayerType, asked_flags, flag_conflicts
 from eagle3.errors import ConfigError
 from eagle3.verifier_shape import read_verifier_config, shape_problems
 
@@ -541,9 +541,14 @@ class ServeEvalConfig:
     k: list[int] | None = None
     python: str | None = None      # the engine's interpreter; null: $EAGLE3_VLLM_PYTHON, else the --install venv
 
-    def check(self) -> None:
+    def check(self, draft: DraftConfig) -> None:
         _require(self.k is None or (len(self.k) > 0 and min(self.k) >= 1), "eval.serve.k",
                  f"must be null or a list of k >= 1, got {self.k}")
+        # eagle3.serve_parity's rule for P-EAGLE, known before training: refused now, not after the run.
+        _require(not (self.enabled and draft.kind == DraftKind.peagle and asked_flags(draft)["fc_norm"]),
+                 "eval.serve.enabled", "serves the run with vLLM, whose P-EAGLE config reader drops fc_norm "
+                 "(EAGLE-3.1's per-aux norms) that this draft has (model.draft.kind=peagle with eagle31=true or "
+                 "fc_norm=true): drop eval.serve.enabled, or train it without fc_norm")
 
 
 @dataclass
@@ -587,7 +592,7 @@ class TrainConfig:
                  "nccl runs on CUDA GPUs only, and device=cpu; use distributed.backend=auto (gloo on CPU)")
         self.distributed.check()
         self.eval.accept.check(self.distributed)
-        self.eval.serve.check()
+        self.eval.serve.check(self.model.draft)
         accept = self.eval.accept
         # accept_len exists only where the val pass that chose the best checkpoint measured acceptance.
         _require(self.objective != Objective.accept_len or (accept.enabled and accept.every == 1), "objective",

@@ -220,3 +220,14 @@ def test_serve_refuses_a_temperature_no_sampler_has_before_reading_the_run(tmp_p
 
     with pytest.raises(SystemExit, match=rf"^error: --temperature must be >= 0 and finite, got {value}"):
         serve_main([str(tmp_path / "no-run"), "--temperature", value])
+
+
+@pytest.mark.parametrize("flag", ["model.draft.eagle31=true", "model.draft.fc_norm=true"])
+def test_serving_at_the_end_a_peagle_draft_vllm_cannot_load_is_refused_before_training(flag):
+    """vLLM's P-EAGLE reader drops fc_norm; with eval.serve.enabled=true the run trained, then failed to serve."""
+    overrides = ["model.draft.kind=peagle", flag, "model.draft.norm_before_fc=false"]
+    with pytest.raises(ConfigError, match=r"^eval.serve.enabled: serves the run with vLLM, whose P-EAGLE config "
+                                          r"reader drops fc_norm"):
+        composed([*overrides, "eval.serve.enabled=true"])
+    composed(overrides)  # trained without serving it: fine (it loads in speculators)
+    composed(["model.draft.kind=peagle", "eval.serve.enabled=true"])
