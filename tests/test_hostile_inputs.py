@@ -231,3 +231,15 @@ def test_serving_at_the_end_a_peagle_draft_vllm_cannot_load_is_refused_before_tr
         composed([*overrides, "eval.serve.enabled=true"])
     composed(overrides)  # trained without serving it: fine (it loads in speculators)
     composed(["model.draft.kind=peagle", "eval.serve.enabled=true"])
+
+
+def test_flex_attention_on_the_cpu_is_refused_before_anything_is_built():
+    """attn_impl=simple_flex_attention with device=cpu ran into torch's "FlexAttention does not support backward on
+    CPU" traceback at the first step, leaving a failed run dir; the launcher's and the sweeper's device check
+    (eagle3.fit.check_devices) refuse it first."""
+    from eagle3.fit import check_devices
+
+    cfg = composed(["model.draft.attn_impl=simple_flex_attention", "device=cpu"])
+    with pytest.raises(ConfigError, match=r"^model.draft.attn_impl: simple_flex_attention has no backward on CPU"):
+        check_devices(cfg)
+    check_devices(composed(["model.draft.attn_impl=auto", "device=cpu"]))
