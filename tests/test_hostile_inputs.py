@@ -243,3 +243,15 @@ def test_flex_attention_on_the_cpu_is_refused_before_anything_is_built():
     with pytest.raises(ConfigError, match=r"^model.draft.attn_impl: simple_flex_attention has no backward on CPU"):
         check_devices(cfg)
     check_devices(composed(["model.draft.attn_impl=auto", "device=cpu"]))
+
+
+def test_accept_refuses_an_out_path_it_cannot_write_before_measuring(tmp_path):
+    """--out <a directory> measured the whole acceptance, then died with IsADirectoryError; --out under a file
+    likewise (NotADirectoryError)."""
+    from eagle3.eval.accept import main as accept_main
+
+    (tmp_path / "file").write_text("")
+    under_a_file = tmp_path / "file" / "r.json"
+    for out, problem in ((tmp_path, f"{tmp_path} is a directory"), (under_a_file, "file is an existing file")):
+        with pytest.raises(SystemExit, match=rf"^error: --out: .*{problem}.*; give the path of the JSON report"):
+            accept_main(["--run", str(tmp_path / "no-run"), "--out", str(out)])
