@@ -255,3 +255,14 @@ def test_accept_refuses_an_out_path_it_cannot_write_before_measuring(tmp_path):
     for out, problem in ((tmp_path, f"{tmp_path} is a directory"), (under_a_file, "file is an existing file")):
         with pytest.raises(SystemExit, match=rf"^error: --out: .*{problem}.*; give the path of the JSON report"):
             accept_main(["--run", str(tmp_path / "no-run"), "--out", str(out)])
+
+
+def test_a_prepare_data_path_that_is_no_file_says_what_it_is(tmp_path):
+    """--data <a directory> was said not to exist."""
+    from eagle3.data.jsonl import BadSamples, read_rows
+    from eagle3.errors import DataError
+
+    with pytest.raises(DataError, match=rf"^{tmp_path} is a directory, not a regular file; expected a JSONL file"):
+        read_rows(tmp_path, 64, 1024, BadSamples("error"))
+    with pytest.raises(DataError, match=r"missing.jsonl does not exist; expected a JSONL file"):
+        read_rows(tmp_path / "missing.jsonl", 64, 1024, BadSamples("error"))
