@@ -266,3 +266,16 @@ def test_a_prepare_data_path_that_is_no_file_says_what_it_is(tmp_path):
         read_rows(tmp_path, 64, 1024, BadSamples("error"))
     with pytest.raises(DataError, match=r"missing.jsonl does not exist; expected a JSONL file"):
         read_rows(tmp_path / "missing.jsonl", 64, 1024, BadSamples("error"))
+
+
+@pytest.mark.slow
+def test_serving_at_the_end_without_an_engine_is_refused_before_training(tmp_path):
+    """eval.serve.enabled=true with an interpreter that is not there trained the whole run, then said
+    "--python: ... is not an executable file"; the engine is looked for before any data is built."""
+    cache, run_dir = tmp_path / "cache", tmp_path / "run"
+    r = launch([f"hydra.run.dir={run_dir}", "eval.serve.enabled=true", f"eval.serve.python={tmp_path / 'python'}",
+                "logger.mode=disabled"], cache)
+    assert r.returncode == 1 and "Traceback" not in r.stderr
+    assert f"error: eval.serve.python: {tmp_path / 'python'} is not an executable file" in r.stderr
+    assert not (run_dir / "metrics.jsonl").exists() and not (run_dir / "checkpoints").exists()
+    assert not (cache / "datasets").exists()
