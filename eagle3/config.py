@@ -24,7 +24,7 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from eagle3.draft_arch import DraftKind, LayerType, flag_conflicts
+from eagle3.draft_arch import DraftKind, LayerType, asked_flags, flag_conflicts
 from eagle3.errors import ConfigError
 from eagle3.verifier_shape import read_verifier_config, shape_problems
 
@@ -223,6 +223,9 @@ class DraftConfig:
         if self.kind == DraftKind.peagle:
             _require(self.ttt_step_loss_decay == 1.0, "model.draft.ttt_step_loss_decay",
                      "P-EAGLE weighs its depths as speculators' PEagleDraftModel does (equally); leave it at 1.0")
+        _require(self.mask_token_id is None or self.kind == DraftKind.peagle, "model.draft.mask_token_id",
+                 f"is the input token of P-EAGLE's masked slots, and model.draft.kind={self.kind.value} has none: "
+                 f"drop it, or set model.draft.kind=peagle")
         _require(self.mask_token_id is None or 0 <= self.mask_token_id < self.vocab_size, "model.draft.mask_token_id",
                  f"must be a token id in [0, model.draft.vocab_size={self.vocab_size}), got {self.mask_token_id}")
         _require(0 < self.draft_vocab_size <= self.vocab_size, "model.draft.draft_vocab_size",
@@ -282,8 +285,8 @@ class SynthConfig:
         for key in ("num_samples", "prompt_len", "response_len", "batch_size"):
             value = getattr(self, key)
             _require(value >= 1, f"data.synth.{key}", f"must be >= 1, got {value}")
-        _require(self.temperature > 0, "data.synth.temperature",
-                 f"must be > 0 (responses are sampled), got {self.temperature}")
+        _require(math.isfinite(self.temperature) and self.temperature > 0, "data.synth.temperature",
+                 f"must be > 0 and finite (responses are sampled from the verifier), got {self.temperature}")
 
 
 class HiddenStatesDtype(str, Enum):
@@ -507,8 +510,9 @@ class AcceptEvalConfig:
         _require(self.max_new_tokens >= 2, "eval.accept.max_new_tokens",
                  f"must be >= 2 (the first token comes from the prompt's forward, without a draft), "
                  f"got {self.max_new_tokens}")
-        # `not >=` also refuses NaN, which would otherwise sample from NaN logits.
-        _require(self.temperature >= 0, "eval.accept.temperature", f"must be >= 0, got {self.temperature}")
+        # NaN would sample from NaN logits, and inf from a uniform distribution whatever the verifier says.
+        _require(math.isfinite(self.temperature) and self.temperature >= 0, "eval.accept.temperature",
+                 f"must be >= 0 and finite, got {self.temperature}")
 
     def check(self, dist: DistributedConfig) -> None:
         # The verifier it needs always exists: ModelConfig.check requires model.verifier.path or .tiny.
@@ -537,9 +541,14 @@ class ServeEvalConfig:
     k: list[int] | None = None
     python: str | None = None      # the engine's interpreter; null: $EAGLE3_VLLM_PYTHON, else the --install venv
 
-    def check(self) -> None:
+    def check(self, draft: DraftConfig) -> None:
         _require(self.k is None or (len(self.k) > 0 and min(self.k) >= 1), "eval.serve.k",
                  f"must be null or a list of k >= 1, got {self.k}")
+        # eagle3.serve_parity's rule for P-EAGLE, known before training: refused now, not after the run.
+        _require(not (self.enabled and draft.kind == DraftKind.peagle and asked_flags(draft)["fc_norm"]),
+                 "eval.serve.enabled", "serves the run with vLLM, whose P-EAGLE config reader drops fc_norm "
+                 "(EAGLE-3.1's per-aux norms) that this draft has (model.draft.kind=peagle with eagle31=true or "
+                 "fc_norm=true): drop eval.serve.enabled, or train it without fc_norm")
 
 
 @dataclass
@@ -615,7 +624,7 @@ class TrainConfig:
                  "nccl runs on CUDA GPUs only, and device=cpu; use distributed.backend=auto (gloo on CPU)")
         self.distributed.check()
         self.eval.accept.check(self.distributed)
-        self.eval.serve.check()
+        self.eval.serve.check(self.model.draft)
         self.train.on_policy.check(self.distributed)
         accept = self.eval.accept
         # accept_len exists only where the val pass that chose the best checkpoint measured acceptance.

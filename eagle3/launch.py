@@ -115,6 +115,10 @@ def run_with_inputs(run_cfg: RunConfig) -> RunSummary | None:
         logging.getLogger().addHandler(handler)
     if run_cfg.distributed.node_rank == 0:  # wandb logs from global rank 0, on node 0
         check_wandb(run_cfg.logger)  # an account and a network, before any data is built
+    if run_cfg.eval.serve.enabled and run_cfg.distributed.node_rank == 0:  # the engine serving at the end
+        from eagle3.serve.engine import engine_python
+
+        engine_python(run_cfg.eval.serve.python, key="eval.serve.python")
     with stop_before_training("building and checking the run's verifier and data"):
         verifier_dir, data_dir = materialize_inputs(run_cfg)
         rows = check_data(run_cfg, verifier_dir, data_dir)

@@ -58,6 +58,9 @@ def loss_impl_on(device_type: str) -> str:
 def attn_impl_on(choice: AttnImpl | str, device_type: str) -> str:
     """model.draft.attn_impl with `auto` resolved: flex attention on CUDA, sdpa on CPU (flex has no backward)."""
     choice = AttnImpl(choice)
+    if choice == AttnImpl.simple_flex_attention and device_type == "cpu":
+        raise ConfigError("model.draft.attn_impl: simple_flex_attention has no backward on CPU (torch's FlexAttention "
+                          "trains on CUDA only), and this run trains on the CPU: use auto (sdpa here), sdpa or eager")
     if choice != AttnImpl.auto:
         return choice.value
     return AttnImpl.simple_flex_attention.value if device_type == "cuda" else AttnImpl.sdpa.value

@@ -190,6 +190,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     from eagle3.data.record import read_record
 
+    if args.vocab_size is not None and args.vocab_size < 1:
+        parser.error(f"--vocab-size must be >= 1, got {args.vocab_size}")
     if args.total_seq_len is not None:
         try:
             checked(args, DataConfig, flags, "data", lambda data: check_total_seq_len(data.total_seq_len))

@@ -13,7 +13,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from eagle3.config import BadSamplePolicy
+from eagle3.config import BadSamplePolicy, path_kind
 from eagle3.errors import DataError
 
 Row = tuple[list[int], list[int]]  # (input_ids, loss_mask)
@@ -43,8 +43,8 @@ def read_rows(path: Path, max_len: int, vocab_size: int, bad: BadSamples,
               tokenize_chat: Callable[[list[dict[str, Any]]], Row] | None = None) -> list[Row]:
     """The usable rows of a JSONL file, in file order. `tokenize_chat` is needed only for `messages` rows."""
     if not path.is_file():
-        raise DataError(f"{path} does not exist; expected a JSONL file of {{\"input_ids\", \"loss_mask\"}} or "
-                          f"{{\"messages\"}} rows")
+        raise DataError(f"{path} {path_kind(path, 'a regular file')}; expected a JSONL file of {{\"input_ids\", "
+                        f"\"loss_mask\"}} or {{\"messages\"}} rows")
     rows: list[Row] = []
     with open(path, "rb") as f:  # decoded line by line: text that is not UTF-8 is a bad row with its line number
         for number, raw in enumerate(f, start=1):

@@ -47,6 +47,9 @@ def write_dataset(model: torch.nn.Module, verifier_dir: Path, rows: Sequence[Row
     if bad:
         raise ConfigError(f"aux layer ids {bad} are outside the verifier's {num_layers} layers "
                           f"(Hugging Face output_hidden_states indexing: 0 is the embeddings)")
+    if len(set(aux_layer_ids)) != len(aux_layer_ids):
+        raise ConfigError(f"aux layer ids {list(aux_layer_ids)} name a layer twice; each aux layer feeds the draft "
+                          f"once (a run refuses model.draft.aux_layer_ids with a repeated id)")
     check_room(out_dir, rows, len(aux_layer_ids) + 1, model.config.hidden_size, dtype)
     record = {
         "format": 1,

@@ -75,6 +75,13 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     from eagle3.schema_cli import checked
 
     checked(args, AcceptEvalConfig, SCHEMA_FLAGS, "eval.accept", AcceptEvalConfig.check_values)
+    if args.out:  # before measuring: a report that cannot be written would lose the measurement
+        from eagle3.rundir import output_dir_problem
+
+        given = Path(args.out)
+        problem = f"{given} is a directory" if given.is_dir() else output_dir_problem(given.parent.absolute())
+        if problem:
+            raise ConfigError(f"--out: {problem}; give the path of the JSON report to write")
     checkpoint, verifier_dir, val_split = resolve_inputs(args)
     if args.threads is not None and args.threads < 1:
         raise ConfigError(f"--threads must be >= 1, got {args.threads}")

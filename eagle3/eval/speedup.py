@@ -138,7 +138,10 @@ class ServedStep:
     plain_steps: float
     plain_ms: float
     setup: tuple[Any, ...]  # engine, version, dtype
+    run: tuple[Any, ...]    # checkpoint, verifier, temperature: the served run
     path: Path
+    speedup: float
+    accept_len: float
 
 
 def served_step(path: Path, clock: str) -> ServedStep:
@@ -149,13 +152,17 @@ def served_step(path: Path, clock: str) -> ServedStep:
         k, accept_len = int(r["k"]), float(r["accept_len"])
         speedup = float(r[SERVED_SPEEDUP[clock]])
         plain = float(r["plain_tokens_per_cpu_s" if clock == "cpu" else "plain_tokens_per_s"])
+        temperature = r["temperature"]
+        if isinstance(temperature, bool) or not math.isfinite(temperature) or temperature < 0:
+            raise ValueError(temperature)
     except (ValueError, KeyError, TypeError):
         raise ConfigError(f"--engine-costs: {path} is not an eagle3.serve report (serve_vllm_k*_t*.json)") from None
     if not (speedup > 0 and plain > 0 and accept_len >= 1):
         raise ConfigError(f"--engine-costs: {path} has speedup {speedup}, plain tokens/s {plain}, accept_len "
                           f"{accept_len}; a measured report has positive ones")
     return ServedStep(k, accept_len / speedup, 1000.0 / plain,
-                      (r.get("engine"), r.get("engine_version"), r.get("dtype")), path)
+                      (r.get("engine"), r.get("engine_version"), r.get("dtype")),
+                      (r.get("checkpoint"), r.get("verifier"), temperature), path, speedup, accept_len)
 
 
 def fit_step(points: Sequence[tuple[int, float]]) -> tuple[float, float]:
@@ -190,6 +197,11 @@ def engine_costs(paths: Sequence[Path], max_k: int, clock: str = "wall") -> Step
     if len({s.setup for s in steps}) > 1:
         raise ConfigError("--engine-costs: the reports come from different engines or dtypes ("
                           + "; ".join(f"{s.path}: {' '.join(map(str, s.setup))}" for s in steps) + "); fit one's")
+    if len({s.run for s in steps}) > 1:
+        raise ConfigError("--engine-costs: the reports come from different served runs ("
+                          + "; ".join(f"{s.path}: checkpoint {s.run[0]}, verifier {s.run[1]}, temperature {s.run[2]}"
+                                      for s in steps) + "); fit the reports of one checkpoint, verifier and "
+                          "temperature (python -m eagle3.serve RUN --k 1 5)")
     fixed, per_token = fit_step([(s.k, s.plain_steps) for s in steps])
     if fixed <= 0 or per_token < 0:
         raise ConfigError("--engine-costs: the fit step(k) = {:.3f} + {:.3f} k plain steps (from k = {}: {}) has a "
@@ -205,16 +217,15 @@ def engine_costs(paths: Sequence[Path], max_k: int, clock: str = "wall") -> Step
                      fitted_ks=tuple(ks))
 
 
-def served_speedups(costs_report: Path, ks: Sequence[int], clock: str = "wall") -> dict[int, tuple[float, float]]:
+def served_speedups(first: ServedStep, ks: Sequence[int], clock: str = "wall") -> dict[int, tuple[float, float]]:
     """k -> (measured speedup (`clock` cpu: in the servers' CPU time), accept_len) of the eagle3.serve reports
-    beside `costs_report` (same dir, temperature) at `ks`."""
-    t = json.loads(costs_report.read_text())["temperature"]
+    beside the `first` one fitted (same dir, temperature) at `ks`."""
     found = {}
     for k in ks:
-        report = costs_report.parent / f"serve_vllm_k{k}_t{t:g}.json"
+        report = first.path.parent / f"serve_vllm_k{k}_t{first.run[2]:g}.json"
         if report.is_file():
-            r = json.loads(report.read_text())
-            found[k] = (r[SERVED_SPEEDUP[clock]], r["accept_len"])
+            step = served_step(report, clock)
+            found[k] = (step.speedup, step.accept_len)
     return found
 
 
@@ -494,7 +505,7 @@ def against_engine(rates: list[float], source: str, reports: Sequence[Path], clo
     (which checks the costs alone; rates of one k hold only roughly at another) and its error."""
     costs = engine_costs(reports, len(rates), clock)
     prediction = predict(rates, costs)
-    measured = served_speedups(reports[0], range(1, len(rates) + 1), clock)
+    measured = served_speedups(served_step(reports[0], clock), range(1, len(rates) + 1), clock)
     for row in prediction["rows"]:
         if row["k"] in measured:
             speedup, accept_len = measured[row["k"]]

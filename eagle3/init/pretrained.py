@@ -21,8 +21,8 @@ from typing import Any
 
 import torch
 
-from eagle3.config import PretrainedInitConfig
-from eagle3.draft_arch import FLAGS, SPECULATORS_FLAGS, asked_flags, structure
+from eagle3.config import DraftConfig, PretrainedInitConfig
+from eagle3.draft_arch import FLAGS, SPECULATORS_FLAGS, DraftKind, asked_flags, structure
 from eagle3.init.build import draft_rope, meta_draft, new_draft
 from eagle3.init.files import CheckpointError, checkpoint_files, load_tensors, read_config, tensor_shapes
 from eagle3.init.registry import InitContext, register
@@ -35,6 +35,15 @@ SKIPPED = {
     "verifier_lm_head.weight": "the verifier's own head: taken from the verifier",
     "verifier_norm.weight": "the verifier's own final norm: taken from the verifier",
 }
+
+
+def skipped_keys(draft: DraftConfig) -> dict[str, str]:
+    """The checkpoint tensors not loaded, with why; a P-EAGLE draft trains its embed_tokens, so its own is loaded."""
+    if draft.kind == DraftKind.peagle:
+        return {k: why for k, why in SKIPPED.items() if k != "embed_tokens.weight"}
+    return SKIPPED
+
+
 # SpecForge/EAGLE drafters: the residual is the un-normalized hidden state, fc sees the raw aux states, and
 # the pre-norm output is fed to the next TTT step (speculators' converter defaults agree).
 SPECFORGE_FLAGS = {"norm_before_residual": False, "norm_before_fc": False, "norm_output": False, "fc_norm": False}
@@ -51,6 +60,7 @@ class Source:
     stated_aux_ids: list[int] | None          # in Hugging Face output_hidden_states indexing
     stated_rope: Rope | None
     stated_structure: dict[str, Any]          # the decoder's model_type and num_hidden_layers, where stated
+    kind: str = "eagle3"                      # eagle3.draft_arch.DraftKind: its speculators_model_type
 
 
 def read_source(path: Path, key_map: dict[str, str]) -> Source:
@@ -75,7 +85,9 @@ def read_source(path: Path, key_map: dict[str, str]) -> Source:
         raise CheckpointError(f"{path}/config.json states {e}; a one-layer draft has one RoPE") from None
     stated_structure = {k: layer[k] for k in ("model_type", "num_hidden_layers")
                         if layout == "speculators" and isinstance(layer, dict) and k in layer}
-    return Source(path, files, layout, shapes, keys, stated, ids, rope, stated_structure)
+    kind = config.get("speculators_model_type") if layout == "speculators" else None
+    return Source(path, files, layout, shapes, keys, stated, ids, rope, stated_structure,
+                  kind if isinstance(kind, str) else DraftKind.eagle3.value)
 
 
 def is_explicit(overrides: list[str], key: str) -> bool:
@@ -110,6 +122,9 @@ def resolve_architecture(ctx: InitContext, source: Source) -> tuple[dict[str, bo
     names = {"model_type": "model.draft.layer_type", "num_hidden_layers": "model.draft.num_layers"}
     conflicts += [f"{names[k]}: the run says {v}, the checkpoint {source.stated_structure[k]}"
                   for k, v in structure(ctx.draft).items() if source.stated_structure.get(k, v) != v]
+    if source.kind != DraftKind(ctx.draft.kind).value:
+        conflicts.append(f"model.draft.kind: the run says {DraftKind(ctx.draft.kind).value}, the checkpoint "
+                         f"{source.kind} (its speculators_model_type)")
     rope_note, rope_conflict = compare_rope(ctx, source.stated_rope)
     notes += rope_note
     conflicts += rope_conflict
@@ -137,12 +152,14 @@ def compare_rope(ctx: InitContext, stated: Rope | None) -> tuple[list[str], list
     return [], [f"RoPE: the run says {run}, the checkpoint {stated} (model.draft.{', model.draft.'.join(ROPE_KEYS)})"]
 
 
-def plan_load(shapes: dict[str, tuple[int, ...]], model_shapes: dict[str, tuple[int, ...]]) -> dict[str, Any]:
-    """Which checkpoint tensor goes where. Raises with every missing, unexpected and mismatched key."""
+def plan_load(shapes: dict[str, tuple[int, ...]], model_shapes: dict[str, tuple[int, ...]],
+              skip: dict[str, str] = SKIPPED) -> dict[str, Any]:
+    """Which checkpoint tensor goes where (`skip`: those not loaded, with why). Raises with every missing,
+    unexpected and mismatched key."""
     loaded, skipped, unexpected, mismatched = [], {}, [], []
     for key, shape in sorted(shapes.items()):
-        if key in SKIPPED:
-            skipped[key] = SKIPPED[key]
+        if key in skip:
+            skipped[key] = skip[key]
         elif key in ("d2t", "t2d"):
             continue
         elif key not in model_shapes:
@@ -154,7 +171,7 @@ def plan_load(shapes: dict[str, tuple[int, ...]], model_shapes: dict[str, tuple[
         else:
             loaded.append(key)
     missing = [f"{k} {list(s)}" for k, s in sorted(model_shapes.items())
-               if k not in shapes and k not in SKIPPED and k not in ("d2t", "t2d")]
+               if k not in shapes and k not in skip and k not in ("d2t", "t2d")]
     return {"loaded": loaded, "skipped": skipped, "missing": missing, "unexpected": unexpected,
             "mismatched": mismatched}
 
@@ -193,7 +210,7 @@ def preflight(ctx: InitContext) -> Source:
     flags, _ = resolve_architecture(ctx, source)
     check_vocab(ctx, source)
     model_shapes = {k: tuple(v.shape) for k, v in meta_draft(ctx.draft, flags).state_dict().items()}
-    check_plan(plan_load(source.shapes, model_shapes), source)
+    check_plan(plan_load(source.shapes, model_shapes, skipped_keys(ctx.draft)), source)
     return source
 
 
@@ -209,7 +226,8 @@ def init_pretrained(ctx: InitContext) -> tuple[Any, dict[str, Any]]:
     source = read_source(Path(options(ctx).path), dict(options(ctx).key_map))
     flags, notes = resolve_architecture(ctx, source)
     check_vocab(ctx, source)
-    wanted = {raw for raw, key in source.keys.items() if key not in SKIPPED}  # embed_tokens can be GBs
+    skip = skipped_keys(ctx.draft)
+    wanted = {raw for raw, key in source.keys.items() if key not in skip}  # embed_tokens can be GBs
     weights = {source.keys[k]: v for k, v in load_tensors(source.files, wanted).items()}
 
     draft, policy = ctx.draft, options(ctx).vocab.value
@@ -224,7 +242,7 @@ def init_pretrained(ctx: InitContext) -> tuple[Any, dict[str, Any]]:
     model = new_draft(draft, flags, ctx.attn_impl, str(ctx.verifier_dir), t2d, d2t)
 
     model_state = model.state_dict()
-    plan = plan_load(source.shapes, {k: tuple(v.shape) for k, v in model_state.items()})
+    plan = plan_load(source.shapes, {k: tuple(v.shape) for k, v in model_state.items()}, skip)
     check_plan(plan, source)
     new_ids = target_ids(d2t)
     with torch.no_grad():

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import statistics
 import sys
 from pathlib import Path
@@ -93,6 +94,8 @@ def run(args: argparse.Namespace) -> list[dict[str, Any]]:
 
     if not args.run:
         raise ConfigError("give a run dir (python -m eagle3.serve RUN), or --install to build the engine")
+    if not (math.isfinite(args.temperature) and args.temperature >= 0):
+        raise ConfigError(f"--temperature must be >= 0 and finite, got {args.temperature}")
     checkpoint, verifier_dir, val_split = resolve_inputs(argparse.Namespace(
         checkpoint=None, verifier=None, run=args.run, prompts=args.prompts))
     ks = args.k or [default_k(checkpoint)]
@@ -100,8 +103,6 @@ def run(args: argparse.Namespace) -> list[dict[str, Any]]:
                              ("--max-new-tokens", args.max_new_tokens, 2)):
         if value < low:
             raise ConfigError(f"{flag} must be >= {low}, got {value}")
-    if not args.temperature >= 0:
-        raise ConfigError(f"--temperature must be >= 0, got {args.temperature}")
     run_dir = Path(args.run)
     outs = {k: run_dir / f"serve_vllm_k{k}_t{args.temperature:g}.json" for k in dict.fromkeys(ks)}
     existing = [str(p) for p in outs.values() if p.exists()]

@@ -83,15 +83,15 @@ def probe(python: Path, log: Path | None = None, imports: bool = False) -> Engin
     return Engine(python, found["engine"], found["version"], found["torch"])
 
 
-def engine_python(given: str | None = None) -> Engine:
-    """The engine to serve with: `given`, else $EAGLE3_VLLM_PYTHON, else the default venv; checked to have vLLM
-    installed (one whose vLLM cannot start shows it when its server starts, in the server's log). An interpreter
-    without is an EngineError naming the file its error was written to."""
-    source = "--python" if given else PYTHON_ENV if os.environ.get(PYTHON_ENV) else None
+def engine_python(given: str | None = None, key: str = "--python") -> Engine:
+    """The engine to serve with: `given` (the option `key`), else $EAGLE3_VLLM_PYTHON, else the default venv;
+    checked to have vLLM installed (one whose vLLM cannot start shows it when its server starts, in the server's
+    log). An interpreter without is an EngineError naming the file its error was written to."""
+    source = key if given else PYTHON_ENV if os.environ.get(PYTHON_ENV) else None
     python = Path(given or os.environ.get(PYTHON_ENV) or default_dir() / "bin" / "python")
     if source is None and not python.exists():
         raise EngineError(f"no vLLM environment at {python.parent.parent}: build it with python -m eagle3.serve "
-                          f"--install, or point --python or ${PYTHON_ENV} at an interpreter that has vLLM")
+                          f"--install, or point {key} or ${PYTHON_ENV} at an interpreter that has vLLM")
     if not python.is_file() or not os.access(python, os.X_OK):
         raise EngineError(f"{source or 'the engine interpreter'}: {python} is not an executable file")
     log = Path(os.environ.get("TMPDIR", "/tmp")) / f"eagle3-vllm-probe-{os.getpid()}.log"

@@ -62,6 +62,26 @@ def job_config_problem(job_cfg: DictConfig) -> Optional[str]:  # noqa: UP045
     return None
 
 
+def composition_problem(e: BaseException) -> str:
+    """Hydra's composition error in one line that says what the key allows: with its cause's first line
+    ("Error merging override model.draft.loss=kll: Invalid value 'kll', expected one of [kl_div, ...]"), the line
+    after a heading, with its key ("In 'experiment/mine': ... composing config: Invalid value ... (key ...)"),
+    and the options of a group ("Could not find 'data/nonsense' (options: offline, online, tiny)")."""
+    lines = [line.strip() for line in str(e).splitlines() if line.strip()]
+    problem = lines[0] if lines else type(e).__name__
+    if problem.endswith(":") and len(lines) > 1:
+        problem = f"{problem} {lines[1]}"
+        key = next((line.split(":", 1)[1].strip() for line in lines if line.startswith("full_key:")), "")
+        problem += f" (key {key})" if key else ""
+    heading = next((i for i, line in enumerate(lines) if line.startswith("Available options in")), None)
+    if heading is not None:
+        options = [line for line in lines[heading + 1:] if not line.startswith("Config search path")]
+        options = options[:next((i for i, o in enumerate(options) if o.startswith("provider=")), len(options))]
+        problem += f" (options: {', '.join(o for o in options if not o.startswith('base_'))})"
+    cause = str(e.__cause__).splitlines()[0] if e.__cause__ is not None and str(e.__cause__) else ""
+    return f"{problem.rstrip('.')}: {cause}" if cause and cause not in problem else problem
+
+
 class Eagle3BasicSweeper(BasicSweeper):
     def sweep(self, arguments: list[str]) -> Any:
         assert self.config is not None and self.launcher is not None and self.hydra_context is not None
@@ -98,7 +118,7 @@ class Eagle3BasicSweeper(BasicSweeper):
                 try:
                     job_cfg = loader.load_sweep_config(self.config, list(overrides))
                 except Exception as e:  # a composition error: Hydra's own message
-                    problem: Optional[str] = str(e).splitlines()[0]  # noqa: UP045
+                    problem: Optional[str] = composition_problem(e)  # noqa: UP045
                 else:
                     problem = job_config_problem(job_cfg)
                 if problem:
