@@ -106,6 +106,7 @@ def run_with_inputs(run_cfg: RunConfig) -> RunSummary | None:
     """Builds and checks the run's inputs before any rank starts, then runs the ranks; rank 0's summary."""
     from eagle3.elastic import run_job
     from eagle3.inputs import check_data, materialize_inputs, preflight, refuse_zero_steps
+    from eagle3.serve.at_end import check_engine
     from eagle3.stop import stop_before_training  # torch: only once the config is known to be good
     from eagle3.track import check_wandb
 
@@ -113,12 +114,9 @@ def run_with_inputs(run_cfg: RunConfig) -> RunSummary | None:
         handler = logging.FileHandler(Path(run_cfg.run.dir) / "launch.log")
         handler.setFormatter(logging.Formatter("[%(asctime)s][%(name)s][%(levelname)s] - %(message)s"))
         logging.getLogger().addHandler(handler)
-    if run_cfg.distributed.node_rank == 0:  # wandb logs from global rank 0, on node 0
+    if run_cfg.distributed.node_rank == 0:  # wandb logs, and eval.serve serves, from global rank 0 on node 0
         check_wandb(run_cfg.logger)  # an account and a network, before any data is built
-    if run_cfg.eval.serve.enabled and run_cfg.distributed.node_rank == 0:  # the engine serving at the end
-        from eagle3.serve.engine import engine_python
-
-        engine_python(run_cfg.eval.serve.python, key="eval.serve.python")
+        check_engine(run_cfg.eval)
     with stop_before_training("building and checking the run's verifier and data"):
         verifier_dir, data_dir = materialize_inputs(run_cfg)
         rows = check_data(run_cfg, verifier_dir, data_dir)

@@ -65,7 +65,7 @@ def test_reports_of_two_served_runs_are_not_fitted_together(tmp_path, key, other
     ("model.draft.kind=peegle", "expected one of [eagle3, peagle]"),
     ("data.on_bad_sample=maybe", "expected one of [error, skip]"),
     ("data.prefetch=x", "Value 'x' of type 'str' could not be converted to Integer"),
-    ("data=nonsense", "Could not find 'data/nonsense' (options: offline, online, tiny)"),
+    ("data=nonsense", "Could not find 'data/nonsense' (options: offline, online, regenerate, tiny)"),
     ("experiment=bad", "In 'experiment/bad': ValidationError raised while composing config: Invalid value 'kll', "
                        "expected one of [kl_div, ce, rkl, jsd, tv, nla, lk_hybrid] (key model.draft.loss)"),
 ])

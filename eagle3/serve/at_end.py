@@ -12,6 +12,15 @@ from eagle3.config import EvalConfig
 log = logging.getLogger(__name__)
 
 
+def check_engine(eval_cfg: EvalConfig) -> None:
+    """With eval.serve.enabled: the engine's interpreter is there, looked for before any data is built (a run
+    that trained for an hour must not find out at its end)."""
+    if eval_cfg.serve.enabled:
+        from eagle3.serve.engine import engine_python
+
+        engine_python(eval_cfg.serve.python, key="eval.serve.python")
+
+
 def serve_finished_run(run_dir: Path, eval_cfg: EvalConfig, seed: int) -> None:
     """Writes the run's serve_vllm_k<k>_t<T>.json reports and logs them; raises UserError (EngineError: the log
     it names) when serving fails. The servers are stopped on every way out, SIGTERM included."""
