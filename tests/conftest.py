@@ -139,8 +139,13 @@ def exit_status(args: list[str]) -> int:
 def restored_process_state(env: dict[str, str]):
     """os.environ (with `env` set), cwd (the root), SIGTERM/SIGINT handlers, the root logger (its handlers out of
     the way, so that a CLI's logging.basicConfig prints to the captured console), torch's RNG and threads (set by
-    an OMP_NUM_THREADS in `env`), each given back as it was."""
+    an OMP_NUM_THREADS in `env`), each given back as it was; the run-dir locks taken meanwhile are let go, as the
+    end of a process lets them go (eagle3.rundir holds them for its process's life)."""
     import signal
+
+    from eagle3 import rundir
+
+    locks_before = len(rundir._held_locks)
 
     saved_env, cwd = dict(os.environ), os.getcwd()
     handlers = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT)}
@@ -170,6 +175,8 @@ def restored_process_state(env: dict[str, str]):
         if torch is not None:
             torch.set_rng_state(rng)
             torch.set_num_threads(threads)
+        while len(rundir._held_locks) > locks_before:
+            rundir._held_locks.pop().close()
 
 
 @contextlib.contextmanager

@@ -149,11 +149,11 @@ def val_loss_of(checkpoint: Path, cfg: RunConfig, data_dir: Path, total_seq_len:
 
     from eagle3.checkpoint import load_draft
     from eagle3.data.loader import build_loaders
-    from eagle3.rank import draft_attn_impl
+    from eagle3.runtime import attn_impl_on
     from eagle3.train import run_validation
 
     draft, cuda = cfg.model.draft, device.type == "cuda"
-    model = load_draft(checkpoint, "simple_flex_attention" if cuda else draft_attn_impl(draft.attn_impl, "cpu"),
+    model = load_draft(checkpoint, "simple_flex_attention" if cuda else attn_impl_on(draft.attn_impl, "cpu"),
                        device=device)
     assert next(model.parameters()).device == device
     _, val = build_loaders(data_dir, total_seq_len or cfg.data.total_seq_len, draft.hidden_size,
