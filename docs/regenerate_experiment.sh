@@ -1,7 +1,7 @@
 #!/bin/bash
 # docs/regenerate.md's experiment: a draft trained on responses the verifier wrote against one trained on responses
-# another model (the verifier's derived sibling) wrote to the same prompts, judged by measured acceptance at T=0
-# on held-out prompts, 3 training seeds each.   bash docs/regenerate_experiment.sh [OUT_DIR]
+# another model (the verifier's derived sibling) wrote to the same prompts, judged by measured acceptance at T=0 and
+# T=1 on held-out prompts, 3 training seeds each.   bash docs/regenerate_experiment.sh [OUT_DIR]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 E=$(realpath -m "${1:-outputs/regenerate}")
@@ -30,13 +30,16 @@ for seed in 0 1 2; do
   python launch.py data=online data.path="$OTHER" seed=$seed logger.mode=disabled hydra.run.dir="$E/other_$seed"
 done
 for run in own_0 own_1 own_2 other_0 other_1 other_2; do
-  python -m eagle3.eval.accept --run "$E/$run" --prompts "$E/held_out.jsonl" --num-prompts 32 \
-    --max-new-tokens 64 --temperature 0 --out "$E/$run/accept_t0.json"
+  for t in 0 1; do
+    python -m eagle3.eval.accept --run "$E/$run" --prompts "$E/held_out.jsonl" --num-prompts 32 \
+      --max-new-tokens 64 --temperature $t --out "$E/$run/accept_t$t.json"
+  done
 done
 python - "$E" <<'PY'
 import json, statistics, sys
-for arm in ("own", "other"):
-    lens = [json.load(open(f"{sys.argv[1]}/{arm}_{s}/accept_t0.json"))["accept_len"] for s in (0, 1, 2)]
-    print(f"{arm:6} accept_len {' '.join(f'{x:.4f}' for x in lens)}  mean {statistics.mean(lens):.4f} "
-          f"sd {statistics.stdev(lens):.4f}")
+for t in (0, 1):
+    for arm in ("own", "other"):
+        lens = [json.load(open(f"{sys.argv[1]}/{arm}_{s}/accept_t{t}.json"))["accept_len"] for s in (0, 1, 2)]
+        print(f"T={t} {arm:6} accept_len {' '.join(f'{x:.4f}' for x in lens)}  mean {statistics.mean(lens):.4f} "
+              f"sd {statistics.stdev(lens):.4f}")
 PY
