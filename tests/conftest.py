@@ -199,7 +199,7 @@ def parameter_groups(model, draft) -> dict[str, tuple[int, bool]]:
             key = "decoder layers: attention"
         elif name.startswith("layers.") and ".mlp." in name:
             key = "decoder layers: MLP"
-        elif name.startswith(("embed_tokens", "lm_head", "verifier_lm_head", "verifier_norm", "fc.")):
+        elif name.startswith(("embed_tokens", "lm_head", "verifier_lm_head", "verifier_norm", "fc.", "mask_hidden")):
             key = next(k for k in names if k.startswith(name.split(".")[0] + " "))
         else:
             key = "norms"
@@ -231,6 +231,22 @@ def assert_chain_equals_speculators_forward(draft, verifier, ids: list[int], aux
     for j in range(k):
         torch.testing.assert_close(logits[j], captured[j][m - 1], rtol=1e-5, atol=1e-5)
     return drafts
+
+
+def reference_and_resumed(args: list[str], cache_dir: Path, tmp_path: Path) -> tuple[Path, Path]:
+    """One uninterrupted run of `args` (tmp_path/reference) and one SIGTERMed after its first train row and resumed
+    in place (tmp_path/stopped); both run dirs, each asserted to have ended as it should."""
+    import signal
+
+    reference = tmp_path / "reference"
+    proc = launch([f"hydra.run.dir={reference}", *args], cache_dir)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    stopped = tmp_path / "stopped"
+    returncode, out = sigterm_after_first_train_row([f"hydra.run.dir={stopped}", *args], cache_dir, stopped)
+    assert returncode == 128 + signal.SIGTERM, out[-2000:]
+    resumed = launch([f"resume={stopped}"], cache_dir)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    return reference, stopped
 
 
 def sigterm_after_first_train_row(args: list[str], cache_dir: Path, run_dir: Path) -> tuple[int, str]:

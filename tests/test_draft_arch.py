@@ -4,7 +4,6 @@ model.draft.eagle31 reach the built model, the plan, the harness, training with 
 from __future__ import annotations
 
 import json
-import signal
 import sys
 
 import pytest
@@ -16,10 +15,9 @@ from conftest import (
     SMALL_DATA,
     assert_chain_equals_speculators_forward,
     compose_cfg,
-    launch,
     parameter_groups,
+    reference_and_resumed,
     run_in_process,
-    sigterm_after_first_train_row,
 )
 from eagle3.config import DraftConfig
 from eagle3.draft_arch import EAGLE31_FLAGS, SPECULATORS_FLAGS, LayerType, resolved_flags
@@ -109,15 +107,7 @@ def test_each_architecture_trains_resumes_exactly_after_sigterm_and_exports(arch
     from speculators.models.eagle3 import Eagle3DraftModel
 
     args = ["optim.max_steps=8", "logger.log_every=1", "logger.mode=disabled", *SMALL_DATA, *ARCH_RUNS[arch]]
-    reference = tmp_path / "reference"
-    proc = launch([f"hydra.run.dir={reference}", *args], cache_dir)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-
-    stopped = tmp_path / "stopped"
-    returncode, out = sigterm_after_first_train_row([f"hydra.run.dir={stopped}", *args], cache_dir, stopped)
-    assert returncode == 128 + signal.SIGTERM, out[-2000:]
-    resumed = launch([f"resume={stopped}"], cache_dir)
-    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    reference, stopped = reference_and_resumed(args, cache_dir, tmp_path)
     ref, res = (json.loads((d / "summary.json").read_text()) for d in (reference, stopped))
     assert res["steps"] == ref["steps"] == 8
     assert res["final"]["loss"] == pytest.approx(ref["final"]["loss"], rel=1e-4)

@@ -188,21 +188,13 @@ def test_on_policy_is_off_by_default_and_refuses_fsdp_and_flex_attention(verifie
 @pytest.mark.slow
 def test_on_policy_run_stopped_and_resumed_equals_the_uninterrupted_run(cache_dir, tmp_path):
     import json
-    import signal
 
-    from conftest import SMALL_DATA, launch, read_rows, sigterm_after_first_train_row
+    from conftest import SMALL_DATA, read_rows, reference_and_resumed
 
     args = ["optim.max_steps=6", "logger.log_every=1", "logger.mode=disabled", *SMALL_DATA,
             "train.on_policy.enabled=true", "train.on_policy.start_step=1", "train.on_policy.every=2",
             "train.on_policy.temperature=1.0", "train.on_policy.num_prompts=2", "train.on_policy.max_new_tokens=12"]
-    reference = tmp_path / "reference"
-    proc = launch([f"hydra.run.dir={reference}", *args], cache_dir)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    stopped = tmp_path / "stopped"
-    returncode, out = sigterm_after_first_train_row([f"hydra.run.dir={stopped}", *args], cache_dir, stopped)
-    assert returncode == 128 + signal.SIGTERM, out[-2000:]
-    resumed = launch([f"resume={stopped}"], cache_dir)
-    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    reference, stopped = reference_and_resumed(args, cache_dir, tmp_path)
 
     def train_rows(run_dir):
         return {r["step"]: r for r in read_rows(run_dir) if r["split"] == "train"}

@@ -4,7 +4,6 @@ trained through the loop, its one-forward proposal in the harness, resumed exact
 from __future__ import annotations
 
 import json
-import signal
 import subprocess
 import sys
 
@@ -13,29 +12,10 @@ import torch
 from test_draft_arch import tiny_draft
 from test_serve import engine_python  # noqa: F401  (the session's vLLM environment)
 
-from conftest import ROOT, SMALL_DATA, compose_cfg, launch, sigterm_after_first_train_row
+from conftest import ROOT, SMALL_DATA, compose_cfg, launch, parameter_groups, reference_and_resumed
 from eagle3.draft_arch import SPECULATORS_FLAGS, DraftKind, LayerType, resolved_flags
 from eagle3.errors import ConfigError
 from eagle3.plan import parameter_counts
-
-
-def peagle_groups(model) -> dict[str, tuple[int, bool]]:
-    """The built model's parameters, grouped by the plan's names."""
-    plan_names = parameter_counts(tiny_draft(kind=DraftKind.peagle))
-    out: dict[str, list] = {}
-    for name, p in model.named_parameters():
-        if name.startswith("layers.") and ".self_attn." in name and "_norm." not in name:
-            key = "decoder layers: attention"
-        elif name.startswith("layers.") and ".mlp." in name:
-            key = "decoder layers: MLP"
-        elif name.startswith(("embed_tokens", "lm_head", "verifier_lm_head", "verifier_norm", "fc.", "mask_hidden")):
-            key = next(k for k in plan_names if k.startswith(name.split(".")[0] + " "))
-        else:
-            key = "norms"
-        entry = out.setdefault(key, [0, p.requires_grad])
-        entry[0] += p.numel()
-        assert entry[1] == p.requires_grad, name
-    return {k: (n, trainable) for k, (n, trainable) in out.items()}
 
 
 @pytest.mark.parametrize("layer_type,num_layers", [(LayerType.llama, 1), (LayerType.qwen3, 2)],
@@ -50,7 +30,7 @@ def test_plan_counts_the_parameters_of_the_built_peagle_draft(layer_type, num_la
     assert isinstance(model, PEagleDraftModel) and model.mask_token_id == draft.vocab_size - 1
     assert len(model.layers) == num_layers
     counts = parameter_counts(draft)
-    assert peagle_groups(model) == counts
+    assert parameter_groups(model, tiny_draft(kind=DraftKind.peagle)) == counts
     # What P-EAGLE adds to an EAGLE-3 draft of the same shape: the mask's aux states and a trained embedding.
     eagle3 = parameter_counts(tiny_draft(layer_type=layer_type, num_layers=num_layers))
     assert sum(n for n, _ in counts.values()) - sum(n for n, _ in eagle3.values()) == 3 * draft.hidden_size
@@ -165,15 +145,7 @@ def test_peagle_trains_resumes_exactly_after_sigterm_and_exports(cache_dir, tmp_
     from speculators.models.peagle import PEagleDraftModel
 
     args = ["optim.max_steps=8", "logger.log_every=1", "logger.mode=disabled", *SMALL_DATA, *PEAGLE]
-    reference = tmp_path / "reference"
-    proc = launch([f"hydra.run.dir={reference}", *args], cache_dir)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-
-    stopped = tmp_path / "stopped"
-    returncode, out = sigterm_after_first_train_row([f"hydra.run.dir={stopped}", *args], cache_dir, stopped)
-    assert returncode == 128 + signal.SIGTERM, out[-2000:]
-    resumed = launch([f"resume={stopped}"], cache_dir)
-    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    reference, stopped = reference_and_resumed(args, cache_dir, tmp_path)
     ref, res = (json.loads((d / "summary.json").read_text()) for d in (reference, stopped))
     assert res["steps"] == ref["steps"] == 8
     # COD sampling draws its positions from the training RNG: exact only if the checkpoint carried it.
