@@ -385,7 +385,14 @@ def wallclock(verifier, draft, prompts: Sequence[Sequence[int]], ks: Sequence[in
     return rows
 
 
+# --wallclock decodes as eagle3.eval.accept does: these options' checks are its schema's.
+WALLCLOCK_FLAGS = {"num_prompts": "--num-prompts", "max_new_tokens": "--max-new-tokens"}
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    from eagle3.config import AcceptEvalConfig, Device
+    from eagle3.schema_cli import add_fields
+
     p = argparse.ArgumentParser(prog="python -m eagle3.eval.speedup", description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter,
                                 epilog=__doc__.split("\n\n", 1)[1])
@@ -408,9 +415,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--context", type=int, default=64, help="context length (tokens) the costs are measured at")
     p.add_argument("--wallclock", action="store_true", help="also decode the run's val prompts with and without "
                                                             "speculation and compare the measured ratio (needs --run)")
-    p.add_argument("--num-prompts", type=int, default=8, help="prompts decoded by --wallclock (default 8)")
-    p.add_argument("--max-new-tokens", type=int, default=64, help="tokens per prompt for --wallclock (default 64)")
-    p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
+    add_fields(p, AcceptEvalConfig, WALLCLOCK_FLAGS, "eval.accept", defaults={"max_new_tokens": 64},
+               helps={"num_prompts": "prompts decoded by --wallclock",
+                      "max_new_tokens": "tokens per prompt for --wallclock"})
+    p.add_argument("--device", default=Device.auto.value, choices=[d.value for d in Device])
     p.add_argument("--clock", choices=["wall", "cpu", "median"], default=None,
                    help="what --measure times (default: cpu time on a CPU with one torch thread, which a busy "
                         "shared machine does not stretch; wall time on a GPU); with --engine-costs: which of the "
@@ -466,8 +474,11 @@ def run(args: argparse.Namespace) -> tuple[dict[str, Any], str]:
         return {**prediction, "accept_source": source}, format_prediction(prediction, source)
     if args.wallclock and args.run is None:
         raise ConfigError("--wallclock decodes the val prompts of a run: give --run")
-    for flag, value, low in (("--context", args.context, 2), ("--num-prompts", args.num_prompts, 1),
-                             ("--max-new-tokens", args.max_new_tokens, 2), ("--threads", args.threads or 1, 1)):
+    from eagle3.config import AcceptEvalConfig
+    from eagle3.schema_cli import checked
+
+    checked(args, AcceptEvalConfig, WALLCLOCK_FLAGS, "eval.accept", AcceptEvalConfig.check_values)
+    for flag, value, low in (("--context", args.context, 2), ("--threads", args.threads or 1, 1)):
         if value < low:
             raise ConfigError(f"{flag} must be >= {low}, got {value}")
     verifier, draft, device = load_models(args)
