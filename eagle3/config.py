@@ -378,6 +378,10 @@ class InitConfig:
     name: str = MISSING
     recommended_lr: list[float] = MISSING
 
+    def check_source(self) -> None:
+        """What a new run reads from outside the run dir to initialize the draft, there before anything is built
+        (a resume reads its own checkpoints, and plan=true no weights; so not in a check of the config)."""
+
 
 @dataclass
 class ScratchInitConfig(InitConfig):
@@ -398,6 +402,12 @@ class PretrainedInitConfig(InitConfig):
     train_lm_head: bool = False     # speculators freezes the draft lm_head; SpecForge trains it
     # finetuning: below a scratch lr; the launcher warns outside it
     recommended_lr: list[float] = field(default_factory=lambda: [1e-6, 3e-5])
+
+    def check_source(self) -> None:
+        # Its files, keys and shapes are the initializer's preflight (eagle3/init/pretrained.py), once the data is
+        # built; a path that is not there is known before.
+        _require_dir(self.path, "init.path", ["config.json"], "a draft checkpoint dir with config.json and "
+                     "model.safetensors (or a sharded index)")
 
 
 # init.name -> its options' schema: how a run dir's resolved config finds the type of its `init`.

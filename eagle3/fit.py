@@ -52,3 +52,11 @@ def check_devices(cfg: TrainConfig) -> None:
     from eagle3.runtime import runtime_of
 
     runtime_of(cfg)
+
+
+def check_new_job(cfg: TrainConfig) -> None:
+    """What a new job (not a resume) asks of this machine before anything is built: its devices, and unless it
+    only plans, the initializer's source (init.path)."""
+    check_devices(cfg)
+    if not cfg.plan:
+        cfg.init.check_source()

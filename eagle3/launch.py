@@ -24,7 +24,7 @@ from omegaconf.errors import InterpolationResolutionError, MissingMandatoryValue
 
 from eagle3.config import RunConfig, lr_advice, plain_config, run_config, validate
 from eagle3.errors import ConfigError, Interrupted, StoppedBeforeTraining, UserError
-from eagle3.fit import check_devices, refuse_if_it_cannot_fit, run_plan
+from eagle3.fit import check_devices, check_new_job, refuse_if_it_cannot_fit, run_plan
 from eagle3.job_outcome import JobOutcome
 from eagle3.objective import objective_value
 from eagle3.rank_errors import RankFailed
@@ -130,7 +130,7 @@ def fresh_run(cfg: DictConfig, hydra, run_dir: Path) -> RunConfig:
     """The typed run config of a new run, checked, and written to the run dir as resolved_config.yaml."""
     resolved = resolve(cfg, hydra, run_dir)
     run_cfg = run_config(resolved)
-    check_devices(run_cfg)
+    check_new_job(run_cfg)
     refuse_if_it_cannot_fit(run_cfg)  # before anything is written or any rank starts
     advice, outside = lr_advice(run_cfg.optim, run_cfg.init)
     (log.warning if outside else log.info)(advice)

@@ -44,7 +44,7 @@ def job_config_problem(job_cfg: DictConfig) -> Optional[str]:  # noqa: UP045
     """What the run's own checks say about one job's composed config (with its hydra node), or None."""
     from eagle3.config import validate
     from eagle3.errors import UserError
-    from eagle3.fit import check_devices
+    from eagle3.fit import check_new_job
 
     HydraConfig.instance().set_config(job_cfg)  # for ${hydra:...} interpolations
     task_cfg = job_cfg.copy()
@@ -54,7 +54,7 @@ def job_config_problem(job_cfg: DictConfig) -> Optional[str]:  # noqa: UP045
         plain = OmegaConf.to_container(task_cfg, resolve=True, throw_on_missing=True, enum_to_str=True)
         assert isinstance(plain, dict)
         # plan=true reads no data (as one plan=true run): its data.path need only be a directory.
-        check_devices(validate({str(k): v for k, v in plain.items()}, dataset_required=not plain.get("plan")))
+        check_new_job(validate({str(k): v for k, v in plain.items()}, dataset_required=not plain.get("plan")))
     except MissingMandatoryValue as e:
         return f"{e.full_key} is required and has no value"
     except (UserError, OmegaConfBaseException) as e:
