@@ -551,9 +551,13 @@ class ServeEvalConfig:
     k: list[int] | None = None
     python: str | None = None      # the engine's interpreter; null: $EAGLE3_VLLM_PYTHON, else the --install venv
 
-    def check(self, draft: DraftConfig) -> None:
+    def check_values(self) -> None:
+        """Its values' ranges; also what `python -m eagle3.serve` checks its --k with."""
         _require(self.k is None or (len(self.k) > 0 and min(self.k) >= 1), "eval.serve.k",
                  f"must be null or a list of k >= 1, got {self.k}")
+
+    def check(self, draft: DraftConfig) -> None:
+        self.check_values()
         # eagle3.serve_parity's rule for P-EAGLE, known before training: refused now, not after the run.
         _require(not (self.enabled and draft.kind == DraftKind.peagle and asked_flags(draft)["fc_norm"]),
                  "eval.serve.enabled", "serves the run with vLLM, whose P-EAGLE config reader drops fc_norm "

@@ -23,18 +23,20 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import statistics
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+# The options eval.accept (and a run's eval.serve) also has: their defaults, help and checks are the schemas'.
+SCHEMA_FLAGS = {"num_prompts": "--num-prompts", "max_new_tokens": "--max-new-tokens", "temperature": "--temperature"}
+
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     from eagle3.config import AcceptEvalConfig
+    from eagle3.schema_cli import add_fields
 
-    defaults = AcceptEvalConfig()  # as python -m eagle3.eval.accept, so that both measure the same prompts
     p = argparse.ArgumentParser(prog="python -m eagle3.serve", description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter,
                                 epilog=__doc__.split("\n\n", 1)[1])
@@ -43,15 +45,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--install", nargs="?", const="", metavar="DIR",
                    help="build the engine venv at DIR (default: under $EAGLE3_CACHE/engines), or reuse it")
     p.add_argument("--k", type=int, nargs="+", help="speculative tokens; several: one report each, one server "
-                                                    "each (default: the checkpoint's speculative_tokens)")
-    p.add_argument("--temperature", type=float, default=defaults.temperature,
-                   help=f"sampling temperature (default: {defaults.temperature:g}, as eagle3.eval.accept)")
+                                                    "each (default: the checkpoint's speculative_tokens; as "
+                                                    "eval.serve.k)")
     p.add_argument("--prompts", help="JSONL of {\"input_ids\": [...]} or {\"messages\": [...]} rows (default: the "
                                      "prompts of the run's val split)")
-    p.add_argument("--num-prompts", type=int, default=defaults.num_prompts,
-                   help=f"the first N prompts (default: {defaults.num_prompts}, as eagle3.eval.accept)")
-    p.add_argument("--max-new-tokens", type=int, default=defaults.max_new_tokens,
-                   help=f"tokens generated per prompt (default: {defaults.max_new_tokens}, as eagle3.eval.accept)")
+    # as python -m eagle3.eval.accept, so that both measure the same prompts
+    add_fields(p, AcceptEvalConfig, SCHEMA_FLAGS, "eval.accept")
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"],
                    help="the engine's dtype (default float32: on CPU vLLM would run an fp32 model in bf16)")
     p.add_argument("--port", type=int, help="the speculative server's port (default: a free one); the plain "
@@ -103,19 +102,17 @@ class Served:
 
 
 def run(args: argparse.Namespace) -> list[dict[str, Any]]:
+    from eagle3.config import AcceptEvalConfig, ServeEvalConfig
     from eagle3.errors import ConfigError
     from eagle3.eval.accept import load_prompts
+    from eagle3.schema_cli import checked
     from eagle3.serve.engine import engine_python
     from eagle3.serve.server import check_port
 
     if not args.runs:
         raise ConfigError("give a run dir (python -m eagle3.serve RUN), or --install to build the engine")
-    if not (math.isfinite(args.temperature) and args.temperature >= 0):
-        raise ConfigError(f"--temperature must be >= 0 and finite, got {args.temperature}")
-    for flag, value, low in (("--k", min(args.k or [1]), 1), ("--num-prompts", args.num_prompts, 1),
-                             ("--max-new-tokens", args.max_new_tokens, 2)):
-        if value < low:
-            raise ConfigError(f"{flag} must be >= {low}, got {value}")
+    checked(args, AcceptEvalConfig, SCHEMA_FLAGS, "eval.accept", AcceptEvalConfig.check_values)
+    checked(args, ServeEvalConfig, {"k": "--k"}, "eval.serve", ServeEvalConfig.check_values)
     runs = [resolve_run(Path(run_dir), args) for run_dir in dict.fromkeys(args.runs)]
     for other in runs[1:]:
         if other.verifier_dir.resolve() != runs[0].verifier_dir.resolve():
