@@ -42,7 +42,9 @@ def pytest_configure(config):
             sys.modules["torch"].set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
 
 
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist's worker reads the xdist_group marks
 def pytest_collection_modifyitems(config, items):
+    shared_fixtures_keep_their_module_on_one_worker(items)
     import torch
 
     no_cuda = pytest.mark.skip(reason="needs CUDA (torch.cuda.is_available() is false); bench/gpu_check.sh runs "
@@ -53,6 +55,17 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.slow)
         if "gpu" in item.keywords and not cuda:
             item.add_marker(no_cuda)
+
+
+def shared_fixtures_keep_their_module_on_one_worker(items) -> None:
+    """Under pytest-xdist's --dist loadgroup (pyproject.toml) a test that uses a fixture built once per module
+    (or class) runs on the worker that runs the rest of its module, so that the fixture is built once; every other
+    test goes to whichever worker is free, so that one long module does not leave the other worker idle."""
+    for item in items:
+        defs = getattr(item, "_fixtureinfo", None)
+        scopes = {d.scope for fixturedefs in (defs.name2fixturedefs.values() if defs else ()) for d in fixturedefs}
+        if scopes & {"module", "class", "package"}:
+            item.add_marker(pytest.mark.xdist_group(item.module.__name__))
 
 
 def compose_cfg(overrides: list[str] | None = None, return_hydra_config: bool = False):

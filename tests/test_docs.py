@@ -88,7 +88,7 @@ def shown_error(command: str) -> str:
     raise AssertionError(command)
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")  # not module: a few small files, so the commands need not share one worker
 def inputs(tmp_path_factory) -> dict[str, str]:
     """Tiny stand-ins for the placeholders: a verifier dir (a config.json deep enough for every preset's aux layer
     ids), a dataset dir (Arrow rows and hidden states, for offline and online), a JSONL of rows, a drafter dir."""
