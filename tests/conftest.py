@@ -5,6 +5,7 @@ of their own; the test tiers (markers `slow` and `gpu`, registered in pyproject.
 from __future__ import annotations
 
 import contextlib
+import functools
 import io
 import json
 import logging
@@ -68,10 +69,16 @@ def shared_fixtures_keep_their_module_on_one_worker(items) -> None:
             item.add_marker(pytest.mark.xdist_group(item.module.__name__))
 
 
-def compose_cfg(overrides: list[str] | None = None, return_hydra_config: bool = False):
+@functools.cache
+def registered_configs() -> None:
+    """eagle3's schemas in Hydra's ConfigStore, stored once per process (the store outlives GlobalHydra.clear())."""
     from eagle3.config import register_configs
 
     register_configs()
+
+
+def compose_cfg(overrides: list[str] | None = None, return_hydra_config: bool = False):
+    registered_configs()
     GlobalHydra.instance().clear()
     with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
         return compose(config_name="train", overrides=overrides or [], return_hydra_config=return_hydra_config)

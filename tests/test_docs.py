@@ -13,6 +13,7 @@ PLACEHOLDERS stays as written, so a new placeholder fails here until it is added
 from __future__ import annotations
 
 import contextlib
+import functools
 import importlib.util
 import io
 import itertools
@@ -136,8 +137,13 @@ def sweep_cells(overrides: list[str]) -> list[list[str]]:
 
 def problem(overrides: list[str]) -> str | None:
     """Why the composed job would be refused before it starts, or None."""
+    return cell_problem(tuple(overrides))
+
+
+@functools.cache  # a cell that several commands share is composed once
+def cell_problem(overrides: tuple[str, ...]) -> str | None:
     try:
-        cfg = compose_cfg(overrides, return_hydra_config=True)
+        cfg = compose_cfg(list(overrides), return_hydra_config=True)
     except Exception as e:  # composition: Hydra's own message
         return str(e)
     if cfg.resume:  # a resumed run reads its own resolved config and takes no other overrides
