@@ -10,6 +10,7 @@ import io
 import json
 import logging
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -115,12 +116,14 @@ def launch_process(args: list[str], cache_dir: Path, timeout: int = 600, **env) 
 
 
 def run_in_process(argv: list[str], cache_dir: Path | None = None, **env) -> subprocess.CompletedProcess:
-    """A command line as a user types it, `python launch.py ARGS` or `python -m MODULE ARGS`, run in this process
-    from the checkout's root: the exit status and console output the process would have, without importing torch
-    and speculators afresh. The environment, cwd, signal handlers, logging and torch's RNG are given back as they
-    were."""
-    if argv[0] != "python" or not (argv[1:2] == ["launch.py"] or argv[1:2] == ["-m"]):
-        raise ValueError(f"not `python launch.py ...` or `python -m MODULE ...`: {argv}")
+    """A command line as a user types it, `python launch.py ARGS`, `python bench/SCRIPT.py ARGS` or
+    `python -m MODULE ARGS`, run in this process from the checkout's root: the exit status and console output the
+    process would have, without importing torch and speculators afresh. The environment, cwd, signal handlers,
+    logging and torch's RNG are given back as they were."""
+    script = argv[1:2] == ["launch.py"] or (len(argv) > 1 and re.fullmatch(r"bench/\w+\.py", argv[1]) is not None)
+    if argv[0] != "python" or not (script or argv[1:2] == ["-m"]):
+        raise ValueError(f"not `python launch.py ...`, `python bench/SCRIPT.py ...` or `python -m MODULE ...`: "
+                         f"{argv}")
     if cache_dir is not None:
         env = {"EAGLE3_CACHE": str(cache_dir), "WANDB_SILENT": "true", **env}
     with restored_process_state(env), captured_console() as (out, err):
@@ -133,7 +136,7 @@ def exit_status(args: list[str]) -> int:
     the exit status, SystemExit's message printed to stderr as the interpreter prints it."""
     import runpy
 
-    argv = sys.argv
+    argv, path = sys.argv, list(sys.path)
     GlobalHydra.instance().clear()
     try:
         if args[0] == "-m":
@@ -143,6 +146,7 @@ def exit_status(args: list[str]) -> int:
                 runpy.run_module(args[1], run_name="__main__", alter_sys=True)
         else:
             sys.argv = [str(ROOT / args[0]), *args[1:]]
+            sys.path.insert(0, str((ROOT / args[0]).parent))  # the script's dir, as the interpreter puts it first
             runpy.run_path(str(ROOT / args[0]), run_name="__main__")
     except SystemExit as e:
         if e.code is None or isinstance(e.code, int):
@@ -150,7 +154,7 @@ def exit_status(args: list[str]) -> int:
         print(e.code, file=sys.stderr)
         return 1
     finally:
-        sys.argv = argv
+        sys.argv, sys.path[:] = argv, path
         GlobalHydra.instance().clear()
     return 0
 
