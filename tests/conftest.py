@@ -39,7 +39,8 @@ def pytest_configure(config):
     threads spin, so two workers with a thread per core each would slow every forward many times over."""
     workers = os.environ.get("PYTEST_XDIST_WORKER_COUNT")
     if workers:
-        os.environ.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // int(workers))))
+        if not os.environ.get("OMP_NUM_THREADS"):  # unset, or set empty: torch would take a thread per core
+            os.environ["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // int(workers)))
         if "torch" in sys.modules:
             sys.modules["torch"].set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
 
