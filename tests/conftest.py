@@ -5,10 +5,12 @@ of their own; the test tiers (markers `slow` and `gpu`, registered in pyproject.
 from __future__ import annotations
 
 import contextlib
+import functools
 import io
 import json
 import logging
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -37,12 +39,15 @@ def pytest_configure(config):
     threads spin, so two workers with a thread per core each would slow every forward many times over."""
     workers = os.environ.get("PYTEST_XDIST_WORKER_COUNT")
     if workers:
-        os.environ.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // int(workers))))
+        if not os.environ.get("OMP_NUM_THREADS"):  # unset, or set empty: torch would take a thread per core
+            os.environ["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // int(workers)))
         if "torch" in sys.modules:
             sys.modules["torch"].set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
 
 
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist's worker reads the xdist_group marks
 def pytest_collection_modifyitems(config, items):
+    shared_fixtures_keep_their_module_on_one_worker(items)
     import torch
 
     no_cuda = pytest.mark.skip(reason="needs CUDA (torch.cuda.is_available() is false); bench/gpu_check.sh runs "
@@ -55,10 +60,27 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(no_cuda)
 
 
-def compose_cfg(overrides: list[str] | None = None, return_hydra_config: bool = False):
+def shared_fixtures_keep_their_module_on_one_worker(items) -> None:
+    """Under pytest-xdist's --dist loadgroup (pyproject.toml) a test that uses a fixture built once per module
+    (or class) runs on the worker that runs the rest of its module, so that the fixture is built once; every other
+    test goes to whichever worker is free, so that one long module does not leave the other worker idle."""
+    for item in items:
+        defs = getattr(item, "_fixtureinfo", None)
+        scopes = {d.scope for fixturedefs in (defs.name2fixturedefs.values() if defs else ()) for d in fixturedefs}
+        if scopes & {"module", "class", "package"}:
+            item.add_marker(pytest.mark.xdist_group(item.module.__name__))
+
+
+@functools.cache
+def registered_configs() -> None:
+    """eagle3's schemas in Hydra's ConfigStore, stored once per process (the store outlives GlobalHydra.clear())."""
     from eagle3.config import register_configs
 
     register_configs()
+
+
+def compose_cfg(overrides: list[str] | None = None, return_hydra_config: bool = False):
+    registered_configs()
     GlobalHydra.instance().clear()
     with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
         return compose(config_name="train", overrides=overrides or [], return_hydra_config=return_hydra_config)
@@ -95,12 +117,14 @@ def launch_process(args: list[str], cache_dir: Path, timeout: int = 600, **env) 
 
 
 def run_in_process(argv: list[str], cache_dir: Path | None = None, **env) -> subprocess.CompletedProcess:
-    """A command line as a user types it, `python launch.py ARGS` or `python -m MODULE ARGS`, run in this process
-    from the checkout's root: the exit status and console output the process would have, without importing torch
-    and speculators afresh. The environment, cwd, signal handlers, logging and torch's RNG are given back as they
-    were."""
-    if argv[0] != "python" or not (argv[1:2] == ["launch.py"] or argv[1:2] == ["-m"]):
-        raise ValueError(f"not `python launch.py ...` or `python -m MODULE ...`: {argv}")
+    """A command line as a user types it, `python launch.py ARGS`, `python bench/SCRIPT.py ARGS` or
+    `python -m MODULE ARGS`, run in this process from the checkout's root: the exit status and console output the
+    process would have, without importing torch and speculators afresh. The environment, cwd, signal handlers,
+    logging and torch's RNG are given back as they were."""
+    script = argv[1:2] == ["launch.py"] or (len(argv) > 1 and re.fullmatch(r"bench/\w+\.py", argv[1]) is not None)
+    if argv[0] != "python" or not (script or argv[1:2] == ["-m"]):
+        raise ValueError(f"not `python launch.py ...`, `python bench/SCRIPT.py ...` or `python -m MODULE ...`: "
+                         f"{argv}")
     if cache_dir is not None:
         env = {"EAGLE3_CACHE": str(cache_dir), "WANDB_SILENT": "true", **env}
     with restored_process_state(env), captured_console() as (out, err):
@@ -113,7 +137,7 @@ def exit_status(args: list[str]) -> int:
     the exit status, SystemExit's message printed to stderr as the interpreter prints it."""
     import runpy
 
-    argv = sys.argv
+    argv, path = sys.argv, list(sys.path)
     GlobalHydra.instance().clear()
     try:
         if args[0] == "-m":
@@ -123,6 +147,7 @@ def exit_status(args: list[str]) -> int:
                 runpy.run_module(args[1], run_name="__main__", alter_sys=True)
         else:
             sys.argv = [str(ROOT / args[0]), *args[1:]]
+            sys.path.insert(0, str((ROOT / args[0]).parent))  # the script's dir, as the interpreter puts it first
             runpy.run_path(str(ROOT / args[0]), run_name="__main__")
     except SystemExit as e:
         if e.code is None or isinstance(e.code, int):
@@ -130,7 +155,7 @@ def exit_status(args: list[str]) -> int:
         print(e.code, file=sys.stderr)
         return 1
     finally:
-        sys.argv = argv
+        sys.argv, sys.path[:] = argv, path
         GlobalHydra.instance().clear()
     return 0
 

@@ -6,8 +6,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -15,7 +13,6 @@ import torch
 from omegaconf import OmegaConf
 
 from conftest import (
-    ROOT,
     SMALL_DATA,
     assert_chain_equals_speculators_forward,
     compose_cfg,
@@ -318,14 +315,6 @@ def test_cli_messages_with_a_chat_template(strong_run, inputs, tmp_path):
     assert list(rendered) == [1, 4, 5, 6, 43, 2]
 
 
-def _env():
-    import os
-
-    env = dict(os.environ)
-    env.pop("HYDRA_FULL_ERROR", None)
-    return env
-
-
 def bad_cli_inputs(strong_run, inputs, tmp_path):
     best = inputs["summary"]["checkpoints"]["best"]
     verifier = inputs["summary"]["verifier_dir"]
@@ -363,8 +352,7 @@ def test_bad_cli_input_is_one_message(strong_run, inputs, tmp_path):
         with pytest.raises(SystemExit) as exit_info:
             main(args)
         assert str(exit_info.value.code).startswith("error: ") and message in str(exit_info.value.code), args
-    proc = subprocess.run([sys.executable, "-m", "eagle3.eval.accept", "--run", str(tmp_path / "nowhere")],
-                          cwd=ROOT, capture_output=True, text=True, timeout=120, env=_env())
+    proc = run_in_process(["python", "-m", "eagle3.eval.accept", "--run", str(tmp_path / "nowhere")])
     assert proc.returncode != 0 and "Traceback" not in proc.stderr
     assert proc.stderr.strip().startswith("error: ") and len(proc.stderr.strip().splitlines()) == 1
 

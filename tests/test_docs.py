@@ -13,6 +13,7 @@ PLACEHOLDERS stays as written, so a new placeholder fails here until it is added
 from __future__ import annotations
 
 import contextlib
+import functools
 import importlib.util
 import io
 import itertools
@@ -88,7 +89,7 @@ def shown_error(command: str) -> str:
     raise AssertionError(command)
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")  # not module: a few small files, so the commands need not share one worker
 def inputs(tmp_path_factory) -> dict[str, str]:
     """Tiny stand-ins for the placeholders: a verifier dir (a config.json deep enough for every preset's aux layer
     ids), a dataset dir (Arrow rows and hidden states, for offline and online), a JSONL of rows, a drafter dir."""
@@ -136,8 +137,13 @@ def sweep_cells(overrides: list[str]) -> list[list[str]]:
 
 def problem(overrides: list[str]) -> str | None:
     """Why the composed job would be refused before it starts, or None."""
+    return cell_problem(tuple(overrides))
+
+
+@functools.cache  # a cell that several commands share is composed once
+def cell_problem(overrides: tuple[str, ...]) -> str | None:
     try:
-        cfg = compose_cfg(overrides, return_hydra_config=True)
+        cfg = compose_cfg(list(overrides), return_hydra_config=True)
     except Exception as e:  # composition: Hydra's own message
         return str(e)
     if cfg.resume:  # a resumed run reads its own resolved config and takes no other overrides

@@ -218,7 +218,8 @@ def test_serve_refuses_a_temperature_no_sampler_has_before_reading_the_run(tmp_p
     """--temperature inf was served (vLLM samples uniformly) into serve_vllm_k<k>_tinf.json."""
     from eagle3.serve.__main__ import main as serve_main
 
-    with pytest.raises(SystemExit, match=rf"^error: --temperature \(eval.accept.temperature\): must be >= 0 and finite, got {value}"):
+    with pytest.raises(SystemExit, match=rf"^error: --temperature \(eval.accept.temperature\): must be >= 0 and "
+                                         rf"finite, got {value}"):
         serve_main([str(tmp_path / "no-run"), "--temperature", value])
 
 

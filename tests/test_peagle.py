@@ -4,14 +4,13 @@ trained through the loop, its one-forward proposal in the harness, resumed exact
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
 
 import pytest
 import torch
 from test_draft_arch import tiny_draft
 
-from conftest import ROOT, SMALL_DATA, compose_cfg, parameter_groups, reference_and_resumed
+from conftest import ROOT, SMALL_DATA, compose_cfg, parameter_groups, reference_and_resumed, run_in_process
 from eagle3.draft_arch import SPECULATORS_FLAGS, DraftKind, LayerType, resolved_flags
 from eagle3.errors import ConfigError
 from eagle3.plan import parameter_counts
@@ -153,8 +152,8 @@ def test_peagle_trains_resumes_exactly_after_sigterm_and_exports(cache_dir, tmp_
     assert ref["final"]["loss"] < ref["step0"]["loss"]
 
     out_dir = tmp_path / "export"
-    exported = subprocess.run([sys.executable, "-m", "eagle3.export", str(stopped / "checkpoints" / "last"),
-                               "--out", str(out_dir)], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    exported = run_in_process(["python", "-m", "eagle3.export", str(stopped / "checkpoints" / "last"), "--out",
+                               str(out_dir)])
     assert exported.returncode == 0, exported.stderr[-3000:]
     model = PEagleDraftModel.from_pretrained(str(out_dir))
     assert type(model) is PEagleDraftModel and model.mask_token_id == 1023 and model.embed_tokens.weight.requires_grad
