@@ -80,15 +80,15 @@ def written_before_sources(plain: dict) -> dict:
 
 
 @pytest.mark.slow
-def test_an_interrupted_old_run_resumes_and_is_measured(tmp_path):
+def test_an_interrupted_old_run_resumes_and_is_measured(cache_dir, tmp_path):
     import torch
 
     from eagle3.checkpoint import TRAINER_STATE
     from eagle3.eval.accept import main as accept
 
-    cache, run_dir = tmp_path / "cache", tmp_path / "run"
-    status, out = sigterm_after_first_train_row([f"hydra.run.dir={run_dir}", "optim.max_steps=40", *SMALL_DATA],
-                                                cache, run_dir)
+    cache, run_dir = cache_dir, tmp_path / "run"
+    status, out = sigterm_after_first_train_row([f"hydra.run.dir={run_dir}", "optim.max_steps=16",
+                                                 "logger.log_every=1", *SMALL_DATA], cache, run_dir)
     assert status != 0 and (run_dir / "checkpoints" / "last" / TRAINER_STATE).is_file(), out[-3000:]
     config_file, state_file = run_dir / RESOLVED_CONFIG, run_dir / "checkpoints" / "last" / TRAINER_STATE
     config_file.write_text(yaml.safe_dump(written_before_sources(yaml.safe_load(config_file.read_text()))))

@@ -15,7 +15,7 @@ import torch
 
 from conftest import SMALL_DATA, launch, read_rows, sigterm_after_first_train_row, typed_run_config
 
-STOPPED_ARGS = ["optim.epochs=2", "logger.log_every=1", "logger.mode=disabled", *SMALL_DATA]
+STOPPED_ARGS = ["optim.max_steps=16", "logger.log_every=1", "logger.mode=disabled", *SMALL_DATA]
 
 
 @pytest.fixture(scope="module")

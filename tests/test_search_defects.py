@@ -119,7 +119,7 @@ def test_sigterm_between_trials_exits_128_plus_signal_and_records_the_trial_that
 @pytest.mark.slow
 def test_a_stopped_trial_resumed_to_its_end_is_complete_in_the_study(cache_dir, tmp_path):
     sweep = tmp_path / "study"
-    args = study_command(sweep, 2, "optim.max_steps=200", "optim.epochs=50")
+    args = study_command(sweep, 2, "optim.max_steps=16", "logger.log_every=1")  # stopped after step 1 of 16
     code, out = sigterm_after_first_train_row(args, cache_dir, sweep, trial_dir="0_*")
     assert code == 128 + signal.SIGTERM, out[-3000:]
     jobs = index_jobs(sweep)
