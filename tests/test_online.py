@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import SMALL_DATA, launch, read_rows, sigterm_after_first_train_row
+from conftest import SMALL_DATA, launch, read_rows, sigterm_in_process_after_step_1
 
 # The sampler warns about the rows longer than a micro-batch on purpose.
 pytestmark = pytest.mark.filterwarnings("ignore:Found .* samples longer than batch_max_length")
@@ -251,9 +251,8 @@ def test_online_run_stopped_mid_epoch_resumes_to_the_uninterrupted_metrics(tiny_
 
     reference, cache = tiny_online
     run_dir = tmp_path / "run"
-    returncode, out = sigterm_after_first_train_row([f"hydra.run.dir={run_dir}", "data=online", *TINY], cache,
-                                                    run_dir)
-    assert returncode == 128 + signal.SIGTERM, out[-3000:]
+    stopped = sigterm_in_process_after_step_1([f"hydra.run.dir={run_dir}", "data=online", *TINY], cache)
+    assert stopped.returncode == 128 + signal.SIGTERM, stopped.stderr[-3000:]
     progress = load_trainer_state(run_dir / "checkpoints" / "last")["progress"]
     assert progress["epoch"] == 0 and 0 < progress["step_in_epoch"] == progress["step"] < 8, progress  # mid-epoch
     resumed = launch([f"resume={run_dir}"], cache)
