@@ -86,8 +86,9 @@ def test_an_interrupted_old_run_resumes_and_is_measured(cache_dir, tmp_path):
     from eagle3.checkpoint import TRAINER_STATE
     from eagle3.eval.accept import main as accept
 
-    cache, run_dir = cache_dir, tmp_path / "run"
-    stopped = sigterm_in_process_after_step_1([f"hydra.run.dir={run_dir}", "optim.max_steps=4", *SMALL_DATA], cache)
+    run_dir = tmp_path / "run"
+    stopped = sigterm_in_process_after_step_1([f"hydra.run.dir={run_dir}", "optim.max_steps=4", *SMALL_DATA],
+                                              cache_dir)
     assert stopped.returncode != 0 and (run_dir / "checkpoints" / "last" / TRAINER_STATE).is_file(), \
         stopped.stderr[-3000:]
     config_file, state_file = run_dir / RESOLVED_CONFIG, run_dir / "checkpoints" / "last" / TRAINER_STATE
@@ -95,7 +96,7 @@ def test_an_interrupted_old_run_resumes_and_is_measured(cache_dir, tmp_path):
     state = torch.load(state_file, weights_only=True)
     state["config"] = written_before_sources(state["config"])
     torch.save(state, state_file)
-    proc = launch([f"resume={run_dir}"], cache, WANDB_MODE="offline")
+    proc = launch([f"resume={run_dir}"], cache_dir, WANDB_MODE="offline")
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert (run_dir / "summary.json").is_file()
     accept(["--run", str(run_dir)])
