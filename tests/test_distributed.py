@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import ROOT, SMALL_DATA, compose_cfg, launch, read_rows
+from conftest import ROOT, SMALL_DATA, compose_cfg, launch, launch_process, read_rows
 
 QUICK = ["logger.mode=disabled", "logger.log_every=1", "optim.max_steps=12", *SMALL_DATA]
 CONTRACT = ["resolved_config.yaml", "metrics.jsonl", "summary.json", "checkpoints/last/model.safetensors",
@@ -82,7 +82,7 @@ def test_two_launch_processes_form_one_multinode_job(cache_dir, tmp_path):
     node1 = subprocess.Popen([sys.executable, str(ROOT / "launch.py"), *args, "distributed.node_rank=1"], cwd=ROOT,
                              env={**os.environ, **env}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                              text=True)
-    node0 = launch([*args, "distributed.node_rank=0"], cache_dir)  # node 0's launcher: this process
+    node0 = launch_process([*args, "distributed.node_rank=0"], cache_dir)
     out1, _ = node1.communicate(timeout=300)
     assert node0.returncode == 0, node0.stderr[-3000:]
     assert node1.returncode == 0, out1[-3000:]
