@@ -291,6 +291,29 @@ def sigterm_after_first_train_row(args: list[str], cache_dir: Path, run_dir: Pat
     return proc.returncode, out
 
 
+def sigterm_in_process_after_step_1(args: list[str], cache_dir: Path) -> subprocess.CompletedProcess:
+    """`python launch.py ARGS` run in this process (launch()), sent SIGTERM once its first optimizer step is done:
+    the run's own handler takes it, so the run saves checkpoints/last at step 1 and exits as a signalled process
+    does. For tests of the stopped run dir, not of the process (sigterm_after_first_train_row starts one)."""
+    import signal
+    from unittest import mock
+
+    import eagle3.train
+
+    class SignalledAfterStep1(eagle3.train.StopRequest):
+        signalled = False
+
+        def requested(self, world):  # asked after every optimizer step
+            if not SignalledAfterStep1.signalled:
+                SignalledAfterStep1.signalled = True
+                assert self.previous, "the run's SIGTERM handler is not installed (not the main thread)"
+                signal.raise_signal(signal.SIGTERM)
+            return super().requested(world)
+
+    with mock.patch.object(eagle3.train, "StopRequest", SignalledAfterStep1):
+        return launch(args, cache_dir)
+
+
 def session_dir(tmp_path_factory, name: str) -> Path:
     """A dir of this test session's, the same for every pytest-xdist worker (they share the parent of their
     base temp dirs)."""

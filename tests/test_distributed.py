@@ -47,8 +47,7 @@ def single_accum2(cache_dir, tmp_path_factory) -> Path:
 @pytest.mark.slow
 def test_ddp_two_ranks_match_one_process_with_the_same_global_batch(single_accum2, cache_dir, tmp_path):
     run_dir = tmp_path / "ddp"
-    proc = launch_process([f"hydra.run.dir={run_dir}", "distributed=ddp", "distributed.nproc_per_node=2", *QUICK],
-                          cache_dir)
+    proc = launch([f"hydra.run.dir={run_dir}", "distributed=ddp", "distributed.nproc_per_node=2", *QUICK], cache_dir)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert_contract(run_dir)
     assert (run_dir / "rank_1.log").is_file() and not (run_dir / "rank_0.log").exists()
@@ -65,8 +64,7 @@ def test_fsdp_trains_and_saves_a_checkpoint_speculators_loads(cache_dir, tmp_pat
     from eagle3.checkpoint import load_draft
 
     run_dir = tmp_path / "fsdp"
-    proc = launch_process([f"hydra.run.dir={run_dir}", "distributed=fsdp", "distributed.nproc_per_node=2", *QUICK],
-                          cache_dir)
+    proc = launch([f"hydra.run.dir={run_dir}", "distributed=fsdp", "distributed.nproc_per_node=2", *QUICK], cache_dir)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert_contract(run_dir)
     summary = json.loads((run_dir / "summary.json").read_text())
@@ -127,7 +125,7 @@ def test_a_failing_job_is_recorded_and_the_sweep_goes_on(cache_dir, tmp_path):
 
 @pytest.mark.slow
 def test_resume_after_sigkill_matches_an_uninterrupted_run(cache_dir, tmp_path):
-    args = ["optim.epochs=3", "optim.checkpoint_every=5", "logger.mode=offline", *SMALL_DATA]
+    args = ["optim.epochs=2", "optim.checkpoint_every=5", "logger.mode=offline", *SMALL_DATA]
     reference = tmp_path / "reference"
     assert launch([f"hydra.run.dir={reference}", *args], cache_dir).returncode == 0
 

@@ -10,7 +10,7 @@ import pytest
 import yaml
 from omegaconf import OmegaConf
 
-from conftest import ROOT, SMALL_DATA, compose_cfg, launch, sigterm_after_first_train_row
+from conftest import ROOT, SMALL_DATA, compose_cfg, launch, sigterm_in_process_after_step_1
 from eagle3.config import plain_config, run_config, validate
 from eagle3.errors import ConfigError
 from eagle3.rundir import RESOLVED_CONFIG, read_run_config, trained_config
@@ -80,22 +80,23 @@ def written_before_sources(plain: dict) -> dict:
 
 
 @pytest.mark.slow
-def test_an_interrupted_old_run_resumes_and_is_measured(tmp_path):
+def test_an_interrupted_old_run_resumes_and_is_measured(cache_dir, tmp_path):
     import torch
 
     from eagle3.checkpoint import TRAINER_STATE
     from eagle3.eval.accept import main as accept
 
-    cache, run_dir = tmp_path / "cache", tmp_path / "run"
-    status, out = sigterm_after_first_train_row([f"hydra.run.dir={run_dir}", "optim.max_steps=40", *SMALL_DATA],
-                                                cache, run_dir)
-    assert status != 0 and (run_dir / "checkpoints" / "last" / TRAINER_STATE).is_file(), out[-3000:]
+    run_dir = tmp_path / "run"
+    stopped = sigterm_in_process_after_step_1([f"hydra.run.dir={run_dir}", "optim.max_steps=4", *SMALL_DATA],
+                                              cache_dir)
+    assert stopped.returncode != 0 and (run_dir / "checkpoints" / "last" / TRAINER_STATE).is_file(), \
+        stopped.stderr[-3000:]
     config_file, state_file = run_dir / RESOLVED_CONFIG, run_dir / "checkpoints" / "last" / TRAINER_STATE
     config_file.write_text(yaml.safe_dump(written_before_sources(yaml.safe_load(config_file.read_text()))))
     state = torch.load(state_file, weights_only=True)
     state["config"] = written_before_sources(state["config"])
     torch.save(state, state_file)
-    proc = launch([f"resume={run_dir}"], cache, WANDB_MODE="offline")
+    proc = launch([f"resume={run_dir}"], cache_dir, WANDB_MODE="offline")
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert (run_dir / "summary.json").is_file()
     accept(["--run", str(run_dir)])

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import SMALL_DATA, launch, launch_process, read_rows, sigterm_after_first_train_row
+from conftest import SMALL_DATA, launch, read_rows, sigterm_in_process_after_step_1
 
 # The sampler warns about the rows longer than a micro-batch on purpose.
 pytestmark = pytest.mark.filterwarnings("ignore:Found .* samples longer than batch_max_length")
@@ -197,9 +197,8 @@ def test_an_online_ddp_run_has_the_offline_runs_losses(verifier, prepared_fp32, 
     # One process online is the tiny default's test below (data=online against data=tiny, equal at every step).
     runs = {"offline": [*offline, *ONE_PROCESS], "online_ddp": [*online, *DDP]}
     for name, args in runs.items():
-        start = launch_process if DDP[0] in args else launch  # two ranks: processes of their own
-        proc = start([f"hydra.run.dir={tmp_path / name}", f"model.verifier.path={verifier}", *E2E, *args],
-                     tmp_path / "cache")
+        proc = launch([f"hydra.run.dir={tmp_path / name}", f"model.verifier.path={verifier}", *E2E, *args],
+                      tmp_path / "cache")  # two ranks: processes of their own
         assert proc.returncode == 0, proc.stderr[-3000:]
     summary = json.loads((tmp_path / "online_ddp" / "summary.json").read_text())
     assert summary["world_size"] == 2 and summary["steps"] == 6
@@ -252,9 +251,8 @@ def test_online_run_stopped_mid_epoch_resumes_to_the_uninterrupted_metrics(tiny_
 
     reference, cache = tiny_online
     run_dir = tmp_path / "run"
-    returncode, out = sigterm_after_first_train_row([f"hydra.run.dir={run_dir}", "data=online", *TINY], cache,
-                                                    run_dir)
-    assert returncode == 128 + signal.SIGTERM, out[-3000:]
+    stopped = sigterm_in_process_after_step_1([f"hydra.run.dir={run_dir}", "data=online", *TINY], cache)
+    assert stopped.returncode == 128 + signal.SIGTERM, stopped.stderr[-3000:]
     progress = load_trainer_state(run_dir / "checkpoints" / "last")["progress"]
     assert progress["epoch"] == 0 and 0 < progress["step_in_epoch"] == progress["step"] < 8, progress  # mid-epoch
     resumed = launch([f"resume={run_dir}"], cache)

@@ -13,17 +13,17 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import SMALL_DATA, launch, read_rows, sigterm_after_first_train_row, typed_run_config
+from conftest import SMALL_DATA, launch, read_rows, sigterm_in_process_after_step_1, typed_run_config
 
-STOPPED_ARGS = ["optim.epochs=2", "logger.log_every=1", "logger.mode=disabled", *SMALL_DATA]
+STOPPED_ARGS = ["optim.max_steps=6", "logger.log_every=1", "logger.mode=disabled", *SMALL_DATA]
 
 
 @pytest.fixture(scope="module")
 def stopped_run(cache_dir, tmp_path_factory) -> Path:
-    """A tiny run stopped by SIGTERM after its first train row: checkpoints/last is resumable."""
+    """A tiny run stopped by SIGTERM after its first step: checkpoints/last is resumable."""
     run_dir = tmp_path_factory.mktemp("stopped") / "run"
-    returncode, out = sigterm_after_first_train_row([f"hydra.run.dir={run_dir}", *STOPPED_ARGS], cache_dir, run_dir)
-    assert returncode == 128 + signal.SIGTERM, out[-3000:]
+    proc = sigterm_in_process_after_step_1([f"hydra.run.dir={run_dir}", *STOPPED_ARGS], cache_dir)
+    assert proc.returncode == 128 + signal.SIGTERM, proc.stderr[-3000:]
     return run_dir
 
 

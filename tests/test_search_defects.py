@@ -15,7 +15,7 @@ from hydra.core.utils import JobReturn, JobStatus
 from omegaconf import OmegaConf
 from test_search import LR, SHORT, index_jobs, load_study, run_dirs, study_command
 
-from conftest import ROOT, launch
+from conftest import launch, sigterm_in_process_after_step_1
 
 
 def refused(proc, *words: str) -> None:
@@ -60,25 +60,6 @@ def test_a_second_study_command_in_the_same_sweep_dir_is_refused(cache_dir, tmp_
     assert not (sweep / "study.db").exists()
 
 
-def sigterm_after_first_train_row(args: list[str], cache_dir: Path, sweep: Path, trial_dir: str) -> tuple[int, str]:
-    """conftest's helper for a sweep, whose job dirs are named by the sampled values: SIGTERM once the trial's
-    metrics.jsonl holds a train row."""
-    import subprocess
-    import sys
-    import time
-
-    proc = subprocess.Popen([sys.executable, str(ROOT / "launch.py"), *args], cwd=ROOT, text=True,
-                            env={**os.environ, "EAGLE3_CACHE": str(cache_dir)}, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT)
-    deadline = time.time() + 240
-    while time.time() < deadline and not any('"train"' in m.read_text()
-                                             for m in sweep.glob(f"{trial_dir}/metrics.jsonl")):
-        time.sleep(0.05)
-    proc.send_signal(signal.SIGTERM)
-    out, _ = proc.communicate(timeout=120)
-    return proc.returncode, out
-
-
 class SignalledLauncher:
     """Completes the first batch; on the second, a SIGTERM arrives before the trial's run handles signals."""
 
@@ -119,9 +100,8 @@ def test_sigterm_between_trials_exits_128_plus_signal_and_records_the_trial_that
 @pytest.mark.slow
 def test_a_stopped_trial_resumed_to_its_end_is_complete_in_the_study(cache_dir, tmp_path):
     sweep = tmp_path / "study"
-    args = study_command(sweep, 2, "optim.max_steps=200", "optim.epochs=50")
-    code, out = sigterm_after_first_train_row(args, cache_dir, sweep, trial_dir="0_*")
-    assert code == 128 + signal.SIGTERM, out[-3000:]
+    stopped = sigterm_in_process_after_step_1(study_command(sweep, 2, "optim.max_steps=6"), cache_dir)
+    assert stopped.returncode == 128 + signal.SIGTERM, stopped.stderr[-3000:]
     jobs = index_jobs(sweep)
     assert [(j["num"], j["status"]) for j in jobs] == [(0, "stopped")], jobs
     assert [t.state.name for t in load_study(sweep).get_trials()] == ["RUNNING"]

@@ -15,7 +15,7 @@ import torch
 from safetensors.torch import load_file, save_file
 from test_loader import AUX, LENGTHS, RATIO, VOCAB, H, T, tiny_draft
 
-from conftest import SMALL_DATA, launch, launch_process, read_rows
+from conftest import SMALL_DATA, launch, read_rows
 
 pytestmark = pytest.mark.filterwarnings("ignore:Found .* samples longer than batch_max_length")
 
@@ -162,8 +162,7 @@ def probe_one_process(cache_dir, tmp_path_factory) -> Path:
                          ids=["grad_accum=2", "ddp-2-ranks"])
 def test_step0_val_equals_one_process_for_grad_accum_and_ranks(probe_one_process, cache_dir, tmp_path, sharding):
     run_dir = tmp_path / "run"
-    start = launch_process if "distributed=ddp" in sharding else launch  # two ranks: processes of their own
-    proc = start([f"hydra.run.dir={run_dir}", *PROBE, *sharding], cache_dir)
+    proc = launch([f"hydra.run.dir={run_dir}", *PROBE, *sharding], cache_dir)  # two ranks: processes of their own
     assert proc.returncode == 0, proc.stderr[-3000:]
     ours, one = step0_val(run_dir), step0_val(probe_one_process)
     assert ours.keys() == one.keys() and "tau_sim" in one
