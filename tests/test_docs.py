@@ -92,7 +92,9 @@ def shown_error(command: str) -> str:
 @pytest.fixture(scope="session")  # not module: a few small files, so the commands need not share one worker
 def inputs(tmp_path_factory) -> dict[str, str]:
     """Tiny stand-ins for the placeholders: a verifier dir (a config.json deep enough for every preset's aux layer
-    ids), a dataset dir (Arrow rows and hidden states, for offline and online), a JSONL of rows, a drafter dir."""
+    ids), a dataset dir (Arrow rows and hidden states, for offline and online), a JSONL of rows, a drafter dir
+    (a config.json: a new run's init.path is looked at before it starts), and a cache dir holding the drafters
+    the presets name there."""
     root = tmp_path_factory.mktemp("docs_inputs")
     verifier, dataset, drafter = root / "verifier", root / "dataset", root / "drafter"
     verifier.mkdir()
@@ -101,10 +103,15 @@ def inputs(tmp_path_factory) -> dict[str, str]:
         "num_hidden_layers": 61, "max_position_embeddings": 128, "rope_theta": 10000.0, "rms_norm_eps": 1e-6}))
     (dataset / "hidden_states").mkdir(parents=True)
     (dataset / "data-00000-of-00001.arrow").write_bytes(b"")
-    drafter.mkdir()
+    cache = root / "cache"
+    # the drafters init=aq_medai_k2 and experiment=k2_to_k25/finetune read (the study's export step writes the second)
+    for checkpoint in (drafter, cache / "drafters" / "Kimi-K2-Instruct-eagle3", cache / "drafters" / "tiny-k2-eagle3"):
+        checkpoint.mkdir(parents=True)
+        (checkpoint / "config.json").write_text("{}")
     rows = root / "rows.jsonl"
     rows.write_text(json.dumps({"input_ids": [1, 2, 3], "loss_mask": [0, 1, 1]}) + "\n")
-    return {"verifier": str(verifier), "dataset": str(dataset), "rows": str(rows), "drafter": str(drafter)}
+    return {"verifier": str(verifier), "dataset": str(dataset), "rows": str(rows), "drafter": str(drafter),
+            "cache": str(cache)}
 
 
 def launch_args(command: str, inputs: dict[str, str]) -> tuple[list[str], bool]:
@@ -118,7 +125,7 @@ def launch_args(command: str, inputs: dict[str, str]) -> tuple[list[str], bool]:
             continue
         key, sep, value = word.partition("=")
         overrides.append(f"{key}={inputs[PLACEHOLDERS[value]]}" if sep and value in PLACEHOLDERS else word)
-    return overrides, multirun
+    return [*overrides, f"cache_dir={inputs['cache']}"], multirun
 
 
 def sweep_cells(overrides: list[str]) -> list[list[str]]:
