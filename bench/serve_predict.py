@@ -2,11 +2,12 @@
 way of calibrating the step costs on its serve reports (eagle3.eval.speedup --engine-costs).
 
     python -m eagle3.serve RUN --k 1 2 3 5 --num-prompts 32 --max-new-tokens 96     # the reports (minutes)
-    python bench/serve_predict.py RUN [--temperature 0] [--clock wall median cpu]
+    python bench/serve_predict.py RUN [--temperature 0] [--clock wall median cpu] [--draft-ms MS | --measure]
 
-Calibrations: k=1 alone (the fixed part taken as one plain step), k=1 with each other k (step(k) = fixed +
-per_token * k through the two), and all k (least squares). Each row: the fit in plain steps, then per served k
-predicted / measured at the accept_len that k served with (1.000: exact; `*`: a k the fit was made from).
+Calibrations: k=1 alone (with --draft-ms or --measure: per_token the draft forward's cost, fixed the rest of the
+k=1 step), k=1 with each other k (step(k) = fixed + per_token * k through the two), and all k (least squares).
+Each row: the fit in plain steps, then per served k predicted / measured at the accept_len that k served with
+(1.000: exact; `*`: a k the fit was made from).
 """
 
 from __future__ import annotations
@@ -18,12 +19,12 @@ from pathlib import Path
 from common import ROOT  # noqa: F401  (puts the repository on sys.path)
 
 
-def calibrations(ks: list[int]) -> list[tuple[int, ...]]:
+def calibrations(ks: list[int], one_point: bool) -> list[tuple[int, ...]]:
     others = [k for k in ks if k != 1]
-    return [(1,), *((1, k) for k in others), *([tuple(ks)] if len(ks) > 2 else [])]
+    return [*([(1,)] if one_point else []), *((1, k) for k in others), *([tuple(ks)] if len(ks) > 2 else [])]
 
 
-def ratios(run: Path, temperature: float, clock: str) -> list[dict]:
+def ratios(run: Path, temperature: float, clock: str, draft_ms: float | None = None) -> list[dict]:
     """Per calibration: its ks, the fit (fixed, per_token in plain steps), and k -> predicted / measured."""
     from eagle3.errors import ConfigError
     from eagle3.eval.speedup import engine_costs, served_step
@@ -35,9 +36,9 @@ def ratios(run: Path, temperature: float, clock: str) -> list[dict]:
     ks = sorted(reports)
     steps = {k: served_step(reports[k], clock) for k in ks}
     rows = []
-    for fitted in calibrations(ks):
+    for fitted in calibrations(ks, draft_ms is not None):
         try:
-            costs = engine_costs([reports[k] for k in fitted], max(ks), clock)
+            costs = engine_costs([reports[k] for k in fitted], max(ks), clock, draft_ms if len(fitted) == 1 else None)
         except ConfigError as e:  # a fit with a cost below zero: noise
             rows.append({"fitted": fitted, "refused": str(e)})
             continue
@@ -53,11 +54,20 @@ def main() -> None:
     p.add_argument("run", type=Path)
     p.add_argument("--temperature", type=float, default=0.0)
     p.add_argument("--clock", nargs="+", default=["wall", "median", "cpu"], choices=["wall", "median", "cpu"])
+    p.add_argument("--draft-ms", type=float, help="one draft forward, ms: calibrate at k=1 alone with it")
+    p.add_argument("--measure", action="store_true", help="time the run's draft forward here for the k=1 "
+                                                          "calibration (one torch thread, as eagle3.eval.speedup)")
     p.add_argument("--json", type=Path, help="also write the rows here")
     args = p.parse_args()
+    draft_ms = args.draft_ms
+    if args.measure:
+        from eagle3.eval.speedup import measured_draft_ms, parse_args
+
+        draft_ms = measured_draft_ms(parse_args(["--run", str(args.run), "--measure"]))
+        print(f"the run's draft forward, measured here: {draft_ms:.3f} ms")
     out = {}
     for clock in args.clock:
-        rows = ratios(args.run, args.temperature, clock)
+        rows = ratios(args.run, args.temperature, clock, draft_ms)
         out[clock] = rows
         ks = sorted(int(p.stem.split("_k")[1].split("_")[0])
                     for p in args.run.glob(f"serve_vllm_k*_t{args.temperature:g}.json"))

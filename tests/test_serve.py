@@ -269,7 +269,7 @@ def test_speedup_calibrated_on_the_engine_at_k1_predicts_other_k(tmp_path):
     serve_report(tmp_path, 3, 0.5, [0.3, 0.2, 0.1])
     out = tmp_path / "prediction.json"
     speedup_main(["--accept", str(tmp_path / "serve_vllm_k3_t0.json"), "--engine-costs",
-                  str(tmp_path / "serve_vllm_k1_t0.json"), "--json", str(out)])
+                  str(tmp_path / "serve_vllm_k1_t0.json"), "--draft-ms", "10", "--json", str(out)])
     p = json.loads(out.read_text())
     assert p["baseline_ms"] == pytest.approx(10.0) and p["draft_ms"] == pytest.approx(10.0)
     rows = {r["k"]: r for r in p["rows"]}

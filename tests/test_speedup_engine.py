@@ -1,5 +1,6 @@
 """The speedup predictor's step costs fitted to a serving engine's reports (eagle3.eval.speedup --engine-costs):
-step(k) = fixed + per_token * k plain steps, on synthetic reports whose steps follow a known model. No timing."""
+step(k) = fixed + per_token * k plain steps, on synthetic reports whose steps follow a known model; from one
+report at k=1, per_token is the draft forward's cost. No timing, but for --measure's draft forward."""
 
 from __future__ import annotations
 
@@ -31,17 +32,17 @@ def served(run: Path, k: int, plain_tokens_per_s: float = 100.0, dtype: str = "f
     return path
 
 
-def predict_from(run: Path, *ks: int) -> dict:
-    out = run / f"prediction_{'_'.join(map(str, ks))}.json"
+def predict_from(run: Path, *ks: int, extra: tuple[str, ...] = ()) -> dict:
+    out = run / f"prediction_{'_'.join(map(str, ks))}{'_'.join(extra)}.json"
     speedup_main(["--accept", str(run / "serve_vllm_k5_t0.json"), "--engine-costs",
-                  *(str(run / f"serve_vllm_k{k}_t0.json") for k in ks), "--json", str(out)])
+                  *(str(run / f"serve_vllm_k{k}_t0.json") for k in ks), *extra, "--json", str(out)])
     return json.loads(out.read_text())
 
 
 def test_two_served_k_recover_the_fixed_and_the_per_token_cost(tmp_path):
     """Calibrated at k=1 and k=5, the fit finds 1.3 + 0.2 k and predicts k=2 and k=3 exactly; calibrated at k=1
-    alone (the verify step taken as one plain step) it charges the whole 0.5 extra to the draft token and
-    predicts k=5 34% low, as the one-point calibration did on the engine."""
+    alone with the draft forward's cost (2 ms of a 10 ms plain step) it finds the same model and predicts every
+    other k exactly; with a draft forward that costs more (5 ms) it charges the difference to every draft token."""
     for k in ACCEPT_RATES:
         served(tmp_path, k)
     p = predict_from(tmp_path, 1, 5)
@@ -54,16 +55,18 @@ def test_two_served_k_recover_the_fixed_and_the_per_token_cost(tmp_path):
     assert rows[1]["in_fit"] and rows[5]["in_fit"] and not rows[4].get("in_fit")
     assert p["fitted_ks"] == [1, 5]
 
-    one = {r["k"]: r for r in predict_from(tmp_path, 1)["rows"]}
-    assert one[5]["error"] == pytest.approx((FIXED + 5 * PER_TOKEN) / (1 + 5 * 0.5) - 1)  # -34%
-    assert one[5]["error"] < -0.15
+    one = predict_from(tmp_path, 1, extra=("--draft-ms", "2"))
+    assert one["fixed_plain_steps"] == pytest.approx(FIXED) and one["per_token_plain_steps"] == pytest.approx(0.2)
+    assert all(r["error"] == pytest.approx(0.0, abs=1e-12) for r in one["rows"] if "error" in r)
+    assert [r["k"] for r in one["rows"] if r.get("in_fit")] == [1]
+    dear = {r["k"]: r for r in predict_from(tmp_path, 1, extra=("--draft-ms", "5"))["rows"]}
+    assert dear[5]["error"] == pytest.approx((FIXED + 5 * PER_TOKEN) / (FIXED + PER_TOKEN - 0.5 + 5 * 0.5) - 1)
 
 
 def test_the_fit_is_least_squares_over_every_report_given():
     """(1, 1.5), (2, 1.6), (3, 1.9): slope ((-1)(-1/6) + (1)(7/30)) / 2 = 0.2 through the mean (2, 5/3)."""
     fixed, per_token = fit_step([(1, 1.5), (2, 1.6), (3, 1.9)])
     assert per_token == pytest.approx(0.2) and fixed == pytest.approx(5 / 3 - 0.4)
-    assert fit_step([(1, 1.5)]) == pytest.approx((1.0, 0.5))  # one point: the fixed part is one plain step
 
 
 def test_the_plain_step_is_the_mean_of_the_reports_plain_servers(tmp_path):
@@ -81,6 +84,7 @@ def test_the_plain_step_is_the_mean_of_the_reports_plain_servers(tmp_path):
     (lambda run: (served(run, 1, step=2.0), served(run, 5, step=1.8)), (1, 5), "has a cost below zero"),
     (lambda run: served(run, 5), (5, 5), "a fit needs each k once"),
     (lambda run: served(run, 5), (5,), "served at k=5; the verify step is calibrated at k=1"),
+    (lambda run: (served(run, 1), served(run, 5)), (1,), r"fixes step\(1\) alone, not how it grows with k: give the draft forward's"),
 ])
 def test_reports_that_cannot_be_fitted_are_one_message(tmp_path, capsys, make, ks, message):
     make(tmp_path)
@@ -89,9 +93,34 @@ def test_reports_that_cannot_be_fitted_are_one_message(tmp_path, capsys, make, k
     assert str(e.value).startswith("error: ") and not list(tmp_path.glob("prediction*"))
 
 
+@pytest.mark.parametrize("ks, extra, message", [
+    ((1, 5), ("--draft-ms", "2"), "reports at several k give the per-token cost by their fit"),
+    ((1,), ("--draft-ms", "2", "--measure"), "give the draft forward's cost once"),
+    ((1,), ("--draft-ms", "16"), "has a cost below zero"),  # 1.5 plain steps at k=1, 1.6 of them a draft forward
+])
+def test_a_draft_cost_goes_with_one_report_at_k1_and_must_fit_in_it(tmp_path, ks, extra, message):
+    for k in (1, 5):
+        served(tmp_path, k)
+    with pytest.raises(SystemExit, match=message):
+        predict_from(tmp_path, *ks, extra=extra)
+
+
+def test_measure_times_the_runs_draft_for_one_report_at_k1(trained_run, tmp_path):
+    """--measure with one k=1 report: the draft forward of the run's own draft, timed here (positive, a few ms on a
+    CPU at most), is the per-token cost, and fixed is what is left of the served step."""
+    report = served(tmp_path, 1)
+    served(tmp_path, 5)
+    out = tmp_path / "measured.json"
+    speedup_main(["--accept", str(tmp_path / "serve_vllm_k5_t0.json"), "--engine-costs", str(report), "--run",
+                  str(trained_run), "--measure", "--json", str(out)])
+    p = json.loads(out.read_text())
+    assert 0 < p["draft_ms"] < 10.0 and p["baseline_ms"] == pytest.approx(10.0)
+    assert p["fixed_plain_steps"] == pytest.approx(FIXED + PER_TOKEN - p["draft_ms"] / 10.0)
+
+
 def test_the_bench_script_gives_predicted_over_measured_per_calibration(tmp_path):
     """bench/serve_predict.py on reports that follow 1.3 + 0.2 k: every two-k calibration predicts every k
-    exactly, k=1 alone predicts k=5 at 2.3 / 3.5 of its speedup, and the least squares over all k is the model."""
+    exactly, and so does k=1 alone with the draft forward's 2 ms; the least squares over all k is the model."""
     import sys
 
     from conftest import ROOT
@@ -101,9 +130,9 @@ def test_the_bench_script_gives_predicted_over_measured_per_calibration(tmp_path
 
     for k in ACCEPT_RATES:
         served(tmp_path, k)
-    rows = {r["fitted"]: r for r in ratios(tmp_path, 0.0, "wall")}
+    assert [r["fitted"] for r in ratios(tmp_path, 0.0, "wall")] == [(1, 2), (1, 3), (1, 5), (1, 2, 3, 5)]
+    rows = {r["fitted"]: r for r in ratios(tmp_path, 0.0, "wall", draft_ms=2.0)}
     assert list(rows) == [(1,), (1, 2), (1, 3), (1, 5), (1, 2, 3, 5)]
-    for fitted in [(1, 2), (1, 3), (1, 5), (1, 2, 3, 5)]:
+    for fitted in rows:
         assert rows[fitted]["fixed"] == pytest.approx(FIXED) and rows[fitted]["per_token"] == pytest.approx(PER_TOKEN)
         assert all(r == pytest.approx(1.0) for r in rows[fitted]["ratio"].values())
-    assert rows[(1,)]["ratio"][5] == pytest.approx((FIXED + 5 * PER_TOKEN) / (1 + 5 * 0.5))

@@ -5,6 +5,8 @@
     python -m eagle3.eval.speedup --run RUN --measure --wallclock                     # and checked by decoding
     python -m eagle3.eval.speedup --accept RUN/serve_vllm_k5_t0.json \
         --engine-costs RUN/serve_vllm_k1_t0.json RUN/serve_vllm_k5_t0.json   # costs of served runs (eagle3.serve)
+    python -m eagle3.eval.speedup --accept RUN/serve_vllm_k5_t0.json \
+        --engine-costs RUN/serve_vllm_k1_t0.json --run RUN --measure         # k=1 served, the draft timed here
 
 The model (one sequence, chain drafts, as eagle3.eval.accept decodes):
     tokens_per_step(k) = 1 + sum_{j<k} r_j        r_j: share of verify steps whose draft token j is accepted
@@ -15,7 +17,8 @@ k+1 tokens of a verify step; draft_ms one draft forward (a chain of k costs k of
 acceptance length at k is step_ms(k) / baseline_ms: below it, speculation is slower than plain decoding.
 From a serving engine's reports (--engine-costs) the step is fitted as fixed + per_token * k plain steps: a fixed
 part per speculative step (the verify forward, input preparation, rejection sampling, scheduling: verify_ms, the
-same at every k) and a part per draft token (a draft forward and one more token of verify forward: draft_ms).
+same at every k) and a part per draft token (a draft forward and one more token of verify forward: draft_ms);
+from one report at k=1, per_token is the draft forward's own cost (--measure, or --draft-ms) and fixed the rest.
 """
 
 from __future__ import annotations
@@ -115,12 +118,13 @@ def given_costs(args: argparse.Namespace, max_k: int) -> StepCosts:
     if len(verify) not in (1, max_k):
         raise ConfigError(f"--verify-ms takes one value (the same for every k) or one per k = 1..{max_k}, "
                           f"got {len(verify)}")
-    values = [args.baseline_ms, *verify, args.draft_ms]
+    draft_ms = args.draft_ms or 0.0
+    values = [args.baseline_ms, *verify, draft_ms]
     if not all(math.isfinite(v) and v >= 0 for v in values) or args.baseline_ms <= 0 or min(verify) <= 0:
         raise ConfigError(f"step costs must be positive, finite milliseconds (--draft-ms may be 0), got baseline "
-                          f"{args.baseline_ms}, verify {verify}, draft {args.draft_ms}")
+                          f"{args.baseline_ms}, verify {verify}, draft {draft_ms}")
     return StepCosts(args.baseline_ms, {k: verify[0 if len(verify) == 1 else k - 1] for k in range(1, max_k + 1)},
-                     args.draft_ms, "given")
+                     draft_ms, "given")
 
 
 # Which speedup of an eagle3.serve report --clock takes: wall (all tokens over all request time), median (of the
@@ -166,14 +170,10 @@ def served_step(path: Path, clock: str) -> ServedStep:
 
 
 def fit_step(points: Sequence[tuple[int, float]]) -> tuple[float, float]:
-    """(fixed, per_token) of step(k) = fixed + per_token * k, in plain steps, from (k, step) points.
-    fixed: the verify forward and the per-step work of speculation (input preparation, rejection sampling,
-    scheduling); per_token: one draft forward and what one more token adds to the verify forward. One point
-    (at k=1): fixed is taken as one plain step (a forward over a few tokens costs about one over one when
-    per-step overheads dominate) and only per_token is fitted. Two or more k: least squares of both."""
-    if len(points) == 1:
-        (k, step), = points
-        return 1.0, (step - 1.0) / k
+    """(fixed, per_token) of step(k) = fixed + per_token * k, in plain steps, least squares through two or more
+    (k, step) points. fixed: the verify forward and the per-step work of speculation (input preparation, rejection
+    sampling, scheduling); per_token: one draft forward and what one more token adds to the verify forward."""
+    assert len({k for k, _ in points}) >= 2, points
     n = len(points)
     mean_k = sum(k for k, _ in points) / n
     mean_s = sum(s for _, s in points) / n
@@ -182,15 +182,25 @@ def fit_step(points: Sequence[tuple[int, float]]) -> tuple[float, float]:
     return mean_s - per_token * mean_k, per_token
 
 
-def engine_costs(paths: Sequence[Path], max_k: int, clock: str = "wall") -> StepCosts:
+def engine_costs(paths: Sequence[Path], max_k: int, clock: str = "wall", draft_ms: float | None = None
+                 ) -> StepCosts:
     """Step costs from eagle3.serve reports: each report's plain server gives the plain step, and its measured
     speedup (`clock` cpu: in the servers' CPU time) and accept_len give its step, accept_len / speedup plain
-    steps; `fit_step` fits step(k) = fixed + per_token * k to them. One report must be at k=1 (fixed is then
-    taken as one plain step); several must be at distinct k from one engine and dtype."""
+    steps. Reports at two or more k (one engine and dtype): `fit_step` fits step(k) = fixed + per_token * k to
+    them. One report, at k=1: per_token is the draft forward's own cost `draft_ms` (measured by the harness, or
+    given), and fixed what is left of step(1): an engine's per-step work is paid once per step, whatever k, and
+    each further draft token adds a draft forward."""
     steps = [served_step(path, clock) for path in paths]
     if len(steps) == 1 and steps[0].k != 1:
         raise ConfigError(f"--engine-costs: {paths[0]} was served at k={steps[0].k}; the verify step is calibrated "
                           "at k=1 (python -m eagle3.serve RUN --k 1), or give reports at two or more k")
+    if len(steps) == 1 and draft_ms is None:
+        raise ConfigError(f"--engine-costs: one report ({paths[0]}, k=1) fixes step(1) alone, not how it grows with "
+                          "k: give the draft forward's cost (--measure: measured here with the run's draft, or "
+                          "--draft-ms), or reports at two or more k")
+    if len(steps) > 1 and draft_ms is not None:
+        raise ConfigError("--engine-costs: reports at several k give the per-token cost by their fit; --measure or "
+                          "--draft-ms goes with one report, at k=1")
     ks = [s.k for s in steps]
     if len(set(ks)) != len(ks):
         raise ConfigError(f"--engine-costs: the reports are at k = {ks}; a fit needs each k once")
@@ -202,15 +212,19 @@ def engine_costs(paths: Sequence[Path], max_k: int, clock: str = "wall") -> Step
                           + "; ".join(f"{s.path}: checkpoint {s.run[0]}, verifier {s.run[1]}, temperature {s.run[2]}"
                                       for s in steps) + "); fit the reports of one checkpoint, verifier and "
                           "temperature (python -m eagle3.serve RUN --k 1 5)")
-    fixed, per_token = fit_step([(s.k, s.plain_steps) for s in steps])
-    if fixed <= 0 or per_token < 0:
-        raise ConfigError("--engine-costs: the fit step(k) = {:.3f} + {:.3f} k plain steps (from k = {}: {}) has a "
-                          "cost below zero: the reports' timings are noise; serve more prompts or tokens".format(
-                              fixed, per_token, ks, ", ".join(f"{s.plain_steps:.3f}" for s in steps)))
     baseline_ms = sum(s.plain_ms for s in steps) / len(steps)
+    if draft_ms is None:
+        fixed, per_token = fit_step([(s.k, s.plain_steps) for s in steps])
+        form = f"{fixed:.3f} + {per_token:.3f} k"
+    else:
+        per_token = draft_ms / baseline_ms
+        fixed = steps[0].plain_steps - per_token
+        form = f"{fixed:.3f} + {per_token:.3f} k (per token: the draft forward, {draft_ms:.3f} ms)"
+    if fixed <= 0 or per_token < 0:
+        raise ConfigError("--engine-costs: step(k) = {:.3f} + {:.3f} k plain steps (from k = {}: {}) has a cost "
+                          "below zero: the reports' timings are noise; serve more prompts or tokens".format(
+                              fixed, per_token, ks, ", ".join(f"{s.plain_steps:.3f}" for s in steps)))
     engine, version, dtype = steps[0].setup
-    form = ("one plain step + {1:.3f} k (fixed part assumed)" if len(steps) == 1 else "{0:.3f} + {1:.3f} k"
-            ).format(fixed, per_token)
     return StepCosts(baseline_ms, dict.fromkeys(range(1, max_k + 1), fixed * baseline_ms), per_token * baseline_ms,
                      f"engine: {engine} {version} {dtype}, plain server and k = {', '.join(map(str, ks))} of "
                      f"{', '.join(str(s.path) for s in steps)}, {clock} time; step(k) = {form} plain steps",
@@ -405,13 +419,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--baseline-ms", type=float, help="the verifier's plain decoding: ms per token")
     p.add_argument("--verify-ms", type=float, nargs="+", metavar="MS",
                    help="the verifier's forward over k+1 tokens, ms: one value for every k, or one per k")
-    p.add_argument("--draft-ms", type=float, default=0.0, help="one draft forward, ms (default 0)")
+    p.add_argument("--draft-ms", type=float, help="one draft forward, ms (default 0; with one --engine-costs "
+                                                   "report at k=1: the cost of each draft token)")
     p.add_argument("--measure", action="store_true", help="measure the step costs here with the draft and verifier")
     p.add_argument("--engine-costs", type=Path, nargs="+", metavar="SERVE_JSON",
                    help="step costs from eagle3.serve reports: step(k) = fixed + per_token * k plain steps, fitted "
-                        "to reports at two or more k (e.g. k=1 and the largest), or to one at k=1 with fixed = one "
-                        "plain step; the serve reports at every k beside the first are shown as measured, with "
-                        "the speedup the costs predict at the accept_len each served with")
+                        "to reports at two or more k (e.g. k=1 and the largest), or from one at k=1 with per_token "
+                        "the draft forward's cost (--measure or --draft-ms); the serve reports at every k beside "
+                        "the first are shown as measured, with the speedup the costs predict at the accept_len "
+                        "each served with")
     p.add_argument("--context", type=int, default=64, help="context length (tokens) the costs are measured at")
     p.add_argument("--wallclock", action="store_true", help="also decode the run's val prompts with and without "
                                                             "speculation and compare the measured ratio (needs --run)")
@@ -465,9 +481,13 @@ def run(args: argparse.Namespace) -> tuple[dict[str, Any], str]:
     rates = check_rates(rates)
     ks = list(range(1, len(rates) + 1))
     if args.engine_costs is not None:
-        if args.measure or args.wallclock or args.baseline_ms is not None:
-            raise ConfigError("give one source of step costs: --engine-costs, --measure, or --baseline-ms/--verify-ms")
-        return against_engine(rates, source, args.engine_costs, args.clock or "wall")
+        if args.wallclock or args.baseline_ms is not None or args.verify_ms is not None:
+            raise ConfigError("give one source of step costs: --engine-costs (with --measure or --draft-ms for one "
+                              "report at k=1), --measure, or --baseline-ms/--verify-ms")
+        if args.measure and args.draft_ms is not None:
+            raise ConfigError("give the draft forward's cost once: --measure (measured here) or --draft-ms")
+        draft_ms = measured_draft_ms(args) if args.measure else args.draft_ms
+        return against_engine(rates, source, args.engine_costs, args.clock or "wall", draft_ms)
     if not (args.measure or args.wallclock):
         costs = given_costs(args, len(rates))
         prediction = predict(rates, costs)
@@ -509,12 +529,22 @@ def run(args: argparse.Namespace) -> tuple[dict[str, Any], str]:
     return result, text
 
 
-def against_engine(rates: list[float], source: str, reports: Sequence[Path], clock: str
-                   ) -> tuple[dict[str, Any], str]:
+def measured_draft_ms(args: argparse.Namespace) -> float:
+    """One draft forward of the run's draft, measured here as --measure measures it (its --threads: give the
+    threads the engine's worker runs with)."""
+    from eagle3.eval.measure import torch_threads
+
+    verifier, draft, device = load_models(args)
+    with torch_threads(args.threads or (1 if device == "cpu" else None)):
+        return measure_costs(verifier, draft, [1], args.context, clock=default_clock(device)).draft_ms
+
+
+def against_engine(rates: list[float], source: str, reports: Sequence[Path], clock: str,
+                   draft_ms: float | None = None) -> tuple[dict[str, Any], str]:
     """The prediction from the engine's step costs, with the serve reports beside the first (same dir and
     temperature) as measured: at each k served, the speedup the costs predict at the accept_len it served with
     (which checks the costs alone; rates of one k hold only roughly at another) and its error."""
-    costs = engine_costs(reports, len(rates), clock)
+    costs = engine_costs(reports, len(rates), clock, draft_ms)
     prediction = predict(rates, costs)
     measured = served_speedups(served_step(reports[0], clock), range(1, len(rates) + 1), clock)
     for row in prediction["rows"]:
