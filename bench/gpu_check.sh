@@ -92,8 +92,10 @@ step "GPU tier: python -m pytest -q -m gpu (timeout ${tier_timeout}s)"
 tier_start=$(date +%s)
 # SIGINT at the time limit: pytest stops like at Ctrl-C and still writes its report (the tests run so far).
 # --continue-on-collection-errors: a test module that cannot be imported there (a package the machine lacks) is
-# reported as an error without keeping the gpu tests from running.
-PYTHONUNBUFFERED=1 timeout -s INT -k 30 "$tier_timeout" "$python" -m pytest -q -m gpu -rs -p no:cacheprovider --durations=0 \
+# reported as an error without keeping the gpu tests from running. -n 0: one process (the suite's two xdist workers
+# would share the one GPU, and each would collect every module first).
+PYTHONUNBUFFERED=1 timeout -s INT -k 30 "$tier_timeout" "$python" -m pytest -q -n 0 -m gpu -rs -p no:cacheprovider \
+  --durations=0 \
   --continue-on-collection-errors --junitxml="$work/gpu_tier.xml" 2>&1 | tee "$work/gpu_tier.log"
 tier_rc=${PIPESTATUS[0]}
 tier_s=$(( $(date +%s) - tier_start ))
