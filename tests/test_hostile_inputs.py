@@ -23,10 +23,11 @@ def edit_report(path: Path, **changes) -> Path:
     return path
 
 
-def refused_prediction(tmp_path: Path, *reports: Path) -> str:
+def refused_prediction(tmp_path: Path, *reports: Path, extra: tuple[str, ...] = ()) -> str:
     out = tmp_path / "prediction.json"
     with pytest.raises(SystemExit) as e:
-        speedup_main(["--accept-rates", "0.3", "0.1", "--engine-costs", *map(str, reports), "--json", str(out)])
+        speedup_main(["--accept-rates", "0.3", "0.1", "--engine-costs", *map(str, reports), *extra, "--json",
+                      str(out)])
     assert not out.exists()
     message = str(e.value)
     assert message.startswith("error: --engine-costs: ") and "\n" not in message
@@ -42,7 +43,8 @@ def test_a_serve_report_without_a_usable_temperature_is_one_message(tmp_path, te
 def test_a_report_beside_the_first_that_is_no_serve_report_is_one_message(tmp_path):
     first = served(tmp_path, 1)
     (tmp_path / "serve_vllm_k2_t0.json").write_text('{"k": 2}')
-    assert "serve_vllm_k2_t0.json is not an eagle3.serve report" in refused_prediction(tmp_path, first)
+    assert "serve_vllm_k2_t0.json is not an eagle3.serve report" in refused_prediction(tmp_path, first,
+                                                                                        extra=("--draft-ms", "1"))
 
 
 @pytest.mark.parametrize("key, other", [("checkpoint", "/runs/b/checkpoints/best"), ("verifier", "/models/other"),
