@@ -11,6 +11,25 @@ from test_rundir import summary_json
 from conftest import run_in_process
 
 
+def complete_records(run_file: Path, timeout_s: float = 60.0) -> list:
+    """The records of an offline run file once its run record is in it: wandb's service process writes the file
+    and may still be flushing it when the job that made it has returned (a test on the other xdist worker can read
+    it that soon)."""
+    import time
+
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            records = list(wandb_records(run_file))
+        except Exception:  # a record cut short: the file is being written
+            if time.monotonic() > deadline:
+                raise
+            records = []
+        if any(r.WhichOneof("record_type") == "run" for r in records) or time.monotonic() > deadline:
+            return records
+        time.sleep(0.5)
+
+
 def wandb_records(run_file: Path):
     """The protobuf records of an offline `.wandb` file (a LevelDB-style log: 32 KiB blocks, 7-byte headers)."""
     from wandb.proto import wandb_internal_pb2 as pb
@@ -42,7 +61,7 @@ def test_offline_wandb_runs_carry_the_sweep_group_config_and_step0(sweep_2x2):
     for job in jobs:
         (run_file,) = Path(job["run_dir"]).glob("wandb/offline-run-*/run-*.wandb")
         run, config, tau_by_step, tags = None, {}, {}, []
-        for record in wandb_records(run_file):
+        for record in complete_records(run_file):
             kind = record.WhichOneof("record_type")
             if kind == "run":
                 run = record.run
