@@ -189,6 +189,14 @@ def test_an_existing_report_is_not_overwritten(fake_run):
     assert "is not overwritten" in message and report.read_text() == "{}"
 
 
+def test_a_run_dir_named_twice_is_served_once(fake_run):
+    """`RUN` and `RUN/` are one dir: served twice, its second reports would overwrite the first's."""
+    report = fake_run["run"] / "serve_vllm_k2_t0.json"
+    report.write_text("{}")
+    message = serve_main(fake_args(fake_run)[:1] + [f"{fake_run['run']}/"] + fake_args(fake_run, "--k", "2")[1:])
+    assert message.count(str(report)) == 1 and "is not overwritten" in message
+
+
 def test_runs_of_two_verifiers_are_refused_before_anything_starts(fake_run, tmp_path):
     other = fake_run_dir(tmp_path, "other", tmp_path / "other_verifier")
     message = serve_main(fake_args(fake_run)[:1] + [str(other)] + fake_args(fake_run)[1:])

@@ -113,7 +113,8 @@ def run(args: argparse.Namespace) -> list[dict[str, Any]]:
         raise ConfigError("give a run dir (python -m eagle3.serve RUN), or --install to build the engine")
     checked(args, AcceptEvalConfig, SCHEMA_FLAGS, "eval.accept", AcceptEvalConfig.check_values)
     checked(args, ServeEvalConfig, {"k": "--k"}, "eval.serve", ServeEvalConfig.check_values)
-    runs = [resolve_run(Path(run_dir), args) for run_dir in dict.fromkeys(args.runs)]
+    # One dir named twice (`a` and `a/`, or a link to it) is served once: its reports would overwrite each other.
+    runs = [resolve_run(run_dir, args) for run_dir in dict.fromkeys(Path(r).resolve() for r in args.runs)]
     for other in runs[1:]:
         if other.verifier_dir.resolve() != runs[0].verifier_dir.resolve():
             raise ConfigError(f"{other.run_dir} was trained on the verifier {other.verifier_dir}, {runs[0].run_dir} "
@@ -155,10 +156,9 @@ def serve_and_compare(args, engine, runs: list[Served]) -> list[dict[str, Any]]:
                                                               "engine torch": engine.torch}) for served in runs}
     plain_port = free_port()
     plain_cmd = server_command(engine, verifier_dir, plain_port, args.dtype, None, 0, args.seed)
-    reports = []
+    reports, harness = [], None
     with running(plain_cmd, plain_port, runs[0].run_dir / f"serve_vllm_plain_t{t:g}.log", engine) as plain:
         for served in runs:
-            harness = None
             for k, out in served.outs.items():
                 port = args.port or free_port()
                 cmd = server_command(engine, verifier_dir, port, args.dtype, served.checkpoint, k, args.seed)
@@ -169,8 +169,8 @@ def serve_and_compare(args, engine, runs: list[Served]) -> list[dict[str, Any]]:
                         server.wait_healthy(args.startup_timeout)
                     measured = measure({"plain": plain, "spec": spec}, served.prompts, args.max_new_tokens, t,
                                        args.seed)
-                harness = harness or Harness(served.checkpoint, verifier_dir)
-                reference = harness.decode(served.prompts, k, args.max_new_tokens, t, args.seed)
+                harness = harness or Harness(verifier_dir)  # the verifier loaded once, for every run
+                reference = harness.load(served.checkpoint).decode(served.prompts, k, args.max_new_tokens, t, args.seed)
                 report = build_report(measured, reference, k, args, engine, served, log)
                 report["provenance"] = records[served.run_dir]
                 out.write_text(json.dumps(report, indent=2) + "\n")

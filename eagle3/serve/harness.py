@@ -21,22 +21,33 @@ TOLERANCE_SE = 3.0
 
 
 class Harness:
-    """The verifier and draft, loaded once on CPU in fp32, decoding as eagle3.eval.accept does."""
+    """The verifier, loaded once on CPU in fp32, and one draft at a time (`load`), decoding as eagle3.eval.accept
+    does."""
 
-    def __init__(self, checkpoint: Path, verifier_dir: Path):
-        from eagle3.checkpoint import load_draft
+    def __init__(self, verifier_dir: Path):
         from eagle3.console import quiet_libraries
         from eagle3.data.verifier_forward import load_causal_lm
+
+        quiet_libraries()
+        self.verifier_dir = verifier_dir
+        self.verifier = load_causal_lm(verifier_dir, "cpu", key="--verifier")
+        self.checkpoint: Path | None = None
+
+    def load(self, checkpoint: Path) -> Harness:
+        """The draft of `checkpoint` (kept when it is the one loaded already)."""
+        from eagle3.checkpoint import load_draft
         from eagle3.errors import ConfigError
         from eagle3.eval.measure import aux_layer_ids
 
-        quiet_libraries()
-        self.verifier = load_causal_lm(verifier_dir, "cpu", key="--verifier")
-        try:
-            self.draft = load_draft(checkpoint, "sdpa", "cpu", verifier_dir=verifier_dir).float().eval()
-        except (OSError, ValueError) as e:
-            raise ConfigError(f"cannot load the draft {checkpoint} for the verifier {verifier_dir}: {e}") from None
-        self.aux_ids = aux_layer_ids(self.draft, self.verifier)
+        if checkpoint != self.checkpoint:
+            try:
+                self.draft = load_draft(checkpoint, "sdpa", "cpu", verifier_dir=self.verifier_dir).float().eval()
+            except (OSError, ValueError) as e:
+                raise ConfigError(f"cannot load the draft {checkpoint} for the verifier {self.verifier_dir}: "
+                                  f"{e}") from None
+            self.aux_ids = aux_layer_ids(self.draft, self.verifier)
+            self.checkpoint = checkpoint
+        return self
 
     def decode(self, prompts: Sequence[Sequence[int]], k: int, max_new_tokens: int, temperature: float,
                seed: int) -> dict[str, Any]:
