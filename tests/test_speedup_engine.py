@@ -97,6 +97,8 @@ def test_reports_that_cannot_be_fitted_are_one_message(tmp_path, capsys, make, k
     ((1, 5), ("--draft-ms", "2"), "reports at several k give the per-token cost by their fit"),
     ((1,), ("--draft-ms", "2", "--measure"), "give the draft forward's cost once"),
     ((1,), ("--draft-ms", "16"), "has a cost below zero"),  # 1.5 plain steps at k=1, 1.6 of them a draft forward
+    ((1,), ("--draft-ms", "nan"), "must be a positive, finite number of ms, got nan"),
+    ((1,), ("--draft-ms", "-1"), "must be a positive, finite number of ms, got -1.0"),
 ])
 def test_a_draft_cost_goes_with_one_report_at_k1_and_must_fit_in_it(tmp_path, ks, extra, message):
     for k in (1, 5):

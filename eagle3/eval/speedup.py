@@ -198,6 +198,9 @@ def engine_costs(paths: Sequence[Path], max_k: int, clock: str = "wall", draft_m
         raise ConfigError(f"--engine-costs: one report ({paths[0]}, k=1) fixes step(1) alone, not how it grows with "
                           "k: give the draft forward's cost (--measure: measured here with the run's draft, or "
                           "--draft-ms), or reports at two or more k")
+    if draft_ms is not None and not (math.isfinite(draft_ms) and draft_ms > 0):
+        raise ConfigError(f"--draft-ms: the draft forward's cost must be a positive, finite number of ms, got "
+                          f"{draft_ms}")
     if len(steps) > 1 and draft_ms is not None:
         raise ConfigError("--engine-costs: reports at several k give the per-token cost by their fit; --measure or "
                           "--draft-ms goes with one report, at k=1")
