@@ -4,10 +4,10 @@ way of calibrating the step costs on its serve reports (eagle3.eval.speedup --en
     python -m eagle3.serve RUN --k 1 2 3 5 --num-prompts 32 --max-new-tokens 96     # the reports (minutes)
     python bench/serve_predict.py RUN [--temperature 0] [--clock wall median cpu] [--draft-ms MS | --measure]
 
-Calibrations: k=1 alone (with --draft-ms or --measure: per_token the draft forward's cost, fixed the rest of the
-k=1 step), k=1 with each other k (step(k) = fixed + per_token * k through the two), and all k (least squares).
-Each row: the fit in plain steps, then per served k predicted / measured at the accept_len that k served with
-(1.000: exact; `*`: a k the fit was made from).
+Calibrations: k=1 alone (per_token the draft forward's cost, fixed the rest of the k=1 step: the draft forward
+eagle3.serve timed between the k=1 report's requests, or --draft-ms / --measure instead), k=1 with each other k
+(step(k) = fixed + per_token * k through the two), and all k (least squares). Each row: the fit in plain steps,
+then per served k predicted / measured at the accept_len that k served with (1.000: exact; `*`: a k fitted to).
 """
 
 from __future__ import annotations
@@ -36,7 +36,8 @@ def ratios(run: Path, temperature: float, clock: str, draft_ms: float | None = N
     ks = sorted(reports)
     steps = {k: served_step(reports[k], clock) for k in ks}
     rows = []
-    for fitted in calibrations(ks, draft_ms is not None):
+    # k=1 alone: with the draft forward given, or the one eagle3.serve timed between the k=1 report's requests
+    for fitted in calibrations(ks, draft_ms is not None or steps[1].draft_ms is not None):
         try:
             costs = engine_costs([reports[k] for k in fitted], max(ks), clock, draft_ms if len(fitted) == 1 else None)
         except ConfigError as e:  # a fit with a cost below zero: noise

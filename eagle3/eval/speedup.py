@@ -6,7 +6,7 @@
     python -m eagle3.eval.speedup --accept RUN/serve_vllm_k5_t0.json \
         --engine-costs RUN/serve_vllm_k1_t0.json RUN/serve_vllm_k5_t0.json   # costs of served runs (eagle3.serve)
     python -m eagle3.eval.speedup --accept RUN/serve_vllm_k5_t0.json \
-        --engine-costs RUN/serve_vllm_k1_t0.json --run RUN --measure         # k=1 served, the draft timed here
+        --engine-costs RUN/serve_vllm_k1_t0.json           # k=1 served, the draft timed by eagle3.serve meanwhile
 
 The model (one sequence, chain drafts, as eagle3.eval.accept decodes):
     tokens_per_step(k) = 1 + sum_{j<k} r_j        r_j: share of verify steps whose draft token j is accepted
@@ -18,7 +18,8 @@ acceptance length at k is step_ms(k) / baseline_ms: below it, speculation is slo
 From a serving engine's reports (--engine-costs) the step is fitted as fixed + per_token * k plain steps: a fixed
 part per speculative step (the verify forward, input preparation, rejection sampling, scheduling: verify_ms, the
 same at every k) and a part per draft token (a draft forward and one more token of verify forward: draft_ms);
-from one report at k=1, per_token is the draft forward's own cost (--measure, or --draft-ms) and fixed the rest.
+from one report at k=1, per_token is the draft forward's own cost (timed by eagle3.serve between the report's
+requests, written in it as draft_forward_ms; or --measure, or --draft-ms) and fixed the rest.
 """
 
 from __future__ import annotations
@@ -146,6 +147,7 @@ class ServedStep:
     path: Path
     speedup: float
     accept_len: float
+    draft_ms: float | None = None  # the draft forward eagle3.serve timed between the requests (`clock`'s time)
 
 
 def served_step(path: Path, clock: str) -> ServedStep:
@@ -159,6 +161,10 @@ def served_step(path: Path, clock: str) -> ServedStep:
         temperature = r["temperature"]
         if isinstance(temperature, bool) or not math.isfinite(temperature) or temperature < 0:
             raise ValueError(temperature)
+        timed_draft = r.get("draft_forward_ms")  # reports written before eagle3.serve timed the draft lack it
+        draft_ms = None if timed_draft is None else float(timed_draft["cpu" if clock == "cpu" else "wall"])
+        if draft_ms is not None and not (math.isfinite(draft_ms) and draft_ms > 0):
+            raise ValueError(draft_ms)
     except (ValueError, KeyError, TypeError):
         raise ConfigError(f"--engine-costs: {path} is not an eagle3.serve report (serve_vllm_k*_t*.json)") from None
     if not (speedup > 0 and plain > 0 and accept_len >= 1):
@@ -166,7 +172,7 @@ def served_step(path: Path, clock: str) -> ServedStep:
                           f"{accept_len}; a measured report has positive ones")
     return ServedStep(k, accept_len / speedup, 1000.0 / plain,
                       (r.get("engine"), r.get("engine_version"), r.get("dtype")),
-                      (r.get("checkpoint"), r.get("verifier"), temperature), path, speedup, accept_len)
+                      (r.get("checkpoint"), r.get("verifier"), temperature), path, speedup, accept_len, draft_ms)
 
 
 def fit_step(points: Sequence[tuple[int, float]]) -> tuple[float, float]:
@@ -187,16 +193,20 @@ def engine_costs(paths: Sequence[Path], max_k: int, clock: str = "wall", draft_m
     """Step costs from eagle3.serve reports: each report's plain server gives the plain step, and its measured
     speedup (`clock` cpu: in the servers' CPU time) and accept_len give its step, accept_len / speedup plain
     steps. Reports at two or more k (one engine and dtype): `fit_step` fits step(k) = fixed + per_token * k to
-    them. One report, at k=1: per_token is the draft forward's own cost `draft_ms` (measured by the harness, or
-    given), and fixed what is left of step(1): an engine's per-step work is paid once per step, whatever k, and
-    each further draft token adds a draft forward."""
+    them. One report, at k=1: per_token is the draft forward's own cost, `draft_ms` (measured by the harness, or
+    given) or else the one eagle3.serve timed between the report's requests, and fixed what is left of step(1): an
+    engine's per-step work is paid once per step, whatever k, and each further draft token adds a draft forward."""
     steps = [served_step(path, clock) for path in paths]
     if len(steps) == 1 and steps[0].k != 1:
         raise ConfigError(f"--engine-costs: {paths[0]} was served at k={steps[0].k}; the verify step is calibrated "
                           "at k=1 (python -m eagle3.serve RUN --k 1), or give reports at two or more k")
+    timed_by = "given" if draft_ms is not None else "timed by eagle3.serve between the requests"
+    if len(steps) == 1 and draft_ms is None:
+        draft_ms = steps[0].draft_ms
     if len(steps) == 1 and draft_ms is None:
         raise ConfigError(f"--engine-costs: one report ({paths[0]}, k=1) fixes step(1) alone, not how it grows with "
-                          "k: give the draft forward's cost (--measure: measured here with the run's draft, or "
+                          "k, and it holds no draft_forward_ms (eagle3.serve times the draft since it writes one): "
+                          "give the draft forward's cost (--measure: measured here with the run's draft, or "
                           "--draft-ms), or reports at two or more k")
     if draft_ms is not None and not (math.isfinite(draft_ms) and draft_ms > 0):
         raise ConfigError(f"--draft-ms: the draft forward's cost must be a positive, finite number of ms, got "
@@ -222,7 +232,7 @@ def engine_costs(paths: Sequence[Path], max_k: int, clock: str = "wall", draft_m
     else:
         per_token = draft_ms / baseline_ms
         fixed = steps[0].plain_steps - per_token
-        form = f"{fixed:.3f} + {per_token:.3f} k (per token: the draft forward, {draft_ms:.3f} ms)"
+        form = f"{fixed:.3f} + {per_token:.3f} k (per token: the draft forward, {draft_ms:.3f} ms, {timed_by})"
     if fixed <= 0 or per_token < 0:
         raise ConfigError("--engine-costs: step(k) = {:.3f} + {:.3f} k plain steps (from k = {}: {}) has a cost "
                           "below zero: the reports' timings are noise; serve more prompts or tokens".format(
@@ -257,7 +267,7 @@ def measure_costs(verifier, draft, ks: Sequence[int], context_len: int, repeats:
 
     import torch
 
-    from eagle3.eval.drafting import GREEDY, DraftChain, VerifierCache, choose, crop_to, verify
+    from eagle3.eval.drafting import GREEDY, VerifierCache, choose, verify
     from eagle3.eval.measure import aux_layer_ids
 
     aux_ids = aux_layer_ids(draft, verifier)
@@ -283,14 +293,7 @@ def measure_costs(verifier, draft, ks: Sequence[int], context_len: int, repeats:
                 torch.cat([aux, new_aux[:n + 1]])
             return step
 
-        chain = DraftChain(draft, cached=True)
-        chain.propose(ids[:context_len], aux[:context_len - 1], 1)
-
-        def draft_step():
-            chain.propose(ids[:context_len + 1], aux[:context_len], 1)
-            crop_to(chain.cache, context_len - 1)  # the same one new index again next time
-            chain.length = context_len - 1
-
+        draft_step = draft_forward(draft, ids, aux, context_len)
         pieces: dict[Any, Callable[[], Any]] = {"baseline": plain_step, "draft": draft_step,
                                                 **{k: verify_step(k) for k in ks}}
         samples: dict[Any, list[float]] = {name: [] for name in pieces}
@@ -304,6 +307,65 @@ def measure_costs(verifier, draft, ks: Sequence[int], context_len: int, repeats:
     ms = {name: statistics.median(v) for name, v in samples.items()}
     return StepCosts(ms["baseline"], {k: ms[k] for k in ks}, ms["draft"],
                      f"measured here ({device.type}, context {context_len} tokens, {clock} time)")
+
+
+def draft_forward(draft, ids: Sequence[int], aux, context_len: int) -> Callable[[], None]:
+    """One draft forward, repeatable: a chain of one token after one newly accepted token at `context_len` tokens
+    of context (`ids` and the verifier's aux states `aux` cover at least context_len + 1 and context_len), the
+    chain's cache cropped back after it so that the next call does the same work."""
+    from eagle3.eval.drafting import DraftChain, crop_to
+
+    chain = DraftChain(draft, cached=True)
+    chain.propose(ids[:context_len], aux[:context_len - 1], 1)
+
+    def step() -> None:
+        chain.propose(ids[:context_len + 1], aux[:context_len], 1)
+        crop_to(chain.cache, context_len - 1)  # the same one new index again next time
+        chain.length = context_len - 1
+
+    return step
+
+
+class DraftTimer:
+    """The draft forward's cost, timed a few forwards at a time (`sample`) on one torch thread, wall and CPU time,
+    as measure_costs times it: eagle3.serve samples it between the engine's requests, so that the draft's cost is
+    taken in the same minutes as the served steps it calibrates (a shared machine's speed moves between minutes)."""
+
+    WARMUP = 3
+
+    def __init__(self, verifier, draft, context_len: int):
+        import torch
+
+        from eagle3.eval.drafting import VerifierCache
+        from eagle3.eval.measure import aux_layer_ids
+
+        self.device, self.context_len = next(verifier.parameters()).device, context_len
+        gen = torch.Generator().manual_seed(0)
+        ids = torch.randint(0, verifier.config.vocab_size, (context_len + 1,), generator=gen).tolist()
+        with torch.no_grad():
+            _, aux = VerifierCache(verifier, aux_layer_ids(draft, verifier)).forward(ids)
+            self.step = draft_forward(draft, ids, aux, context_len)
+        self.samples: dict[str, list[float]] = {"wall": [], "cpu": []}
+        self.sample(self.WARMUP, keep=False)
+
+    def sample(self, n: int, keep: bool = True) -> None:
+        import torch
+
+        from eagle3.eval.measure import torch_threads
+
+        with torch.no_grad(), torch_threads(1):
+            for _ in range(n):
+                seconds = timed(self.step, self.device)[0]
+                if keep:
+                    for clock in self.samples:
+                        self.samples[clock].append(seconds[clock] * 1000.0)
+
+    def result(self) -> dict[str, Any]:
+        """{"wall", "cpu": median ms, "samples", "context", "threads"}"""
+        import statistics
+
+        return {**{clock: statistics.median(v) for clock, v in self.samples.items()},
+                "samples": len(self.samples["wall"]), "context": self.context_len, "threads": 1}
 
 
 def default_clock(device: str) -> str:
@@ -428,7 +490,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--engine-costs", type=Path, nargs="+", metavar="SERVE_JSON",
                    help="step costs from eagle3.serve reports: step(k) = fixed + per_token * k plain steps, fitted "
                         "to reports at two or more k (e.g. k=1 and the largest), or from one at k=1 with per_token "
-                        "the draft forward's cost (--measure or --draft-ms); the serve reports at every k beside "
+                        "the draft forward's cost (the one eagle3.serve timed between its requests, or --measure, "
+                        "or --draft-ms); the serve reports at every k beside "
                         "the first are shown as measured, with the speedup the costs predict at the accept_len "
                         "each served with")
     p.add_argument("--context", type=int, default=64, help="context length (tokens) the costs are measured at")

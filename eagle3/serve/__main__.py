@@ -22,6 +22,7 @@ The engine: --python, else $EAGLE3_VLLM_PYTHON, else the venv --install builds
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import statistics
 import sys
@@ -87,6 +88,11 @@ def main(argv: list[str] | None = None) -> None:
     if unequal:
         raise SystemExit(f"error: the engine disagrees with the harness in fp32 at T=0: see "
                          f"{', '.join(r['report_path'] for r in unequal)}")
+
+
+# Draft forwards the harness times after each prompt's turn on the servers: the draft's cost in the minutes the
+# engine's steps were measured in, the per-token cost of a k=1 calibration (eagle3.eval.speedup --engine-costs).
+DRAFT_FORWARDS_PER_PROMPT = 5
 
 
 @dataclass
@@ -156,7 +162,8 @@ def serve_and_compare(args, engine, runs: list[Served]) -> list[dict[str, Any]]:
                                                               "engine torch": engine.torch}) for served in runs}
     plain_port = free_port()
     plain_cmd = server_command(engine, verifier_dir, plain_port, args.dtype, None, 0, args.seed)
-    reports, harness = [], None
+    reports: list[dict[str, Any]] = []
+    harness: Harness | None = None
     with running(plain_cmd, plain_port, runs[0].run_dir / f"serve_vllm_plain_t{t:g}.log", engine) as plain:
         for served in runs:
             for k, out in served.outs.items():
@@ -165,13 +172,15 @@ def serve_and_compare(args, engine, runs: list[Served]) -> list[dict[str, Any]]:
                 log = served.run_dir / f"serve_vllm_k{k}_t{t:g}.log"
                 print(f"k={k}: starting the vLLM servers (logs: {log}, {plain.log})", file=sys.stderr, flush=True)
                 with running(cmd, port, log, engine) as spec:
+                    harness = (harness or Harness(verifier_dir)).load(served.checkpoint)  # one verifier for all
                     for server in (plain, spec):
                         server.wait_healthy(args.startup_timeout)
+                    timer = harness.draft_timer(served.prompts, args.max_new_tokens)
                     measured = measure({"plain": plain, "spec": spec}, served.prompts, args.max_new_tokens, t,
-                                       args.seed)
-                harness = harness or Harness(verifier_dir)  # the verifier loaded once, for every run
-                reference = harness.load(served.checkpoint).decode(served.prompts, k, args.max_new_tokens, t, args.seed)
+                                       args.seed, between=functools.partial(timer.sample, DRAFT_FORWARDS_PER_PROMPT))
+                reference = harness.decode(served.prompts, k, args.max_new_tokens, t, args.seed)
                 report = build_report(measured, reference, k, args, engine, served, log)
+                report["draft_forward_ms"] = timer.result()
                 report["provenance"] = records[served.run_dir]
                 out.write_text(json.dumps(report, indent=2) + "\n")
                 report["report_path"] = str(out)

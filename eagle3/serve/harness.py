@@ -49,6 +49,15 @@ class Harness:
             self.checkpoint = checkpoint
         return self
 
+    def draft_timer(self, prompts: Sequence[Sequence[int]], max_new_tokens: int):
+        """A DraftTimer of the loaded draft at the context of the middle of a decode: the prompts' mean length and
+        half the new tokens (within the verifier's positions)."""
+        from eagle3.eval.speedup import DraftTimer
+
+        context = sum(map(len, prompts)) // len(prompts) + max_new_tokens // 2
+        positions = getattr(self.verifier.config, "max_position_embeddings", None) or 1 << 30
+        return DraftTimer(self.verifier, self.draft, max(2, min(context, positions - 2)))
+
     def decode(self, prompts: Sequence[Sequence[int]], k: int, max_new_tokens: int, temperature: float,
                seed: int) -> dict[str, Any]:
         """{"tokens": per prompt, "drafts", "accepted_per_position", "per_prompt", "accept_len", ...}"""

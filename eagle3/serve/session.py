@@ -5,7 +5,7 @@ for free, since requests do not overlap)."""
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict
 from typing import Any
 
@@ -28,12 +28,13 @@ def complete(server: Server, prompt: Sequence[int], max_new_tokens: int, tempera
 
 
 def measure(servers: dict[str, Server], prompts: Sequence[Sequence[int]], max_new_tokens: int,
-            temperature: float, seed: int) -> dict[str, dict[str, Any]]:
+            temperature: float, seed: int, between: Callable[[], object] | None = None) -> dict[str, dict[str, Any]]:
     """Per server: {"tokens": per prompt, "counters": totals, "per_prompt": counters per prompt,
     "tokens_generated", "seconds" (per request), "request_s", "tokens_per_s", "cpu_s", "tokens_per_cpu_s"}
     (cpu_s: the server's processes' CPU time over its requests). The servers take turns prompt by prompt, so
     that a machine busier in one minute than in the next slows them alike; each first gets one short warm-up
-    request, which the counters leave out."""
+    request, which the counters leave out. `between` runs after each prompt's turn, while no request is served
+    (eagle3.serve times the draft forward there)."""
     for server in servers.values():
         complete(server, prompts[0], min(8, max_new_tokens), temperature, seed)
     last = {name: spec_counters(server.get("/metrics")) for name, server in servers.items()}
@@ -49,6 +50,8 @@ def measure(servers: dict[str, Server], prompts: Sequence[Sequence[int]], max_ne
             now = spec_counters(server.get("/metrics"))
             out[name]["per_prompt"].append(asdict(now - last[name]))
             last[name] = now
+        if between is not None:
+            between()
     for name, r in out.items():
         r["counters"] = last[name] - first[name]
         r["tokens_generated"] = sum(len(t) for t in r["tokens"])
