@@ -172,9 +172,9 @@ def serve_and_compare(args, engine, runs: list[Served]) -> list[dict[str, Any]]:
                 log = served.run_dir / f"serve_vllm_k{k}_t{t:g}.log"
                 print(f"k={k}: starting the vLLM servers (logs: {log}, {plain.log})", file=sys.stderr, flush=True)
                 with running(cmd, port, log, engine) as spec:
-                    harness = (harness or Harness(verifier_dir)).load(served.checkpoint)  # one verifier for all
                     for server in (plain, spec):
                         server.wait_healthy(args.startup_timeout)
+                    harness = (harness or Harness(verifier_dir)).load(served.checkpoint)  # one verifier for all
                     timer = harness.draft_timer(served.prompts, args.max_new_tokens)
                     measured = measure({"plain": plain, "spec": spec}, served.prompts, args.max_new_tokens, t,
                                        args.seed, between=functools.partial(timer.sample, DRAFT_FORWARDS_PER_PROMPT))
