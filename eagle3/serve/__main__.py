@@ -157,9 +157,8 @@ def serve_and_compare(args, engine, runs: list[Served]) -> list[dict[str, Any]]:
     from eagle3.serve.session import measure
 
     t, verifier_dir = args.temperature, runs[0].verifier_dir
-    # Taken before serving: the code that runs, whatever is committed meanwhile.
-    records = {served.run_dir: provenance(served.checkpoint, {engine.name: engine.version,
-                                                              "engine torch": engine.torch}) for served in runs}
+    versions = {engine.name: engine.version, "engine torch": engine.torch}
+    records: dict[Path, dict[str, Any]] = {}
     plain_port = free_port()
     plain_cmd = server_command(engine, verifier_dir, plain_port, args.dtype, None, 0, args.seed)
     reports: list[dict[str, Any]] = []
@@ -172,6 +171,9 @@ def serve_and_compare(args, engine, runs: list[Served]) -> list[dict[str, Any]]:
                 log = served.run_dir / f"serve_vllm_k{k}_t{t:g}.log"
                 print(f"k={k}: starting the vLLM servers (logs: {log}, {plain.log})", file=sys.stderr, flush=True)
                 with running(cmd, port, log, engine) as spec:
+                    # Taken while the first servers start (speculators' import takes seconds) and before any
+                    # request: the code that runs, whatever is committed meanwhile.
+                    records = records or {r.run_dir: provenance(r.checkpoint, versions) for r in runs}
                     for server in (plain, spec):
                         server.wait_healthy(args.startup_timeout)
                     harness = (harness or Harness(verifier_dir)).load(served.checkpoint)  # one verifier for all
