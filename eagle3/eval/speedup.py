@@ -327,19 +327,20 @@ def draft_forward(draft, ids: Sequence[int], aux, context_len: int) -> Callable[
 
 
 class DraftTimer:
-    """The draft forward's cost, timed a few forwards at a time (`sample`) on one torch thread, wall and CPU time,
-    as measure_costs times it: eagle3.serve samples it between the engine's requests, so that the draft's cost is
-    taken in the same minutes as the served steps it calibrates (a shared machine's speed moves between minutes)."""
+    """The draft forward's cost, timed a few forwards at a time (`sample`) on `threads` torch threads, wall and
+    CPU time, as measure_costs times it: eagle3.serve samples it between the engine's requests, so that the draft's
+    cost is taken in the same minutes as the served steps it calibrates (a shared machine's speed moves between
+    minutes)."""
 
     WARMUP = 3
 
-    def __init__(self, verifier, draft, context_len: int):
+    def __init__(self, verifier, draft, context_len: int, threads: int):
         import torch
 
         from eagle3.eval.drafting import VerifierCache
         from eagle3.eval.measure import aux_layer_ids
 
-        self.device, self.context_len = next(verifier.parameters()).device, context_len
+        self.device, self.context_len, self.threads = next(verifier.parameters()).device, context_len, threads
         gen = torch.Generator().manual_seed(0)
         ids = torch.randint(0, verifier.config.vocab_size, (context_len + 1,), generator=gen).tolist()
         with torch.no_grad():
@@ -353,7 +354,7 @@ class DraftTimer:
 
         from eagle3.eval.measure import torch_threads
 
-        with torch.no_grad(), torch_threads(1):
+        with torch.no_grad(), torch_threads(self.threads):
             for _ in range(n):
                 seconds = timed(self.step, self.device)[0]
                 if keep:
@@ -365,7 +366,7 @@ class DraftTimer:
         import statistics
 
         return {**{clock: statistics.median(v) for clock, v in self.samples.items()},
-                "samples": len(self.samples["wall"]), "context": self.context_len, "threads": 1}
+                "samples": len(self.samples["wall"]), "context": self.context_len, "threads": self.threads}
 
 
 def default_clock(device: str) -> str:

