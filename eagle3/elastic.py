@@ -144,7 +144,7 @@ def stop_forkserver() -> None:
     import signal
     from multiprocessing import forkserver
 
-    server = forkserver._forkserver
+    server: Any = forkserver._forkserver  # its private parts: Python 3.11 has no public way to stop it
     if server._forkserver_pid is not None:
         with contextlib.suppress(ProcessLookupError):
             os.kill(server._forkserver_pid, signal.SIGTERM)

@@ -31,6 +31,39 @@ def two_ranks(cache_dir: Path, run_dir: Path):
                                                  "distributed.backend=gloo", "optim.max_steps=1"])
 
 
+@pytest.fixture
+def bare_forkserver(monkeypatch):
+    """ensure_forkserver() starting servers that import nothing (cheap), stopped afterwards: the next launch
+    starts one with RANK_MODULES."""
+    monkeypatch.setattr(elastic, "RANK_MODULES", [])
+    elastic.stop_forkserver()
+    yield
+    elastic.stop_forkserver()
+
+
+def test_the_forkserver_is_started_afresh_when_what_it_imported_with_changed(bare_forkserver, monkeypatch, tmp_path):
+    elastic.ensure_forkserver()
+    first = server_pid()
+    monkeypatch.setenv("WANDB_MODE", "offline" if os.environ.get("WANDB_MODE") != "offline" else "disabled")
+    elastic.ensure_forkserver()
+    assert server_pid() == first  # read when used: the ranks get it from the launcher
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "0" if os.environ.get("HF_HUB_OFFLINE") == "1" else "1")
+    elastic.ensure_forkserver()  # huggingface_hub's constant, read when imported
+    second = server_pid()
+    assert second not in (None, first)
+
+    saved = os.dup(1)
+    try:
+        with open(tmp_path / "console", "w") as console:
+            os.dup2(console.fileno(), 1)  # the ranks print to the server's stdout
+            elastic.ensure_forkserver()
+    finally:
+        os.dup2(saved, 1)
+        os.close(saved)
+    assert server_pid() not in (None, first, second)
+
+
 @pytest.mark.slow
 def test_each_launchs_ranks_have_the_launchers_environment_of_that_launch(cache_dir, tmp_path, monkeypatch):
     """Two launches whose ranks one forkserver forks: the server started with GLOO_SOCKET_IFNAME set (the first
@@ -65,36 +98,3 @@ def test_a_rank_forked_from_the_forkserver_can_use_cuda():
     or no forked rank can ("Cannot re-initialize CUDA in forked subprocess")."""
     elastic.ensure_forkserver()
     assert in_a_forked_rank("__import__('torch').cuda.init() or __import__('torch').cuda.device_count()") > 0
-
-
-@pytest.fixture
-def bare_forkserver(monkeypatch):
-    """ensure_forkserver() starting servers that import nothing (cheap), stopped afterwards: the next launch
-    starts one with RANK_MODULES."""
-    monkeypatch.setattr(elastic, "RANK_MODULES", [])
-    elastic.stop_forkserver()
-    yield
-    elastic.stop_forkserver()
-
-
-def test_the_forkserver_is_started_afresh_when_what_it_imported_with_changed(bare_forkserver, monkeypatch, tmp_path):
-    elastic.ensure_forkserver()
-    first = server_pid()
-    monkeypatch.setenv("WANDB_MODE", "offline" if os.environ.get("WANDB_MODE") != "offline" else "disabled")
-    elastic.ensure_forkserver()
-    assert server_pid() == first  # read when used: the ranks get it from the launcher
-
-    monkeypatch.setenv("HF_HUB_OFFLINE", "0" if os.environ.get("HF_HUB_OFFLINE") == "1" else "1")
-    elastic.ensure_forkserver()  # huggingface_hub's constant, read when imported
-    second = server_pid()
-    assert second not in (None, first)
-
-    saved = os.dup(1)
-    try:
-        with open(tmp_path / "console", "w") as console:
-            os.dup2(console.fileno(), 1)  # the ranks print to the server's stdout
-            elastic.ensure_forkserver()
-    finally:
-        os.dup2(saved, 1)
-        os.close(saved)
-    assert server_pid() not in (None, first, second)
