@@ -1,8 +1,26 @@
 """Starting the ranks of a multi-rank run with torch's elastic launcher (torchrun's engine), and reporting the
-first failing rank's own error instead of the agent's. A one-rank run runs in this process."""
+first failing rank's own error instead of the agent's. A one-rank run runs in this process.
+
+The ranks are forked from a forkserver (multiprocessing's), started once per launching process with RANK_MODULES
+imported: every later launch in that process (the jobs of a sweep, a test session) starts its ranks without
+importing torch, transformers and speculators again. What that changes against a spawned rank, and how it is kept
+as it was:
+- A forked rank has the server's environment, from when the server started, not the launcher's. The launcher hands
+  its environment to each rank (eagle3.rank.worker), which takes it as its own, with the per-rank variables the
+  elastic agent set on top, before anything reads it.
+- Libraries read some variables once, when imported (Hugging Face's HF_* constants, torch's TORCH_*, OpenMP's,
+  MKL's and OpenBLAS' thread settings, the loader's LD_*, Python's): the server imported them with the values it
+  started with. When one of those (IMPORT_TIME_ENV) differs at a launch from what it was then, or the launcher's
+  stdout/stderr are other files (the ranks print to the server's), the server is stopped and started afresh.
+- The server only imports: no torch op runs in it (GNU OpenMP's thread pool does not survive a fork), and nothing
+  it imports initializes CUDA (a forked child could not use it; speculators asks torch.cuda.is_available() when
+  imported, which the server answers from NVML), so ranks use the GPU as spawned ones did.
+- It exits with the launching process: the launcher stops it at exit (and it stops by itself once the launcher
+  and its ranks are gone, e.g. after a SIGKILL)."""
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import logging
 import os
@@ -17,6 +35,18 @@ from eagle3.rank_errors import RankFailed, first_rank_error
 
 if TYPE_CHECKING:
     from eagle3.progress import RunSummary
+
+# What a rank imports, in the forkserver once: eagle3.rank's module-level imports, and what a run imports inside
+# functions (speculators is most of a rank's start-up; eagle3.data.online: a verifier in the ranks). "__main__"
+# (the launching script) as multiprocessing has it by default: a forked rank then does not import it again.
+RANK_MODULES = ["__main__", "eagle3.rank", "eagle3.data.loader", "eagle3.data.online", "eagle3.data.vocab",
+                "eagle3.provenance", "speculators", "speculators.losses", "speculators.train.utils",
+                "speculators.train.distributed_batch_sampler", "transformers.optimization"]
+# Prefixes of the environment variables that RANK_MODULES and the libraries they load read when imported (not
+# TORCHELASTIC_*: the elastic agent sets those in this process while it runs).
+IMPORT_TIME_ENV = ("HF_", "HUGGINGFACE_", "TRANSFORMERS_", "TOKENIZERS_", "TORCH_", "TORCHINDUCTOR_", "TORCHDYNAMO_",
+                   "PYTORCH_", "CUDA_", "OMP_", "GOMP_", "KMP_", "MKL_", "OPENBLAS_", "LD_", "PYTHON")
+_server_started_with: tuple | None = None  # server_state() when this process's forkserver was started
 
 
 def run_job(cfg: RunConfig, verifier_dir: Path, data_dir: Path,
@@ -40,21 +70,85 @@ def run_job(cfg: RunConfig, verifier_dir: Path, data_dir: Path,
         rdzv = {"rdzv_backend": "static", "rdzv_endpoint": dist.rdzv_endpoint,
                 "rdzv_configs": {"rank": dist.node_rank}, "run_id": "eagle3"}
     launch_config = LaunchConfig(min_nodes=dist.nnodes, max_nodes=dist.nnodes, nproc_per_node=dist.nproc_per_node,
-                                 max_restarts=0, start_method="spawn", **rdzv)
+                                 max_restarts=0, start_method="forkserver", **rdzv)
     os.environ.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // dist.nproc_per_node)))
+    ensure_forkserver()
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 
     started = time.time()
     try:
         with quiet_elastic_agent():
-            results = elastic_launch(launch_config, worker)(cfg, verifier_dir, data_dir, rows)
+            results = elastic_launch(launch_config, worker)(cfg, verifier_dir, data_dir, rows, dict(os.environ))
     except SignalException as e:
         # The agent forwarded the signal to the ranks, which saved checkpoints/last and printed the resume line.
         raise Interrupted(int(e.sigval)) from None
     except ChildFailedError as e:
         raise rank_failure(Path(cfg.run.dir), started, e) from None
     return results.get(0)
+
+
+def ensure_forkserver() -> None:
+    """This process's forkserver running, with RANK_MODULES imported, started with the environment variables read
+    at import (IMPORT_TIME_ENV) and the stdout/stderr this process has now (started afresh if either changed)."""
+    global _server_started_with
+    import multiprocessing
+    from multiprocessing import forkserver
+
+    state = server_state()
+    if _server_started_with is not None and state != _server_started_with:
+        stop_forkserver()
+    multiprocessing.set_forkserver_preload(RANK_MODULES)
+    # speculators asks torch.cuda.is_available() when imported; torch answers from NVML with this set, where it
+    # would otherwise initialize CUDA in the server, and a rank forked from it could not use CUDA.
+    with _environ(PYTORCH_NVML_BASED_CUDA_CHECK="1"):
+        forkserver.ensure_running()
+    if _server_started_with is None:
+        atexit.register(stop_forkserver)
+    _server_started_with = state
+
+
+@contextlib.contextmanager
+def _environ(**env: str):
+    saved = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    try:
+        yield
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k)
+            else:
+                os.environ[k] = v
+
+
+def server_state() -> tuple:
+    """What a forked rank has from its server's start: the environment variables read at import, and which files
+    its stdout and stderr are."""
+    env = tuple(sorted((k, v) for k, v in os.environ.items() if k.startswith(IMPORT_TIME_ENV)))
+    return env, tuple(_file_identity(fd) for fd in (1, 2))
+
+
+def _file_identity(fd: int) -> tuple[int, int] | None:
+    try:
+        st = os.fstat(fd)
+    except OSError:  # closed
+        return None
+    return st.st_dev, st.st_ino
+
+
+def stop_forkserver() -> None:
+    """Stops this process's forkserver, if it runs, and waits until it has exited; the next launch starts one
+    afresh. It is sent SIGTERM: it holds nothing to save, and tearing down its interpreter with everything it
+    imported would take seconds."""
+    import signal
+    from multiprocessing import forkserver
+
+    server: Any = forkserver._forkserver  # its private parts: Python 3.11 has no public way to stop it
+    if server._forkserver_pid is not None:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(server._forkserver_pid, signal.SIGTERM)
+    server._stop()
 
 
 @contextlib.contextmanager

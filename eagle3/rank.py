@@ -27,11 +27,18 @@ from eagle3.train import train
 
 log = logging.getLogger(__name__)
 
+# This process's environment when this module was imported: in a rank forked from the launcher's forkserver
+# (eagle3/elastic.py), the server's, from when it started, before the elastic agent set the rank's variables.
+_ENV_AT_IMPORT = dict(os.environ)
 
-def worker(cfg: RunConfig, verifier_dir: Path, data_dir: Path, rows: list[int] | None = None) -> RunSummary | None:
-    """One rank's process under the elastic launcher. An error is written to the rank's log file (rank_<N>.log;
-    rank 0: launch.log) and recorded in the run dir for the launcher to report (eagle3/rank_errors.py); the
-    process then exits 1, so the elastic agent has nothing to print but an exit code."""
+
+def worker(cfg: RunConfig, verifier_dir: Path, data_dir: Path, rows: list[int] | None,
+           launcher_env: dict[str, str]) -> RunSummary | None:
+    """One rank's process under the elastic launcher, with the environment `launcher_env` (the launcher's when it
+    launched). An error is written to the rank's log file (rank_<N>.log; rank 0: launch.log) and recorded in the
+    run dir for the launcher to report (eagle3/rank_errors.py); the process then exits 1, so the elastic agent has
+    nothing to print but an exit code."""
+    take_environment(launcher_env)
     rank = int(os.environ["RANK"])
     run_dir = Path(cfg.run.dir)
     setup_rank_logging(run_dir, rank)
@@ -45,6 +52,16 @@ def worker(cfg: RunConfig, verifier_dir: Path, data_dir: Path, rows: list[int] |
         with open(run_dir / ("launch.log" if rank == 0 else f"rank_{rank}.log"), "a", encoding="utf-8") as f:
             f.write(f"[rank {rank}] failed: {text}")
         raise SystemExit(1) from None
+
+
+def take_environment(launcher_env: dict[str, str]) -> None:
+    """os.environ becomes `launcher_env` with the rank's own variables on top: those the elastic agent set
+    (RANK, LOCAL_RANK, WORLD_SIZE, MASTER_PORT, TORCHELASTIC_*, ...), which are what differs from the environment
+    this process had when this module was imported."""
+    per_rank = {k: v for k, v in os.environ.items() if _ENV_AT_IMPORT.get(k) != v}
+    os.environ.clear()
+    os.environ.update(launcher_env)
+    os.environ.update(per_rank)
 
 
 FLEX_BLOCK = 128  # flex attention's default block size, which speculators' block masks use

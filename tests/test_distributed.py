@@ -13,9 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from conftest import ROOT, SMALL_DATA, compose_cfg, launch, launch_process, read_rows
+from conftest import ROOT, SMALL_DATA, compose_cfg, launch, read_rows
 
-QUICK = ["logger.mode=disabled", "logger.log_every=1", "optim.max_steps=12", *SMALL_DATA]
+SHORT = ["logger.mode=disabled", "logger.log_every=1", *SMALL_DATA]
+QUICK = [*SHORT, "optim.max_steps=12"]  # 2 epochs of SMALL_DATA: 3 val passes
 CONTRACT = ["resolved_config.yaml", "metrics.jsonl", "summary.json", "checkpoints/last/model.safetensors",
             "checkpoints/best/model.safetensors"]
 
@@ -77,12 +78,13 @@ def test_fsdp_trains_and_saves_a_checkpoint_speculators_loads(cache_dir, tmp_pat
 def test_two_launch_processes_form_one_multinode_job(cache_dir, tmp_path):
     run_dir = tmp_path / "multinode"
     args = [f"hydra.run.dir={run_dir}", "distributed=multinode", "distributed.nnodes=2",
-            "distributed.nproc_per_node=1", f"distributed.rdzv_endpoint=127.0.0.1:{free_port()}", *QUICK]
+            "distributed.nproc_per_node=1", f"distributed.rdzv_endpoint=127.0.0.1:{free_port()}",
+            "optim.max_steps=2", *SHORT]
     env = {"EAGLE3_CACHE": str(cache_dir)}
     node1 = subprocess.Popen([sys.executable, str(ROOT / "launch.py"), *args, "distributed.node_rank=1"], cwd=ROOT,
                              env={**os.environ, **env}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                              text=True)
-    node0 = launch_process([*args, "distributed.node_rank=0"], cache_dir)
+    node0 = launch([*args, "distributed.node_rank=0"], cache_dir)  # this process is node 0's launcher
     out1, _ = node1.communicate(timeout=300)
     assert node0.returncode == 0, node0.stderr[-3000:]
     assert node1.returncode == 0, out1[-3000:]

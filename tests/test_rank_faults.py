@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 from omegaconf import OmegaConf
 
-from conftest import ROOT, SMALL_DATA, compose_cfg, launch, launch_process, run_in_process
+from conftest import ROOT, SMALL_DATA, compose_cfg, launch, run_in_process
 from eagle3.errors import DataError, UserError
 from eagle3.rank_errors import RankError, RankFailed, first_rank_error, write_rank_error
 
@@ -92,8 +92,8 @@ def test_nccl_without_cuda_is_one_message_not_the_elastic_wall(cache_dir, tmp_pa
 
     if torch.cuda.is_available():
         pytest.skip("this machine has a GPU")
-    proc = launch_process([f"hydra.run.dir={tmp_path / 'run'}", "distributed=ddp", "distributed.backend=nccl",
-                   "optim.max_steps=1"], cache_dir, timeout=180)
+    proc = launch([f"hydra.run.dir={tmp_path / 'run'}", "distributed=ddp", "distributed.backend=nccl",
+                   "optim.max_steps=1"], cache_dir)
     assert proc.returncode != 0
     assert proc.stderr.count("Traceback") == 0 and "ChildFailedError" not in proc.stderr, proc.stderr[-3000:]
     assert "distributed.backend=nccl" in proc.stderr
@@ -106,6 +106,37 @@ def wait_for_train_rows(run_dir: Path, proc: subprocess.Popen, timeout: float = 
             return
         time.sleep(0.1)
     raise AssertionError("no train row before the deadline")
+
+
+def descendants(pid: int) -> set[int]:
+    """The processes below `pid` (its children, theirs, ...), from /proc."""
+    children: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            ppid = int(stat.read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):  # gone meanwhile
+            continue
+        children.setdefault(ppid, []).append(int(stat.parent.name))
+    found, todo = set(), [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            found.add(child)
+            todo.append(child)
+    return found
+
+
+def wait_until_gone(pids: set[int], timeout: float = 60) -> set[int]:
+    """Those of `pids` still running (not a zombie) after `timeout` seconds, or none as soon as all are gone."""
+    def running(pid: int) -> bool:
+        try:
+            return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+        except OSError:
+            return False
+
+    deadline = time.time() + timeout
+    while (left := {p for p in pids if running(p)}) and time.time() < deadline:
+        time.sleep(0.2)
+    return left
 
 
 @pytest.mark.slow
@@ -123,9 +154,12 @@ def test_sigterm_with_two_ranks_exits_like_one_process_and_resume_clears_it(cach
         run_dir = next(iter(sweep.glob("0_*")), None) if sweep.exists() else None
     assert run_dir is not None, proc.communicate()[0][-3000:]
     wait_for_train_rows(run_dir, proc)
+    below = descendants(proc.pid)  # the forkserver and the ranks it forked, among others
+    assert len(below) >= 3, below
     proc.send_signal(signal.SIGTERM)
     out, _ = proc.communicate(timeout=180)
     assert proc.returncode == 128 + signal.SIGTERM, out[-3000:]
+    assert not wait_until_gone(below), "processes the launcher started outlived it"
     assert "Traceback" not in out and "SignalException" not in out, out[-3000:]
     assert "resume=" in out
     assert not (run_dir / "failure.json").exists()
