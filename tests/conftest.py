@@ -259,16 +259,17 @@ def assert_chain_equals_speculators_forward(draft, verifier, ids: list[int], aux
 
 
 def reference_and_resumed(args: list[str], cache_dir: Path, tmp_path: Path) -> tuple[Path, Path]:
-    """One uninterrupted run of `args` (tmp_path/reference) and one SIGTERMed after its first train row and resumed
-    in place (tmp_path/stopped); both run dirs, each asserted to have ended as it should."""
+    """One uninterrupted run of `args` (tmp_path/reference) and one SIGTERMed after its first optimizer step and
+    resumed in place (tmp_path/stopped), all three in this process (the subject is the stopped run dir: the signal
+    to a process is test_reliability's); both run dirs, each asserted to have ended as it should."""
     import signal
 
     reference = tmp_path / "reference"
     proc = launch([f"hydra.run.dir={reference}", *args], cache_dir)
     assert proc.returncode == 0, proc.stderr[-3000:]
     stopped = tmp_path / "stopped"
-    returncode, out = sigterm_after_first_train_row([f"hydra.run.dir={stopped}", *args], cache_dir, stopped)
-    assert returncode == 128 + signal.SIGTERM, out[-2000:]
+    proc = sigterm_in_process_after_step_1([f"hydra.run.dir={stopped}", *args], cache_dir)
+    assert proc.returncode == 128 + signal.SIGTERM, proc.stderr[-2000:]
     resumed = launch([f"resume={stopped}"], cache_dir)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     return reference, stopped

@@ -124,31 +124,48 @@ def test_verifier_states_are_those_training_data_has(inputs, tmp_path):
     torch.testing.assert_close(states.last, written[:, -1], rtol=1e-5, atol=1e-5)
 
 
+@pytest.fixture(scope="module")
+def greedy_24(inputs) -> list[list[int]]:
+    """The verifier's uncached greedy continuations (24 tokens) of the first 6 val prompts: they depend on no draft,
+    so they are decoded once for every test that compares with them."""
+    from eagle3.eval.drafting import greedy_decode
+
+    return [greedy_decode(inputs["verifier"], prompt, 24) for prompt in inputs["prompts"][:6]]
+
+
+@pytest.fixture(scope="module")
+def plain_32(inputs) -> list[list[int]]:
+    """The verifier's KV-cached plain decoding (32 tokens) of the first 6 val prompts, decoded once (no draft in it)."""
+    from eagle3.eval.drafting import plain_decode
+
+    return [plain_decode(inputs["verifier"], prompt, 32) for prompt in inputs["prompts"][:6]]
+
+
 @pytest.mark.parametrize("k", [1, 4])
-def test_speculative_output_is_greedy_output(inputs, k):
-    from eagle3.eval.drafting import greedy_decode, speculative_decode
+def test_speculative_output_is_greedy_output(inputs, greedy_24, k):
+    from eagle3.eval.drafting import speculative_decode
 
     draft = load(inputs["summary"])
-    for prompt in inputs["prompts"][:6]:
+    for prompt, greedy in zip(inputs["prompts"][:6], greedy_24, strict=True):
         spec = speculative_decode(inputs["verifier"], draft, prompt, k, 24, [1, 2, 3])
-        assert spec.tokens == greedy_decode(inputs["verifier"], prompt, 24)
+        assert spec.tokens == greedy
         assert all(0 <= n <= k for n in spec.accepted)
 
 
 @pytest.mark.parametrize("attn_impl", ["sdpa", "eager"])
-def test_cached_harness_equals_uncached_at_greedy(inputs, attn_impl):
+def test_cached_harness_equals_uncached_at_greedy(inputs, plain_32, attn_impl):
     """The KV-cached harness (verifier cache cropped to the accepted prefix, draft step-0 cache) makes exactly the
     uncached harness's decisions: the same tokens and the same accepted count at every verify step."""
-    from eagle3.eval.drafting import plain_decode, speculative_decode
+    from eagle3.eval.drafting import speculative_decode
 
     draft = load(inputs["summary"], attn_impl=attn_impl)
     total = 0
     for k in (1, 3):
-        for prompt in inputs["prompts"][:6]:
+        for prompt, plain in zip(inputs["prompts"][:6], plain_32, strict=True):
             uncached = speculative_decode(inputs["verifier"], draft, prompt, k, 32, [1, 2, 3], cached=False)
             cached = speculative_decode(inputs["verifier"], draft, prompt, k, 32, [1, 2, 3], cached=True)
             assert cached.tokens == uncached.tokens and cached.accepted == uncached.accepted
-            assert plain_decode(inputs["verifier"], prompt, 32) == uncached.tokens
+            assert plain == uncached.tokens
             total += sum(cached.accepted)
     assert total > 10  # the drafts were accepted often enough for the cache crops to matter
 

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import launch, launch_process, read_rows
+from conftest import launch, read_rows
 
 VOCAB, POSITIONS, LAYERS = 256, 64, 7
 WORDS = ["[UNK]", "<|user|>", "<|assistant|>", "<|end|>"] + [f"w{i}" for i in range(200)]
@@ -305,8 +305,8 @@ def test_arrow_rows_train_with_and_without_token_freq_and_a_sharded_verifier_cha
     runs = {}
     for name, data in [("ddp", without), ("fsdp", arrow_rows)]:
         runs[name] = tmp_path / name
-        proc = launch_process(online(verifier, runs[name], f"data.path={data}", f"distributed={name}", *TWO_RANKS,
-                                     "data.shard_verifier=true"), tmp_path / "cache")
+        proc = launch(online(verifier, runs[name], f"data.path={data}", f"distributed={name}", *TWO_RANKS,
+                             "data.shard_verifier=true"), tmp_path / "cache")  # two ranks: processes of their own
         assert proc.returncode == 0, proc.stderr[-3000:]
         sharding = re.search(r"verifier sharded across 2 ranks .*: this rank holds (\d+) of its (\d+) decoder",
                              (runs[name] / "launch.log").read_text())

@@ -246,14 +246,15 @@ def test_bad_options_name_their_key(override, says, tmp_path):
 
 
 @pytest.mark.slow
-def test_launch_trains_on_regenerated_responses(tmp_path):
+def test_launch_trains_on_regenerated_responses(cache_dir, tmp_path):
+    """In the session's cache: its tiny verifier is the one every other tiny run uses, built once."""
     from conftest import launch
 
     prompts = write_jsonl(tmp_path / "prompts.jsonl", id_prompts(40, seed=7))
     run_dir = tmp_path / "run"
     proc = launch(["data=regenerate", f"data.path={prompts}", "data.regenerate.max_new_tokens=24",
                    "data.regenerate.batch_size=16", "optim.max_steps=2", "logger.mode=disabled", "logger.log_every=1",
-                   f"hydra.run.dir={run_dir}"], tmp_path / "cache")
+                   f"hydra.run.dir={run_dir}"], cache_dir)
     assert proc.returncode == 0, proc.stderr[-3000:]
     check = json.loads((run_dir / "data_check.json").read_text())
     assert check["rows"] == 40 and check["generation"] == {"responses": 40, "tokens": 40 * 24, "truncated": 40,

@@ -15,7 +15,7 @@ import torch
 
 from conftest import SMALL_DATA, launch, read_rows, sigterm_in_process_after_step_1, typed_run_config
 
-STOPPED_ARGS = ["optim.max_steps=6", "logger.log_every=1", "logger.mode=disabled", *SMALL_DATA]
+STOPPED_ARGS = ["optim.max_steps=3", "logger.log_every=1", "logger.mode=disabled", *SMALL_DATA]
 
 
 @pytest.fixture(scope="module")

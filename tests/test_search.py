@@ -98,9 +98,9 @@ def test_sweeper_config_composes_without_importing_optuna():
 
 @pytest.fixture(scope="module")
 def study_sweep(cache_dir, tmp_path_factory) -> Path:
-    """A 4-trial study of short runs of the tiny default, as a user would run one."""
+    """A 3-trial study of short runs of the tiny default, as a user would run one."""
     sweep = tmp_path_factory.mktemp("study") / "lr_warmup"
-    proc = launch(study_command(sweep, 4), cache_dir, timeout=1200)
+    proc = launch(study_command(sweep, 3), cache_dir, timeout=1200)
     assert proc.returncode == 0, proc.stderr[-4000:]
     return sweep
 
@@ -109,9 +109,9 @@ def study_sweep(cache_dir, tmp_path_factory) -> Path:
 def test_study_runs_one_job_per_trial_and_continues_in_the_same_study(study_sweep, cache_dir):
     study = load_study(study_sweep)
     trials = study.get_trials()
-    assert [t.number for t in trials] == [0, 1, 2, 3] and all(t.state.name == "COMPLETE" for t in trials)
+    assert [t.number for t in trials] == [0, 1, 2] and all(t.state.name == "COMPLETE" for t in trials)
     dirs = run_dirs(study_sweep)
-    assert sorted(dirs) == [0, 1, 2, 3]
+    assert sorted(dirs) == [0, 1, 2]
     for trial in trials:
         run = dirs[trial.number]
         assert Path(trial.user_attrs["run_dir"]) == run
@@ -121,23 +121,23 @@ def test_study_runs_one_job_per_trial_and_continues_in_the_same_study(study_swee
         assert config.optim.max_steps == 4  # the fixed overrides reach every trial
         assert trial.value == json.loads((run / "summary.json").read_text())["best"]["tau_sim"]
     for key in ("optim.lr", "optim.warmup_ratio"):
-        assert len({t.params[key] for t in trials}) == 4, key
-    assert [(j["num"], j["status"]) for j in index_jobs(study_sweep)] == [(n, "completed") for n in range(4)]
+        assert len({t.params[key] for t in trials}) == 3, key
+    assert [(j["num"], j["status"]) for j in index_jobs(study_sweep)] == [(n, "completed") for n in range(3)]
 
     # The same command again: two more trials in the same study, numbered on, in new run dirs.
     proc = launch(study_command(study_sweep, 2), cache_dir, timeout=900)
     assert proc.returncode == 0, proc.stderr[-4000:]
     trials = load_study(study_sweep).get_trials()
-    assert [t.number for t in trials] == list(range(6)) and all(t.state.name == "COMPLETE" for t in trials)
-    assert len({t.params["optim.lr"] for t in trials}) == 6
-    assert sorted(run_dirs(study_sweep)) == list(range(6))
-    assert [(j["num"], j["status"]) for j in index_jobs(study_sweep)] == [(n, "completed") for n in range(6)]
+    assert [t.number for t in trials] == list(range(5)) and all(t.state.name == "COMPLETE" for t in trials)
+    assert len({t.params["optim.lr"] for t in trials}) == 5
+    assert sorted(run_dirs(study_sweep)) == list(range(5))
+    assert [(j["num"], j["status"]) for j in index_jobs(study_sweep)] == [(n, "completed") for n in range(5)]
 
     # Another search space in the same sweep dir is refused, not mixed into the study.
     proc = launch(["-m", "hydra/sweeper=optuna", "optim.lr=tag(log, interval(1e-5, 1e-2))", WARMUP, *SHORT,
                    f"hydra.sweep.dir={study_sweep}"], cache_dir, timeout=300)
     assert proc.returncode != 0 and "search_space" in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
-    assert len(load_study(study_sweep).get_trials()) == 6
+    assert len(load_study(study_sweep).get_trials()) == 5
 
 
 @pytest.mark.slow

@@ -167,17 +167,15 @@ def small_verifier(path: Path) -> Path:
 
 
 def launch_answering_yes(args: list[str], cache_dir: Path):
-    """launch.py ARGS with stdin answering "y" to any prompt (transformers asks before it runs a dir's code)."""
-    import os
-    import subprocess
-    import sys
+    """launch.py ARGS (in this process) with stdin answering "y" to any prompt (transformers asks before it runs a
+    dir's code: input(), which reads sys.stdin)."""
+    import io
+    from unittest import mock
 
-    from conftest import ROOT
+    from conftest import launch
 
-    env = {**os.environ, "EAGLE3_CACHE": str(cache_dir), "WANDB_SILENT": "true"}
-    env.pop("HYDRA_FULL_ERROR", None)
-    return subprocess.run([sys.executable, str(ROOT / "launch.py"), *args], cwd=ROOT, env=env, input="y\n" * 20,
-                          capture_output=True, text=True, timeout=600)
+    with mock.patch("sys.stdin", io.StringIO("y\n" * 20)):
+        return launch(args, cache_dir)
 
 
 def chat_rows(path: Path) -> Path:
