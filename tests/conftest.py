@@ -5,6 +5,7 @@ of their own; the test tiers (markers `slow` and `gpu`, registered in pyproject.
 from __future__ import annotations
 
 import contextlib
+import copy
 import functools
 import io
 import json
@@ -80,10 +81,27 @@ def registered_configs() -> None:
 
 
 def compose_cfg(overrides: list[str] | None = None, return_hydra_config: bool = False):
+    """conf/train.yaml composed with `overrides` by Hydra's compose API: a copy of the one composition of these
+    overrides in this process (from this cwd, which Hydra's node records), so that the many tests that compose
+    the default or the same variant pay Hydra's composition (a fifth of a second) once. A composition that fails
+    is tried again each time, and overrides naming a config search path (whose files a test may change) are
+    composed afresh."""
+    overrides = list(overrides or [])
+    if any(o.lstrip("+~").startswith("hydra.searchpath") for o in overrides):
+        return composed(overrides, return_hydra_config)
+    return copy.deepcopy(composed_once(tuple(overrides), return_hydra_config, os.getcwd()))
+
+
+@functools.cache
+def composed_once(overrides: tuple[str, ...], return_hydra_config: bool, cwd: str):
+    return composed(list(overrides), return_hydra_config)
+
+
+def composed(overrides: list[str], return_hydra_config: bool):
     registered_configs()
     GlobalHydra.instance().clear()
     with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
-        return compose(config_name="train", overrides=overrides or [], return_hydra_config=return_hydra_config)
+        return compose(config_name="train", overrides=overrides, return_hydra_config=return_hydra_config)
 
 
 def typed_run_config(cache_dir: Path, run_dir: Path, overrides: list[str]):
