@@ -20,6 +20,7 @@ from pathlib import Path
 
 import pytest
 from hydra import compose, initialize_config_dir
+from hydra._internal.config_loader_impl import ConfigLoaderImpl
 from hydra.core.global_hydra import GlobalHydra
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -81,15 +82,38 @@ def registered_configs() -> None:
 
 
 def compose_cfg(overrides: list[str] | None = None, return_hydra_config: bool = False):
-    """conf/train.yaml composed with `overrides` by Hydra's compose API: a copy of the one composition of these
-    overrides in this process (from this cwd, which Hydra's node records), so that the many tests that compose
-    the default or the same variant pay Hydra's composition (a fifth of a second) once. A composition that fails
-    is tried again each time, and overrides naming a config search path (whose files a test may change) are
-    composed afresh."""
+    """conf/train.yaml composed with `overrides`, as Hydra's compose API composes it, so that the many tests that
+    compose the default or a variant of it pay Hydra's composition (a fifth of a CPU-second) once per process:
+    the overrides of dotted keys (`model.draft.num_layers=2`, `data.path=...`) are applied, by Hydra's own
+    function and in their order, to a copy of the one composition of the others (the config groups' choices,
+    top-level keys, the hydra node) in this process and cwd (which Hydra's node records), as Hydra applies them
+    once it has merged the defaults list. With `return_hydra_config`, whose node lists every override, and with a
+    config search path (whose files a test may change) the list is composed whole. A composition that fails is
+    tried again each time. test_config.py's test_compose_cfg_is_hydras_composition holds the two ways equal."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.errors import OverrideParseException
+
     overrides = list(overrides or [])
     if any(o.lstrip("+~").startswith("hydra.searchpath") for o in overrides):
         return composed(overrides, return_hydra_config)
-    return copy.deepcopy(composed_once(tuple(overrides), return_hydra_config, os.getcwd()))
+    try:
+        parsed = OverridesParser.create().parse_overrides(overrides)
+    except OverrideParseException:
+        return composed(overrides, return_hydra_config)  # Hydra's own message
+    after = [o for o in parsed if not return_hydra_config and applied_after_composing(o)]
+    choices = tuple(o.input_line for o in parsed if return_hydra_config or not applied_after_composing(o))
+    cfg = copy.deepcopy(composed_once(choices, return_hydra_config, os.getcwd()))
+    ConfigLoaderImpl._apply_overrides_to_config(after, cfg)
+    return cfg
+
+
+def applied_after_composing(override) -> bool:
+    """Whether Hydra applies `override` to the composed config rather than choosing a defaults-list entry with
+    it: a key with a dot is never a config group (Hydra's groups nest with `/`); the hydra node's keys and sweeps
+    are left to the composition."""
+    key = override.key_or_group
+    return ("." in key and not key.startswith("hydra.") and override.package is None
+            and not override.is_sweep_override())
 
 
 @functools.cache
