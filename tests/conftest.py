@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 from hydra import compose, initialize_config_dir
-from hydra._internal.config_loader_impl import ConfigLoaderImpl
+from hydra._internal.config_loader_impl import ConfigLoaderImpl, get_overrides_dirname
 from hydra.core.global_hydra import GlobalHydra
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -87,9 +87,10 @@ def compose_cfg(overrides: list[str] | None = None, return_hydra_config: bool = 
     the overrides of dotted keys (`model.draft.num_layers=2`, `data.path=...`) are applied, by Hydra's own
     function and in their order, to a copy of the one composition of the others (the config groups' choices,
     top-level keys, the hydra node) in this process and cwd (which Hydra's node records), as Hydra applies them
-    once it has merged the defaults list. With `return_hydra_config`, whose node lists every override, and with a
-    config search path (whose files a test may change) the list is composed whole. A composition that fails is
-    tried again each time. test_config.py's test_compose_cfg_is_hydras_composition holds the two ways equal."""
+    once it has merged the defaults list; the hydra node's record of the overrides is then Hydra's record of the
+    whole list. With a config search path (whose files a test may change) the list is composed whole. A
+    composition that fails is tried again each time. test_config.py's test_compose_cfg_is_hydras_composition
+    holds the two ways equal."""
     from hydra.core.override_parser.overrides_parser import OverridesParser
     from hydra.errors import OverrideParseException
 
@@ -100,10 +101,15 @@ def compose_cfg(overrides: list[str] | None = None, return_hydra_config: bool = 
         parsed = OverridesParser.create().parse_overrides(overrides)
     except OverrideParseException:
         return composed(overrides, return_hydra_config)  # Hydra's own message
-    after = [o for o in parsed if not return_hydra_config and applied_after_composing(o)]
-    choices = tuple(o.input_line for o in parsed if return_hydra_config or not applied_after_composing(o))
+    choices = tuple(o.input_line for o in parsed if not applied_after_composing(o))
     cfg = copy.deepcopy(composed_once(choices, return_hydra_config, os.getcwd()))
-    ConfigLoaderImpl._apply_overrides_to_config(after, cfg)
+    ConfigLoaderImpl._apply_overrides_to_config([o for o in parsed if applied_after_composing(o)], cfg)
+    if return_hydra_config:  # as ConfigLoaderImpl._load_configuration_impl records them
+        task = [o for o in parsed if not o.is_hydra_override()]
+        cfg.hydra.overrides.task = [o.input_line for o in task]
+        dirname = cfg.hydra.job.config.override_dirname
+        cfg.hydra.job.override_dirname = get_overrides_dirname(task, dirname.exclude_keys, dirname.item_sep,
+                                                               dirname.kv_sep)
     return cfg
 
 

@@ -144,16 +144,17 @@ def test_run_config_is_typed_and_a_run_dirs_config_goes_through_the_same_schema(
         run_config({**plain, "init": {"name": "nope"}})
 
 
-@pytest.mark.parametrize("overrides", [
-    ["model.draft.num_layers=2", "model=auto", "model.verifier.path=/v", "seed=3"],
-    ["data.path=/rows.jsonl", "data=online", "data.synth.num_samples=8", "data.synth.num_samples=9",
-     "model.draft.aux_layer_ids=[0,1]"],
-    ["experiment=kimi_k25_scratch", "+optim.lr_warmup=0.1", "++eval.accept.k=2"],
-    ["optim.lr=abc"], ["optim.lrr=1"], ["~optim.nope"], ["model=nope", "optim.lr=1"],
+@pytest.mark.parametrize("overrides,return_hydra_config", [
+    (["model.draft.num_layers=2", "model=auto", "model.verifier.path=/v", "seed=3"], False),
+    (["model.draft.num_layers=2", "model=auto", "model.verifier.path=/v", "seed=3"], True),
+    (["data.path=/rows.jsonl", "data=online", "data.synth.num_samples=8", "data.synth.num_samples=9",
+      "model.draft.aux_layer_ids=[0,1]", "hydra.job.name=j"], True),
+    (["experiment=kimi_k25_scratch", "+optim.lr_warmup=0.1", "++eval.accept.k=2"], False),
+    (["optim.lr=abc"], False), (["optim.lrr=1"], True), (["~optim.nope"], False), (["model=nope", "optim.lr=1"], False),
 ])
-def test_compose_cfg_is_hydras_composition(overrides):
+def test_compose_cfg_is_hydras_composition(overrides, return_hydra_config):
     """conftest's compose_cfg composes a config once for many tests and applies the dotted overrides after; its
-    config (and its flags) or its error is Hydra's compose of the whole list."""
+    config (its hydra node and flags with it) or its error is Hydra's compose of the whole list."""
     from hydra.errors import HydraException
 
     from conftest import composed
@@ -165,4 +166,5 @@ def test_compose_cfg_is_hydras_composition(overrides):
             return type(e), str(e), str(e.__cause__)
         return OmegaConf.to_container(cfg), OmegaConf.is_struct(cfg), OmegaConf.is_struct(cfg.model.draft)
 
-    assert outcome(lambda: compose_cfg(overrides)) == outcome(lambda: composed(overrides, False))
+    assert outcome(lambda: compose_cfg(overrides, return_hydra_config)) == \
+        outcome(lambda: composed(overrides, return_hydra_config))
