@@ -148,6 +148,20 @@ def typed_run_config(cache_dir: Path, run_dir: Path, overrides: list[str]):
     return run_config(plain)
 
 
+def tiny_run_config(overrides: list[str] | None = None):
+    """The typed run config of the tiny default with `overrides` and no wandb, as bench/common.py's
+    tiny_run_config types it, composed by compose_cfg."""
+    from omegaconf import OmegaConf
+
+    from eagle3.config import run_config
+
+    plain = OmegaConf.to_container(compose_cfg(["logger.mode=disabled", *(overrides or [])]), resolve=True,
+                                   enum_to_str=True)
+    assert isinstance(plain, dict)
+    plain["run"] = {"dir": "", "name": "bench", "group": "bench", "choices": {}, "overrides": []}
+    return run_config(plain)
+
+
 def launch(args: list[str], cache_dir: Path, timeout: int = 600, **env) -> subprocess.CompletedProcess:
     """`python launch.py ARGS` with its own cache and no wandb account, run in this process (run_in_process);
     launch_process runs it in a process of its own. `timeout` is the subprocess form's: in process a run is not
