@@ -84,9 +84,9 @@ def registered_configs() -> None:
 def compose_cfg(overrides: list[str] | None = None, return_hydra_config: bool = False):
     """conf/train.yaml composed with `overrides`, as Hydra's compose API composes it, so that the many tests that
     compose the default or a variant of it pay Hydra's composition (a fifth of a CPU-second) once per process:
-    the overrides of dotted keys (`model.draft.num_layers=2`, `data.path=...`) are applied, by Hydra's own
+    the overrides of keys (`model.draft.num_layers=2`, `data.path=...`, `seed=1`) are applied, by Hydra's own
     function and in their order, to a copy of the one composition of the others (the config groups' choices,
-    top-level keys, the hydra node) in this process and cwd (which Hydra's node records), as Hydra applies them
+    the hydra node's keys) in this process and cwd (which Hydra's node records), as Hydra applies them
     once it has merged the defaults list; the hydra node's record of the overrides is then Hydra's record of the
     whole list. With a config search path (whose files a test may change) the list is composed whole. A
     composition that fails is tried again each time. test_config.py's test_compose_cfg_is_hydras_composition
@@ -115,10 +115,11 @@ def compose_cfg(overrides: list[str] | None = None, return_hydra_config: bool = 
 
 def applied_after_composing(override) -> bool:
     """Whether Hydra applies `override` to the composed config rather than choosing a defaults-list entry with
-    it: a key with a dot is never a config group (Hydra's groups nest with `/`); the hydra node's keys and sweeps
-    are left to the composition."""
+    it: a key that names no config group (a key with a dot never does: Hydra's groups nest with `/`, and this
+    app's top-level groups are conf/'s dirs); the hydra node's keys and sweeps are left to the composition."""
     key = override.key_or_group
-    return ("." in key and not key.startswith("hydra.") and override.package is None
+    group = "/" in key or key == "hydra" or ("." not in key and (CONF / key).is_dir())
+    return (not group and not key.startswith("hydra.") and override.package is None
             and not override.is_sweep_override())
 
 

@@ -151,9 +151,10 @@ def test_run_config_is_typed_and_a_run_dirs_config_goes_through_the_same_schema(
       "model.draft.aux_layer_ids=[0,1]", "hydra.job.name=j"], True),
     (["experiment=kimi_k25_scratch", "+optim.lr_warmup=0.1", "++eval.accept.k=2"], False),
     (["optim.lr=abc"], False), (["optim.lrr=1"], True), (["~optim.nope"], False), (["model=nope", "optim.lr=1"], False),
+    (["modle=auto", "seed=1"], False), (["device=tpu"], True),
 ])
 def test_compose_cfg_is_hydras_composition(overrides, return_hydra_config):
-    """conftest's compose_cfg composes a config once for many tests and applies the dotted overrides after; its
+    """conftest's compose_cfg composes a config once for many tests and applies the keys' overrides after; its
     config (its hydra node and flags with it) or its error is Hydra's compose of the whole list."""
     from hydra.errors import HydraException
 
