@@ -5,6 +5,7 @@ of their own; the test tiers (markers `slow` and `gpu`, registered in pyproject.
 from __future__ import annotations
 
 import contextlib
+import copy
 import functools
 import io
 import json
@@ -19,6 +20,7 @@ from pathlib import Path
 
 import pytest
 from hydra import compose, initialize_config_dir
+from hydra._internal.config_loader_impl import ConfigLoaderImpl, get_overrides_dirname
 from hydra.core.global_hydra import GlobalHydra
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -80,10 +82,57 @@ def registered_configs() -> None:
 
 
 def compose_cfg(overrides: list[str] | None = None, return_hydra_config: bool = False):
+    """conf/train.yaml composed with `overrides`, as Hydra's compose API composes it, so that the many tests that
+    compose the default or a variant of it pay Hydra's composition (a fifth of a CPU-second) once per process:
+    the overrides of keys (`model.draft.num_layers=2`, `data.path=...`, `seed=1`) are applied, by Hydra's own
+    function and in their order, to a copy of the one composition of the others (the config groups' choices,
+    the hydra node's keys) in this process and cwd (which Hydra's node records), as Hydra applies them
+    once it has merged the defaults list; the hydra node's record of the overrides is then Hydra's record of the
+    whole list. With a config search path (whose files a test may change) the list is composed whole. A
+    composition that fails is tried again each time. test_config.py's test_compose_cfg_is_hydras_composition
+    holds the two ways equal."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.errors import OverrideParseException
+
+    overrides = list(overrides or [])
+    if any(o.lstrip("+~").startswith("hydra.searchpath") for o in overrides):
+        return composed(overrides, return_hydra_config)
+    try:
+        parsed = OverridesParser.create().parse_overrides(overrides)
+    except OverrideParseException:
+        return composed(overrides, return_hydra_config)  # Hydra's own message
+    choices = tuple(o.input_line for o in parsed if not applied_after_composing(o))
+    cfg = copy.deepcopy(composed_once(choices, return_hydra_config, os.getcwd()))
+    ConfigLoaderImpl._apply_overrides_to_config([o for o in parsed if applied_after_composing(o)], cfg)
+    if return_hydra_config:  # as ConfigLoaderImpl._load_configuration_impl records them
+        task = [o for o in parsed if not o.is_hydra_override()]
+        cfg.hydra.overrides.task = [o.input_line for o in task]
+        dirname = cfg.hydra.job.config.override_dirname
+        cfg.hydra.job.override_dirname = get_overrides_dirname(task, dirname.exclude_keys, dirname.item_sep,
+                                                               dirname.kv_sep)
+    return cfg
+
+
+def applied_after_composing(override) -> bool:
+    """Whether Hydra applies `override` to the composed config rather than choosing a defaults-list entry with
+    it: a key that names no config group (a key with a dot never does: Hydra's groups nest with `/`, and this
+    app's top-level groups are conf/'s dirs); the hydra node's keys and sweeps are left to the composition."""
+    key = override.key_or_group
+    group = "/" in key or key == "hydra" or ("." not in key and (CONF / key).is_dir())
+    return (not group and not key.startswith("hydra.") and override.package is None
+            and not override.is_sweep_override())
+
+
+@functools.cache
+def composed_once(overrides: tuple[str, ...], return_hydra_config: bool, cwd: str):
+    return composed(list(overrides), return_hydra_config)
+
+
+def composed(overrides: list[str], return_hydra_config: bool):
     registered_configs()
     GlobalHydra.instance().clear()
     with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
-        return compose(config_name="train", overrides=overrides or [], return_hydra_config=return_hydra_config)
+        return compose(config_name="train", overrides=overrides, return_hydra_config=return_hydra_config)
 
 
 def typed_run_config(cache_dir: Path, run_dir: Path, overrides: list[str]):
@@ -97,6 +146,20 @@ def typed_run_config(cache_dir: Path, run_dir: Path, overrides: list[str]):
                                                 *overrides]), resolve=True, enum_to_str=True)
     assert isinstance(plain, dict)
     plain["run"] = {"dir": str(run_dir), "name": "t", "group": "t", "choices": {}, "overrides": []}
+    return run_config(plain)
+
+
+def tiny_run_config(overrides: list[str] | None = None):
+    """The typed run config of the tiny default with `overrides` and no wandb, as bench/common.py's
+    tiny_run_config types it, composed by compose_cfg."""
+    from omegaconf import OmegaConf
+
+    from eagle3.config import run_config
+
+    plain = OmegaConf.to_container(compose_cfg(["logger.mode=disabled", *(overrides or [])]), resolve=True,
+                                   enum_to_str=True)
+    assert isinstance(plain, dict)
+    plain["run"] = {"dir": "", "name": "bench", "group": "bench", "choices": {}, "overrides": []}
     return run_config(plain)
 
 

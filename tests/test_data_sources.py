@@ -13,10 +13,10 @@ import pytest
 from hydra.errors import ConfigCompositionException
 from omegaconf import OmegaConf
 
+from conftest import CONF, compose_cfg, launch, read_rows
 from eagle3.config import validate
 from eagle3.errors import ConfigError
 from hydra_plugins.eagle3_basic_sweeper.sweeper import job_config_problem
-from tests.conftest import CONF, compose_cfg, launch, read_rows
 
 
 def typed(overrides: list[str], dataset_required: bool = True):

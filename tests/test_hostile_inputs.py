@@ -8,12 +8,12 @@ from pathlib import Path
 
 import pytest
 from omegaconf import OmegaConf
+from test_speedup_engine import served
 
+from conftest import compose_cfg, launch
 from eagle3.config import validate
 from eagle3.errors import ConfigError
 from eagle3.eval.speedup import main as speedup_main
-from tests.conftest import compose_cfg, launch
-from tests.test_speedup_engine import served
 
 
 def edit_report(path: Path, **changes) -> Path:

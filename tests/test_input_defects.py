@@ -6,18 +6,12 @@ from __future__ import annotations
 
 import json
 import os
-import sys
 from pathlib import Path
 
 import pytest
 
-from conftest import ROOT, launch
-
-sys.path.insert(0, str(ROOT / "bench"))
-
-from common import tiny_run_config  # noqa: E402
-
-from eagle3.errors import ConfigError  # noqa: E402
+from conftest import launch, tiny_run_config
+from eagle3.errors import ConfigError
 
 # A Llama-style decoder config as transformers writes it (no weights: a plan and the config checks read no weights).
 GOOD = {"model_type": "llama", "architectures": ["LlamaForCausalLM"], "hidden_size": 96, "num_hidden_layers": 8,

@@ -83,7 +83,7 @@ def test_gradient_checkpointing_gives_the_same_loss_and_gradients_with_less_memo
 
 
 def _resolved(overrides: list[str]):
-    from common import tiny_run_config
+    from conftest import tiny_run_config
 
     return tiny_run_config(overrides)
 
