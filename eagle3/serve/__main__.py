@@ -158,7 +158,9 @@ def serve_and_compare(args, engine, runs: list[Served]) -> list[dict[str, Any]]:
 
     t, verifier_dir = args.temperature, runs[0].verifier_dir
     versions = {engine.name: engine.version, "engine torch": engine.torch}
-    records: dict[Path, dict[str, Any]] = {}
+    # Taken before serving: the code that runs, whatever is committed meanwhile. (Not while the servers start:
+    # a Ctrl-C in the middle of importing speculators, which this does, kills the interpreter at its exit.)
+    records = {served.run_dir: provenance(served.checkpoint, versions) for served in runs}
     plain_port = free_port()
     plain_cmd = server_command(engine, verifier_dir, plain_port, args.dtype, None, 0, args.seed)
     reports: list[dict[str, Any]] = []
@@ -171,9 +173,6 @@ def serve_and_compare(args, engine, runs: list[Served]) -> list[dict[str, Any]]:
                 log = served.run_dir / f"serve_vllm_k{k}_t{t:g}.log"
                 print(f"k={k}: starting the vLLM servers (logs: {log}, {plain.log})", file=sys.stderr, flush=True)
                 with running(cmd, port, log, engine) as spec:
-                    # Taken while the first servers start (speculators' import takes seconds) and before any
-                    # request: the code that runs, whatever is committed meanwhile.
-                    records = records or {r.run_dir: provenance(r.checkpoint, versions) for r in runs}
                     for server in (plain, spec):
                         server.wait_healthy(args.startup_timeout)
                     harness = (harness or Harness(verifier_dir)).load(served.checkpoint)  # one verifier for all
