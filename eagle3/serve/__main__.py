@@ -178,9 +178,9 @@ def serve_and_compare(args, engine, runs: list[Served]) -> list[dict[str, Any]]:
                     harness = (harness or Harness(verifier_dir)).load(served.checkpoint)  # one verifier for all
                     # the harness's CPU draft times a CPU engine's draft forward, not a GPU's
                     timer = harness.draft_timer(served.prompts, args.max_new_tokens) if engine.on_cpu else None
+                    between = None if timer is None else functools.partial(timer.sample, DRAFT_FORWARDS_PER_PROMPT)
                     measured = measure({"plain": plain, "spec": spec}, served.prompts, args.max_new_tokens, t,
-                                       args.seed, between=timer and functools.partial(timer.sample,
-                                                                                      DRAFT_FORWARDS_PER_PROMPT))
+                                       args.seed, between)
                 reference = harness.decode(served.prompts, k, args.max_new_tokens, t, args.seed)
                 report = build_report(measured, reference, k, args, engine, served, log)
                 if timer is not None:
