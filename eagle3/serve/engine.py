@@ -126,7 +126,7 @@ def install(target: Path | None = None) -> Engine:
     python, log = target / "bin" / "python", target.parent / f"{target.name}.install.log"
     with (target.parent / f"{target.name}.lock").open("w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
-        if python.exists() and (engine := probe(python, imports=True)) is not None:
+        if python.exists() and (engine := reusable(target)) is not None:
             return engine
         name, version = package()
         print(f"building the vLLM environment {target} ({name}=={version}, about 3.5 GB, a few minutes); "
@@ -147,7 +147,41 @@ def install(target: Path | None = None) -> Engine:
         if engine is None:
             raise EngineError(f"the vLLM environment {target} was built but cannot import vLLM "
                               f"({last_line(log)}); log: {log}")
+        write_import_stamp(target, engine)
         return engine
+
+
+# In a venv that imported vLLM: the engine it had and the state of its packages then. While both are as recorded,
+# `install` reuses the venv without importing vLLM again (10 CPU-seconds each time).
+IMPORT_STAMP = "eagle3-imports-ok.json"
+
+
+def import_stamp(target: Path, engine: Engine) -> dict:
+    """The engine and the modification times of the venv's site-packages dirs (pip changes them with every
+    package it installs or removes)."""
+    return {"engine": engine.name, "version": engine.version, "torch": engine.torch,
+            "packages": sorted(p.stat().st_mtime_ns for p in target.glob("lib/python*/site-packages"))}
+
+
+def write_import_stamp(target: Path, engine: Engine) -> None:
+    (target / IMPORT_STAMP).write_text(json.dumps(import_stamp(target, engine)) + "\n")
+
+
+def reusable(target: Path) -> Engine | None:
+    """The engine of the venv at `target` if it imports vLLM: known without importing it while the stamp of its
+    last import check holds, else checked by importing it."""
+    engine = probe(target / "bin" / "python")
+    if engine is None:
+        return None
+    try:
+        stamp = json.loads((target / IMPORT_STAMP).read_text())
+    except (OSError, ValueError):
+        stamp = None
+    if stamp != import_stamp(target, engine):
+        if probe(target / "bin" / "python", imports=True) is None:
+            return None
+        write_import_stamp(target, engine)
+    return engine
 
 
 def last_line(log: Path) -> str:
