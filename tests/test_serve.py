@@ -361,6 +361,20 @@ def test_provenance_records_commit_versions_and_the_checkpoints_bytes(tmp_path):
     assert provenance(ckpt)["checkpoint_sha256"] != record["checkpoint_sha256"]
 
 
+def test_provenance_before_speculators_is_imported_is_the_same_record_and_imports_neither_it_nor_torch():
+    """eagle3.serve records provenance before its servers start: speculators' lookups, run from their file
+    without importing the package (seconds), give what they give once it is imported (this process)."""
+    import speculators  # noqa: F401  (the lookups as the package has them)
+
+    from eagle3.provenance import provenance
+
+    code = ("import json, sys; from eagle3.provenance import provenance; print(json.dumps(provenance())); "
+            "assert 'speculators' not in sys.modules and 'torch' not in sys.modules, 'imported'")
+    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert json.loads(proc.stdout) == provenance()
+
+
 def test_summary_json_records_its_provenance(trained_run):
     from eagle3.provenance import checkpoint_sha256
 

@@ -158,8 +158,9 @@ def serve_and_compare(args, engine, runs: list[Served]) -> list[dict[str, Any]]:
 
     t, verifier_dir = args.temperature, runs[0].verifier_dir
     versions = {engine.name: engine.version, "engine torch": engine.torch}
-    # Taken before serving: the code that runs, whatever is committed meanwhile. (Not while the servers start:
-    # a Ctrl-C in the middle of importing speculators, which this does, kills the interpreter at its exit.)
+    # Taken before serving: the code that runs, whatever is committed meanwhile (without importing speculators,
+    # which the harness imports once the servers are up: a Ctrl-C in the middle of that import kills the
+    # interpreter at its exit, so it is not done while they start).
     records = {served.run_dir: provenance(served.checkpoint, versions) for served in runs}
     plain_port = free_port()
     plain_cmd = server_command(engine, verifier_dir, plain_port, args.dtype, None, 0, args.seed)
