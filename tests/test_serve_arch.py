@@ -1,10 +1,13 @@
-"""Each draft architecture of eagle3/draft_arch.py served by vLLM on CPU: in fp32 at T=0 the engine's drafts and
+"""The draft architectures of eagle3/draft_arch.py served by vLLM on CPU: in fp32 at T=0 the engine's drafts and
 accepted tokens per position equal the harness's on the same prompts at k=3 (P-EAGLE's through vLLM's parallel
 drafting, all k tokens in one forward).
 
 The default architecture is tests/test_serve.py's (which also checks the harness of eagle3.serve against
 eagle3.eval.accept); here the others, one short training each (the counts need only agree, not be good), served
-by one `python -m eagle3.serve RUN RUN ...` beside one plain server of their common verifier."""
+by one `python -m eagle3.serve RUN RUN ...` beside one plain server of their common verifier. The axes of the
+one-forward-per-token drafts (decoder layer, depth, EAGLE-3.1's norms) are in one draft, so that each server
+start (two processes importing vLLM, half a minute on 2 cores) checks all three; tests/test_draft_arch.py trains
+and exports each combination on its own."""
 
 from __future__ import annotations
 
@@ -17,9 +20,9 @@ from test_serve import engine_python, no_server_left  # noqa: F401  (the session
 from conftest import SMALL_DATA, launch
 
 ARCHITECTURES = {
-    "two_layers": ["optim.max_steps=6", "model.draft.num_layers=2"],
-    "qwen3_layer": ["optim.max_steps=6", "model.draft.layer_type=qwen3"],
-    "eagle31": ["optim.max_steps=6", "model.draft.eagle31=true"],
+    # the three axes the non-parallel drafts differ on, in one draft: the decoder layer, the depth, EAGLE-3.1's norms
+    "qwen3_two_layers_eagle31": ["optim.max_steps=6", "model.draft.layer_type=qwen3", "model.draft.num_layers=2",
+                                 "model.draft.eagle31=true"],
     # trained long enough that vLLM accepts some of its tokens
     "peagle": ["optim.epochs=3", "optim.lr=3e-3", "model.draft.kind=peagle"],
 }
