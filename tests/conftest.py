@@ -60,6 +60,17 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.slow)
         if "gpu" in item.keywords and not cuda:
             item.add_marker(no_cuda)
+    items.sort(key=scheduling_order)
+
+
+def scheduling_order(item) -> int:
+    """The tests that start vLLM servers (a minute or more each), then the other slow ones, then the rest, each
+    in the order collected: pytest-xdist hands tests out in this order, so the long ones start early and the
+    short ones even the workers out at the end, instead of one worker ending the run with a long test while the
+    other has nothing left."""
+    if "engine_python" in getattr(item, "fixturenames", ()):
+        return 0
+    return 1 if "slow" in item.keywords else 2
 
 
 def shared_fixtures_keep_their_module_on_one_worker(items) -> None:

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from test_serve import engine_python  # noqa: F401  (the session's vLLM environment, built once)
 
 from eagle3.config import TinyVerifierConfig
 from eagle3.data import regenerate as regen
@@ -267,16 +268,14 @@ def test_launch_trains_on_regenerated_responses(cache_dir, tmp_path):
 
 
 @pytest.mark.slow
-def test_vllm_writes_the_responses_transformers_writes_at_temperature_0(verifier, tmp_path):
+def test_vllm_writes_the_responses_transformers_writes_at_temperature_0(verifier, tmp_path, engine_python,  # noqa: F811
+                                                                        monkeypatch):
     """data.regenerate.engine=vllm on CPU in fp32: the same greedy responses as in process, the verifier served by
     vLLM's server (token ids in and out)."""
-    import os
-
     from eagle3.data.sources.regenerate import RegenerationEngine
-    from eagle3.serve.engine import PYTHON_ENV, default_dir
+    from eagle3.serve.engine import PYTHON_ENV
 
-    if not (os.environ.get(PYTHON_ENV) or (default_dir() / "bin" / "python").exists()):
-        pytest.skip("no vLLM environment (python -m eagle3.serve --install builds it)")
+    monkeypatch.setenv(PYTHON_ENV, str(engine_python))
     prompts = write_jsonl(tmp_path / "prompts.jsonl", id_prompts(6, seed=3))
     greedy = Regeneration(max_new_tokens=10, batch_size=4)
     ours = read_rows(regenerated_rows_dir(prompts, verifier, greedy, str(tmp_path / "hf")))
