@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from hydra.core.config_store import ConfigStore
-from omegaconf import MISSING, OmegaConf
+from omegaconf import MISSING, DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from eagle3.draft_arch import DraftKind, LayerType, asked_flags, flag_conflicts
@@ -710,11 +710,9 @@ def _typed(schema_type: type[TrainConfig], plain: dict[str, Any], dataset_requir
 
     data = plain.get("data")
     data_schema = source_schema(data.get("name") if isinstance(data, dict) else None)
-    schema = OmegaConf.structured(schema_type)
-    schema.init = OmegaConf.structured(INIT_SCHEMAS[name])
-    schema.data = OmegaConf.structured(data_schema)
+    schema = _schema(schema_type, INIT_SCHEMAS[name], data_schema)
     try:
-        cfg = OmegaConf.to_object(OmegaConf.merge(schema, plain))
+        cfg = OmegaConf.to_object(OmegaConf.merge(schema, plain))  # merge copies the schema: it stays as built
     except OmegaConfBaseException as e:
         key = getattr(e, "full_key", None)
         reason = str(e).splitlines()[0]
@@ -722,6 +720,20 @@ def _typed(schema_type: type[TrainConfig], plain: dict[str, Any], dataset_requir
     assert isinstance(cfg, TrainConfig)
     cfg.check(dataset_required)
     return cfg
+
+
+_SCHEMAS: dict[tuple[type, type, type], DictConfig] = {}
+
+
+def _schema(schema_type: type[TrainConfig], init_schema: type, data_schema: type) -> DictConfig:
+    """The structured config of `schema_type` with the given init and data schemas, built once per process."""
+    key = (schema_type, init_schema, data_schema)
+    if key not in _SCHEMAS:
+        schema = OmegaConf.structured(schema_type)
+        schema.init = OmegaConf.structured(init_schema)
+        schema.data = OmegaConf.structured(data_schema)
+        _SCHEMAS[key] = schema
+    return _SCHEMAS[key]
 
 
 def plain_config(cfg: TrainConfig) -> dict[str, Any]:

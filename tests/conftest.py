@@ -16,6 +16,7 @@ import shutil
 import subprocess
 import sys
 import warnings
+from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -60,17 +61,26 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.slow)
         if "gpu" in item.keywords and not cuda:
             item.add_marker(no_cuda)
-    items.sort(key=scheduling_order)
+    sizes = Counter(group_of(item) for item in items)
+    order = {item.nodeid: i for i, item in enumerate(items)}
+    items.sort(key=lambda item: (scheduling_tier(item), -sizes[group_of(item)] if group_of(item) else -1,
+                                 order[item.nodeid]))
 
 
-def scheduling_order(item) -> int:
-    """The tests that start vLLM servers (a minute or more each), then the other slow ones, then the rest, each
-    in the order collected: pytest-xdist hands tests out in this order, so the long ones start early and the
-    short ones even the workers out at the end, instead of one worker ending the run with a long test while the
-    other has nothing left."""
+def scheduling_tier(item) -> int:
+    """The tests that start vLLM servers (a minute or more each), then the other slow ones, then the rest; within
+    a tier the larger groups of tests that share a fixture first (as pytest-xdist orders them itself), then the
+    order collected. pytest-xdist hands tests out in this order (pyproject's --no-loadscope-reorder), so the long
+    ones start early and the short ones even the workers out at the end, instead of one worker ending the run
+    with a long test while the other has nothing left."""
     if "engine_python" in getattr(item, "fixturenames", ()):
         return 0
     return 1 if "slow" in item.keywords else 2
+
+
+def group_of(item) -> str | None:
+    mark = item.get_closest_marker("xdist_group")
+    return str(mark.args[0]) if mark else None
 
 
 def shared_fixtures_keep_their_module_on_one_worker(items) -> None:
