@@ -7,6 +7,7 @@ of this project records.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import importlib.util
 import sys
@@ -30,6 +31,7 @@ def provenance(checkpoint: str | Path | None = None, engine: dict[str, str] | No
     return record
 
 
+@functools.cache
 def speculators_provenance() -> ModuleType:
     """speculators.provenance, which imports only the standard library: run from its file when the speculators
     package is not imported yet, whose import (torch, transformers: seconds) a command that only records where

@@ -61,10 +61,10 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.slow)
         if "gpu" in item.keywords and not cuda:
             item.add_marker(no_cuda)
-    sizes = Counter(group_of(item) for item in items)
-    order = {item.nodeid: i for i, item in enumerate(items)}
-    items.sort(key=lambda item: (scheduling_tier(item), -sizes[group_of(item)] if group_of(item) else -1,
-                                 order[item.nodeid]))
+    groups = {item.nodeid: group_of(item) for item in items}
+    sizes = Counter(groups.values())
+    # stable: within a tier and a group size, the order collected
+    items.sort(key=lambda item: (scheduling_tier(item), -sizes[groups[item.nodeid]] if groups[item.nodeid] else -1))
 
 
 def scheduling_tier(item) -> int:
