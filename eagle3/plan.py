@@ -267,6 +267,10 @@ def hidden_buffers(draft: DraftConfig, data: DataConfig, device_type: str, ring:
     return terms
 
 
+# The plan's term for the verifier eval.accept loads on rank 0 beside the draft (offline data).
+ACCEPT_VERIFIER = "verifier in the training process (rank 0)"
+
+
 def verifier_bytes_per_param(device_type: str) -> int:
     """data=online loads the verifier in bf16 on CUDA, fp32 on CPU (eagle3/data/online.py load_online_verifier)."""
     return 2 if device_type == "cuda" else 4
@@ -382,7 +386,7 @@ def make_plan(draft: DraftConfig, data: DataConfig, optim: OptimConfig, dist: Di
     if online is not None:
         terms += verifier_terms(online, draft, data, world, device_type, sharded)
     elif verifier_bytes:
-        terms.append(Term("verifier in the training process (rank 0)", verifier_bytes, verifier_note))
+        terms.append(Term(ACCEPT_VERIFIER, verifier_bytes, verifier_note))
 
     tokens_per_step = data.total_seq_len * optim.grad_accum * world
     flops = step_flops(draft, data.total_seq_len, train_lm_head, gradient_checkpointing) * optim.grad_accum
@@ -481,6 +485,14 @@ def check_fits(plan: Plan) -> None:
             raise ConfigError(f"{head}; {verifier}, more than the device holds. Instead: {' or '.join(fix)}. {tail}")
         raise ConfigError(f"{head}; {verifier}; the largest term is {big.name}: {human(big.bytes)}. To shrink it: "
                           f"{'; '.join(fix + knobs)}. {tail}")
+    if big.name == ACCEPT_VERIFIER:
+        measure_later = ("eval.accept.enabled=false (measured acceptance loads the whole verifier on rank 0 beside "
+                         "the draft; measure it after the run with python -m eagle3.eval.accept --run <run dir>, where "
+                         "the verifier fits)")
+        if big.bytes > limit:  # the draft's knobs cannot help
+            raise ConfigError(f"{head}; the verifier eval.accept loads takes {human(big.bytes)} of it, more than the "
+                              f"device holds. Instead: {measure_later}. {tail}")
+        knobs.insert(0, measure_later)
     raise ConfigError(f"{head}; the largest term is {big.name}: {human(big.bytes)}. To shrink it: "
                       f"{'; '.join(knobs)}. {tail}")
 

@@ -1,6 +1,7 @@
 """What the plan (eagle3/plan.py) needs from the machine and the disk: the device and its memory, the dataset's
 token counts and hidden-state bytes, and the verifier's size when the training process loads it (its shape too
-for data=online, which runs it in every rank).
+for data=online, which runs it in every rank), both counted from its config by verifier_shape when no weights are
+there.
 
 Reads only headers and sizes: no weights, no hidden states. torch is imported only to ask a visible GPU.
 """
@@ -88,21 +89,15 @@ def arrow_stats(path: Path, train_ratio: float, hidden_files: bool) -> DataStats
 
 
 def verifier_size(verifier: VerifierConfig) -> tuple[int, str]:
-    """Bytes of the verifier as loaded for measured acceptance: its safetensors files, else a Llama-shaped
-    estimate from its config (fp32 for the tiny verifier, which is built in fp32)."""
-    verifier_path, tiny = verifier.path, verifier.tiny
-    if verifier_path is not None:
-        files = list(Path(verifier_path).glob("*.safetensors"))
-        if files:
-            return sum(f.stat().st_size for f in files), f"its safetensors files in {verifier_path}"
-        config = read_verifier_config(verifier_path)
-        h, layers = config["hidden_size"], config["num_hidden_layers"]
-        params = 2 * config["vocab_size"] * h + layers * (4 * h * h + 3 * h * config.get("intermediate_size", 4 * h))
-        return 2 * params, "estimated from config.json as a dense model in bf16 (no weights present)"
-    assert tiny is not None  # VerifierConfig.check: exactly one of path and tiny
-    h = tiny.hidden_size
-    params = 2 * tiny.vocab_size * h + tiny.num_layers * (4 * h * h + 3 * h * tiny.intermediate_size)
-    return 4 * params, "the tiny verifier, fp32"
+    """Bytes of the verifier as loaded for measured acceptance: its safetensors files, else its parameters as
+    verifier_shape counts them from its config (a mixture of experts with all its experts) in bf16, or in fp32
+    for the tiny verifier, which is built in fp32."""
+    if verifier.path is None:
+        return 4 * verifier_shape(verifier).params, "the tiny verifier, fp32"
+    files = list(Path(verifier.path).glob("*.safetensors"))
+    if files:
+        return sum(f.stat().st_size for f in files), f"its safetensors files in {verifier.path}"
+    return 2 * verifier_shape(verifier).params, "estimated from config.json in bf16 (no weights present)"
 
 
 def verifier_shape(verifier: VerifierConfig) -> VerifierShape:
@@ -122,9 +117,8 @@ def verifier_shape(verifier: VerifierConfig) -> VerifierShape:
     try:
         shape = shape_from_config(config, f"estimated from {verifier.path}/config.json")
     except KeyError as e:
-        raise ConfigError(f"model.verifier.path: {verifier.path}/config.json has no {e}, which the plan of data=online "
-                          f"needs to size the verifier every rank holds (a Llama- or DeepSeek-V3-style decoder config "
-                          f"has it)") from None
+        raise ConfigError(f"model.verifier.path: {verifier.path}/config.json has no {e}, which the plan needs to size "
+                          f"the verifier (a Llama- or DeepSeek-V3-style decoder config has it)") from None
     quantized = "quantization_config" in outer or "quantization_config" in config
     counted = safetensors_params(Path(verifier.path)) if not quantized else None
     if counted:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import sys
 from pathlib import Path
 
@@ -176,6 +177,35 @@ def test_plan_true_on_the_tiny_default_exits_0_without_a_run_dir(tmp_path, cache
     assert not run_dir.exists()
 
 
+# Kimi-K2.5's config.json as published: a multimodal wrapper with the DeepSeek-V3 decoder's sizes under text_config.
+KIMI_K25_CONFIG = {"architectures": ["KimiK25ForConditionalGeneration"], "model_type": "kimi_k25",
+                   "text_config": KIMI_CONFIG, "vision_config": {"model_type": "moonvit", "hidden_size": 1152}}
+
+
+@pytest.mark.slow
+def test_plan_true_of_kimi_k25s_own_config_with_eval_accept_sizes_its_decoder_and_refuses_one_gpu(tmp_path,
+                                                                                                   cache_dir):
+    """The reproduction of a KeyError: 'hidden_size' (the plan read the wrapper's top level): the decoder is read
+    from text_config, and the verifier eval.accept loads on rank 0 is counted with all its experts."""
+    from eagle3.config import VerifierConfig
+    from eagle3.plan_inputs import shape_from_config, verifier_size
+
+    verifier, data = _verifier_dir(tmp_path, "kimi-k25", KIMI_K25_CONFIG), tmp_path / "data"
+    data.mkdir()
+    proc = launch(["plan=true", "experiment=kimi_k25_scratch", f"model.verifier.path={verifier}", f"data.path={data}",
+                   "eval.accept.enabled=true", "distributed.device_memory_gb=141"], cache_dir)
+    assert proc.returncode == 3, proc.stderr[-3000:]  # the plan's "does not fit"
+    assert "Traceback" not in proc.stderr and "KeyError" not in proc.stderr
+    params = shape_from_config(KIMI_CONFIG, "").params  # about 1.03 T: 384 experts in each of 60 MoE layers
+    assert verifier_size(VerifierConfig(path=str(verifier))) == (2 * params, "estimated from config.json in bf16 "
+                                                                             "(no weights present)")
+    (line,) = [line for line in proc.stdout.splitlines() if line.startswith("  verifier in the training process")]
+    assert f"{2 * params / 2**30:.3f} GiB" in line and "estimated from config.json" in line
+    assert "961,594,368 trainable" in proc.stdout  # the draft of a 7168-wide decoder
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and "more than the device holds. Instead: eval.accept.enabled=false" in errors[0]
+
+
 @pytest.mark.slow
 def test_a_kimi_run_on_16_gb_stops_before_any_rank_with_one_message(kimi_dirs, tmp_path, cache_dir):
     verifier, data = kimi_dirs
@@ -295,6 +325,24 @@ def test_online_eval_accept_reuses_the_verifier_and_offline_loads_it_on_rank_0(t
         ["verifier weights (8.030 B params, bf16), a full copy per rank"]
     assert "verifier in the training process (rank 0)" in _terms(offline)
     assert not any(name.startswith("verifier weights") for name in _terms(offline))
+
+
+@pytest.mark.parametrize("gb, advice", [(16, "more than the device holds. Instead: eval.accept.enabled=false"),
+                                         (24, "To shrink it: eval.accept.enabled=false")])
+def test_a_run_that_does_not_fit_for_eval_accepts_verifier_is_told_to_measure_acceptance_afterwards(tmp_path, gb,
+                                                                                                     advice):
+    """8B in bf16 is 15.0 GiB: at 16 GB more than the device holds (the draft's knobs cannot help), at 24 GB the
+    largest of a 36.9 GiB peak."""
+    from eagle3.errors import ConfigError
+    from eagle3.fit import run_plan
+    from eagle3.plan import check_fits
+
+    verifier = _verifier_dir(tmp_path, "llama-8b", LLAMA_8B_CONFIG)
+    plan = run_plan(_planned_config(["model=llama3_8b", f"model.verifier.path={verifier}", "eval.accept.enabled=true",
+                                     "data=offline", f"data.path={tmp_path}", f"distributed.device_memory_gb={gb}"]))
+    with pytest.raises(ConfigError, match=re.escape(advice)) as refusal:
+        check_fits(plan)
+    assert "python -m eagle3.eval.accept --run <run dir>" in str(refusal.value)
 
 
 def test_the_fit_guard_refuses_an_online_verifier_that_does_not_fit_and_says_what_does(tmp_path):
