@@ -31,6 +31,7 @@ from eagle3.init.pretrained import SKIPPED
 from eagle3.init.pretrained import SPECFORGE_FLAGS as SPECFORGE_DEFAULTS
 from eagle3.rope import Rope, RopeError, engine_keys, read_rope
 from eagle3.serve_parity import FLAGS, Served, check_served, sglang_aux_ids, target_model_type
+from eagle3.verifier_shape import decoder_config
 
 
 def specforge_config(config: dict[str, Any], draft_vocab_size: int, aux_ids: list[int]) -> dict[str, Any]:
@@ -189,7 +190,7 @@ def read_verifier(path: Path | None) -> dict[str, Any] | None:
     if path is None:
         return None
     config = read_config(path)
-    return config.get("text_config") or config
+    return decoder_config(config)
 
 
 def embed_equal(files: list[Path], verifier_dir: Path | None) -> bool | None:

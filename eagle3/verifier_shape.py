@@ -77,6 +77,13 @@ def read_verifier_config(path: Any, why: str = "") -> dict[str, Any]:
     return _read(str(file), stamp)
 
 
+def decoder_config(config: dict[str, Any]) -> dict[str, Any]:
+    """The language model's part of a parsed config.json: a multimodal wrapper's (Kimi-K2.5, Qwen3-VL)
+    `text_config`, else the config itself. Every reader of a verifier's sizes takes them through this."""
+    text = config.get("text_config")
+    return text if isinstance(text, dict) and text else config
+
+
 @lru_cache(maxsize=8)
 def _read(file: str, stamp: int) -> dict[str, Any]:  # keyed by mtime too: a rewritten file is read again
     try:
@@ -85,7 +92,7 @@ def _read(file: str, stamp: int) -> dict[str, Any]:  # keyed by mtime too: a rew
         raise ConfigError(f"model.verifier.path: {file}: cannot read the verifier's config ({e})") from None
     if not isinstance(config, dict):
         raise ConfigError(f"model.verifier.path: {file}: not a Hugging Face config (not a JSON object)")
-    config = config.get("text_config") or config  # multimodal configs nest the language model's
+    config = decoder_config(config)
     problems = shape_problems(config)
     if problems:
         raise ConfigError(f"model.verifier.path: {file} describes a decoder no model could have: "

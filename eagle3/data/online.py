@@ -32,6 +32,7 @@ from eagle3.data.verifier_forward import forward_hidden_states, hidden_state_tap
 from eagle3.distributed import World
 from eagle3.errors import ConfigError
 from eagle3.runtime import compute_dtype_on
+from eagle3.verifier_shape import decoder_config
 
 log = logging.getLogger(__name__)
 
@@ -116,7 +117,7 @@ def check_online_verifier(verifier_dir: Path, draft: DraftConfig) -> int | None:
 def verifier_positions(verifier_dir: Path) -> int | None:
     """The verifier's max_position_embeddings from its config.json (None when it does not say): a row's bound."""
     config = json.loads((verifier_dir / "config.json").read_text())
-    positions = config.get("text_config", config).get("max_position_embeddings")
+    positions = decoder_config(config).get("max_position_embeddings")
     return positions if isinstance(positions, int) else None
 
 

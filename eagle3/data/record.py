@@ -17,6 +17,7 @@ from typing import Any
 
 from eagle3.config import DraftConfig
 from eagle3.errors import DataError
+from eagle3.verifier_shape import decoder_config
 
 log = logging.getLogger(__name__)
 
@@ -35,7 +36,7 @@ def verifier_fingerprint(verifier_dir: str | Path) -> dict[str, Any]:
         raise DataError(f"{file}: cannot read the verifier's config ({e})") from None
     stable = {k: v for k, v in config.items() if k not in VOLATILE_KEYS}
     digest = hashlib.sha256(json.dumps(stable, sort_keys=True).encode()).hexdigest()[:16]
-    text = config.get("text_config", config)  # multimodal configs nest the language model's
+    text = decoder_config(config)
     return {"path": str(verifier_dir), "config_hash": digest, "model_type": config.get("model_type"),
             "num_hidden_layers": text.get("num_hidden_layers"), "hidden_size": text.get("hidden_size"),
             "vocab_size": text.get("vocab_size")}

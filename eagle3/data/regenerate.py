@@ -35,6 +35,7 @@ from eagle3.data.jsonl import BadSamples, ChatTokenizer, Row, read_rows
 from eagle3.data.sources.regenerate import Regeneration, RegenerationEngine
 from eagle3.errors import DataError
 from eagle3.eval.drafting import Sampling
+from eagle3.verifier_shape import decoder_config
 
 BatchGenerator = Callable[[Sequence[Sequence[int]], Sequence[int], int], list["Generation"]]
 
@@ -102,7 +103,7 @@ def eos_ids(verifier_dir: Path) -> list[int]:
         file = Path(verifier_dir) / name
         if eos is None and file.is_file():
             config = json.loads(file.read_text())
-            eos = config.get("eos_token_id", config.get("text_config", {}).get("eos_token_id"))
+            eos = config.get("eos_token_id", decoder_config(config).get("eos_token_id"))
     return [] if eos is None else [eos] if isinstance(eos, int) else list(eos)
 
 
