@@ -23,6 +23,7 @@ import pytest
 from hydra import compose, initialize_config_dir
 from hydra._internal.config_loader_impl import ConfigLoaderImpl, get_overrides_dirname
 from hydra.core.global_hydra import GlobalHydra
+from omegaconf import open_dict
 
 ROOT = Path(__file__).resolve().parents[1]
 CONF = ROOT / "conf"
@@ -107,11 +108,11 @@ def compose_cfg(overrides: list[str] | None = None, return_hydra_config: bool = 
     compose the default or a variant of it pay Hydra's composition (a fifth of a CPU-second) once per process:
     the overrides of keys (`model.draft.num_layers=2`, `data.path=...`, `seed=1`) are applied, by Hydra's own
     function and in their order, to a copy of the one composition of the others (the config groups' choices,
-    the hydra node's keys) in this process and cwd (which Hydra's node records), as Hydra applies them
-    once it has merged the defaults list; the hydra node's record of the overrides is then Hydra's record of the
-    whole list. With a config search path (whose files a test may change) the list is composed whole. A
-    composition that fails is tried again each time. test_config.py's test_compose_cfg_is_hydras_composition
-    holds the two ways equal."""
+    the hydra node's keys; one composition serves with the node and without) in this process and cwd (which
+    Hydra's node records), as Hydra applies them once it has merged the defaults list; the hydra node's record of
+    the overrides is then Hydra's record of the whole list. With a config search path (whose files a test may
+    change) the list is composed whole. A composition that fails is tried again each time. test_config.py's
+    test_compose_cfg_is_hydras_composition holds the two ways equal."""
     from hydra.core.override_parser.overrides_parser import OverridesParser
     from hydra.errors import OverrideParseException
 
@@ -146,7 +147,13 @@ def applied_after_composing(override) -> bool:
 
 @functools.cache
 def composed_once(overrides: tuple[str, ...], return_hydra_config: bool, cwd: str):
-    return composed(list(overrides), return_hydra_config)
+    """Without the hydra node: the composition with it, the node deleted, as Hydra's compose deletes it."""
+    if return_hydra_config:
+        return composed(list(overrides), True)
+    cfg = copy.deepcopy(composed_once(overrides, True, cwd))
+    with open_dict(cfg):
+        del cfg["hydra"]
+    return cfg
 
 
 def composed(overrides: list[str], return_hydra_config: bool):
