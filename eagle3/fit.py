@@ -24,15 +24,17 @@ def run_plan(cfg: TrainConfig) -> Plan:
     kind, memory, source = device_and_memory(cfg.device, dist.device_memory_gb, in_process=dist.world_size == 1,
                                              ranks_per_node=dist.nproc_per_node)
     online = cfg.data.verifier_in_rank() is not None
-    # Where every rank holds the verifier eval.accept reuses it; otherwise only eval.accept loads it (rank 0).
-    accept_loads = cfg.eval.accept.enabled and not online
-    verifier_bytes, verifier_note = verifier_size(cfg.model.verifier) if accept_loads else (0, "")
+    # Where every rank holds the verifier (data=online, or on-policy rollouts' copy) eval.accept reuses it; otherwise
+    # only eval.accept loads it (rank 0).
+    rollouts_load = cfg.train.on_policy.enabled and not online
+    loads = rollouts_load or (cfg.eval.accept.enabled and not online)
+    verifier_bytes, verifier_note = verifier_size(cfg.model.verifier) if loads else (0, "")
     train_lm_head = isinstance(cfg.init, PretrainedInitConfig) and cfg.init.train_lm_head
     return make_plan(draft, cfg.data, cfg.optim, dist, device_type=kind, device_memory=memory,
                      device_memory_source=source, train_lm_head=train_lm_head,
                      data_stats=cfg.data.plan_stats(draft), no_rows_reason=cfg.data.no_rows_reason(),
                      verifier_bytes=verifier_bytes,
-                     verifier_note=verifier_note,
+                     verifier_note=verifier_note, rollout_verifier=rollouts_load,
                      online_verifier=verifier_shape(cfg.model.verifier) if online else None)
 
 

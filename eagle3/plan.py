@@ -267,8 +267,10 @@ def hidden_buffers(draft: DraftConfig, data: DataConfig, device_type: str, ring:
     return terms
 
 
-# The plan's term for the verifier eval.accept loads on rank 0 beside the draft (offline data).
+# The plan's terms for a verifier the training process loads beside the draft with offline data: eval.accept's on
+# rank 0, or on-policy rollouts' in every rank (which eval.accept then reuses).
 ACCEPT_VERIFIER = "verifier in the training process (rank 0)"
+ROLLOUT_VERIFIER = "verifier for on-policy rollouts (every rank)"
 
 
 def verifier_bytes_per_param(device_type: str) -> int:
@@ -346,10 +348,12 @@ def step_flops(draft: DraftConfig, seq: int, train_lm_head: bool, checkpointing:
 def make_plan(draft: DraftConfig, data: DataConfig, optim: OptimConfig, dist: DistributedConfig, *,
               device_type: str, device_memory: int | None, device_memory_source: str, train_lm_head: bool = False,
               data_stats: DataStats | None = None, no_rows_reason: str = "", verifier_bytes: int = 0,
-              verifier_note: str = "", online_verifier: VerifierShape | None = None) -> Plan:
+              verifier_note: str = "", rollout_verifier: bool = False,
+              online_verifier: VerifierShape | None = None) -> Plan:
     """The per-rank memory terms and the time per optimizer step of a run with these config parts.
-    `verifier_bytes`: the verifier eval.accept loads on rank 0 (offline data); `online_verifier`: the one data=online
-    runs in every rank (eval.accept then reuses it: counted once)."""
+    `verifier_bytes`: the verifier the training process loads with offline data, eval.accept's on rank 0 or, with
+    `rollout_verifier`, on-policy rollouts' in every rank; `online_verifier`: the one data=online runs in every rank
+    (eval.accept and the rollouts then reuse it: counted once)."""
     world, strategy, gradient_checkpointing = dist.world_size, dist.strategy.value, draft.gradient_checkpointing
     fsdp = strategy == "fsdp" and world > 1
     attn = attn_impl_on(draft.attn_impl, device_type)
@@ -386,7 +390,7 @@ def make_plan(draft: DraftConfig, data: DataConfig, optim: OptimConfig, dist: Di
     if online is not None:
         terms += verifier_terms(online, draft, data, world, device_type, sharded)
     elif verifier_bytes:
-        terms.append(Term(ACCEPT_VERIFIER, verifier_bytes, verifier_note))
+        terms.append(Term(ROLLOUT_VERIFIER if rollout_verifier else ACCEPT_VERIFIER, verifier_bytes, verifier_note))
 
     tokens_per_step = data.total_seq_len * optim.grad_accum * world
     flops = step_flops(draft, data.total_seq_len, train_lm_head, gradient_checkpointing) * optim.grad_accum
@@ -485,14 +489,15 @@ def check_fits(plan: Plan) -> None:
             raise ConfigError(f"{head}; {verifier}, more than the device holds. Instead: {' or '.join(fix)}. {tail}")
         raise ConfigError(f"{head}; {verifier}; the largest term is {big.name}: {human(big.bytes)}. To shrink it: "
                           f"{'; '.join(fix + knobs)}. {tail}")
-    if big.name == ACCEPT_VERIFIER:
-        measure_later = ("eval.accept.enabled=false (measured acceptance loads the whole verifier on rank 0 beside "
-                         "the draft; measure it after the run with python -m eagle3.eval.accept --run <run dir>, where "
-                         "the verifier fits)")
+    without = {ACCEPT_VERIFIER: "eval.accept.enabled=false (measured acceptance loads the whole verifier on rank 0 "
+                                "beside the draft; measure it after the run with python -m eagle3.eval.accept --run "
+                                "<run dir>, where the verifier fits)",
+               ROLLOUT_VERIFIER: "train.on_policy.enabled=false (its rollouts hold the whole verifier in every rank)"}
+    if big.name in without:
         if big.bytes > limit:  # the draft's knobs cannot help
-            raise ConfigError(f"{head}; the verifier eval.accept loads takes {human(big.bytes)} of it, more than the "
-                              f"device holds. Instead: {measure_later}. {tail}")
-        knobs.insert(0, measure_later)
+            raise ConfigError(f"{head}; the {big.name} takes {human(big.bytes)} of it, more than the device holds. "
+                              f"Instead: {without[big.name]}. {tail}")
+        knobs.insert(0, without[big.name])
     raise ConfigError(f"{head}; the largest term is {big.name}: {human(big.bytes)}. To shrink it: "
                       f"{'; '.join(knobs)}. {tail}")
 

@@ -149,8 +149,9 @@ def _train_on(world: World, runtime: Runtime, device: torch.device, cfg: RunConf
     if cfg.eval.accept.enabled:
         from eagle3.eval.at_val import AcceptanceAtVal
 
+        held = verifier.model if verifier is not None else on_policy.verifier if on_policy is not None else None
         at_val = AcceptanceAtVal(cfg.eval.accept, cfg.data.train_ratio, verifier_dir, data_dir, device, world,
-                                 seed=cfg.seed, verifier=verifier.model if verifier is not None else None)
+                                 seed=cfg.seed, verifier=held)  # the run's copy where it holds one
     resume_step = resume_state["progress"]["step"] if resume_state else None
     with Tracker(run_dir, cfg.logger, cfg.run, plain_config(cfg), enabled=world.is_main,
                  resume_step=resume_step) as tracker:

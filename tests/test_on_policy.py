@@ -211,6 +211,36 @@ def test_on_policy_run_stopped_and_resumed_equals_the_uninterrupted_run(cache_di
     assert summaries[1]["final"]["loss"] == pytest.approx(summaries[0]["final"]["loss"], rel=1e-5)
 
 
+@pytest.mark.slow
+def test_eval_accept_measures_with_the_rollouts_verifier_instead_of_loading_a_second(cache_dir, tmp_path):
+    from unittest import mock
+
+    import eagle3.eval.at_val as at_val
+    import eagle3.rollouts as rollouts
+    from conftest import SMALL_DATA, launch, read_rows
+
+    held: dict[str, object] = {}
+
+    def built(*args, **kwargs):
+        held["rollouts"] = (on_policy := build(*args, **kwargs)).verifier
+        return on_policy
+
+    class Measured(at_val.AcceptanceAtVal):
+        def __init__(self, *args, verifier=None, **kwargs):
+            held["eval.accept"] = verifier
+            super().__init__(*args, verifier=verifier, **kwargs)
+
+    build = rollouts.build_on_policy
+    with mock.patch.object(rollouts, "build_on_policy", built), mock.patch.object(at_val, "AcceptanceAtVal", Measured):
+        proc = launch([f"hydra.run.dir={tmp_path / 'run'}", "optim.max_steps=2", "logger.mode=disabled", *SMALL_DATA,
+                       "train.on_policy.enabled=true", "train.on_policy.num_prompts=1",
+                       "train.on_policy.max_new_tokens=8", "eval.accept.enabled=true", "eval.accept.num_prompts=2",
+                       "eval.accept.max_new_tokens=8"], cache_dir)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert held["eval.accept"] is not None and held["eval.accept"] is held["rollouts"]
+    assert [r for r in read_rows(tmp_path / "run") if r["split"] == "val" and "accept_len" in r]
+
+
 def test_a_rollout_step_mixes_the_rollout_loss_and_the_micro_batches_at_mix(verifier, verifier_dir):
     from contextlib import nullcontext
 

@@ -345,6 +345,24 @@ def test_a_run_that_does_not_fit_for_eval_accepts_verifier_is_told_to_measure_ac
     assert "python -m eagle3.eval.accept --run <run dir>" in str(refusal.value)
 
 
+def test_on_policy_rollouts_hold_the_verifier_in_every_rank_and_eval_accept_reuses_it(tmp_path):
+    from eagle3.errors import ConfigError
+    from eagle3.fit import run_plan
+    from eagle3.plan import check_fits
+
+    verifier = _verifier_dir(tmp_path, "llama-8b", LLAMA_8B_CONFIG)
+    base = ["model=llama3_8b", f"model.verifier.path={verifier}", "data=offline", f"data.path={tmp_path}",
+            "train.on_policy.enabled=true", "distributed=ddp", "distributed.nproc_per_node=2"]
+    for extra in ([], ["eval.accept.enabled=true"]):
+        plan = run_plan(_planned_config([*base, *extra, "distributed.device_memory_gb=141"]))
+        held = [t for t in plan.terms if t.name.startswith("verifier")]
+        assert [t.name for t in held] == ["verifier for on-policy rollouts (every rank)"], extra
+        assert held[0].bytes == 2 * 8_030_261_248  # bf16, counted from config.json
+    plan = run_plan(_planned_config([*base, "distributed.device_memory_gb=16"]))
+    with pytest.raises(ConfigError, match=r"more than the device holds\. Instead: train\.on_policy\.enabled=false"):
+        check_fits(plan)
+
+
 def test_the_fit_guard_refuses_an_online_verifier_that_does_not_fit_and_says_what_does(tmp_path):
     from eagle3.fit import refuse_if_it_cannot_fit
 

@@ -1,9 +1,9 @@
 """`eval.accept` in a training run: measured acceptance added to the val rows (val/accept_len in wandb).
 
-Rank 0 holds the verifier (loaded once per run, or with data=online the one the run already holds) and the
-prompts, and measures the unwrapped draft; the other
-ranks wait at a barrier, so all ranks leave the val pass together. FSDP across ranks is refused by
-AcceptEvalConfig.check(): rank 0 would hold only a shard.
+Rank 0 holds the verifier (loaded once per run, or the one the run already holds: data=online's, on-policy
+rollouts') and the prompts, and measures the unwrapped draft; the other ranks wait at a barrier, so all ranks
+leave the val pass together. FSDP across ranks is refused by AcceptEvalConfig.check(): rank 0 would hold only a
+shard.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ class AcceptanceAtVal:
                  device: torch.device, world: World, *, seed: int, verifier: torch.nn.Module | None = None):
         """`train_ratio` (data.train_ratio) says where the val split starts, whose prompts are used by default;
         `seed` (the run's seed) seeds the sampling at eval.accept.temperature > 0, the same at every val pass.
-        `verifier`: the one the run already holds (data=online), used instead of loading a second copy."""
+        `verifier`: the one the run already holds (data=online, or on-policy rollouts'), not a second copy."""
         from eagle3.data.verifier_forward import load_causal_lm
         from eagle3.eval.prompts import read_jsonl_prompts, val_split_prompts
 
