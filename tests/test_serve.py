@@ -257,6 +257,15 @@ def test_the_cpu_engine_runs_its_worker_in_the_engine_core_and_the_cuda_engine_a
     assert cuda_cmd == [c for c in cpu_cmd if c not in ("--distributed-executor-backend", "uni")]
 
 
+def signals_as_a_shell_leaves_them() -> None:
+    """In the child before it runs: SIGINT and SIGTERM neither ignored nor blocked, as a shell starts a command,
+    whatever this pytest worker's earlier tests left in its own signal state (an ignored or blocked SIGINT is
+    inherited through exec, and Python then never raises KeyboardInterrupt)."""
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT, signal.SIGTERM})
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(signum, signal.SIG_DFL)
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
 def test_a_signal_stops_the_servers(fake_run, signum):
@@ -264,15 +273,23 @@ def test_a_signal_stops_the_servers(fake_run, signum):
     process of the servers' groups (a server's own child included)."""
     env = {**os.environ, "FAKE_ENGINE_MODE": "hang"}
     proc = subprocess.Popen([sys.executable, "-m", "eagle3.serve", *fake_args(fake_run)], cwd=ROOT, env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=signals_as_a_shell_leaves_them)
     deadline = time.time() + 60
     while time.time() < deadline and len(fake_run["pgids"].read_text().split() if fake_run["pgids"].exists()
                                          else []) < 2:
         time.sleep(0.1)
     pgids = [int(p) for p in fake_run["pgids"].read_text().split()]
     assert len(pgids) == 2 and all(live_group_members(pgid) for pgid in pgids)
+    state = [line for line in Path(f"/proc/{proc.pid}/status").read_text().splitlines() if line.startswith("Sig")]
     proc.send_signal(signum)
-    _, err = proc.communicate(timeout=60)
+    try:
+        _, err = proc.communicate(timeout=60)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        _, err = proc.communicate()
+        raise AssertionError(f"still running 60 s after signal {signum}; its signal state before it: {state}; "
+                             f"stderr: {err[-2000:]}") from None
     assert proc.returncode == (128 + signum if signum == signal.SIGTERM else 1), err
     assert "Traceback" not in err
     assert all(not live_group_members(pgid) for pgid in pgids)
