@@ -17,7 +17,7 @@ log = logging.getLogger(__name__)
 
 def run_plan(cfg: TrainConfig) -> Plan:
     """The plan of this run (eagle3.plan) with what the machine and the disk say (eagle3.plan_inputs)."""
-    from eagle3.plan import make_plan
+    from eagle3.plan import ACCEPT_VERIFIER, ROLLOUT_VERIFIER, Term, make_plan
     from eagle3.plan_inputs import device_and_memory, verifier_shape, verifier_size
 
     draft, dist = cfg.model.draft, cfg.distributed
@@ -26,15 +26,15 @@ def run_plan(cfg: TrainConfig) -> Plan:
     online = cfg.data.verifier_in_rank() is not None
     # Where every rank holds the verifier (data=online, or on-policy rollouts' copy) eval.accept reuses it; otherwise
     # only eval.accept loads it (rank 0).
-    rollouts_load = cfg.train.on_policy.enabled and not online
-    loads = rollouts_load or (cfg.eval.accept.enabled and not online)
-    verifier_bytes, verifier_note = verifier_size(cfg.model.verifier) if loads else (0, "")
+    loaded = None
+    if not online and (cfg.train.on_policy.enabled or cfg.eval.accept.enabled):
+        loaded = Term(ROLLOUT_VERIFIER if cfg.train.on_policy.enabled else ACCEPT_VERIFIER,
+                      *verifier_size(cfg.model.verifier))
     train_lm_head = isinstance(cfg.init, PretrainedInitConfig) and cfg.init.train_lm_head
     return make_plan(draft, cfg.data, cfg.optim, dist, device_type=kind, device_memory=memory,
                      device_memory_source=source, train_lm_head=train_lm_head,
                      data_stats=cfg.data.plan_stats(draft), no_rows_reason=cfg.data.no_rows_reason(),
-                     verifier_bytes=verifier_bytes,
-                     verifier_note=verifier_note, rollout_verifier=rollouts_load,
+                     loaded_verifier=loaded,
                      online_verifier=verifier_shape(cfg.model.verifier) if online else None)
 
 

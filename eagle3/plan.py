@@ -347,13 +347,12 @@ def step_flops(draft: DraftConfig, seq: int, train_lm_head: bool, checkpointing:
 
 def make_plan(draft: DraftConfig, data: DataConfig, optim: OptimConfig, dist: DistributedConfig, *,
               device_type: str, device_memory: int | None, device_memory_source: str, train_lm_head: bool = False,
-              data_stats: DataStats | None = None, no_rows_reason: str = "", verifier_bytes: int = 0,
-              verifier_note: str = "", rollout_verifier: bool = False,
+              data_stats: DataStats | None = None, no_rows_reason: str = "", loaded_verifier: Term | None = None,
               online_verifier: VerifierShape | None = None) -> Plan:
     """The per-rank memory terms and the time per optimizer step of a run with these config parts.
-    `verifier_bytes`: the verifier the training process loads with offline data, eval.accept's on rank 0 or, with
-    `rollout_verifier`, on-policy rollouts' in every rank; `online_verifier`: the one data=online runs in every rank
-    (eval.accept and the rollouts then reuse it: counted once)."""
+    `loaded_verifier`: the term of the verifier the training process loads with offline data (ACCEPT_VERIFIER or
+    ROLLOUT_VERIFIER); `online_verifier`: the one data=online runs in every rank (eval.accept and the rollouts then
+    reuse it: counted once)."""
     world, strategy, gradient_checkpointing = dist.world_size, dist.strategy.value, draft.gradient_checkpointing
     fsdp = strategy == "fsdp" and world > 1
     attn = attn_impl_on(draft.attn_impl, device_type)
@@ -389,8 +388,8 @@ def make_plan(draft: DraftConfig, data: DataConfig, optim: OptimConfig, dist: Di
     sharded = data.verifier_in_rank() == "sharded" and world > 1
     if online is not None:
         terms += verifier_terms(online, draft, data, world, device_type, sharded)
-    elif verifier_bytes:
-        terms.append(Term(ROLLOUT_VERIFIER if rollout_verifier else ACCEPT_VERIFIER, verifier_bytes, verifier_note))
+    elif loaded_verifier is not None:
+        terms.append(loaded_verifier)
 
     tokens_per_step = data.total_seq_len * optim.grad_accum * world
     flops = step_flops(draft, data.total_seq_len, train_lm_head, gradient_checkpointing) * optim.grad_accum
