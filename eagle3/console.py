@@ -7,12 +7,34 @@ import os
 import re
 import shlex
 import sys
+import time
 import warnings
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeVar
 
 if TYPE_CHECKING:
     from eagle3.progress import RunSummary
+
+Item, Result = TypeVar("Item"), TypeVar("Result")
+
+
+def mapped_with_progress(fn: Callable[[Item], Result], items: Sequence[Item], desc: str,
+                         tokens: Callable[[Result], int], shown: bool = True) -> list[Result]:
+    """[fn(item) for item in items], with a bar on stderr while it runs (`shown`): items done of all, their
+    tokens per second (`tokens(result)` counts a result's), and the time left at the rate so far."""
+    from tqdm import tqdm
+
+    results: list[Result] = []
+    done, start = 0, time.perf_counter()
+    with tqdm(total=len(items), desc=desc, unit="prompt", disable=not shown, file=sys.stderr, dynamic_ncols=True,
+              mininterval=1.0) as bar:
+        for item in items:
+            results.append(fn(item))
+            done += tokens(results[-1])
+            bar.set_postfix_str(f"{done / max(time.perf_counter() - start, 1e-9):.1f} tokens/s", refresh=False)
+            bar.update()
+    return results
 
 
 def quiet_libraries() -> None:

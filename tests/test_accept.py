@@ -281,6 +281,7 @@ def test_cli_run_and_prompt_files(strong_run, inputs, tmp_path):
                            "--k", "2", "--max-new-tokens", "12", "--out", str(out)])
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "accept_len" in proc.stdout and "tau_sim" in proc.stdout and "lossless" in proc.stdout
+    assert "speculative decoding (k=2)" in proc.stderr and "2/2" in proc.stderr and "tokens/s" in proc.stderr
     report = json.loads(out.read_text())
     assert report["prompts"] == 2 and report["k"] == 2 and len(report["accept_rate"]) == 2
     assert report["tokens_generated"] == 24 and report["lossless"] is True
@@ -505,3 +506,13 @@ def test_speedup_measures_costs_and_checks_them_by_decoding(strong_run, tmp_path
     for row in report["wallclock"]:
         assert row["measured_speedup_wall"] > 0 and row["measured_speedup_cpu"] > 0
         assert len(row["accept_rate"]) == row["k"]
+
+
+def test_a_decoding_pass_shows_prompts_done_tokens_per_second_and_time_left_on_stderr(capsys):
+    from eagle3.console import mapped_with_progress
+
+    assert mapped_with_progress(lambda n: list(range(n)), [3, 5], "decoding", len) == [[0, 1, 2], [0, 1, 2, 3, 4]]
+    out, err = capsys.readouterr()
+    assert not out and "decoding: 100%" in err and "2/2" in err and "tokens/s" in err and "<00:00" in err
+    assert mapped_with_progress(str, [1], "quiet", len, shown=False) == ["1"]
+    assert not capsys.readouterr().err

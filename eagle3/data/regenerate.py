@@ -21,6 +21,8 @@ import hashlib
 import json
 import os
 import sys
+import threading
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from functools import partial
@@ -37,7 +39,9 @@ from eagle3.errors import DataError
 from eagle3.eval.drafting import Sampling
 from eagle3.verifier_shape import decoder_config
 
-BatchGenerator = Callable[[Sequence[Sequence[int]], Sequence[int], int], list["Generation"]]
+# (prompts, budgets, the first prompt's index, tick=...) -> their responses; tick(n) reports n more tokens generated.
+BatchGenerator = Callable[..., list["Generation"]]
+Tick = Callable[[int], None]
 
 
 @dataclass
@@ -80,6 +84,19 @@ def row_seed(seed: int, index: int) -> int:
     return int(hashlib.sha256(f"{seed}:{index}".encode()).hexdigest()[:15], 16)
 
 
+class _Ticker:
+    """A logits processor for `generate` that changes nothing: each step it reports the tokens the rows still
+    running are about to get (a finished row's last token is an end-of-sequence token, or its padding)."""
+
+    def __init__(self, tick: Tick, eos: Sequence[int]):
+        self.tick, self.eos = tick, torch.tensor(list(eos), dtype=torch.long)
+
+    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+        running = ~torch.isin(input_ids[:, -1].cpu(), self.eos) if len(self.eos) else torch.ones(len(input_ids))
+        self.tick(int(running.sum()))
+        return scores
+
+
 class _RowSampler:
     """A logits processor for `generate`: each row's next token drawn from softmax(logits / T) with the row's own
     generator, returned as the only finite score, so that greedy search takes it."""
@@ -109,9 +126,9 @@ def eos_ids(verifier_dir: Path) -> list[int]:
 
 @torch.no_grad()
 def generate(model: torch.nn.Module, eos: Sequence[int], settings: Regeneration, prompts: Sequence[Sequence[int]],
-             budgets: Sequence[int], first_index: int) -> list[Generation]:
+             budgets: Sequence[int], first_index: int, tick: Tick | None = None) -> list[Generation]:
     """Each prompt's response by `model` in process, from one batched `generate` call (prompt i's draws seeded by
-    first_index + i)."""
+    first_index + i); `tick` hears of the tokens of every step."""
     from transformers import GenerationConfig, LogitsProcessorList
 
     device = next(model.parameters()).device
@@ -121,7 +138,7 @@ def generate(model: torch.nn.Module, eos: Sequence[int], settings: Regeneration,
     attention = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts], device=device)
     config = GenerationConfig(do_sample=False, max_new_tokens=max(budgets), eos_token_id=list(eos) or None,
                               pad_token_id=pad)
-    processors = LogitsProcessorList()
+    processors = LogitsProcessorList([_Ticker(tick, eos)] if tick is not None else [])
     if settings.temperature > 0:
         processors.append(_RowSampler([Sampling(settings.temperature, row_seed(settings.seed, first_index + i))
                                        for i in range(len(prompts))]))
@@ -139,13 +156,23 @@ def _cut(tokens: list[int], eos: set[int], budget: int) -> Generation:
 
 def regenerate(batches: BatchGenerator, prompts: Sequence[list[int]], settings: Regeneration, chunks_dir: Path,
                positions: int | None) -> list[Generation]:
-    """Every prompt's response, one batch at a time (`batches(prompts, budgets, first index)`: in process or by
-    vLLM); each batch saved in `chunks_dir` as it is done, and a batch saved there before (by a run that stopped)
-    read back instead of generated again."""
+    """Every prompt's response, one batch at a time (`batches(prompts, budgets, first index, tick=...)`: in process
+    or by vLLM), with a bar on stderr (prompts, tokens generated, tokens/s, time left); each batch saved in
+    `chunks_dir` as it is done, and a batch saved there before (by a run that stopped) read back instead of
+    generated again."""
     chunks_dir.mkdir(parents=True, exist_ok=True)
     bs = settings.batch_size
     generations: list[Generation] = []
-    bar = tqdm(total=len(prompts), desc="regenerating responses", unit="prompt", leave=False)
+    bar = tqdm(total=len(prompts), desc="regenerating responses", unit="prompt", file=sys.stderr, dynamic_ncols=True,
+               mininterval=1.0)
+    tokens, start, lock = 0, time.perf_counter(), threading.Lock()
+
+    def tick(n: int) -> None:  # from vLLM's request threads too
+        nonlocal tokens
+        with lock:
+            tokens += n
+            bar.set_postfix_str(f"{tokens} tokens, {tokens / max(time.perf_counter() - start, 1e-9):.1f} tokens/s")
+
     for first in range(0, len(prompts), bs):
         batch = prompts[first:first + bs]
         file = chunks_dir / f"chunk-{first:09d}.json"
@@ -154,7 +181,7 @@ def regenerate(batches: BatchGenerator, prompts: Sequence[list[int]], settings: 
         else:
             budgets = [settings.max_new_tokens if positions is None else min(settings.max_new_tokens,
                                                                               positions - len(p)) for p in batch]
-            chunk = batches(batch, budgets, first)
+            chunk = batches(batch, budgets, first, tick=tick)
             write_chunk(file, chunk)
         generations.extend(chunk)
         bar.update(len(batch))

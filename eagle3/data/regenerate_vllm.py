@@ -5,19 +5,18 @@ request's own generator, so a response does not depend on the requests beside it
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from functools import partial
 from pathlib import Path
 
-from eagle3.data.regenerate import Generation, row_seed
+from eagle3.data.regenerate import BatchGenerator, Generation, Tick, row_seed
 from eagle3.data.sources.regenerate import Regeneration
 from eagle3.errors import EngineError
 
 STARTUP_S = 900  # seconds the server may take to turn healthy (a CPU engine on a busy machine takes minutes)
 
-BatchGenerator = Callable[[Sequence[Sequence[int]], Sequence[int], int], list[Generation]]
 
 
 def engine_dtype() -> str:
@@ -44,11 +43,17 @@ def served(verifier_dir: Path, settings: Regeneration, log: Path) -> Iterator[Ba
 
 
 def complete_batch(server, settings: Regeneration, prompts: Sequence[Sequence[int]], budgets: Sequence[int],
-                   first_index: int) -> list[Generation]:
-    """Every prompt's response, its requests in flight together."""
+                   first_index: int, tick: Tick | None = None) -> list[Generation]:
+    """Every prompt's response, its requests in flight together; `tick` hears of each response's tokens as it
+    comes back."""
+    def one(i: int) -> Generation:
+        generation = complete(server, prompts[i], budgets[i], first_index + i, settings)
+        if tick is not None:
+            tick(len(generation.ids))
+        return generation
+
     with ThreadPoolExecutor(len(prompts)) as pool:
-        return list(pool.map(lambda i: complete(server, prompts[i], budgets[i], first_index + i, settings),
-                             range(len(prompts))))
+        return list(pool.map(one, range(len(prompts))))
 
 
 def complete(server, prompt: Sequence[int], budget: int, index: int, settings: Regeneration) -> Generation:

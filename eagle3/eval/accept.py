@@ -109,7 +109,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         raise ConfigError(f"cannot load the draft {checkpoint} for the verifier {verifier_dir}: {e}") from None
     probe = AcceptanceProbe(verifier, prompts, k, args.max_new_tokens, args.temperature, args.seed, args.cached)
     with torch_threads(args.threads or (1 if device == "cpu" else None)):
-        measured = probe.measure(draft)
+        measured = probe.measure(draft, progress=True)
     from eagle3.provenance import provenance
 
     report = {"checkpoint": str(checkpoint), "verifier": str(verifier_dir), "prompt_source": source,

@@ -22,6 +22,7 @@ from typing import Any
 
 import torch
 
+from eagle3.console import mapped_with_progress
 from eagle3.errors import ConfigError
 from eagle3.eval.drafting import (
     Decode,
@@ -65,10 +66,11 @@ class AcceptanceProbe:
         check_prompts(self.prompts, verifier.config.vocab_size, max_positions - max_new_tokens - k)
 
     @torch.no_grad()
-    def measure(self, draft: torch.nn.Module, teacher_forced: bool = True) -> dict[str, Any]:
+    def measure(self, draft: torch.nn.Module, teacher_forced: bool = True, progress: bool = False) -> dict[str, Any]:
         """Decodes every prompt speculatively and reports the acceptance and (if `teacher_forced`) tau_sim of the
         same sequences. Greedy (T = 0): checks the output against the verifier's greedy decoding and raises
-        LosslessError naming the first prompt and position that differ. T > 0: the sequences are samples."""
+        LosslessError naming the first prompt and position that differ. T > 0: the sequences are samples.
+        `progress`: a bar on stderr for each decoding pass (prompts done, tokens/s, time left)."""
         check_draft(draft)
         aux_ids = aux_layer_ids(draft, self.verifier)
         sampling = Sampling(self.temperature, self.seed)
@@ -76,13 +78,17 @@ class AcceptanceProbe:
         draft.eval()
         try:
             start = time.perf_counter()
-            decodes = [speculative_decode(self.verifier, draft, p, self.k, self.max_new_tokens, aux_ids, sampling,
-                                          cached=self.cached) for p in self.prompts]
+            decodes = mapped_with_progress(
+                lambda p: speculative_decode(self.verifier, draft, p, self.k, self.max_new_tokens, aux_ids, sampling,
+                                             cached=self.cached),
+                self.prompts, f"speculative decoding (k={self.k})", lambda d: len(d.tokens), progress)
             decode_s = time.perf_counter() - start
             if sampling.greedy:
                 if self.greedy is None:
-                    self.greedy = [plain_decode(self.verifier, p, self.max_new_tokens) if self.cached else
-                                   greedy_decode(self.verifier, p, self.max_new_tokens) for p in self.prompts]
+                    plain = plain_decode if self.cached else greedy_decode
+                    self.greedy = mapped_with_progress(lambda p: plain(self.verifier, p, self.max_new_tokens),
+                                                       self.prompts, "plain greedy decoding (the reference)", len,
+                                                       progress)
                 near_tie_flips = check_lossless(self.verifier, self.prompts, [d.tokens for d in decodes], self.greedy)
                 sequences = self.greedy
             else:
