@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 from omegaconf import OmegaConf
 
@@ -12,6 +14,11 @@ from eagle3.init.build import meta_draft
 from eagle3.init.pretrained import SPECFORGE_FLAGS
 
 PATHS = ["model.verifier.path=/models/Kimi-K2.5", "data.path=/data/k25"]
+# SmolLM2-135M-Instruct's shape (its config.json), for experiment=smollm2_sharegpt without the reference assets built
+SMOLLM2_SHAPE = {"model_type": "llama", "hidden_size": 576, "intermediate_size": 1536, "num_attention_heads": 9,
+                 "num_key_value_heads": 3, "num_hidden_layers": 30, "vocab_size": 49152, "head_dim": 64,
+                 "max_position_embeddings": 8192, "rope_parameters": {"rope_theta": 100000.0, "rope_type": "default"},
+                 "rms_norm_eps": 1e-5, "hidden_act": "silu", "tie_word_embeddings": True}
 EXPERIMENTS = sorted(str(p.relative_to(CONF / "experiment").with_suffix(""))
                      for p in (CONF / "experiment").rglob("*.yaml"))
 
@@ -28,6 +35,14 @@ def test_every_experiment_composes_and_validates(name, tmp_path):
         (tmp_path / "verifier").mkdir()
         (tmp_path / "verifier" / "config.json").write_text("{}")
         paths = [f"model.verifier.path={tmp_path / 'verifier'}", f"data.path={tmp_path / 'data'}"]
+    if name == "smollm2_sharegpt":  # its verifier and data under cache_dir, as python -m eagle3.reference builds them
+        verifier = tmp_path / "reference" / "SmolLM2-135M-Instruct"
+        verifier.mkdir(parents=True)
+        (verifier / "config.json").write_text(json.dumps(SMOLLM2_SHAPE))
+        (tmp_path / "reference" / "sharegpt").mkdir()
+        (tmp_path / "reference" / "sharegpt" / "ShareGPT_V3_unfiltered_cleaned_split.json").write_text(
+            json.dumps({"messages": [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello"}]}))
+        paths = [f"cache_dir={tmp_path}"]
     cfg = resolved([f"experiment={name}", *paths])
     validate(cfg)
     # The preset's own values win over the defaults of the groups it chooses (Hydra's composition order).
