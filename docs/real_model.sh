@@ -50,7 +50,7 @@ def write(name, rows):
 head, tail = records[:len(records) // 2], records[-2000:]
 train = [m for m in (messages(r, 4000) for r in head) if m][:800]
 write("train", train)                                                         # ShareGPT's own responses
-write("regen_prompts", [m[:1] for m in train[:400]])                          # first user turns, to regenerate
+write("regen_prompts", [m[:1] for m in train])                                # first user turns, to regenerate
 write("held_out", [m[:1] for m in (messages(r, 2000) for r in tail) if m][:64])   # prompts never trained on
 PY
 
