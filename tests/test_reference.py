@@ -132,6 +132,7 @@ def test_smollm2_online_and_regenerated_chat_rows_train_a_draft(smollm2_dir, cha
     (rows_dir,) = (tmp_path / "cache" / "datasets").glob("regen-*[0-9a-f]")
     record = json.loads((rows_dir / "eagle3_rows.json").read_text())
     assert record["generation"]["responses"] == 6 and record["generation"]["tokens"] > 6  # SmolLM2's own answers
+    assert record["generation"]["eos_token_ids"] == [2]  # <|im_end|> ends an answer (generation_config.json)
     assert "regenerating responses" in regenerated.stderr and "tokens/s" in regenerated.stderr
 
 
