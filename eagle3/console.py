@@ -16,7 +16,8 @@ from typing import TYPE_CHECKING, TypeVar
 if TYPE_CHECKING:
     from eagle3.progress import RunSummary
 
-Item, Result = TypeVar("Item"), TypeVar("Result")
+Item = TypeVar("Item")
+Result = TypeVar("Result")
 
 
 def mapped_with_progress(fn: Callable[[Item], Result], items: Sequence[Item], desc: str,
