@@ -222,8 +222,9 @@ def dir_without_arrow(tmp_path: Path) -> Path:
 
 @pytest.mark.parametrize("make, says", [
     (lambda tmp: tmp / "missing.jsonl", "missing.jsonl does not exist"),
-    (binary_file, "rows.parquet is not a JSONL file (not UTF-8 text"),
-    (csv_file, "rows.csv is not a JSONL file (its first line does not open a JSON object: 'input_ids,loss_mask')"),
+    (binary_file, "rows.parquet is not a Parquet file (no PAR1 mark at its start and end)"),
+    (csv_file, "rows.csv is not a JSONL file or JSON array (its first line opens neither a JSON object nor an array: "
+               "'input_ids,loss_mask')"),
     (empty_file, "rows.jsonl is empty"),
     (dir_without_arrow, "ds is a dir without Arrow rows"),
 ], ids=["missing", "binary", "csv", "empty", "dir_without_arrow"])
@@ -446,7 +447,7 @@ def test_a_bad_first_line_rejects_the_file_only_when_bad_rows_are_errors(tmp_pat
         cfg = compose_cfg(["data=online", f"data.path={rows}", *overrides])
         return validate(OmegaConf.to_container(cfg, resolve=True, enum_to_str=True))
 
-    with pytest.raises(ConfigError, match="its first line does not open a JSON object"):
+    with pytest.raises(ConfigError, match="its first line opens neither a JSON object nor an array"):
         typed()
     typed("data.on_bad_sample=skip")  # the line is a counted skip when the rows are read
 

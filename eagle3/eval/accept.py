@@ -156,10 +156,10 @@ def resolve_inputs(args: argparse.Namespace) -> tuple[Path, Path, tuple[Path, fl
 def load_prompts(prompts_file: str | None, verifier_dir: Path, val_split: tuple[Path, float] | None,
                  num_prompts: int) -> tuple[list[Prompt], str]:
     """(the first `num_prompts` prompts, where they came from): of `prompts_file`, else of the run's val split."""
-    from eagle3.eval.prompts import read_jsonl_prompts, val_split_prompts
+    from eagle3.eval.prompts import read_prompts_file, val_split_prompts
 
     if prompts_file:
-        return read_jsonl_prompts(prompts_file, verifier_dir, num_prompts), str(prompts_file)
+        return read_prompts_file(prompts_file, verifier_dir, num_prompts), str(prompts_file)
     assert val_split is not None  # resolve_inputs: --prompts, or --run for its val split
     data_dir, train_ratio = val_split
     return val_split_prompts(data_dir, train_ratio, num_prompts), f"val split of {data_dir}"
