@@ -38,8 +38,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--verifier", help="verifier dir (local Hugging Face causal LM); with --run: the run's")
     p.add_argument("--run", help="a finished run dir: checkpoint, verifier and val-split prompts from its "
                                  "summary.json and resolved_config.yaml")
-    p.add_argument("--prompts", help="JSONL of {\"input_ids\": [...]} or {\"messages\": [...]} rows "
-                                     "(default with --run: the prompts of the run's val split)")
+    p.add_argument("--prompts", help="{\"input_ids\": [...]} rows or conversations ({\"messages\"}, ShareGPT's "
+                                     "{\"conversations\"}: up to the first assistant turn) in a JSONL file, a JSON "
+                                     "array, Parquet or a datasets dir (default with --run: the prompts of the run's "
+                                     "val split)")
     add_fields(p, AcceptEvalConfig, SCHEMA_FLAGS, "eval.accept", defaults={"k": None}, helps={
         "k": "draft tokens per verify step (default: the checkpoint's speculative_tokens, its training ttt_steps)"})
     p.add_argument("--seed", type=int, default=0, help="seed of the sampling generator at temperature > 0 "
