@@ -773,6 +773,10 @@ def _rows_path_problem(p: Path, first_line: bool = True) -> str | None:
     import codecs
 
     if p.is_dir():
+        if (p / "dataset_dict.json").is_file():  # a DatasetDict: one dir per split
+            splits = sorted(d.name for d in p.iterdir() if d.is_dir())
+            return (f"holds the splits {', '.join(splits)} (a datasets DatasetDict); give one split's dir, e.g. "
+                    f"{p / (splits or ['train'])[0]}")
         return None if any(p.glob("*.arrow")) else "is a dir without Arrow rows (no *.arrow file)"
     if not p.is_file():
         return path_kind(p, "a regular file or a dataset dir")

@@ -209,6 +209,21 @@ def test_a_datasets_dir_of_token_rows_refuses_a_conversation_format(tmp_path):
     assert not speculators_rows(write(tmp_path / "chat", SHAREGPT, "dataset"))  # read as a rows file's rows
 
 
+def test_a_datasets_dir_of_several_splits_names_the_dir_of_one(chat, tmp_path):
+    from datasets import Dataset, DatasetDict
+
+    from eagle3.config import _rows_path_problem
+
+    path = tmp_path / "dd"
+    DatasetDict({"train": Dataset.from_list(SHAREGPT), "test": Dataset.from_list(SHAREGPT[:1])}).save_to_disk(str(path))
+    says = f"holds the splits test, train (a datasets DatasetDict); give one split's dir, e.g. {path / 'test'}"
+    assert _rows_path_problem(path) == says  # refused by the config's check before a run starts
+    with pytest.raises(DataError, match=r"holds the splits test, train \(a DatasetDict\); give one split's dir"):
+        read(path, chat)  # and by the reader (prepare --data)
+    rows, _ = read(path / "train", chat)
+    assert len(rows) == 3 and rows.format == RowFormat.sharegpt
+
+
 def test_prompts_are_each_conversation_up_to_its_first_answer(chat_dir, chat, tmp_path):
     """eval.accept's and serve's prompts: the first N rows (the file streamed, so a cut end after them is never
     read); data=regenerate's: every assistant turn's prompt."""

@@ -184,13 +184,13 @@ def _parquet_records(path: Path) -> Iterator[tuple[str, Any]]:
 
 def dataset_table(path: Path):
     """The Arrow table of the `datasets` dir at `path` (memory-mapped), or a DataError saying why there is none."""
-    from datasets import load_from_disk
+    from datasets import DatasetDict, load_from_disk
 
     try:
         dataset = load_from_disk(str(path))
     except Exception as e:  # noqa: BLE001  (datasets raises several types for a dir it cannot read)
         raise DataError(f"{path} is not a dataset saved with datasets.save_to_disk ({type(e).__name__}: {e})") from None
-    if not hasattr(dataset, "data"):  # a DatasetDict: one dir per split
+    if isinstance(dataset, DatasetDict):  # one dir per split
         splits = sorted(dataset)
         raise DataError(f"{path} holds the splits {', '.join(splits)} (a DatasetDict); give one split's dir, e.g. "
                         f"{path / splits[0]}")
