@@ -67,7 +67,7 @@ class Rows(list[Row]):
     """The usable rows of a file, in file order, and the format they were read in."""
 
     format: RowFormat
-    format_from: str  # "data.format", or the row it was detected from
+    format_from: str  # "set" (data.format, --format), or the row it was detected from
 
     def record(self) -> dict[str, str]:
         """What the rows' record (eagle3_rows.json, eagle3_data.json) says about their format."""
