@@ -13,6 +13,10 @@ A bad row is never passed on silently: under `on_bad_sample=error` it stops the 
 record number, under `skip` it is left out and counted. A row of another format than the rows', a speaker or
 role no chat template knows, a file cut inside a record are bad rows. Rows longer than `max_len` are truncated
 and counted.
+
+Entry points: `read_rows` (training rows: prepare, data=online, data=regenerate's prompt set), `conversation` +
+`ChatTokenizer` (one conversation's row or prompt), eagle3.eval.prompts.read_prompts_file (eval.accept's and
+serve's prompts), eagle3.data.row_files.records (a file's raw records, e.g. to take a slice of a large one).
 """
 
 from __future__ import annotations
