@@ -57,6 +57,15 @@ class BadSamplePolicy(str, Enum):
     skip = "skip"
 
 
+class RowFormat(str, Enum):
+    """What a data file's rows hold (eagle3/data/jsonl.py reads each): `auto` takes the first row's format."""
+
+    auto = "auto"
+    tokens = "tokens"       # {"input_ids": [...], "loss_mask": [...]} (speculators' rows)
+    messages = "messages"   # {"messages": [{"role", "content"}, ...]} (OpenAI's chat format)
+    sharegpt = "sharegpt"   # {"conversations": [{"from", "value"}, ...]} (ShareGPT's)
+
+
 class Objective(str, Enum):
     """What a run returns to a sweeper (eagle3/objective.py): its best val tau_sim, or the measured acceptance
     of that val pass."""
@@ -504,7 +513,9 @@ class AcceptEvalConfig:
     takes its option defaults from here."""
 
     enabled: bool = False           # true: measure at val passes (not with FSDP across ranks)
-    # JSONL of {"input_ids": [...]} or {"messages": [...]} rows; null: the val split's prompts
+    # rows of {"input_ids": [...]} or conversations ({"messages"}, ShareGPT's {"conversations"}; a conversation's
+    # prompt is everything before its first assistant turn) in any file eagle3.data.prepare reads; null: the val
+    # split's prompts
     prompts: str | None = None
     num_prompts: int = 8            # prompts decoded per measurement (the first N)
     k: int = 3                      # draft tokens proposed per verifier forward (conf/train.yaml: the ttt_steps)
@@ -533,12 +544,8 @@ class AcceptEvalConfig:
                  "needs the whole draft in rank 0, and FSDP shards it; measure the saved checkpoint afterwards with "
                  "python -m eagle3.eval.accept --run <run dir>")
         if self.prompts is not None:
-            _require(Path(self.prompts).is_file(), "eval.accept.prompts",
-                     f"{self.prompts} {path_kind(Path(self.prompts), 'a regular file')}; expected a JSONL of "
-                     f"input_ids or messages rows")
-            problem = _jsonl_problem(Path(self.prompts))  # its rows are read at the first val pass
-            _require(problem is None, "eval.accept.prompts",
-                     f"{self.prompts} {problem}; expected a JSONL of input_ids or messages rows")
+            problem = _rows_path_problem(Path(self.prompts))  # its rows are read at the first val pass
+            _require(problem is None, "eval.accept.prompts", f"{self.prompts} {problem}; expected {ROWS_FILES}")
 
 
 @dataclass
@@ -754,23 +761,41 @@ def lr_advice(optim: OptimConfig, init: InitConfig) -> tuple[str, bool]:
     return text, outside
 
 
-def _jsonl_problem(file: Path, first_line: bool = True) -> str | None:
-    """Why `file` is not a JSONL of objects, judged by its first bytes (a binary file, an empty one, and with
-    `first_line` text whose first line does not open a JSON object); None when it looks like one. The rows
-    themselves are checked line by line when they are read."""
+ROWS_FILES = ("a JSONL file or JSON array of {\"input_ids\", \"loss_mask\"}, {\"messages\"} or ShareGPT "
+              "{\"conversations\"} rows, a Parquet file or a datasets dir (save_to_disk) of such rows")
+
+
+def _rows_path_problem(p: Path, first_line: bool = True) -> str | None:
+    """Why `p` holds no data rows (eagle3.data.row_files reads them), said after its name, judged by its first bytes
+    (a binary file, an empty one, and with `first_line` text that opens neither a JSON object nor an array) or,
+    for a Parquet file or a `datasets` dir, by their marks (PAR1 at both ends; *.arrow files); None when it looks
+    like rows. The rows themselves are checked one by one when they are read."""
     import codecs
 
-    with open(file, "rb") as f:
+    if p.is_dir():
+        if (p / "dataset_dict.json").is_file():  # a DatasetDict: one dir per split
+            splits = sorted(d.name for d in p.iterdir() if d.is_dir())
+            return (f"holds the splits {', '.join(splits)} (a datasets DatasetDict); give one split's dir, e.g. "
+                    f"{p / (splits or ['train'])[0]}")
+        return None if any(p.glob("*.arrow")) else "is a dir without Arrow rows (no *.arrow file)"
+    if not p.is_file():
+        return path_kind(p, "a regular file or a dataset dir")
+    with open(p, "rb") as f:
         head = f.read(4096)
+        if p.suffix.lower() == ".parquet":
+            f.seek(max(0, p.stat().st_size - 4))
+            ok = head[:4] == b"PAR1" and f.read(4) == b"PAR1" and len(head) > 8
+            return None if ok else "is not a Parquet file (no PAR1 mark at its start and end)"
     try:
         text = codecs.getincrementaldecoder("utf-8")().decode(head)  # a character cut at 4096 bytes is no error
     except UnicodeDecodeError:
-        return "is not a JSONL file (not UTF-8 text: a binary file?)"
+        return "is not a JSONL file or JSON array (not UTF-8 text: a binary file? Parquet files end in .parquet)"
     text = text.lstrip()
     if not text:
         return "is empty" if not head or len(head) < 4096 else "starts with 4096 bytes of whitespace"
-    if first_line and not text.startswith("{"):
-        return f"is not a JSONL file (its first line does not open a JSON object: {text.splitlines()[0][:40]!r})"
+    if first_line and not text.startswith(("{", "[")):
+        return (f"is not a JSONL file or JSON array (its first line opens neither a JSON object nor an array: "
+                f"{text.splitlines()[0][:40]!r})")
     return None
 
 

@@ -353,7 +353,7 @@ def bad_cli_inputs(strong_run, inputs, tmp_path):
         ([best, "--verifier", str(tmp_path), "--prompts", p("oov")], "has no config.json"),
         ([best, "--verifier", verifier], "give --prompts"),
         ([best, "--verifier", verifier, "--prompts", p("empty")], "holds no prompts"),
-        ([best, "--verifier", verifier, "--prompts", p("notjson")], "is not JSON"),
+        ([best, "--verifier", verifier, "--prompts", p("notjson")], "not a JSON object"),
         ([best, "--verifier", verifier, "--prompts", p("emptyids")], "non-empty list"),
         ([best, "--verifier", verifier, "--prompts", p("oov")], "outside the verifier's vocabulary"),
         ([best, "--verifier", verifier, "--prompts", p("messages")], "need the model's tokenizer"),

@@ -137,12 +137,12 @@ def test_cfg_job_resolve_with_model_auto_says_what_the_verifier_config_lacks(cac
 def test_a_prompts_file_that_is_not_utf8_is_one_error(tmp_path):
     from conftest import compose_cfg
     from eagle3.config import validate
-    from eagle3.eval.prompts import read_jsonl_prompts
+    from eagle3.eval.prompts import read_prompts_file
 
     prompts = tmp_path / "prompts.jsonl"
     prompts.write_bytes(b'{"input_ids": [1, 2, 3]}\n{"input_ids": [4, 5]}  \xff\xfe\n')
-    with pytest.raises(DataError, match=r"prompts.jsonl line 2 is not UTF-8 text"):
-        read_jsonl_prompts(prompts, tmp_path)  # as eval.accept --prompts and the val passes read it
+    with pytest.raises(DataError, match=r"prompts.jsonl:2: not UTF-8 text"):
+        read_prompts_file(prompts, tmp_path)  # as eval.accept --prompts and the val passes read it
     prompts.write_bytes(b"\xff\xfe" + "{}".encode("utf-16-le"))  # a UTF-16 file: refused before the run starts
     plain = OmegaConf.to_container(compose_cfg(["eval.accept.enabled=true", f"eval.accept.prompts={prompts}"]),
                                    resolve=True, enum_to_str=True)

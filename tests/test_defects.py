@@ -49,14 +49,14 @@ def test_accept_prompt_errors_name_the_file_line(tmp_path):
 
     from eagle3.config import ConfigError
     from eagle3.eval.measure import AcceptanceProbe
-    from eagle3.eval.prompts import read_jsonl_prompts
+    from eagle3.eval.prompts import read_prompts_file
 
     verifier = LlamaForCausalLM(LlamaConfig(vocab_size=64, hidden_size=16, intermediate_size=32, num_hidden_layers=2,
                                             num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=64))
     prompts_file = tmp_path / "prompts.jsonl"
     prompts_file.write_text('{"input_ids": [1, 2, 3]}\n\n{"input_ids": [4, 99]}\n')  # line 3 is out of vocab
-    with pytest.raises(ConfigError, match=r"prompts\.jsonl line 3: token ids outside the verifier's vocabulary"):
-        AcceptanceProbe(verifier, read_jsonl_prompts(prompts_file, tmp_path), k=2, max_new_tokens=4)
+    with pytest.raises(ConfigError, match=r"prompts\.jsonl:3: token ids outside the verifier's vocabulary"):
+        AcceptanceProbe(verifier, read_prompts_file(prompts_file, tmp_path), k=2, max_new_tokens=4)
     with pytest.raises(ConfigError, match=r"prompt 2 \(1-based\): the prompt is empty"):
         AcceptanceProbe(verifier, [[1, 2], []], k=2, max_new_tokens=4)
 

@@ -261,11 +261,11 @@ def test_accept_refuses_an_out_path_it_cannot_write_before_measuring(tmp_path):
 
 
 def test_a_prepare_data_path_that_is_no_file_says_what_it_is(tmp_path):
-    """--data <a directory> was said not to exist."""
+    """--data <a directory> was said not to exist; a directory is now read as a datasets dir."""
     from eagle3.data.jsonl import BadSamples, read_rows
     from eagle3.errors import DataError
 
-    with pytest.raises(DataError, match=rf"^{tmp_path} is a directory, not a regular file; expected a JSONL file"):
+    with pytest.raises(DataError, match=rf"^{tmp_path} is not a dataset saved with datasets.save_to_disk"):
         read_rows(tmp_path, 64, 1024, BadSamples("error"))
     with pytest.raises(DataError, match=r"missing.jsonl does not exist; expected a JSONL file"):
         read_rows(tmp_path / "missing.jsonl", 64, 1024, BadSamples("error"))

@@ -202,8 +202,8 @@ def test_a_k_and_max_new_tokens_beyond_the_verifiers_positions_are_one_message()
 def test_a_fifo_or_a_device_as_data_path_is_named_for_what_it_is(tmp_path):
     fifo = tmp_path / "rows.fifo"
     os.mkfifo(fifo)
-    for option, path, says in (("online", fifo, "is a FIFO (named pipe), not a JSONL file or a dataset dir"),
-                               ("online", Path("/dev/zero"), "is a character device, not a JSONL file"),
+    for option, path, says in (("online", fifo, "is a FIFO (named pipe), not a regular file or a dataset dir"),
+                               ("online", Path("/dev/zero"), "is a character device, not a regular file"),
                                ("offline", fifo, "is a FIFO (named pipe), not a directory"),
                                ("offline", Path("/dev/zero"), "is a character device, not a directory")):
         with pytest.raises(ConfigError, match="data.path") as refused:

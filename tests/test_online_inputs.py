@@ -1,6 +1,6 @@
 """data=online's inputs as a user gives them, through launch.py: every bad input is one message and a non-zero exit
 before training (or a counted skip under data.on_bad_sample=skip), and every kind of token rows trains (a JSONL of
-ids or of chat messages, a speculators-format Arrow dir with or without token_freq.pt), with the verifier sharded
+ids, a speculators-format Arrow dir with or without token_freq.pt), with the verifier sharded
 across 2 ranks (DDP and FSDP), and with measured acceptance reusing the run's one verifier.
 
 The verifier is a small Llama of its own shape (model=auto reads it from its config.json): 7 layers, hidden 64,
@@ -115,12 +115,11 @@ def conversation(rng: random.Random) -> list[dict]:
 
 
 @pytest.mark.slow
-def test_skip_counts_bad_lines_and_long_rows_and_chat_rows_train_on_the_assistant_turns(verifier, tmp_path):
-    """Under data.on_bad_sample=skip: the JSONL's bad lines are left out while reading it, the row longer than the
-    verifier's positions by the start-up check; both counts reach data_check.json and the log. The rows mix
-    {"input_ids", "loss_mask"} and {"messages"} (rendered with the verifier's chat template)."""
-    from datasets import load_from_disk
-
+def test_skip_counts_bad_lines_rows_of_another_format_and_long_rows(verifier, tmp_path):
+    """Under data.on_bad_sample=skip: the JSONL's bad lines are left out while reading it (among them the
+    {"messages"} rows in a file whose first row is {"input_ids", "loss_mask"}: every row is in the first row's
+    format), the row longer than the verifier's positions by the start-up check; both counts reach data_check.json
+    and the log. Chat rows trained on their assistant turns: tests/test_row_files.py and tests/test_prepare.py."""
     rng = random.Random(3)
     chats = [{"messages": conversation(rng)} for _ in range(4)]
     long_row = {"input_ids": list(range(POSITIONS + 16)), "loss_mask": [1] * (POSITIONS + 16)}
@@ -131,21 +130,14 @@ def test_skip_counts_bad_lines_and_long_rows_and_chat_rows_train_on_the_assistan
     proc = launch(online(verifier, run_dir, f"data.path={data}", "data.on_bad_sample=skip"), tmp_path / "cache")
     assert proc.returncode == 0, proc.stderr[-3000:]
     check = json.loads((run_dir / "data_check.json").read_text())
-    # Rows kept in file order: 6 id rows, chat, chat, the long row (index 8), chat, chat, 8 id rows.
-    assert check["rows"] == 19 and check["counts"] == {"too_long": 1} and check["skipped_rows"] == [8]
-    assert check["source_skipped"]["counts"] == {"not_json": 1, "token_out_of_vocab": 1, "empty_loss_mask": 1}
+    # Rows kept in file order: 6 id rows, the long row (index 6), 8 id rows.
+    assert check["rows"] == 15 and check["counts"] == {"too_long": 1} and check["skipped_rows"] == [6]
+    assert check["source_skipped"]["counts"] == {"other_format": 4, "not_json": 1, "token_out_of_vocab": 1,
+                                                 "empty_loss_mask": 1}
     assert check["source_skipped"]["source"] == str(data.resolve())
     log = (run_dir / "launch.log").read_text()
-    assert "3 rows skipped while reading it" in log and "1 of 19 rows are bad" in log
+    assert "7 rows skipped while reading it" in log and "1 of 15 rows are bad" in log
     assert max(r["step"] for r in read_rows(run_dir)) == 2
-
-    rows = load_from_disk(check["data_dir"])
-    for index, chat in zip((6, 7, 9, 10), chats):
-        ids, mask = rows[index]["input_ids"], rows[index]["loss_mask"]
-        tokens = [WORDS[t] for t in ids]
-        assert tokens[0] == "<|user|>" and tokens.count("<|assistant|>") == 2
-        trained = " ".join(t for t, m in zip(tokens, mask) if m)
-        assert trained == " ".join(f"{m['content']} <|end|>" for m in chat["messages"] if m["role"] == "assistant")
 
 
 # --- a verifier that cannot be loaded, aux layers beyond its depth -------------------------------------------
@@ -222,8 +214,9 @@ def dir_without_arrow(tmp_path: Path) -> Path:
 
 @pytest.mark.parametrize("make, says", [
     (lambda tmp: tmp / "missing.jsonl", "missing.jsonl does not exist"),
-    (binary_file, "rows.parquet is not a JSONL file (not UTF-8 text"),
-    (csv_file, "rows.csv is not a JSONL file (its first line does not open a JSON object: 'input_ids,loss_mask')"),
+    (binary_file, "rows.parquet is not a Parquet file (no PAR1 mark at its start and end)"),
+    (csv_file, "rows.csv is not a JSONL file or JSON array (its first line opens neither a JSON object nor an array: "
+               "'input_ids,loss_mask')"),
     (empty_file, "rows.jsonl is empty"),
     (dir_without_arrow, "ds is a dir without Arrow rows"),
 ], ids=["missing", "binary", "csv", "empty", "dir_without_arrow"])
@@ -446,7 +439,7 @@ def test_a_bad_first_line_rejects_the_file_only_when_bad_rows_are_errors(tmp_pat
         cfg = compose_cfg(["data=online", f"data.path={rows}", *overrides])
         return validate(OmegaConf.to_container(cfg, resolve=True, enum_to_str=True))
 
-    with pytest.raises(ConfigError, match="its first line does not open a JSON object"):
+    with pytest.raises(ConfigError, match="its first line opens neither a JSON object nor an array"):
         typed()
     typed("data.on_bad_sample=skip")  # the line is a counted skip when the rows are read
 

@@ -182,6 +182,10 @@ def test_chat_messages_train_on_the_assistant_turns(verifier, tmp_path):
                                        "<|user|>", "w6", "<|end|>", "<|assistant|>", "w7", "w8", "w9", "<|end|>"]
     assert [words[t] for t, m in zip(ids, mask) if m] == ["w4", "w5", "<|end|>", "w7", "w8", "w9", "<|end|>"]
     assert rows[1]["loss_mask"].tolist() == [0] * 6 + [1] * 3
+    record = json.loads((tmp_path / "out" / "eagle3_data.json").read_text())
+    assert record["row_format"] == "messages" and record["row_format_from"] == f"detected from the first row ({data}:1)"
+    proc = prepare(chat_model, data, tmp_path / "sharegpt", "--format", "sharegpt")
+    assert proc.returncode == 1 and f"{data}:1: a messages row among sharegpt rows (the format was set" in proc.stderr
 
 
 @pytest.mark.slow

@@ -2,6 +2,9 @@
 
     python -m eagle3.data.prepare --model /models/verifier --data rows.jsonl --out /data/ds [--aux-layer-ids 2 16 29]
 
+--data is any rows file eagle3.data.jsonl reads (token rows, messages or ShareGPT conversations; JSONL, a JSON
+array, Parquet or a datasets dir).
+
     <out>/data-*.arrow + dataset_info.json + state.json    rows: input_ids, loss_mask, seq_len (torch format)
     <out>/hidden_states/hs_<i>.safetensors                  hidden_states [seq, n_aux + 1, H], token_ids [seq]
     <out>/token_freq.pt                                     {token_id: count} over loss-masked tokens
@@ -26,6 +29,7 @@ from eagle3.console import shell_override
 from eagle3.data.cache import cache_key
 from eagle3.data.jsonl import Row
 from eagle3.data.record import read_record, verifier_fingerprint, write_record
+from eagle3.data.sources.online import TokenRows
 from eagle3.data.token_rows import save_rows
 from eagle3.data.verifier_forward import load_causal_lm, write_hidden_states
 from eagle3.errors import ConfigError, DataError, UserError
@@ -123,12 +127,14 @@ def main(argv: list[str] | None = None) -> int:
     import sys
 
     parser = argparse.ArgumentParser(prog="python -m eagle3.data.prepare",
-                                     description="Runs a local Hugging Face causal LM over a JSONL of rows and writes "
+                                     description="Runs a local Hugging Face causal LM over data rows and writes "
                                                  "them with its hidden states in speculators' format.")
     parser.add_argument("--model", type=Path, required=True, help="local Hugging Face causal-LM dir (the verifier)")
     parser.add_argument("--data", type=Path, required=True,
-                        help='JSONL: {"input_ids": [...], "loss_mask": [...]} or {"messages": [...]} per line '
-                             "(messages use the model dir's tokenizer and chat template; assistant turns are trained)")
+                        help='rows: {"input_ids": [...], "loss_mask": [...]}, {"messages": [...]} or ShareGPT\'s '
+                             '{"conversations": [...]}, in a JSONL file, a JSON array, a Parquet file or a datasets '
+                             "dir (save_to_disk); conversations use the model dir's tokenizer and chat template, "
+                             "every assistant turn is trained (docs/data.md)")
     parser.add_argument("--out", type=Path, required=True,
                         help="output dataset dir (resumed if it holds this preparation)")
     parser.add_argument("--aux-layer-ids", type=int, nargs="+",
@@ -143,6 +149,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="dtype the hidden states are stored in")
     add_fields(parser, DataConfig, {"on_bad_sample": "--on-bad-sample"}, "data", helps={
         "on_bad_sample": "a row that cannot be used: stop with its line number, or leave it out and count it"})
+    add_fields(parser, TokenRows, {"format": "--format"}, "data", helps={
+        "format": "what the rows hold; auto: the first row's format (a row of another format is a bad row)"})
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     try:
@@ -184,14 +192,14 @@ def prepare(args: argparse.Namespace) -> dict[str, Any]:
         return chat[0](messages)
 
     bad = BadSamples(args.on_bad_sample)
-    rows = read_rows(args.data, args.max_len, verifier["vocab_size"], bad, tokenize_chat)
-    log.info("%s: %d rows (%d truncated to %d tokens, %d skipped%s)", args.data, len(rows), bad.truncated,
-             args.max_len, sum(bad.skipped.values()), f": {dict(bad.skipped)}" if bad.skipped else "")
+    rows = read_rows(args.data, args.max_len, verifier["vocab_size"], bad, tokenize_chat, args.format)
+    log.info("%s: %d %s rows (%d truncated to %d tokens, %d skipped%s)", args.data, len(rows), rows.format.value,
+             bad.truncated, args.max_len, sum(bad.skipped.values()), f": {dict(bad.skipped)}" if bad.skipped else "")
     device = resolve_runtime(args.device).device_type
     # bf16 on a GPU, as the verifier is served; fp32 on a CPU, which has no fast bf16 matmul.
     model = load_causal_lm(args.model, device, getattr(torch, compute_dtype_on(device)), key="--model")
     notes = {"source": str(args.data), "max_len": args.max_len, "on_bad_sample": args.on_bad_sample,
-             **bad.as_dict()}
+             **rows.record(), **bad.as_dict()}
     record = write_dataset(model, args.model, rows, args.out, aux, args.batch_tokens, getattr(torch, args.dtype),
                            notes)
     tokens = sum(len(ids) for ids, _ in rows)

@@ -1,9 +1,10 @@
 """Regenerated responses: a prompt set's responses written anew by the verifier itself, so that a draft trains on
 what the verifier says rather than on text another model wrote.
 
-The prompts are a JSONL file's rows as eagle3.data.jsonl reads them: chat `messages` rendered with the verifier's
-chat template, or `input_ids` + `loss_mask`. Every masked-in span (an assistant turn of a conversation) is one
-response to regenerate, so each span gives one prompt: the row's tokens before it. A conversation that ends on a
+The prompts are a rows file's rows as eagle3.data.jsonl reads them: conversations (`messages` or ShareGPT's
+`conversations`) rendered with the verifier's chat template, or `input_ids` + `loss_mask`. Every masked-in span
+(an assistant turn of a conversation) is one response to regenerate, so each span gives one prompt: the row's
+tokens before it. A conversation that ends on a
 user turn gives one more: the whole conversation with the generation prompt. Each prompt becomes one row: its ids
 (mask 0) and the verifier's continuation (mask 1), up to `max_new_tokens` or the verifier's positions, ending at
 its end-of-sequence token (included); nothing is tokenized again.
@@ -32,6 +33,7 @@ from typing import Any
 import torch
 from tqdm import tqdm
 
+from eagle3.config import RowFormat
 from eagle3.data.cache import build_once, cache_key
 from eagle3.data.jsonl import BadSamples, ChatTokenizer, Row, read_rows
 from eagle3.data.sources.regenerate import Regeneration, RegenerationEngine
@@ -58,8 +60,10 @@ def prompt_spans(row: Row) -> list[list[int]]:
     return [ids[:i] for i in range(len(mask)) if mask[i] and (i == 0 or not mask[i - 1])]
 
 
-def read_prompts(path: Path, verifier_dir: Path, vocab_size: int, bad: BadSamples) -> list[list[int]]:
-    """Every prompt of the JSONL prompt set at `path`, in file order."""
+def read_prompts(path: Path, verifier_dir: Path, vocab_size: int, bad: BadSamples,
+                 row_format: RowFormat | str = RowFormat.auto) -> tuple[list[list[int]], dict[str, str]]:
+    """Every prompt of the prompt set at `path` (any rows file eagle3.data.jsonl reads), in file order, and what
+    the record says of the format its rows were read in."""
     chat: list[ChatTokenizer] = []  # built on the first messages row: input_ids rows need no tokenizer
 
     def tokenize_chat(messages: list[dict[str, Any]]) -> Row:
@@ -75,8 +79,8 @@ def read_prompts(path: Path, verifier_dir: Path, vocab_size: int, bad: BadSample
             ids, mask = prompt + [prompt[-1]], mask + [0] * (len(prompt) - len(ids)) + [1]
         return ids, mask
 
-    rows = read_rows(path, sys.maxsize, vocab_size, bad, tokenize_chat)
-    return [prompt for row in rows for prompt in prompt_spans(row)]
+    rows = read_rows(path, sys.maxsize, vocab_size, bad, tokenize_chat, row_format)
+    return [prompt for row in rows for prompt in prompt_spans(row)], rows.record()
 
 
 def row_seed(seed: int, index: int) -> int:
@@ -212,23 +216,26 @@ def weights_stamp(verifier_dir: Path) -> list[tuple[str, int, int]]:
 
 
 def regenerated_rows_dir(path: Path, verifier_dir: Path, settings: Regeneration, cache_dir: str,
-                         on_bad_sample: str = "error", device: str | torch.device = "cpu") -> Path:
+                         on_bad_sample: str = "error", device: str | torch.device = "cpu",
+                         row_format: RowFormat = RowFormat.auto) -> Path:
     """The dir of Arrow rows (prompt ids mask 0, the verifier's response mask 1) and token_freq.pt regenerated
     from the prompt set at `path`, built into the cache on first use (data=online's token rows format)."""
     from eagle3.data.online import verifier_positions
     from eagle3.data.record import verifier_fingerprint
-    from eagle3.data.token_rows import ROWS_RECORD, file_sha256, save_rows, tokenizer_hash
+    from eagle3.data.row_files import source_sha256
+    from eagle3.data.token_rows import ROWS_RECORD, save_rows, tokenizer_hash
 
     dtype = torch.bfloat16 if torch.device(device).type == "cuda" else torch.float32
     vllm = settings.engine == RegenerationEngine.vllm
     if vllm:
         from eagle3.data.regenerate_vllm import engine_dtype
     verifier = verifier_fingerprint(verifier_dir)
-    params = {"prompts_sha256": file_sha256(path), "verifier": verifier["config_hash"],
+    params = {"prompts_sha256": source_sha256(path), "verifier": verifier["config_hash"],
               "verifier_dir": str(Path(verifier_dir).resolve()), "weights": weights_stamp(verifier_dir),
               "tokenizer": tokenizer_hash(verifier_dir), "regenerate": asdict(settings),
               "on_bad_sample": on_bad_sample, "device": "vllm" if vllm else torch.device(device).type,
-              "dtype": engine_dtype() if vllm else str(dtype)}
+              "dtype": engine_dtype() if vllm else str(dtype),
+              **({"format": row_format.value} if row_format != RowFormat.auto else {})}
     target = Path(cache_dir) / "datasets" / f"regen-{cache_key(params)}"
     chunks_dir = target.with_name(f"{target.name}.chunks")
 
@@ -237,7 +244,8 @@ def regenerated_rows_dir(path: Path, verifier_dir: Path, settings: Regeneration,
 
         bad = BadSamples(on_bad_sample)
         positions, eos = verifier_positions(verifier_dir), eos_ids(verifier_dir)
-        prompts = _with_room(read_prompts(path, verifier_dir, verifier["vocab_size"], bad), positions, path, bad)
+        prompts, row_format_record = read_prompts(path, verifier_dir, verifier["vocab_size"], bad, row_format)
+        prompts = _with_room(prompts, positions, path, bad)
         if vllm:
             from eagle3.data.regenerate_vllm import served
 
@@ -249,7 +257,7 @@ def regenerated_rows_dir(path: Path, verifier_dir: Path, settings: Regeneration,
             generations = regenerate(partial(generate, model, eos, settings), prompts, settings, chunks_dir,
                                      positions)
         save_rows([(p + g.ids, [0] * len(p) + [1] * len(g.ids)) for p, g in zip(prompts, generations)], out)
-        record = {"format": 1, "source": str(path.resolve()), **params, **bad.as_dict(),
+        record = {"format": 1, "source": str(path.resolve()), **params, **row_format_record, **bad.as_dict(),
                   "generation": generation_counts(generations, eos)}
         (out / ROWS_RECORD).write_text(json.dumps(record, indent=2) + "\n")
 

@@ -1,9 +1,12 @@
 """The token rows online data reads (data=online): a dir of Arrow rows (input_ids, loss_mask, seq_len) with their
 loss tokens' counts (token_freq.pt), which the draft vocabulary (d2t/t2d) is built from and cached next to.
 
-    data.path = a dataset dir      its Arrow rows, as they are (a speculators-format dataset; hidden states unread)
-    data.path = a JSONL file       {"input_ids", "loss_mask"} or {"messages"} rows, as eagle3.data.prepare reads
-                                   them, saved once under <cache_dir>/datasets/rows-<key of the file's bytes>
+    data.path = a speculators-     its Arrow rows (input_ids, loss_mask, seq_len), as they are (hidden states unread)
+      format dataset dir
+    data.path = a rows file or     {"input_ids", "loss_mask"}, {"messages"} or ShareGPT {"conversations"} rows in a
+      another datasets dir         JSONL, JSON array, Parquet file or datasets dir, as eagle3.data.prepare reads
+                                   them (eagle3.data.jsonl), saved once under <cache_dir>/datasets/rows-<key of the
+                                   file's bytes>
     data.path = null               sequences sampled from the verifier as data.synth says (the tiny default's: the
                                    same rows data=tiny trains on), saved under <cache_dir>/datasets/rows-<key>
 
@@ -22,8 +25,10 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from eagle3.config import RowFormat
 from eagle3.data.cache import build_once, cache_key
 from eagle3.data.jsonl import Row
+from eagle3.data.row_files import source_sha256
 from eagle3.errors import DataError
 
 if TYPE_CHECKING:
@@ -38,7 +43,7 @@ def token_rows_dir(data: OnlineDataConfig, verifier_dir: Path, cache_dir: str) -
     """The dir of Arrow rows and token_freq.pt this online run reads, built into the cache on first use."""
     from eagle3.data.record import verifier_fingerprint
 
-    if data.path is not None and Path(data.path).is_dir():
+    if data.path is not None and Path(data.path).is_dir() and speculators_rows(Path(data.path), data.format):
         return rows_with_counts(Path(data.path))
     verifier = verifier_fingerprint(verifier_dir)
     if data.path is None:
@@ -56,8 +61,9 @@ def token_rows_dir(data: OnlineDataConfig, verifier_dir: Path, cache_dir: str) -
 
     jsonl = Path(data.path)
     policy = data.on_bad_sample.value
-    params = {"jsonl_sha256": file_sha256(jsonl), "verifier": verifier["config_hash"],
-              "tokenizer": tokenizer_hash(verifier_dir), "on_bad_sample": policy}
+    params = {"jsonl_sha256": source_sha256(jsonl), "verifier": verifier["config_hash"],
+              "tokenizer": tokenizer_hash(verifier_dir), "on_bad_sample": policy,
+              **({"format": data.format.value} if data.format != RowFormat.auto else {})}
 
     def read(out: Path) -> None:
         from eagle3.data.jsonl import BadSamples, ChatTokenizer, read_rows
@@ -71,10 +77,10 @@ def token_rows_dir(data: OnlineDataConfig, verifier_dir: Path, cache_dir: str) -
 
         bad = BadSamples(policy)
         # No truncation here: rows longer than the verifier's positions are the start-up check's to report.
-        rows = read_rows(jsonl, sys.maxsize, verifier["vocab_size"], bad, tokenize_chat)
+        rows = read_rows(jsonl, sys.maxsize, verifier["vocab_size"], bad, tokenize_chat, data.format)
         # The lines skipped are in the record: launch.check_data reports them at every run on these rows.
         save_rows(rows, out)
-        _write_record(out, {"source": str(jsonl.resolve()), **params, **bad.as_dict()})
+        _write_record(out, {"source": str(jsonl.resolve()), **params, **rows.record(), **bad.as_dict()})
 
     return build_once(Path(cache_dir) / "datasets" / f"rows-{cache_key(params)}", read, what="token rows")
 
@@ -92,6 +98,25 @@ def save_rows(rows: Sequence[Row], out_dir: Path) -> None:
     dataset.save_to_disk(str(out_dir))
     (out_dir / "token_freq.pt").unlink(missing_ok=True)  # speculators keeps an existing one
     save_token_frequency_distribution(dataset, str(out_dir / "token_freq.pt"))
+
+
+def speculators_rows(data_dir: Path, row_format: RowFormat = RowFormat.auto) -> bool:
+    """Whether the `datasets` dir holds speculators' token rows (input_ids, loss_mask, seq_len columns), read as
+    they are; else its rows are read as any rows file's (conversations, or token rows without seq_len). A dir of
+    token rows with data.format set to a conversation format is refused."""
+    from eagle3.data.row_files import dataset_table
+
+    if not any(data_dir.glob("*.arrow")):
+        return True  # rows_with_counts says what is missing
+    try:
+        columns = set(dataset_table(data_dir).column_names)
+    except DataError as e:
+        raise DataError(f"data.path: {e}") from None
+    tokens = {"input_ids", "loss_mask"} <= columns
+    if tokens and row_format not in (RowFormat.auto, RowFormat.tokens):
+        raise DataError(f"data.path: {data_dir} holds token rows (input_ids, loss_mask), and data.format="
+                        f"{row_format.value}: drop data.format, or set data.format=tokens")
+    return tokens and "seq_len" in columns
 
 
 def rows_with_counts(data_dir: Path) -> Path:
@@ -117,14 +142,6 @@ def rows_with_counts(data_dir: Path) -> Path:
                         f"is built from) and it cannot be written there ({str(e).strip().splitlines()[0]}); make the "
                         f"dir writable once") from None
     return data_dir
-
-
-def file_sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def tokenizer_hash(verifier_dir: Path) -> str:

@@ -38,8 +38,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--verifier", help="verifier dir (local Hugging Face causal LM); with --run: the run's")
     p.add_argument("--run", help="a finished run dir: checkpoint, verifier and val-split prompts from its "
                                  "summary.json and resolved_config.yaml")
-    p.add_argument("--prompts", help="JSONL of {\"input_ids\": [...]} or {\"messages\": [...]} rows "
-                                     "(default with --run: the prompts of the run's val split)")
+    p.add_argument("--prompts", help="{\"input_ids\": [...]} rows or conversations ({\"messages\"}, ShareGPT's "
+                                     "{\"conversations\"}: up to the first assistant turn) in a JSONL file, a JSON "
+                                     "array, Parquet or a datasets dir (default with --run: the prompts of the run's "
+                                     "val split)")
     add_fields(p, AcceptEvalConfig, SCHEMA_FLAGS, "eval.accept", defaults={"k": None}, helps={
         "k": "draft tokens per verify step (default: the checkpoint's speculative_tokens, its training ttt_steps)"})
     p.add_argument("--seed", type=int, default=0, help="seed of the sampling generator at temperature > 0 "
@@ -156,10 +158,10 @@ def resolve_inputs(args: argparse.Namespace) -> tuple[Path, Path, tuple[Path, fl
 def load_prompts(prompts_file: str | None, verifier_dir: Path, val_split: tuple[Path, float] | None,
                  num_prompts: int) -> tuple[list[Prompt], str]:
     """(the first `num_prompts` prompts, where they came from): of `prompts_file`, else of the run's val split."""
-    from eagle3.eval.prompts import read_jsonl_prompts, val_split_prompts
+    from eagle3.eval.prompts import read_prompts_file, val_split_prompts
 
     if prompts_file:
-        return read_jsonl_prompts(prompts_file, verifier_dir, num_prompts), str(prompts_file)
+        return read_prompts_file(prompts_file, verifier_dir, num_prompts), str(prompts_file)
     assert val_split is not None  # resolve_inputs: --prompts, or --run for its val split
     data_dir, train_ratio = val_split
     return val_split_prompts(data_dir, train_ratio, num_prompts), f"val split of {data_dir}"

@@ -28,7 +28,7 @@ class AcceptanceAtVal:
         `seed` (the run's seed) seeds the sampling at eval.accept.temperature > 0, the same at every val pass.
         `verifier`: the one the run already holds (data=online, or on-policy rollouts'), not a second copy."""
         from eagle3.data.verifier_forward import load_causal_lm
-        from eagle3.eval.prompts import read_jsonl_prompts, val_split_prompts
+        from eagle3.eval.prompts import read_prompts_file, val_split_prompts
 
         self.every, self.world, self.passes = accept.every, world, 0
         self.threads = 1 if device.type == "cpu" else None  # see torch_threads
@@ -36,7 +36,7 @@ class AcceptanceAtVal:
         if not world.is_main:
             return
         if accept.prompts is not None:
-            prompts = read_jsonl_prompts(accept.prompts, verifier_dir, accept.num_prompts)
+            prompts = read_prompts_file(accept.prompts, verifier_dir, accept.num_prompts)
         else:
             prompts = val_split_prompts(data_dir, train_ratio, accept.num_prompts)
         if verifier is None:

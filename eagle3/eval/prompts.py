@@ -1,68 +1,68 @@
-"""Prompts for the acceptance measurement: a JSONL file, or the prompts of a dataset's val split."""
+"""Prompts for the acceptance measurement: a rows file (any eagle3.data.prepare reads), or the prompts of a
+dataset's val split."""
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from eagle3.data.jsonl import ChatTokenizer
+from eagle3.config import RowFormat
+from eagle3.data.jsonl import ChatTokenizer, Formats, RowProblem, conversation
+from eagle3.data.row_files import Unreadable, records
 from eagle3.errors import DataError
 
 
 class Prompt(list[int]):
-    """A prompt's token ids and where it came from, which messages about it name ("<file> line 3", "val row 57")."""
+    """A prompt's token ids and where it came from, which messages about it name ("prompts: <file>:3", "val row
+    57")."""
 
     def __init__(self, ids: Iterable[int], where: str):
         super().__init__(ids)
         self.where = where
 
 
-def read_jsonl_prompts(path: str | Path, verifier_dir: str | Path, limit: int | None = None) -> list[Prompt]:
-    """Rows `{"input_ids": [...]}` (token ids as they are) or `{"messages": [...]}` (rendered with the chat
-    template of the tokenizer in `verifier_dir`, with the generation prompt appended)."""
+def read_prompts_file(path: str | Path, verifier_dir: str | Path, limit: int | None = None) -> list[Prompt]:
+    """The first `limit` prompts (all without one) of a rows file or `datasets` dir (eagle3.data.row_files reads
+    them, one record at a time): `{"input_ids": [...]}` rows are token ids as they are (a loss_mask is not needed);
+    a conversation (`{"messages"}` or ShareGPT's `{"conversations"}`, eagle3.data.jsonl) is everything before its
+    first assistant turn, rendered with the chat template of the tokenizer in `verifier_dir` with the generation
+    prompt. Every row must be in the first row's format; a bad row is an error naming it."""
     path = Path(path)
-    if not path.is_file():
+    if not (path.is_file() or path.is_dir()):
         raise DataError(f"prompts: {path} does not exist or is not a file")
+    formats = Formats()
+    chat: list[ChatTokenizer] = []  # built on the first conversation: token ids need no tokenizer
+    prompts: list[Prompt] = []
     try:
-        text = path.read_text(encoding="utf-8")
-    except UnicodeDecodeError as e:
-        bad_line = path.read_bytes()[:e.start].count(b"\n") + 1
-        raise DataError(f"prompts: {path} line {bad_line} is not UTF-8 text ({e.reason} at byte {e.start}); a prompts "
-                        f"file is a UTF-8 JSONL") from None
+        for where, item in records(path):
+            if isinstance(item, Unreadable):
+                raise DataError(f"prompts: {where}: {item.detail}")
+            prompts.append(Prompt(_prompt_ids(item, where, formats, chat, Path(verifier_dir)), f"prompts: {where}"))
+            if limit and len(prompts) == limit:
+                break
     except OSError as e:
         raise DataError(f"prompts: {path} cannot be read ({e.strerror})") from None
-    rows: list[dict[str, Any]] = []
-    for n, line in enumerate(text.splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError as e:
-            raise DataError(f"prompts: {path} line {n} is not JSON ({e})") from None
-        if not isinstance(row, dict) or ("input_ids" in row) == ("messages" in row):
-            raise DataError(f"prompts: {path} line {n} must be an object with exactly one of input_ids and messages")
-        rows.append(row | {"line": n})
-    if not rows:
+    if not prompts:
         raise DataError(f"prompts: {path} holds no prompts")
-    rows = rows[:limit] if limit else rows
-    tokenizer = ChatTokenizer(Path(verifier_dir)) if any("messages" in r for r in rows) else None
-    return [Prompt(_prompt_ids(row, tokenizer, path), f"prompts: {path} line {row['line']}") for row in rows]
+    return prompts
 
 
-def _prompt_ids(row: dict[str, Any], tokenizer, path: Path) -> list[int]:
-    where = f"prompts: {path} line {row['line']}"
-    if "input_ids" in row:
-        ids = row["input_ids"]
-        if not isinstance(ids, list) or not ids or not all(isinstance(t, int) and not isinstance(t, bool) for t in ids):
-            raise DataError(f"{where}: input_ids must be a non-empty list of integer token ids")
-        return ids
+def _prompt_ids(item: Any, where: str, formats: Formats, chat: list[ChatTokenizer], verifier_dir: Path) -> list[int]:
     try:
-        ids = tokenizer.render(row["messages"], generation_prompt=True)
-    except Exception as e:  # noqa: BLE001  (jinja and tokenizers raise many types for bad messages)
-        raise DataError(f"{where}: the chat template cannot render these messages ({type(e).__name__}: {e})") from None
-    return list(ids)
+        form = formats.of(item, where)
+        if form == RowFormat.tokens:
+            ids = item["input_ids"]
+            if not isinstance(ids, list) or not ids or \
+                    not all(isinstance(t, int) and not isinstance(t, bool) for t in ids):
+                raise RowProblem("malformed", "input_ids must be a non-empty list of integer token ids")
+            return ids
+        messages = conversation(item, form)
+        if not chat:
+            chat.append(ChatTokenizer(verifier_dir))
+        return chat[0].prompt(messages)
+    except ValueError as e:  # RowProblem, or the chat template's refusal
+        raise DataError(f"prompts: {where}: {e}") from None
 
 
 def val_split_prompts(data_dir: str | Path, train_ratio: float, limit: int) -> list[Prompt]:

@@ -10,7 +10,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from eagle3.config import BadSamplePolicy, DataConfig, DraftConfig, SynthConfig, _jsonl_problem, _require, path_kind
+from eagle3.config import (
+    ROWS_FILES,
+    BadSamplePolicy,
+    DataConfig,
+    DraftConfig,
+    RowFormat,
+    SynthConfig,
+    _require,
+    _rows_path_problem,
+)
 from eagle3.data.sources.registry import register
 
 if TYPE_CHECKING:
@@ -30,6 +39,10 @@ class TokenRows(DataConfig):
     # true: shard the verifier across the job's ranks (FSDP2, forward only), for one that does not fit a device;
     # false: a full copy per rank (bf16 on CUDA, fp32 on CPU)
     shard_verifier: bool = False
+    # What data.path's rows hold: auto (the first row's format, recorded with the rows) | tokens ({"input_ids",
+    # "loss_mask"}) | messages ({"messages": [{"role", "content"}]}) | sharegpt ({"conversations": [{"from",
+    # "value"}]}); a row of another format is a bad row
+    format: RowFormat = RowFormat.auto
 
     def check(self, run: TrainConfig, dataset_required: bool = True) -> None:
         super().check(run, dataset_required)
@@ -92,9 +105,10 @@ class OnlineDataConfig(TokenRows):
     same rows data=tiny trains on; cached under cache_dir, keyed by their content)."""
 
     name: str = "online"
-    # Token rows: a JSONL of {"input_ids", "loss_mask"} or {"messages"} rows (rendered with the verifier's chat
-    # template), or a speculators-format dataset dir (its Arrow rows; hidden states are not read). null: rows
-    # sampled as data.synth says
+    # Token rows: {"input_ids", "loss_mask"} rows, or conversations ({"messages"}, ShareGPT's {"conversations"};
+    # rendered with the verifier's chat template, every assistant turn trained) in a JSONL file, a JSON array, a
+    # Parquet file or a datasets dir (save_to_disk); a speculators-format dataset dir's Arrow rows are read as they
+    # are (hidden states are not read). null: rows sampled as data.synth says
     path: str | None = None
     synth: SynthConfig = field(default_factory=SynthConfig)   # only without data.path
 
@@ -102,6 +116,9 @@ class OnlineDataConfig(TokenRows):
         super().check(run, dataset_required)
         self.synth.check()
         if self.path is None:
+            _require(self.format == RowFormat.auto, "data.format",
+                     f"describes data.path's rows, and there is no data.path (rows are sampled from the verifier): "
+                     f"drop data.format={self.format.value}, or give data.path")
             return
         changed = [f"data.synth.{k}" for k, v in vars(self.synth).items() if v != getattr(SynthConfig(), k)]
         _require(not changed, changed[0] if changed else "data.synth",
@@ -112,17 +129,10 @@ class OnlineDataConfig(TokenRows):
 
     def _check_path(self, p: Path) -> None:
         # Under on_bad_sample=skip a bad first line is a counted skip like any other, not a wrong file.
-        first_line = self.on_bad_sample == BadSamplePolicy.error
-        if p.is_file():
-            problem = _jsonl_problem(p, first_line)
-        elif p.is_dir():
-            problem = None if any(p.glob("*.arrow")) else "is a dir without Arrow rows (no *.arrow file)"
-        else:
-            problem = path_kind(p, "a JSONL file or a dataset dir")
+        problem = _rows_path_problem(p, first_line=self.on_bad_sample == BadSamplePolicy.error)
         _require(problem is None, "data.path",
-                 f"{self.path} {problem}; data=online reads token rows: a JSONL of {{\"input_ids\", \"loss_mask\"}} "
-                 f"or {{\"messages\"}} rows, or a speculators-format dataset dir (Arrow rows saved with "
-                 f"datasets.save_to_disk; its hidden states are not read)")
+                 f"{self.path} {problem}; data=online reads token rows: {ROWS_FILES} (a speculators-format dataset "
+                 f"dir's Arrow rows are read as they are; its hidden states are not read)")
 
     def token_rows(self, cfg: RunConfig, verifier_dir: Path) -> Path:
         from eagle3.data.token_rows import token_rows_dir
@@ -138,6 +148,6 @@ class OnlineDataConfig(TokenRows):
 
     def no_rows_reason(self) -> str:
         if self.path is not None and not Path(self.path).is_dir():
-            return (f"the rows of {self.path} are not counted before a run reads and tokenizes them (a JSONL; an "
-                    f"Arrow dataset dir as data.path is counted)")
+            return (f"the rows of {self.path} are not counted before a run reads and tokenizes them (a speculators-"
+                    f"format dataset dir as data.path is counted)")
         return ""

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 
 from omegaconf import MISSING
 
-from eagle3.config import BadSamplePolicy, DraftConfig, _jsonl_problem, _require, path_kind
+from eagle3.config import ROWS_FILES, BadSamplePolicy, DraftConfig, _require, _rows_path_problem
 from eagle3.data.sources.online import TokenRows
 from eagle3.data.sources.registry import register
 
@@ -49,9 +49,10 @@ class RegenerateDataConfig(TokenRows):
     """Rows = each prompt of data.path (prompt ids, out of the loss) + the verifier's response (trained on)."""
 
     name: str = "regenerate"
-    # The prompt set: a JSONL of {"messages"} rows (rendered with the verifier's chat template; every assistant turn,
-    # and a last user turn, is a response to regenerate) or {"input_ids", "loss_mask"} rows (every span of loss
-    # mask 1 is a response to regenerate; the tokens before it are its prompt)
+    # The prompt set, in any file data=online reads: conversations ({"messages"}, ShareGPT's {"conversations"};
+    # rendered with the verifier's chat template; every assistant turn, and a last user turn, is a response to
+    # regenerate) or {"input_ids", "loss_mask"} rows (every span of loss mask 1 is a response to regenerate; the
+    # tokens before it are its prompt)
     path: str = MISSING
     regenerate: Regeneration = field(default_factory=Regeneration)
 
@@ -59,19 +60,16 @@ class RegenerateDataConfig(TokenRows):
         super().check(run, dataset_required)
         self.regenerate.check()
         if dataset_required:
-            p = Path(self.path)
-            problem = _jsonl_problem(p, self.on_bad_sample == BadSamplePolicy.error) if p.is_file() else \
-                path_kind(p, "a JSONL file")
-            _require(problem is None, "data.path",
-                     f"{self.path} {problem}; data=regenerate reads a prompt set: a JSONL of {{\"messages\"}} or "
-                     f"{{\"input_ids\", \"loss_mask\"}} rows")
+            problem = _rows_path_problem(Path(self.path), self.on_bad_sample == BadSamplePolicy.error)
+            _require(problem is None, "data.path", f"{self.path} {problem}; data=regenerate reads a prompt set: "
+                                                   f"{ROWS_FILES}")
 
     def token_rows(self, cfg: RunConfig, verifier_dir: Path) -> Path:
         from eagle3.data.regenerate import regenerated_rows_dir
         from eagle3.runtime import runtime_of
 
         return regenerated_rows_dir(Path(self.path), verifier_dir, self.regenerate, cfg.cache_dir,
-                                    self.on_bad_sample.value, runtime_of(cfg).device())
+                                    self.on_bad_sample.value, runtime_of(cfg).device(), self.format)
 
     def plan_stats(self, draft: DraftConfig) -> DataStats | None:
         return None
