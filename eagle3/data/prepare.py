@@ -93,7 +93,11 @@ IDENTITY = ("format", "aux_layer_ids", "hidden_size", "dtype", "rows", "rows_sha
 
 
 def _claim(out_dir: Path, record: dict[str, Any]) -> None:
-    """Marks `out_dir` as this preparation's (incomplete until the end), unless it holds something else."""
+    """Marks `out_dir` as this preparation's (incomplete until the end), unless it holds something else or a
+    symlink (the rows, record and hidden states are never written through one: eagle3.safe_write)."""
+    from eagle3.safe_write import refuse_links_in
+
+    refuse_links_in(out_dir.parent, out_dir, f"the preparation in {out_dir}")
     existing = read_record(out_dir) if out_dir.is_dir() else None
     if existing is not None:
         differs = [k for k in IDENTITY if existing.get(k) != record[k]]

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
@@ -35,6 +34,7 @@ from eagle3.data.jsonl import BadSamples, ChatTokenizer, Row, read_rows
 from eagle3.data.sources.regenerate import Regeneration, RegenerationEngine
 from eagle3.errors import DataError
 from eagle3.eval.drafting import Sampling
+from eagle3.safe_write import refuse_links_in, write_text
 from eagle3.verifier_shape import decoder_config
 
 BatchGenerator = Callable[[Sequence[Sequence[int]], Sequence[int], int], list["Generation"]]
@@ -142,6 +142,7 @@ def regenerate(batches: BatchGenerator, prompts: Sequence[list[int]], settings: 
     """Every prompt's response, one batch at a time (`batches(prompts, budgets, first index)`: in process or by
     vLLM); each batch saved in `chunks_dir` as it is done, and a batch saved there before (by a run that stopped)
     read back instead of generated again."""
+    refuse_links_in(chunks_dir.parent, chunks_dir, "the regenerated responses")
     chunks_dir.mkdir(parents=True, exist_ok=True)
     bs = settings.batch_size
     generations: list[Generation] = []
@@ -164,9 +165,7 @@ def regenerate(batches: BatchGenerator, prompts: Sequence[list[int]], settings: 
 
 def write_chunk(file: Path, chunk: Sequence[Generation]) -> None:
     """A finished batch's responses, renamed into place: a crash never leaves half a chunk."""
-    tmp = file.with_name(f".{file.name}.tmp-{os.getpid()}")
-    tmp.write_text(json.dumps([asdict(g) for g in chunk]))
-    os.replace(tmp, file)
+    write_text(file.parent, file, json.dumps([asdict(g) for g in chunk]))
 
 
 def generation_counts(generations: Sequence[Generation], eos: Sequence[int]) -> dict[str, Any]:
@@ -224,7 +223,7 @@ def regenerated_rows_dir(path: Path, verifier_dir: Path, settings: Regeneration,
         save_rows([(p + g.ids, [0] * len(p) + [1] * len(g.ids)) for p, g in zip(prompts, generations)], out)
         record = {"format": 1, "source": str(path.resolve()), **params, **bad.as_dict(),
                   "generation": generation_counts(generations, eos)}
-        (out / ROWS_RECORD).write_text(json.dumps(record, indent=2) + "\n")
+        write_text(out, out / ROWS_RECORD, json.dumps(record, indent=2) + "\n")
 
     rows_dir = build_once(target, build, what="regenerated responses")
     if chunks_dir.is_dir():  # the rows are in place: the chunks they were assembled from are not needed again

@@ -527,8 +527,9 @@ def main(argv: list[str] | None = None) -> None:
         raise SystemExit(f"error: {e}") from None
     print(text)
     if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(result, indent=2) + "\n")
+        from eagle3.safe_write import write_text
+
+        write_text(args.json.parent, args.json, json.dumps(result, indent=2) + "\n")
         print(f"json: {args.json}")
 
 
