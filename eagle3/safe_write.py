@@ -226,6 +226,13 @@ def holds(file: Path) -> bool:
     return os.path.realpath(file) in _held
 
 
+def release(file: Path) -> None:
+    """Lets go of the lock `file` this process holds (hold_lock)."""
+    lock = _held.pop(os.path.realpath(file), None)
+    if lock is not None:
+        lock.close()
+
+
 def this_process() -> str:
     """`pid N: <command line>`, as a holder names itself."""
     return f"pid {os.getpid()}: {' '.join(getattr(sys, 'orig_argv', sys.argv))}"

@@ -25,9 +25,9 @@ def cache_key(params: Any) -> str:
 
 def build_once(target: Path, build: Callable[[Path], None], what: str) -> Path:
     """Builds `target` through a temporary sibling dir renamed into place, so a crash never leaves half an entry."""
-    if target.is_dir() and not target.is_symlink():
+    if target.is_dir():  # built (or linked to a built one by the user: only read)
         return target
-    refuse_links(target.parent, target, what)  # a link in the cache is never built through (eagle3.safe_write)
+    refuse_links(target.parent, target, what)  # a dangling link is never built through (eagle3.safe_write)
     make_dirs(target.parent, target.parent)
     tmp = fresh_temp(target.parent, target.with_name(f"{target.name}.tmp-{os.getpid()}"))
     tmp.mkdir()

@@ -24,11 +24,13 @@ The engine: --python, else $EAGLE3_VLLM_PYTHON, else the venv --install builds
 from __future__ import annotations
 
 import argparse
+import contextlib
 import functools
 import json
 import os
 import statistics
 import sys
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -129,7 +131,6 @@ def run(args: argparse.Namespace) -> list[dict[str, Any]]:
             raise ConfigError(f"{other.run_dir} was trained on the verifier {other.verifier_dir}, {runs[0].run_dir} "
                               f"on {runs[0].verifier_dir}: one command serves the runs of one verifier (beside one "
                               "plain server of it); serve the others in a command of their own")
-    hold_runs(runs)  # before any server starts: one serve (or run, or resume) of a run at a time
     existing = [str(p) for served in runs for p in served.outs.values() if p.exists() or p.is_symlink()]
     if existing:
         raise ConfigError(f"{', '.join(existing)} exists and is not overwritten; move it away to measure again")
@@ -139,29 +140,38 @@ def run(args: argparse.Namespace) -> list[dict[str, Any]]:
     for served in runs:
         served.prompts, served.source = load_prompts(args.prompts, served.verifier_dir, served.val_split,
                                                      args.num_prompts)
-    return serve_and_compare(args, engine, runs)
+    with holding(runs):  # before any server starts: one serve (or run, or resume) of a run at a time
+        return serve_and_compare(args, engine, runs)
 
 
-def hold_runs(runs: list[Served]) -> None:
-    """Each run dir's lock (as a training run or resume holds it), for this process, and no link in the way of the
-    files it writes there; one message naming the holder when another process holds one, before any server
-    starts. A run that serves itself at its end (eval.serve) holds its lock already."""
+@contextlib.contextmanager
+def holding(runs: list[Served]) -> Iterator[None]:
+    """Each run dir's lock (the one a training run or resume holds) for the measurement, and no link in the way of
+    the reports and logs it writes there; one message naming the holder when another process holds one. A run
+    that serves itself at its end (eval.serve) holds its lock already."""
     from eagle3.errors import ConfigError
     from eagle3.rundir import LOCK
-    from eagle3.safe_write import LockHeld, hold_lock, holds, refuse_links
+    from eagle3.safe_write import LockHeld, hold_lock, holds, refuse_links, release
 
-    for served in runs:
-        for name in sorted(os.listdir(served.run_dir)):  # reports and logs: a link there is never written through
-            if name.startswith("serve_vllm_") or name == LOCK:
-                refuse_links(served.run_dir, served.run_dir / name, "the reports and logs of this serve")
-        lock = served.run_dir / LOCK
-        if holds(lock):
-            continue
-        try:
-            hold_lock(served.run_dir, lock)
-        except LockHeld as e:
-            raise ConfigError(f"{served.run_dir} is in use by {e.holder}; nothing was served or written: serve it "
-                              "again when that has ended") from None
+    taken: list[Path] = []
+    try:
+        for served in runs:
+            for name in sorted(os.listdir(served.run_dir)):  # a link there is never written through
+                if name.startswith("serve_vllm_") or name == LOCK:
+                    refuse_links(served.run_dir, served.run_dir / name, "the reports and logs of this serve")
+            lock = served.run_dir / LOCK
+            if holds(lock):
+                continue
+            try:
+                hold_lock(served.run_dir, lock)
+            except LockHeld as e:
+                raise ConfigError(f"{served.run_dir} is in use by {e.holder}; nothing was served or written: "
+                                  "serve it again when that has ended") from None
+            taken.append(lock)
+        yield
+    finally:
+        for lock in taken:
+            release(lock)
 
 
 def new_log(run_dir: Path, stem: str) -> Path:
