@@ -283,3 +283,30 @@ def test_no_writer_of_a_run_dir_writes_through_a_symlink_at_any_of_its_names(nam
     after = sorted((str(p), p.read_text()) for p in outside.rglob("*") if p.is_file()) if outside.exists() else []
     assert after == before, f"written outside the run dir through {name}"
     assert live or not target.exists()
+
+
+@pytest.mark.parametrize("name", ["launch.log", "checkpoints/best"])
+def test_a_resume_through_a_link_leading_out_is_refused_before_any_rank_starts(name, trained_run, tmp_path):
+    import shutil
+
+    from conftest import launch
+
+    run, outside = tmp_path / "run", tmp_path / "outside"
+    shutil.copytree(trained_run, run, symlinks=True)
+    outside.mkdir()
+    link = run / name
+    if name == "launch.log":
+        (outside / "x.log").write_text("keep")
+        link.unlink(missing_ok=True)
+        link.symlink_to(outside / "x.log")
+    else:
+        (outside / "best").mkdir()
+        (outside / "best" / "keep").write_text("keep")
+        shutil.rmtree(link)
+        link.symlink_to(outside / "best", target_is_directory=True)
+    before = sorted((str(p), p.read_text()) for p in outside.rglob("*") if p.is_file())
+    proc = launch([f"resume={run}"], tmp_path / "cache")
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    assert f"{name} -> {outside}" in proc.stderr and "nothing was written" in proc.stderr
+    assert sorted((str(p), p.read_text()) for p in outside.rglob("*") if p.is_file()) == before
+    assert not list((run / "checkpoints").glob(".best.*"))

@@ -131,6 +131,7 @@ def run(args: argparse.Namespace) -> list[dict[str, Any]]:
             raise ConfigError(f"{other.run_dir} was trained on the verifier {other.verifier_dir}, {runs[0].run_dir} "
                               f"on {runs[0].verifier_dir}: one command serves the runs of one verifier (beside one "
                               "plain server of it); serve the others in a command of their own")
+    refuse_links_in_the_way(runs)
     existing = [str(p) for served in runs for p in served.outs.values() if p.exists() or p.is_symlink()]
     if existing:
         raise ConfigError(f"{', '.join(existing)} exists and is not overwritten; move it away to measure again")
@@ -146,19 +147,16 @@ def run(args: argparse.Namespace) -> list[dict[str, Any]]:
 
 @contextlib.contextmanager
 def holding(runs: list[Served]) -> Iterator[None]:
-    """Each run dir's lock (the one a training run or resume holds) for the measurement, and no link in the way of
-    the reports and logs it writes there; one message naming the holder when another process holds one. A run
-    that serves itself at its end (eval.serve) holds its lock already."""
+    """Each run dir's lock (the one a training run or resume holds) for the measurement; one message naming the
+    holder when another process holds one. A run that serves itself at its end (eval.serve) holds its lock
+    already."""
     from eagle3.errors import ConfigError
     from eagle3.rundir import LOCK
-    from eagle3.safe_write import LockHeld, hold_lock, holds, refuse_links, release
+    from eagle3.safe_write import LockHeld, hold_lock, holds, release
 
     taken: list[Path] = []
     try:
         for served in runs:
-            for name in sorted(os.listdir(served.run_dir)):  # a link there is never written through
-                if name.startswith("serve_vllm_") or name == LOCK:
-                    refuse_links(served.run_dir, served.run_dir / name, "the reports and logs of this serve")
             lock = served.run_dir / LOCK
             if holds(lock):
                 continue
@@ -172,6 +170,18 @@ def holding(runs: list[Served]) -> Iterator[None]:
     finally:
         for lock in taken:
             release(lock)
+
+
+def refuse_links_in_the_way(runs: list[Served]) -> None:
+    """One message naming a symlink at a report's or a log's name (serve_vllm_*) or at the lock of a run dir:
+    nothing is written through one (eagle3.safe_write), and it is said before anything is read or started."""
+    from eagle3.rundir import LOCK
+    from eagle3.safe_write import refuse_links
+
+    for served in runs:
+        for name in sorted(os.listdir(served.run_dir)):
+            if name.startswith("serve_vllm_") or name == LOCK:
+                refuse_links(served.run_dir, served.run_dir / name, "the reports and logs of this serve")
 
 
 def new_log(run_dir: Path, stem: str) -> Path:
