@@ -35,16 +35,21 @@ def save_checkpoint(model: torch.nn.Module, state_dict: dict[str, torch.Tensor],
     Nothing is written through a symlink between `base` (default: the run dir, `target`'s grandparent) and
     `target` (eagle3.safe_write: a link at `target` is refused, one at a temporary name removed)."""
     tmp, old = sibling(target, "tmp"), sibling(target, "old")
+    full = []  # whether the disk was full when the write failed (asked before the half-written dir is removed)
 
     def build(tmp: Path) -> None:
-        model.save_pretrained(str(tmp), state_dict=state_dict)
-        if trainer_state is not None:
-            torch.save(trainer_state, tmp / TRAINER_STATE)
+        try:
+            model.save_pretrained(str(tmp), state_dict=state_dict)
+            if trainer_state is not None:
+                torch.save(trainer_state, tmp / TRAINER_STATE)
+        except Exception as e:  # safetensors, torch.save and plain writes each say "disk full" in their own way
+            full.append(disk_full(e, target.parent))
+            raise
 
     try:
         replace_dir(target.parent.parent if base is None else base, target, build, tmp, old)
-    except Exception as e:  # safetensors, torch.save and plain writes each say "disk full" in their own way
-        if isinstance(e, UserError) or not disk_full(e, target.parent):
+    except Exception as e:
+        if isinstance(e, UserError) or not any(full):
             raise
         free = shutil.disk_usage(target.parent).free
         reason = e.strerror if isinstance(e, OSError) and e.strerror else str(e)
