@@ -79,7 +79,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         from eagle3.rundir import output_dir_problem
 
         given = Path(args.out)
-        problem = f"{given} is a directory" if given.is_dir() else output_dir_problem(given.parent.absolute())
+        problem = (f"{given} is a symlink (the report is never written through one)" if given.is_symlink() else
+                   f"{given} is a directory" if given.is_dir() else output_dir_problem(given.parent.absolute()))
         if problem:
             raise ConfigError(f"--out: {problem}; give the path of the JSON report to write")
     checkpoint, verifier_dir, val_split = resolve_inputs(args)

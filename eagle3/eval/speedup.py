@@ -529,7 +529,10 @@ def main(argv: list[str] | None = None) -> None:
     if args.json:
         from eagle3.safe_write import write_text
 
-        write_text(args.json.parent, args.json, json.dumps(result, indent=2) + "\n")
+        try:
+            write_text(args.json.parent, args.json, json.dumps(result, indent=2) + "\n")
+        except UserError as e:  # a symlink at --json: never written through
+            raise SystemExit(f"error: --json: {e}") from None
         print(f"json: {args.json}")
 
 
