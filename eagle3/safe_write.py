@@ -9,11 +9,14 @@ file it points to), so a writer that checked and then opened would write outside
 - `replace_file(base, file, write)` / `write_text`: whole or not at all, through a temporary sibling renamed
   into place (a rename replaces the name, never what a link there points to).
 - `create_file(base, file, text)`: whole or not at all, and never over an existing name (reports).
-- `replace_dir(base, target, build)`: a dir built beside `target` and renamed into place (checkpoints, cache
+- `replace_dir(base, target, build, tmp, old)`: a dir built beside `target` and renamed into place (checkpoints, cache
   entries), the previous one kept until the new one is whole.
 - `fresh_temp(base, tmp)`: a temporary name of ours, emptied: whatever stands there goes (a link itself, never
   what it points to).
-- `hold_lock(base, file, holder)`: an exclusive lock whose file names its holder, for the one who is refused.
+- `hold_lock(base, file, holder)`: an exclusive lock whose file names its holder, for the one who is refused
+  (`holds`, `release`).
+- `refuse_links(base, file)`, `refuse_links_in(base, dir)`: the same refusal as a check before the work starts
+  (before a rank, a server or a model), and for the files a library writes (datasets' Arrow files).
 
 `base` itself may be a link (a run dir under a linked outputs dir is the user's choice); what is under it may not.
 Imports nothing of eagle3 but its errors: every writer, low or high, can use it.
