@@ -20,7 +20,8 @@ from typing import Any
 import torch
 
 from eagle3.disk import check_free, disk_full
-from eagle3.errors import CheckpointError, RunStopped
+from eagle3.errors import CheckpointError, RunStopped, UserError
+from eagle3.safe_write import replace_dir
 
 log = logging.getLogger(__name__)
 
@@ -28,30 +29,33 @@ TRAINER_STATE = "trainer_state.pt"
 
 
 def save_checkpoint(model: torch.nn.Module, state_dict: dict[str, torch.Tensor], target: Path,
-                    trainer_state: dict[str, Any] | None = None) -> Path:
+                    trainer_state: dict[str, Any] | None = None, base: Path | None = None) -> Path:
     """Writes `state_dict` through `model.save_pretrained` (plus the trainer state, if given) atomically. A write
-    that fails (a full disk) removes the half-written temporary dir and raises `SaveFailed`; `target` is untouched."""
+    that fails (a full disk) removes the half-written temporary dir and raises `SaveFailed`; `target` is untouched.
+    Nothing is written through a symlink between `base` (default: the run dir, `target`'s grandparent) and
+    `target` (eagle3.safe_write: a link at `target` is refused, one at a temporary name removed)."""
     tmp, old = sibling(target, "tmp"), sibling(target, "old")
-    shutil.rmtree(tmp, ignore_errors=True)
+    full = []  # whether the disk was full when the write failed (asked before the half-written dir is removed)
+
+    def build(tmp: Path) -> None:
+        try:
+            model.save_pretrained(str(tmp), state_dict=state_dict)
+            if trainer_state is not None:
+                torch.save(trainer_state, tmp / TRAINER_STATE)
+        except Exception as e:  # safetensors, torch.save and plain writes each say "disk full" in their own way
+            full.append(disk_full(e, target.parent))
+            raise
+
     try:
-        model.save_pretrained(str(tmp), state_dict=state_dict)
-        if trainer_state is not None:
-            torch.save(trainer_state, tmp / TRAINER_STATE)
-    except Exception as e:  # safetensors, torch.save and plain writes each say "disk full" in their own way
-        full = disk_full(e, target.parent)
-        shutil.rmtree(tmp, ignore_errors=True)
-        if not full:
+        replace_dir(target.parent.parent if base is None else base, target, build, tmp, old)
+    except Exception as e:
+        if isinstance(e, UserError) or not any(full):
             raise
         free = shutil.disk_usage(target.parent).free
         reason = e.strerror if isinstance(e, OSError) and e.strerror else str(e)
         raise SaveFailed(f"cannot write {target}: no space left on its filesystem ({reason}); the half-written "
                          f"{tmp.name} was removed ({free / 2**30:.2f} GiB free now), and {target.name} "
                          f"{'is the previous one, whole' if target.exists() else 'was not written'}") from None
-    shutil.rmtree(old, ignore_errors=True)  # left by a save killed between its renames (resume took the other)
-    if target.exists():
-        os.replace(target, old)
-    os.replace(tmp, target)
-    shutil.rmtree(old, ignore_errors=True)
     return target
 
 
@@ -120,7 +124,7 @@ def resumable_last(checkpoints: Path) -> Path:
         return last
     problems = []
     for candidate in (sibling(last, "tmp"), sibling(last, "old")):
-        if not candidate.is_dir():
+        if not candidate.is_dir() or candidate.is_symlink():  # a link is not a save of ours
             continue
         try:
             check_draft_files(candidate)

@@ -313,7 +313,10 @@ def plot(runs: list[Run], out: Path, history: StudyHistory | None = None) -> Non
     if history is not None:
         plot_history(axes[3], history)
     fig.tight_layout()
-    fig.savefig(out, dpi=110)
+    from eagle3.safe_write import replace_file
+
+    # whole, and never through a link at `out`
+    replace_file(out.parent, out, lambda tmp: fig.savefig(tmp, dpi=110, format=out.suffix.lower()[1:]))
     plt.close(fig)
 
 
@@ -345,6 +348,10 @@ def main(argv: list[str] | None = None) -> int:
         costs = {"baseline_ms": args.baseline_ms, "verify_ms": args.verify_ms, "draft_ms": args.draft_ms}
     if args.plot and args.plot.suffix.lower() not in (".png", ".pdf", ".svg"):
         raise SystemExit(f"error: --plot {args.plot}: give a .png, .pdf or .svg file name")
+    if args.plot and args.plot.is_symlink():  # before measuring anything; the plot is never written through one
+        from eagle3.safe_write import link_message
+
+        raise SystemExit(f"error: --plot: {link_message(args.plot.parent, args.plot, 'the plot')}")
     runs = find_runs(args.paths)
     failed_measurements = confirm(runs, args.confirm) if args.confirm is not None else []
     sys.stdout.write(render(*table(runs, args.baseline, costs, args.rank_by), args.format))

@@ -11,7 +11,7 @@ import time
 import warnings
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, TypeVar
+from typing import IO, TYPE_CHECKING, TypeVar
 
 if TYPE_CHECKING:
     from eagle3.progress import RunSummary
@@ -60,16 +60,30 @@ def setup_rank_logging(run_dir: Path, rank: int) -> None:
     root.setLevel(logging.INFO)
     handlers: list[logging.Handler]
     if rank == 0:
-        handlers = [logging.StreamHandler(sys.stdout), logging.FileHandler(run_dir / "launch.log")]
+        handlers = [logging.StreamHandler(sys.stdout), logging.StreamHandler(log_file(run_dir, "launch.log"))]
     else:
-        log_file = open(run_dir / f"rank_{rank}.log", "a", buffering=1, encoding="utf-8")
-        os.dup2(log_file.fileno(), 1)
-        os.dup2(log_file.fileno(), 2)
-        sys.stdout = sys.stderr = log_file
-        handlers = [logging.StreamHandler(log_file)]
+        log_file_ = log_file(run_dir, f"rank_{rank}.log")
+        os.dup2(log_file_.fileno(), 1)
+        os.dup2(log_file_.fileno(), 2)
+        sys.stdout = sys.stderr = log_file_
+        handlers = [logging.StreamHandler(log_file_)]
     for handler in handlers:
         handler.setFormatter(fmt)
         root.addHandler(handler)
+
+
+def log_file(run_dir: Path, name: str) -> IO[str]:
+    """A log file of the run dir, opened to append (line-buffered), never through a symlink (eagle3.safe_write)."""
+    from eagle3.safe_write import open_write
+
+    return open_write(run_dir, run_dir / name, "a", buffering=1)
+
+
+def append_log(run_dir: Path, name: str, fmt: str) -> None:
+    """The root logger also writes to the run dir's log file `name`, in `fmt`."""
+    handler = logging.StreamHandler(log_file(run_dir, name))
+    handler.setFormatter(logging.Formatter(fmt))
+    logging.getLogger().addHandler(handler)
 
 
 # Values Hydra's override grammar reads as they are; anything else (`=`, `,`, spaces, brackets ...) is quoted.

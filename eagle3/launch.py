@@ -111,9 +111,9 @@ def run_with_inputs(run_cfg: RunConfig) -> RunSummary | None:
     from eagle3.track import check_wandb
 
     if run_cfg.resume:  # its log goes on in its own launch.log
-        handler = logging.FileHandler(Path(run_cfg.run.dir) / "launch.log")
-        handler.setFormatter(logging.Formatter("[%(asctime)s][%(name)s][%(levelname)s] - %(message)s"))
-        logging.getLogger().addHandler(handler)
+        from eagle3.console import append_log  # never through a link (RunDir.refuse_links refused those out)
+
+        append_log(Path(run_cfg.run.dir), "launch.log", "[%(asctime)s][%(name)s][%(levelname)s] - %(message)s")
     if run_cfg.distributed.node_rank == 0:  # wandb logs, and eval.serve serves, from global rank 0 on node 0
         check_wandb(run_cfg.logger)  # an account and a network, before any data is built
         check_engine(run_cfg.eval)
@@ -231,7 +231,7 @@ def load_for_resume(run_dir: Path, hydra) -> RunConfig:
                           f"overrides; remove: {' '.join(others)}")
     resolved = read_run_config(run_dir)
     if resolved.get("distributed", {}).get("node_rank", 0) == 0:
-        RunDir(run_dir).hold()
+        RunDir(run_dir).hold().refuse_links()  # before any rank starts: a link leading out is never written
     from eagle3.checkpoint import load_trainer_state, resumable_last
 
     last = resumable_last(run_dir / CHECKPOINTS)  # whole, or restored from a save stopped between its renames

@@ -14,8 +14,9 @@ import torch
 
 from eagle3.checkpoint import check_disk, load_draft, load_trainer_state
 from eagle3.config import RunConfig, plain_config
-from eagle3.console import format_result_table, quiet_libraries, setup_rank_logging
+from eagle3.console import format_result_table, log_file, quiet_libraries, setup_rank_logging
 from eagle3.distributed import World, close_world, init_world, wrap_model
+from eagle3.errors import UserError
 from eagle3.init import InitContext, build_draft
 from eagle3.progress import RunSummary
 from eagle3.rank_errors import write_rank_error
@@ -49,8 +50,11 @@ def worker(cfg: RunConfig, verifier_dir: Path, data_dir: Path, rows: list[int] |
         # Into the rank's log file only (rank 0's too: the console gets the launcher's one message, which names
         # the first failing rank; later ones fail because of it, e.g. "Connection closed by peer").
         text = f"{record.type}: {record.message}\n" if record.user else record.traceback
-        with open(run_dir / ("launch.log" if rank == 0 else f"rank_{rank}.log"), "a", encoding="utf-8") as f:
-            f.write(f"[rank {rank}] failed: {text}")
+        try:
+            with log_file(run_dir, "launch.log" if rank == 0 else f"rank_{rank}.log") as f:
+                f.write(f"[rank {rank}] failed: {text}")
+        except UserError:
+            pass  # a link in its place: the record above and the launcher's message hold the error
         raise SystemExit(1) from None
 
 

@@ -9,13 +9,12 @@ or the agent's SIGTERM), so records are ordered by the time they were written. I
 from __future__ import annotations
 
 import json
-import os
 import time
 import traceback
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from eagle3 import errors
+from eagle3 import errors, safe_write
 from eagle3.errors import UserError
 
 RECORDS_DIR = "rank_errors"
@@ -57,12 +56,9 @@ def write_rank_error(run_dir: Path, rank: int, error: BaseException) -> RankErro
                        user=isinstance(error, UserError))
     records = Path(run_dir) / RECORDS_DIR
     try:
-        records.mkdir(exist_ok=True)
-        tmp = records / f".rank_{rank}.json.tmp"
-        tmp.write_text(json.dumps(asdict(record), indent=2) + "\n")
-        os.replace(tmp, records / f"rank_{rank}.json")
-    except OSError:
-        pass  # the run dir is gone or full: the rank's log still holds the error
+        safe_write.write_text(run_dir, records / f"rank_{rank}.json", json.dumps(asdict(record), indent=2) + "\n")
+    except (OSError, UserError):
+        pass  # the run dir is gone or full, or a link stands in the way: the rank's log still holds the error
     return record
 
 

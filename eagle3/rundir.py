@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import fcntl
+import fnmatch
 import json
 import os
 import tempfile
@@ -21,8 +22,9 @@ import types
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
+from eagle3 import safe_write
 from eagle3.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -38,6 +40,11 @@ LOCK = ".lock"
 SWEEP_INDEX = "index.json"
 CHECKPOINTS = "checkpoints"
 CHECKPOINT_NAMES = ("last", "best")
+LAUNCH_LOG = "launch.log"
+# The names a run (and eval.accept, eagle3.serve) writes in its dir: a symlink at one is refused wherever it leads.
+WRITTEN = (RESOLVED_CONFIG, SUMMARY, FAILURE, INIT_REPORT, DATA_CHECK, METRICS, LOCK, LAUNCH_LOG, "rank_*.log",
+           "wandb_run_id", CHECKPOINTS, f"{CHECKPOINTS}/*", "rank_errors", "rank_errors/*", "accept_k*.json",
+           "serve_vllm_*", ".*.tmp")
 
 
 def checkpoint_dir(run_dir: str | Path, name: str) -> Path:
@@ -183,14 +190,10 @@ def record_to_dict(record: Any, omit_none: tuple[str, ...] = ()) -> dict[str, An
     return {k: v for k, v in dataclasses.asdict(record).items() if not (k in omit_none and v is None)}
 
 
-def write_json(file: Path, plain: Any) -> None:
-    """Writes whole or not at all: a kill or a full disk mid-write never leaves half a file."""
-    tmp = file.with_name(f".{file.name}.{os.getpid()}.tmp")
-    try:
-        tmp.write_text(json.dumps(plain, indent=2) + "\n")
-        os.replace(tmp, file)
-    finally:
-        tmp.unlink(missing_ok=True)
+def write_json(file: Path, plain: Any, base: Path | None = None) -> None:
+    """Writes whole or not at all: a kill or a full disk mid-write never leaves half a file; never through a link
+    at `file` or between `base` (default: its dir) and it (eagle3.safe_write)."""
+    safe_write.write_text(file.parent if base is None else base, file, json.dumps(plain, indent=2) + "\n")
 
 
 def read_record(file: Path, cls: type[R], what: str) -> R:
@@ -324,16 +327,15 @@ class SweepIndex:
 
     def put(self, entry: IndexEntry) -> None:
         """Replaces the job's entry (by `num`)."""
-        with open(self.dir / "index.lock", "a") as lock:
+        with safe_write.open_write(self.dir, self.dir / "index.lock", "a") as lock:
             fcntl.flock(lock, fcntl.LOCK_EX)
             jobs = [e for e in self.entries() if e.num != entry.num] + [entry]
             write_json(self.file, {"sweep_dir": str(self.dir.resolve()),
-                                   "jobs": [e.to_dict() for e in sorted(jobs, key=lambda e: e.num)]})
+                                   "jobs": [e.to_dict() for e in sorted(jobs, key=lambda e: e.num)]}, self.dir)
 
 
 # --- the room ----------------------------------------------------------------------------------------------------
 
-_held_locks: list[IO[str]] = []  # open lock files: a run dir's lock lasts as long as this process
 
 
 class RunDir:
@@ -353,32 +355,33 @@ class RunDir:
         return self.file(RESOLVED_CONFIG).is_file() or self.file(FAILURE).is_file()
 
     # --- taking it ---
-    def hold(self) -> None:
+    def hold(self, holder: str | None = None) -> RunDir:
         """Takes the dir for this process, so that two runs started in the same second (Hydra names run dirs by
-        the second) or two resumes of one run cannot write into one dir together."""
+        the second), two resumes of one run, or two serves of it cannot write into one dir together. The lock file
+        names its holder (`holder`, default: this pid and command line) for the one refused."""
         self.path.mkdir(parents=True, exist_ok=True)
-        try:  # never through a symlink: the lock is a file of this dir
-            lock = open(self.file(LOCK), "a", opener=lambda p, flags: os.open(p, flags | os.O_NOFOLLOW))
-        except OSError as e:
-            raise ConfigError(f"{self.path}/{LOCK} cannot be this run's lock ({e.strerror}: a symlink?); nothing "
-                              f"was written: remove it or choose another hydra.run.dir") from None
         try:
-            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            lock.close()
-            raise ConfigError(f"{self.path} is in use by another run (started in the same second, or resuming it); "
-                              f"nothing was written: choose another hydra.run.dir") from None
-        _held_locks.append(lock)
+            safe_write.hold_lock(self.path, self.file(LOCK), holder)  # held as long as this process
+        except safe_write.LockHeld as e:
+            raise ConfigError(f"{self.path} is in use by another run (started in the same second, or resuming it), "
+                              f"or a serve of it: {e.holder}; nothing was written: choose another hydra.run.dir"
+                              ) from None
+        return self
+
+    def refuse_links(self, advice: str = "remove them") -> None:
+        """Refuses, before anything is written, a run dir whose files (or dirs) a run would write through a symlink
+        that leads outside it or nowhere (eagle3.safe_write refuses each write through any link there too)."""
+        links = self.links_leading_out()
+        if links:
+            raise ConfigError(f"{self.path} holds symlinks that lead outside it or nowhere ({', '.join(links[:4])}"
+                              f"{', ...' if len(links) > 4 else ''}): a run writes its files into its dir and would "
+                              f"write through them; nothing was written: {advice}")
 
     def refuse_to_overwrite(self) -> None:
         """Refuses a dir that holds a run, or symlinks a run would write through."""
         from eagle3.console import resume_command
 
-        links = self.links_leading_out()
-        if links:
-            raise ConfigError(f"{self.path} holds symlinks that lead outside it or nowhere ({', '.join(links[:4])}"
-                              f"{', ...' if len(links) > 4 else ''}): a run writes its files into its dir and would "
-                              f"write through them; nothing was written: remove them or choose another hydra.run.dir")
+        self.refuse_links("remove them or choose another hydra.run.dir")
         if self.file(CHECKPOINTS).exists() or self.file(METRICS).exists():
             raise ConfigError(f"{self.path} already holds a run (checkpoints or metrics.jsonl); nothing was "
                               f"overwritten: continue it with {resume_command(self.path)}, or choose another "
@@ -386,29 +389,30 @@ class RunDir:
 
     def links_leading_out(self) -> list[str]:
         """The symlinks in the dir and its subdirs (.hydra/, wandb/: where Hydra, the run and wandb write; links
-        not followed) whose target is missing or outside it, as "name -> target"."""
+        not followed) whose target is missing or outside it, and those at a name the run, eval.accept or
+        eagle3.serve writes wherever they lead, as "name -> target"."""
         if not self.path.is_dir():
             return []
         inside = self.path.resolve()
         top = list(self.path.iterdir())
         entries = top + [e for d in top if d.is_dir() and not d.is_symlink() for e in d.iterdir()]
         return sorted(f"{e.relative_to(self.path)} -> {os.readlink(e)}" for e in entries
-                      if e.is_symlink() and (not e.exists() or not e.resolve().is_relative_to(inside)))
+                      if e.is_symlink() and (not e.exists() or not e.resolve().is_relative_to(inside)
+                                             or any(fnmatch.fnmatch(str(e.relative_to(self.path)), name)
+                                                    for name in WRITTEN)))
 
     # --- the resolved config ---
     def write_config(self, resolved: dict[str, Any]) -> None:
         from omegaconf import OmegaConf
 
-        tmp = self.file(f".{RESOLVED_CONFIG}.tmp")
-        tmp.write_text(OmegaConf.to_yaml(resolved))
-        os.replace(tmp, self.file(RESOLVED_CONFIG))
+        safe_write.write_text(self.path, self.file(RESOLVED_CONFIG), OmegaConf.to_yaml(resolved))
 
     def read_config(self, what: str = "resume") -> dict[str, Any]:
         return read_run_config(self.path, what)
 
     # --- summary.json ---
     def write_summary(self, summary: RunSummary) -> None:
-        write_json(self.file(SUMMARY), summary.to_dict())
+        write_json(self.file(SUMMARY), summary.to_dict(), self.path)
 
     def read_summary(self) -> RunSummary:
         from eagle3.progress import RunSummary
@@ -417,7 +421,7 @@ class RunDir:
 
     # --- failure.json ---
     def write_failure(self, failure: FailureRecord) -> None:
-        write_json(self.file(FAILURE), failure.to_dict())
+        write_json(self.file(FAILURE), failure.to_dict(), self.path)
 
     def read_failure(self) -> FailureRecord:
         return read_record(self.file(FAILURE), FailureRecord, "a failure record")
@@ -427,13 +431,13 @@ class RunDir:
 
     # --- init_report.json and data_check.json ---
     def write_init_report(self, report: InitReport) -> None:
-        write_json(self.file(INIT_REPORT), report.to_dict())
+        write_json(self.file(INIT_REPORT), report.to_dict(), self.path)
 
     def read_init_report(self) -> InitReport:
         return read_record(self.file(INIT_REPORT), InitReport, "an init report")
 
     def write_data_check(self, check: DataCheck) -> None:
-        write_json(self.file(DATA_CHECK), check.to_dict())
+        write_json(self.file(DATA_CHECK), check.to_dict(), self.path)
 
     def read_data_check(self) -> DataCheck:
         return read_record(self.file(DATA_CHECK), DataCheck, "a data check record")

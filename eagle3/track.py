@@ -16,6 +16,7 @@ import uuid
 from pathlib import Path
 from typing import IO, Any
 
+from eagle3 import safe_write
 from eagle3.config import LoggerConfig, LoggerMode, RunInfo
 from eagle3.errors import ConfigError
 from eagle3.progress import RunSummary
@@ -90,13 +91,12 @@ class Tracker:
             # Rows logged after the checkpoint we resume from are replayed by the resumed run; a line cut short by
             # the kill (or a full disk) is dropped with them.
             kept = [line for line in metrics.read_text().splitlines() if _step_of(line) <= self.resume_step]
-            tmp = metrics.with_name(".metrics.jsonl.tmp")
-            tmp.write_text("".join(line + "\n" for line in kept))
-            os.replace(tmp, metrics)
-        # wandb first: if it cannot start, no file is left open.
+            safe_write.write_text(self.run_dir, metrics, "".join(line + "\n" for line in kept))
+        # wandb first: if it cannot start, no file is left open (and a link in the way is refused before it starts).
+        safe_write.refuse_links(self.run_dir, metrics)
         if self.logger.mode != LoggerMode.disabled:
             self._wandb = self._init_wandb(self.logger)
-        self._file = open(metrics, "a", encoding="utf-8")
+        self._file = safe_write.open_write(self.run_dir, metrics, "a")
         return self
 
     def _init_wandb(self, logger: LoggerConfig) -> Any:
@@ -107,7 +107,7 @@ class Tracker:
             raise ValueError("a wandb run needs the job's RunInfo: pass run= to Tracker")
         id_file = self.run_dir / "wandb_run_id"
         run_id = id_file.read_text().strip() if id_file.exists() else uuid.uuid4().hex[:12]
-        id_file.write_text(run_id + "\n")
+        safe_write.write_text(self.run_dir, id_file, run_id + "\n")
         os.environ.setdefault("WANDB_SILENT", "true")
         try:
             return wandb.init(

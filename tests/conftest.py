@@ -256,12 +256,12 @@ def restored_process_state(env: dict[str, str]):
     """os.environ (with `env` set), cwd (the root), SIGTERM/SIGINT handlers, the root logger (its handlers out of
     the way, so that a CLI's logging.basicConfig prints to the captured console), torch's RNG and threads (set by
     an OMP_NUM_THREADS in `env`), each given back as it was; the run-dir locks taken meanwhile are let go, as the
-    end of a process lets them go (eagle3.rundir holds them for its process's life)."""
+    end of a process lets them go (eagle3.safe_write holds them for its process's life)."""
     import signal
 
-    from eagle3 import rundir
+    from eagle3 import safe_write
 
-    locks_before = len(rundir._held_locks)
+    locks_before = set(safe_write._held)
 
     saved_env, cwd = dict(os.environ), os.getcwd()
     handlers = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT)}
@@ -291,8 +291,8 @@ def restored_process_state(env: dict[str, str]):
         if torch is not None:
             torch.set_rng_state(rng)
             torch.set_num_threads(threads)
-        while len(rundir._held_locks) > locks_before:
-            rundir._held_locks.pop().close()
+        for key in set(safe_write._held) - locks_before:
+            safe_write._held.pop(key).close()
 
 
 @contextlib.contextmanager

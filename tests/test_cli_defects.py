@@ -197,14 +197,26 @@ def test_summary_json_is_whole_or_absent_when_its_write_fails(tmp_path, monkeypa
     row = {"step": 4, "split": "val", "epoch": 0, "loss": 2.5, "tau_sim": 1.25}
     summary = RunSummary.of(Progress(step=4, step0=row, best=row, final=row), Path("/v"), Path("/d"), "cpu", 1)
 
-    real = Path.write_text
+    from eagle3 import safe_write
 
-    def half_then_full(self, text, *args, **kwargs):  # the disk fills up halfway through the file
-        real(self, text[: len(text) // 2], *args, **kwargs)
-        raise OSError(errno.ENOSPC, "No space left on device")
+    real = safe_write.open_write
+
+    class HalfThenFull:  # the disk fills up halfway through the file
+        def __init__(self, file):
+            self.file = file
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            self.file.close()
+
+        def write(self, text):
+            self.file.write(text[: len(text) // 2])
+            raise OSError(errno.ENOSPC, "No space left on device")
 
     with Tracker(tmp_path, LoggerConfig(mode=LoggerMode.disabled)) as tracker:
-        monkeypatch.setattr(Path, "write_text", half_then_full)
+        monkeypatch.setattr(safe_write, "open_write", lambda *a, **k: HalfThenFull(real(*a, **k)))
         with pytest.raises(OSError):
             tracker.finish(summary)
     assert not (tmp_path / "summary.json").exists()

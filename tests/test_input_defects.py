@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from conftest import launch, tiny_run_config
-from eagle3.errors import ConfigError
+from eagle3.errors import ConfigError, UserError
 
 # A Llama-style decoder config as transformers writes it (no weights: a plan and the config checks read no weights).
 GOOD = {"model_type": "llama", "architectures": ["LlamaForCausalLM"], "hidden_size": 96, "num_hidden_layers": 8,
@@ -234,7 +234,7 @@ def test_a_run_dir_with_symlinks_leading_out_is_refused_and_nothing_is_written_t
     message = str(refused.value)
     assert "summary.json -> " in message and ".hydra/config.yaml -> " in message and "latest-run" not in message
     (run_dir / ".lock").symlink_to(outside / ".lock")
-    with pytest.raises(ConfigError, match=r"\.lock cannot be this run's lock"):
+    with pytest.raises(UserError, match=r"\.lock is a symlink"):
         RunDir(run_dir).hold()
     assert list(outside.iterdir()) == []
 

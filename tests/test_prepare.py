@@ -287,3 +287,44 @@ def test_check_flags_out_of_vocabulary_ids_and_empty_loss_masks(verifier, tmp_pa
     assert report.good_rows == [0]
     assert report.bad[1][0] == "empty_loss_mask"
     assert report.bad[2] == ("token_out_of_vocab", "token id 900 is outside the vocabulary of 512")
+
+
+@pytest.mark.parametrize("live", [False, True], ids=["dangling", "live"])
+@pytest.mark.parametrize("name", ["eagle3_data.json", "dataset_info.json", "state.json", "token_freq.pt",
+                                  "data-00000-of-00001.arrow", "hidden_states", "hidden_states/hs_0.safetensors"])
+def test_a_dataset_dir_holding_a_symlink_is_refused_before_the_verifier_loads(name, live, tmp_path):
+    out, outside = tmp_path / "data", tmp_path / "outside"
+    outside.mkdir()
+    target = outside / Path(name).name
+    if live:
+        target.write_text("keep")
+    (out / name).parent.mkdir(parents=True, exist_ok=True)
+    (out / name).symlink_to(target)
+    proc = prepare(tmp_path / "verifier", tmp_path / "rows.jsonl", out)  # refused before either is read
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
+    assert f"{out / name} is a symlink" in proc.stderr and "nothing was written" in proc.stderr
+    assert [p.read_text() for p in outside.iterdir()] == (["keep"] if live else [])
+
+
+def test_a_cache_entry_is_never_built_through_a_symlink(tmp_path):
+    """A dangling link at an entry's name is refused (a live one to a built dir is read, as a built entry); a link
+    at the name of its temporary dir is removed itself, never built into."""
+    import os
+
+    from eagle3.data.cache import build_once
+    from eagle3.errors import UserError
+
+    def build(tmp: Path) -> None:
+        (tmp / "rows").write_text("built")
+
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    entry = tmp_path / "cache" / "datasets" / "rows-1"
+    entry.parent.mkdir(parents=True)
+    entry.symlink_to(outside / "gone")
+    with pytest.raises(UserError, match="rows-1 is a symlink"):
+        build_once(entry, build, "token rows")
+    entry.unlink()
+    (entry.parent / f"rows-1.tmp-{os.getpid()}").symlink_to(outside, target_is_directory=True)
+    assert build_once(entry, build, "token rows") == entry and (entry / "rows").read_text() == "built"
+    assert list(outside.iterdir()) == []

@@ -49,16 +49,19 @@ def test_resume_drops_rows_after_the_checkpoint_and_a_torn_last_line(tmp_path):
         rows[0], rows[1], {"step": 30, "split": "train", "loss": 0.5}]
 
 
-def test_two_runs_cannot_hold_one_run_dir(tmp_path):
-    from eagle3.errors import ConfigError
-    from eagle3.rundir import RunDir, _held_locks
+def test_two_runs_cannot_hold_one_run_dir_and_the_refused_one_is_told_the_holder(tmp_path):
+    import os
 
-    RunDir(tmp_path / "run").hold()
+    from eagle3 import safe_write
+    from eagle3.errors import ConfigError
+    from eagle3.rundir import RunDir
+
+    RunDir(tmp_path / "run").hold("pid 1: python launch.py resume=run")
     try:
-        with pytest.raises(ConfigError, match="in use by another run"):
+        with pytest.raises(ConfigError, match=r"in use by another run .*pid 1: python launch.py resume=run"):
             RunDir(tmp_path / "run").hold()  # a second open file of the lock, as a second process would hold
     finally:
-        _held_locks.pop().close()
+        safe_write._held.pop(os.path.realpath(tmp_path / "run" / ".lock")).close()
 
 
 def test_a_dir_holding_a_run_or_a_sweep_is_refused_before_hydra_writes_into_it(tmp_path):

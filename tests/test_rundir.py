@@ -129,3 +129,184 @@ def test_compare_reads_summary_json_through_its_record(tmp_path):
     ok, bad = find_runs([tmp_path])
     assert ok.status == "completed" and ok.summary is not None and ok.summary.steps == 4
     assert bad.status == "unreadable" and "1_bad/summary.json: cannot be read as a run summary" in (bad.error or "")
+
+
+# --- no file of a run dir is written through a symlink ------------------------------------------------------------
+
+class FakeDraft:
+    """What save_checkpoint calls on a model: save_pretrained writes a weights file into a new dir."""
+
+    def save_pretrained(self, out: str, state_dict: dict) -> None:
+        Path(out).mkdir(parents=True, exist_ok=True)
+        (Path(out) / "model.safetensors").write_text("new")
+
+
+def save(run: Path, name: str = "best", state: dict | None = None) -> None:
+    from eagle3.checkpoint import save_checkpoint
+
+    save_checkpoint(FakeDraft(), {}, run / "checkpoints" / name, state)  # type: ignore[arg-type]
+
+
+def summary() -> RunSummary:
+    return RunSummary.of(Progress(step=4, step0=ROW, best=ROW, final=ROW), Path("/v"), Path("/d"), "cpu", 1)
+
+
+def rank_0_log(run: Path) -> None:
+    import logging
+
+    from eagle3.console import setup_rank_logging
+
+    root = logging.getLogger()
+    handlers, level = list(root.handlers), root.level
+    try:
+        setup_rank_logging(run, 0)
+        logging.getLogger("probe").info("a line")
+    finally:
+        for handler in root.handlers:
+            if handler not in handlers:
+                handler.close()
+        root.handlers[:], root.level = handlers, level
+
+
+def take_lock(run: Path) -> None:
+    from eagle3 import safe_write
+
+    RunDir(run).hold()
+    safe_write.release(run / ".lock")
+
+
+def accept(run: Path) -> None:
+    from eagle3.eval.accept import main
+
+    main(["--run", str(run), "--k", "3"])
+
+
+def serve(run: Path) -> None:
+    """eagle3.serve with an engine that fails as it starts (after its log is opened), as test_serve's fake one."""
+    from test_serve import FAKE_ENGINE
+
+    from eagle3.serve.__main__ import main
+
+    engine = run.parent / "fake-python"
+    engine.write_text(FAKE_ENGINE)
+    engine.chmod(0o755)
+    main([str(run), "--k", "3", "--python", str(engine)])
+
+
+def rank_error(run: Path) -> None:
+    from eagle3.rank_errors import write_rank_error
+
+    write_rank_error(run, 0, ValueError("a bug"))  # swallows what it cannot write: the rank's log holds it
+
+
+def tracker(run: Path) -> None:
+    from eagle3.config import LoggerConfig, LoggerMode
+    from eagle3.track import Tracker
+
+    with Tracker(run, LoggerConfig(mode=LoggerMode.disabled)) as t:
+        t.log({"step": 1, "split": "train", "loss": 1.0})
+
+
+# name -> (a dir or a file, what writes it, and what it does with a link there: refuses it with one message, keeps
+# it and writes nothing through it (a rank's error record: its log has the error), or removes it (a temporary
+# name of its own)); `best` and `last` exist as real checkpoints before the write where a name inside them is linked
+WRITERS = {
+    "resolved_config.yaml": (False, lambda r: RunDir(r).write_config({"seed": 0}), "refuse"),
+    "metrics.jsonl": (False, tracker, "refuse"),
+    "summary.json": (False, lambda r: RunDir(r).write_summary(summary()), "refuse"),
+    "failure.json": (False, lambda r: RunDir(r).write_failure(FailureRecord("DataError: x")), "refuse"),
+    "init_report.json": (False, lambda r: RunDir(r).write_init_report(InitReport("scratch")), "refuse"),
+    "data_check.json": (False, lambda r: RunDir(r).write_data_check(DataCheck("/d", 1, 0, {}, True, [], "error", [])),
+                        "refuse"),
+    "launch.log": (False, rank_0_log, "refuse"),
+    ".lock": (False, take_lock, "refuse"),
+    "checkpoints": (True, save, "refuse"),
+    "checkpoints/best": (True, save, "refuse"),
+    "checkpoints/last": (True, lambda r: save(r, "last", {"step": 1}), "refuse"),
+    "checkpoints/.best.tmp": (True, save, "remove"),
+    "checkpoints/.best.old": (True, save, "remove"),
+    "checkpoints/best/model.safetensors": (False, save, "remove"),
+    "checkpoints/last/trainer_state.pt": (False, lambda r: save(r, "last", {"step": 1}), "remove"),
+    "rank_errors": (True, rank_error, "keep"),
+    "rank_errors/rank_0.json": (False, rank_error, "keep"),
+    "accept_k3.json": (False, accept, "refuse"),
+    "serve_vllm_k3_t0.json": (False, serve, "refuse"),
+    "serve_vllm_k3_t0.log": (False, serve, "refuse"),
+    "serve_vllm_plain_t0.log": (False, serve, "refuse"),
+}
+
+
+@pytest.mark.parametrize("live", [False, True], ids=["dangling", "live"])
+@pytest.mark.parametrize("name", WRITERS)
+def test_no_writer_of_a_run_dir_writes_through_a_symlink_at_any_of_its_names(name, live, tmp_path, monkeypatch):
+    from test_serve import fake_run_dir
+
+    from eagle3.errors import UserError
+
+    monkeypatch.setenv("EAGLE3_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setenv("FAKE_ENGINE_MODE", "fail")
+    is_dir, write, expected = WRITERS[name]
+    run = tmp_path / "run"
+    if write in (accept, serve):
+        fake_run_dir(tmp_path, "run", tmp_path / "verifier")  # a finished run as eval.accept and serve read it
+    run.mkdir(exist_ok=True)
+    if name.startswith(("checkpoints/best/", "checkpoints/last/", "checkpoints/.best.old")):
+        save(run, "last" if "last" in name else "best")
+    outside = tmp_path / "outside"
+    target = outside / name.replace("/", "_")
+    if live:
+        (target if is_dir else outside).mkdir(parents=True, exist_ok=True)
+        (target / "keep" if is_dir else target).write_text("keep")
+    link = run / name
+    link.parent.mkdir(parents=True, exist_ok=True)
+    if link.is_dir():
+        import shutil
+
+        shutil.rmtree(link)
+    link.unlink(missing_ok=True)
+    link.symlink_to(target, target_is_directory=is_dir)
+    before = sorted((str(p), p.read_text()) for p in outside.rglob("*") if p.is_file()) if outside.exists() else []
+    if name.count("/") < 2:  # the check a launch, a resume and a serve make before anything starts (a name inside
+        # a checkpoint goes with the dir it is in, which a save replaces whole)
+        with pytest.raises(ConfigError, match="symlinks that lead outside it or nowhere"):
+            RunDir(run).refuse_links()
+
+    if expected == "refuse":
+        with pytest.raises((UserError, SystemExit)) as refused:
+            write(run)
+        message = str(refused.value)
+        assert "is a symlink" in message and name.split("/")[-1] in message and "Traceback" not in message, message
+        assert link.is_symlink()
+    else:
+        write(run)
+        assert link.is_symlink() == (expected == "keep")
+    after = sorted((str(p), p.read_text()) for p in outside.rglob("*") if p.is_file()) if outside.exists() else []
+    assert after == before, f"written outside the run dir through {name}"
+    assert live or not target.exists()
+
+
+@pytest.mark.parametrize("name", ["launch.log", "checkpoints/best"])
+def test_a_resume_through_a_link_leading_out_is_refused_before_any_rank_starts(name, trained_run, tmp_path):
+    import shutil
+
+    from conftest import launch
+
+    run, outside = tmp_path / "run", tmp_path / "outside"
+    shutil.copytree(trained_run, run, symlinks=True)
+    outside.mkdir()
+    link = run / name
+    if name == "launch.log":
+        (outside / "x.log").write_text("keep")
+        link.unlink(missing_ok=True)
+        link.symlink_to(outside / "x.log")
+    else:
+        (outside / "best").mkdir()
+        (outside / "best" / "keep").write_text("keep")
+        shutil.rmtree(link)
+        link.symlink_to(outside / "best", target_is_directory=True)
+    before = sorted((str(p), p.read_text()) for p in outside.rglob("*") if p.is_file())
+    proc = launch([f"resume={run}"], tmp_path / "cache")
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    assert f"{name} -> {outside}" in proc.stderr and "nothing was written" in proc.stderr
+    assert sorted((str(p), p.read_text()) for p in outside.rglob("*") if p.is_file()) == before
+    assert not list((run / "checkpoints").glob(".best.*"))

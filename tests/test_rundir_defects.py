@@ -197,10 +197,10 @@ def test_a_full_disk_during_a_save_keeps_last_and_prints_the_resume_line(cache_d
 def test_a_failure_record_that_cannot_be_written_is_a_warning(tmp_path, monkeypatch, caplog):
     from eagle3.job_outcome import record_failure
 
-    def full(self, *args, **kwargs):
+    def full(*args, **kwargs):
         raise OSError(errno.ENOSPC, "No space left on device")
 
-    monkeypatch.setattr(Path, "write_text", full)
+    monkeypatch.setattr("eagle3.safe_write.open_write", full)  # what every write of a run dir's file opens with
     with caplog.at_level("WARNING"):
         record_failure(tmp_path, "SaveFailed: cannot write ...")
     assert "could not be written" in caplog.text and not (tmp_path / "failure.json").exists()

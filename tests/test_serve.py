@@ -19,6 +19,7 @@ from omegaconf import OmegaConf
 from test_rundir import summary_json
 
 from conftest import ROOT, compose_cfg
+from eagle3.errors import ConfigError
 from eagle3.serve import engine as engine_module
 from eagle3.serve.harness import side_by_side
 from eagle3.serve.metrics import SpecCounters, acceptance, spec_counters
@@ -216,6 +217,45 @@ def test_an_existing_report_is_not_overwritten(fake_run):
     report.write_text("{}")
     message = serve_main(fake_args(fake_run, "--k", "2", "--temperature", "0.7"))
     assert "is not overwritten" in message and report.read_text() == "{}"
+
+
+def test_a_second_serve_of_a_run_is_refused_naming_the_first_before_any_server_starts(fake_run, monkeypatch):
+    """Two serves of one run at once would write the same report and logs: the second is told who holds the run
+    (the lock a training run or a resume holds too) and starts nothing."""
+    monkeypatch.setenv("FAKE_ENGINE_MODE", "hang")  # a server that started would leave its pgid
+    run = fake_run["run"]
+    first = subprocess.Popen([sys.executable, "-c", "import sys; from pathlib import Path; "
+                              "from eagle3.rundir import RunDir; RunDir(Path(sys.argv[1])).hold(); "
+                              "print('held', flush=True); sys.stdin.read()", str(run)],
+                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, cwd=ROOT)
+    try:
+        assert first.stdout.readline().strip() == "held"
+        message = serve_main(fake_args(fake_run, "--k", "3", "--startup-timeout", "1"))
+    finally:
+        first.stdin.close()
+        first.wait(timeout=60)
+    assert message.startswith("error: ") and f"is in use by pid {first.pid}: " in message, message
+    assert "nothing was served or written" in message
+    assert not fake_run["pgids"].exists() and not list(run.glob("serve_vllm_*"))
+
+
+def test_each_serve_logs_under_names_of_its_own_and_an_older_log_is_kept(fake_run, monkeypatch):
+    monkeypatch.setenv("FAKE_ENGINE_MODE", "fail")
+    run = fake_run["run"]
+    old = run / "serve_vllm_plain_t0.log"
+    old.write_text("the log an older report names")
+    message = serve_main(fake_args(fake_run))
+    assert f"its log: {run / 'serve_vllm_plain_t0.2.log'}" in message, message
+    assert old.read_text() == "the log an older report names"
+    from eagle3.serve.__main__ import new_log, write_report
+
+    assert new_log(run, "serve_vllm_k7_t0") == run / "serve_vllm_k7_t0.log"
+    assert new_log(run, "serve_vllm_k7_t0") == run / "serve_vllm_k7_t0.2.log"
+    report = run / "serve_vllm_k3_t0.json"
+    report.write_text("{}")  # appeared while measuring
+    with pytest.raises(ConfigError, match="appeared while measuring and is not overwritten"):
+        write_report(run, report, {"k": 3})
+    assert report.read_text() == "{}"
 
 
 def test_a_run_dir_named_twice_is_served_once(fake_run):

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from eagle3.disk import disk_full, disk_full_error
+from eagle3.safe_write import fresh_temp, make_dirs, refuse_links
 
 log = logging.getLogger(__name__)
 
@@ -24,11 +25,11 @@ def cache_key(params: Any) -> str:
 
 def build_once(target: Path, build: Callable[[Path], None], what: str) -> Path:
     """Builds `target` through a temporary sibling dir renamed into place, so a crash never leaves half an entry."""
-    if target.is_dir():
+    if target.is_dir():  # built (or linked to a built one by the user: only read)
         return target
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = target.with_name(f"{target.name}.tmp-{os.getpid()}")
-    shutil.rmtree(tmp, ignore_errors=True)
+    refuse_links(target.parent, target, what)  # a dangling link is never built through (eagle3.safe_write)
+    make_dirs(target.parent, target.parent)
+    tmp = fresh_temp(target.parent, target.with_name(f"{target.name}.tmp-{os.getpid()}"))
     tmp.mkdir()
     log.info("building %s in %s", what, target)
     try:

@@ -34,6 +34,7 @@ from eagle3.data.token_rows import save_rows
 from eagle3.data.verifier_forward import load_causal_lm, write_hidden_states
 from eagle3.errors import ConfigError, DataError, UserError
 from eagle3.runtime import compute_dtype_on, resolve_runtime
+from eagle3.safe_write import refuse_links_in
 from eagle3.schema_cli import add_fields
 from eagle3.verifier_shape import default_aux_layer_ids
 
@@ -97,7 +98,9 @@ IDENTITY = ("format", "aux_layer_ids", "hidden_size", "dtype", "rows", "rows_sha
 
 
 def _claim(out_dir: Path, record: dict[str, Any]) -> None:
-    """Marks `out_dir` as this preparation's (incomplete until the end), unless it holds something else."""
+    """Marks `out_dir` as this preparation's (incomplete until the end), unless it holds something else or a
+    symlink (the rows, record and hidden states are never written through one: eagle3.safe_write)."""
+    refuse_links_in(out_dir.parent, out_dir, f"the preparation in {out_dir}")
     existing = read_record(out_dir) if out_dir.is_dir() else None
     if existing is not None:
         differs = [k for k in IDENTITY if existing.get(k) != record[k]]
@@ -178,6 +181,7 @@ def prepare(args: argparse.Namespace) -> dict[str, Any]:
     quiet_libraries()
     if args.out.exists() and not args.out.is_dir():
         raise ConfigError(f"--out: {args.out} is an existing file, not a directory")
+    refuse_links_in(args.out.parent, args.out, f"--out {args.out}")  # before the verifier loads (again at write)
     if not (args.model / "config.json").is_file():
         raise ConfigError(f"--model {args.model}: not a Hugging Face model dir (no config.json)")
     verifier = verifier_fingerprint(args.model)

@@ -11,7 +11,6 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import os
 from pathlib import Path
 from typing import Any
 
@@ -43,9 +42,9 @@ def verifier_fingerprint(verifier_dir: str | Path) -> dict[str, Any]:
 
 
 def write_record(data_dir: Path, record: dict[str, Any]) -> None:
-    tmp = data_dir / f".{RECORD}.tmp"
-    tmp.write_text(json.dumps(record, indent=2) + "\n")
-    os.replace(tmp, data_dir / RECORD)
+    from eagle3.safe_write import write_text
+
+    write_text(data_dir, data_dir / RECORD, json.dumps(record, indent=2) + "\n")
 
 
 def read_record(data_dir: Path) -> dict[str, Any] | None:

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import sys
 import threading
 import time
@@ -39,6 +38,7 @@ from eagle3.data.jsonl import BadSamples, ChatTokenizer, Row, read_rows
 from eagle3.data.sources.regenerate import Regeneration, RegenerationEngine
 from eagle3.errors import DataError
 from eagle3.eval.drafting import Sampling
+from eagle3.safe_write import refuse_links_in, write_text
 from eagle3.verifier_shape import decoder_config
 
 # (prompts, budgets, the first prompt's index, tick=...) -> their responses; tick(n) reports n more tokens generated.
@@ -164,6 +164,7 @@ def regenerate(batches: BatchGenerator, prompts: Sequence[list[int]], settings: 
     or by vLLM), with a bar on stderr (prompts, tokens generated, tokens/s, time left); each batch saved in
     `chunks_dir` as it is done, and a batch saved there before (by a run that stopped) read back instead of
     generated again."""
+    refuse_links_in(chunks_dir.parent, chunks_dir, "the regenerated responses")
     chunks_dir.mkdir(parents=True, exist_ok=True)
     bs = settings.batch_size
     generations: list[Generation] = []
@@ -195,9 +196,7 @@ def regenerate(batches: BatchGenerator, prompts: Sequence[list[int]], settings: 
 
 def write_chunk(file: Path, chunk: Sequence[Generation]) -> None:
     """A finished batch's responses, renamed into place: a crash never leaves half a chunk."""
-    tmp = file.with_name(f".{file.name}.tmp-{os.getpid()}")
-    tmp.write_text(json.dumps([asdict(g) for g in chunk]))
-    os.replace(tmp, file)
+    write_text(file.parent, file, json.dumps([asdict(g) for g in chunk]))
 
 
 def generation_counts(generations: Sequence[Generation], eos: Sequence[int]) -> dict[str, Any]:
@@ -259,7 +258,7 @@ def regenerated_rows_dir(path: Path, verifier_dir: Path, settings: Regeneration,
         save_rows([(p + g.ids, [0] * len(p) + [1] * len(g.ids)) for p, g in zip(prompts, generations)], out)
         record = {"format": 1, "source": str(path.resolve()), **params, **row_format_record, **bad.as_dict(),
                   "generation": generation_counts(generations, eos)}
-        (out / ROWS_RECORD).write_text(json.dumps(record, indent=2) + "\n")
+        write_text(out, out / ROWS_RECORD, json.dumps(record, indent=2) + "\n")
 
     rows_dir = build_once(target, build, what="regenerated responses")
     if chunks_dir.is_dir():  # the rows are in place: the chunks they were assembled from are not needed again

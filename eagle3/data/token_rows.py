@@ -30,6 +30,7 @@ from eagle3.data.cache import build_once, cache_key
 from eagle3.data.jsonl import Row
 from eagle3.data.row_files import source_sha256
 from eagle3.errors import DataError
+from eagle3.safe_write import LinkRefused, fresh_temp, refuse_links, write_text
 
 if TYPE_CHECKING:
     from eagle3.data.sources.online import OnlineDataConfig
@@ -134,8 +135,12 @@ def rows_with_counts(data_dir: Path) -> Path:
     log.info("%s has no token_freq.pt: counting its loss tokens for the draft vocabulary", data_dir)
     tmp = data_dir / f".token_freq.{os.getpid()}.pt"  # renamed into place: another rank or node never reads half
     try:
+        refuse_links(data_dir, data_dir / "token_freq.pt", "token_freq.pt")
+        fresh_temp(data_dir, tmp)
         save_token_frequency_distribution(dataset, str(tmp))
         os.replace(tmp, data_dir / "token_freq.pt")
+    except LinkRefused as e:
+        raise DataError(f"data.path: {data_dir} has no token_freq.pt, and {e}") from None
     except (OSError, RuntimeError) as e:  # torch.save raises RuntimeError on a read-only file system
         tmp.unlink(missing_ok=True)
         raise DataError(f"data.path: {data_dir} has no token_freq.pt (the loss tokens' counts the draft vocabulary "
@@ -164,4 +169,4 @@ def read_rows_record(rows_dir: Path) -> dict[str, Any] | None:
 
 
 def _write_record(out_dir: Path, record: dict[str, Any]) -> None:
-    (out_dir / ROWS_RECORD).write_text(json.dumps({"format": 1, **record}, indent=2) + "\n")
+    write_text(out_dir, out_dir / ROWS_RECORD, json.dumps({"format": 1, **record}, indent=2) + "\n")

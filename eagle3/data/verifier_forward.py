@@ -167,6 +167,7 @@ def write_hidden_states(model: torch.nn.Module, rows: Sequence[Row], hs_dir: Pat
 
     from eagle3.data.check import hidden_state_problem
     from eagle3.data.hsfiles import DTYPE_NAMES
+    from eagle3.safe_write import fresh_temp, refuse_links
 
     hs_dir.mkdir(parents=True, exist_ok=True)
     slots, hidden, dtype_name = len(aux_layer_ids) + 1, model.config.hidden_size, DTYPE_NAMES[dtype]
@@ -186,7 +187,9 @@ def write_hidden_states(model: torch.nn.Module, rows: Sequence[Row], hs_dir: Pat
                 for b, i in enumerate(batch):
                     if i in todo:
                         file = hs_dir / f"hs_{i}.safetensors"
-                        tmp = file.with_name(f".{file.name}.tmp")  # renamed into place: never half a file
+                        # renamed into place: never half a file, never through a link
+                        tmp = fresh_temp(hs_dir, file.with_name(f".{file.name}.tmp"))
+                        refuse_links(hs_dir, file)
                         try:
                             save_file({"hidden_states": stacked[b, :lengths[b]].contiguous(),
                                        "token_ids": ids[b, :lengths[b]].clone()}, str(tmp))

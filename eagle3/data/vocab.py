@@ -4,13 +4,14 @@ speculators' names (`d2t-<V>.npy`, `t2d-<V>.npy`, V = draft vocabulary size) so 
 from __future__ import annotations
 
 import logging
-import os
+from functools import partial
 from pathlib import Path
 
 import numpy as np
 import torch
 
 from eagle3.errors import DataError
+from eagle3.safe_write import LinkRefused, open_write, replace_file
 
 log = logging.getLogger(__name__)
 
@@ -43,11 +44,14 @@ def vocab_mapping(data_dir: Path, draft_vocab_size: int, target_vocab_size: int)
                         f"{str(e).splitlines()[0] if str(e) else ''}); prepare the dataset again") from None
     d2t, t2d = build_vocab_mappings_from_distribution(freq, draft_vocab_size, target_vocab_size)
     try:
-        for file, tensor in ((d2t_file, d2t), (t2d_file, t2d)):
-            tmp = file.with_name(f".{file.stem}.{os.getpid()}.npy")  # renamed into place: ranks never read half
-            np.save(tmp, tensor.cpu().numpy())
-            os.replace(tmp, file)
+        for file, tensor in ((d2t_file, d2t), (t2d_file, t2d)):  # renamed into place: ranks never read half
+            replace_file(data_dir, file, partial(_save_npy, data_dir, tensor.cpu().numpy()))
         log.info("cached the draft vocabulary in %s and %s", d2t_file, t2d_file)
-    except OSError as e:  # a read-only dataset: build it again next time
+    except (OSError, LinkRefused) as e:  # a read-only dataset, or a link in the way: build it again next time
         log.warning("could not cache the draft vocabulary in %s (%s)", data_dir, e)
     return d2t, t2d
+
+
+def _save_npy(data_dir: Path, array: np.ndarray, tmp: Path) -> None:
+    with open_write(data_dir, tmp, "x", binary=True) as f:
+        np.save(f, array)

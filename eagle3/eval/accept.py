@@ -81,7 +81,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         from eagle3.rundir import output_dir_problem
 
         given = Path(args.out)
-        problem = f"{given} is a directory" if given.is_dir() else output_dir_problem(given.parent.absolute())
+        problem = (f"{given} is a symlink (the report is never written through one)" if given.is_symlink() else
+                   f"{given} is a directory" if given.is_dir() else output_dir_problem(given.parent.absolute()))
         if problem:
             raise ConfigError(f"--out: {problem}; give the path of the JSON report to write")
     checkpoint, verifier_dir, val_split = resolve_inputs(args)
@@ -90,8 +91,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     out = Path(args.out) if args.out else None
     k = args.k or default_k(checkpoint)
     if out is None and args.run:
+        from eagle3.safe_write import refuse_links
+
         out = Path(args.run) / (f"accept_k{k}.json" if args.temperature == 0 else
                                 f"accept_k{k}_t{args.temperature:g}.json")
+        refuse_links(Path(args.run), out, "the report")  # a dangling link looks absent: refused before measuring
         if out.exists():
             raise ConfigError(f"{out} exists and is not overwritten; pass --out to write the report elsewhere")
 
@@ -117,10 +121,25 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     report = {"checkpoint": str(checkpoint), "verifier": str(verifier_dir), "prompt_source": source,
               "device": device, **measured, "provenance": provenance(checkpoint)}
     if out is not None:
-        out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(json.dumps(report, indent=2) + "\n")
+        write_report(out, report, Path(args.run) if args.run and not args.out else None)
         report["report_path"] = str(out)
     return report
+
+
+def write_report(out: Path, report: dict[str, Any], run_dir: Path | None) -> None:
+    """The report, never through a symlink: in a run dir (`run_dir`) created as a new file, never over one that
+    appeared while measuring; at --out whole, replacing a file there (not a link)."""
+    from eagle3.errors import ConfigError
+    from eagle3.safe_write import create_file, write_text
+
+    text = json.dumps(report, indent=2) + "\n"
+    if run_dir is None:
+        write_text(out.parent, out, text)
+        return
+    try:
+        create_file(run_dir, out, text)
+    except FileExistsError:
+        raise ConfigError(f"{out} appeared while measuring (another eval.accept?) and is not overwritten") from None
 
 
 def resolve_inputs(args: argparse.Namespace) -> tuple[Path, Path, tuple[Path, float] | None]:

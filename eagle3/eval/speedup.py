@@ -527,8 +527,12 @@ def main(argv: list[str] | None = None) -> None:
         raise SystemExit(f"error: {e}") from None
     print(text)
     if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(result, indent=2) + "\n")
+        from eagle3.safe_write import write_text
+
+        try:
+            write_text(args.json.parent, args.json, json.dumps(result, indent=2) + "\n")
+        except UserError as e:  # a symlink at --json: never written through
+            raise SystemExit(f"error: --json: {e}") from None
         print(f"json: {args.json}")
 
 

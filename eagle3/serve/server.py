@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from eagle3.errors import EngineError, Interrupted
+from eagle3.safe_write import open_write
 from eagle3.serve.engine import Engine, last_line
 
 SERVED_NAME = "verifier"
@@ -65,7 +66,7 @@ class Server:
         self.cmd, self.port, self.log = cmd, port, log
         self.url, self.healthy = f"http://127.0.0.1:{port}", False
         env = {"VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1"), **env}
-        with log.open("w") as out:
+        with open_write(log.parent, log, "w") as out:  # never through a link (eagle3.safe_write)
             out.write(f"$ {' '.join(f'{k}={v}' for k, v in env.items())} {' '.join(cmd)}\n")
             out.flush()
             self.proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,

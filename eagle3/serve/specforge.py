@@ -8,12 +8,12 @@ from __future__ import annotations
 
 import fcntl
 import os
-import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 from eagle3.errors import EngineError
+from eagle3.safe_write import fresh_temp, open_write
 from eagle3.serve.engine import last_line
 
 PACKAGE, VERSION = "specforge", "0.2.0"
@@ -33,20 +33,20 @@ def install(target: Path | None = None) -> Path:
     target = (target or default_dir()).absolute()
     target.parent.mkdir(parents=True, exist_ok=True)
     module = target / Path(*DRAFT_MODULE.split(".")).with_suffix(".py")
-    with (target.parent / f"{target.name}.lock").open("w") as lock:
+    with open_write(target.parent, target.parent / f"{target.name}.lock", "w") as lock:  # never through a link
         fcntl.flock(lock, fcntl.LOCK_EX)
         if module.is_file():
             return target
         building, log = target.with_name(target.name + ".partial"), target.with_name(target.name + ".install.log")
-        shutil.rmtree(building, ignore_errors=True)
+        fresh_temp(target.parent, building)
         cmd = [sys.executable, "-m", "pip", "install", "--no-deps", "--no-compile", "--target", str(building),
                f"{PACKAGE}=={VERSION}"]
-        with log.open("w") as out:
+        with open_write(log.parent, log, "w") as out:
             out.write(f"$ {' '.join(cmd)}\n")
             out.flush()
             failed = subprocess.run(cmd, stdout=out, stderr=subprocess.STDOUT).returncode != 0
         if failed or not (building / module.relative_to(target)).is_file():
             raise EngineError(f"installing {PACKAGE}=={VERSION} into {target} failed ({last_line(log)}); log: {log}")
-        shutil.rmtree(target, ignore_errors=True)  # one without the module is not a finished install
+        fresh_temp(target.parent, target)  # one without the module is not a finished install (a link: removed)
         building.rename(target)  # whole or not at all: a half install is never found as a finished one
         return target
