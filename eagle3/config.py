@@ -40,6 +40,16 @@ def _require(ok: bool, key: str, problem: str) -> None:
         raise ConfigError(f"{key}: {problem}")
 
 
+def require_temperature(key: str, value: float, greedy: bool = True) -> None:
+    """The one check of every sampling temperature (`key` names it): finite, and >= 0 where 0 means greedy
+    (`greedy`), else > 0. NaN would sample from NaN logits, and inf from a uniform distribution whatever the
+    verifier says: tokens no model would write, silently trained on or measured."""
+    number = isinstance(value, (int, float)) and not isinstance(value, bool)
+    ok = number and math.isfinite(value) and (value >= 0 if greedy else value > 0)
+    _require(ok, key, f"must be >= 0 and finite, got {value}" if greedy else
+             f"must be > 0 and finite (it samples, never greedy), got {value}")
+
+
 class Scheduler(str, Enum):
     cosine = "cosine"
     linear = "linear"
@@ -285,8 +295,7 @@ class SynthConfig:
         for key in ("num_samples", "prompt_len", "response_len", "batch_size"):
             value = getattr(self, key)
             _require(value >= 1, f"data.synth.{key}", f"must be >= 1, got {value}")
-        _require(math.isfinite(self.temperature) and self.temperature > 0, "data.synth.temperature",
-                 f"must be > 0 and finite (responses are sampled from the verifier), got {self.temperature}")
+        require_temperature("data.synth.temperature", self.temperature, greedy=False)  # responses are sampled
 
 
 class HiddenStatesDtype(str, Enum):
@@ -520,9 +529,7 @@ class AcceptEvalConfig:
         _require(self.max_new_tokens >= 2, "eval.accept.max_new_tokens",
                  f"must be >= 2 (the first token comes from the prompt's forward, without a draft), "
                  f"got {self.max_new_tokens}")
-        # NaN would sample from NaN logits, and inf from a uniform distribution whatever the verifier says.
-        _require(math.isfinite(self.temperature) and self.temperature >= 0, "eval.accept.temperature",
-                 f"must be >= 0 and finite, got {self.temperature}")
+        require_temperature("eval.accept.temperature", self.temperature)
 
     def check(self, dist: DistributedConfig) -> None:
         # The verifier it needs always exists: ModelConfig.check requires model.verifier.path or .tiny.
@@ -589,7 +596,7 @@ class OnPolicyConfig:
         for key, low in (("start_step", 0), ("every", 1), ("num_prompts", 1), ("max_new_tokens", 2)):
             value = getattr(self, key)
             _require(value >= low, f"train.on_policy.{key}", f"must be >= {low}, got {value}")
-        _require(self.temperature >= 0, "train.on_policy.temperature", f"must be >= 0, got {self.temperature}")
+        require_temperature("train.on_policy.temperature", self.temperature)
         _require(0 < self.mix <= 1, "train.on_policy.mix", f"is the rollouts' share of the loss, in (0, 1]; got "
                                                            f"{self.mix}")
         _require(not self.enabled or dist.strategy != Strategy.fsdp or dist.world_size == 1,
