@@ -221,7 +221,7 @@ def target_ids(d2t: torch.Tensor) -> torch.Tensor:
 
 @register("pretrained", preflight=preflight)
 def init_pretrained(ctx: InitContext) -> tuple[Any, dict[str, Any]]:
-    from eagle3.data.vocab import vocab_mapping
+    from eagle3.data.vocab import read_token_freq, vocab_mapping
 
     source = read_source(Path(options(ctx).path), dict(options(ctx).key_map))
     flags, notes = resolve_architecture(ctx, source)
@@ -261,7 +261,7 @@ def init_pretrained(ctx: InitContext) -> tuple[Any, dict[str, Any]]:
             copied = int(kept.sum())
     model.lm_head.weight.requires_grad_(bool(options(ctx).train_lm_head))
 
-    freq = torch.load(Path(ctx.data_dir) / "token_freq.pt", weights_only=True)
+    freq = read_token_freq(ctx.data_dir)
     total = sum(freq.values()) or 1
     overlap = set(old_ids.tolist()) & set(target_ids(data_d2t).tolist())
     report = {
