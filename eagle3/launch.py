@@ -34,7 +34,6 @@ from eagle3.rundir import (
     RunDir,
     config_changes,
     data_part_before_sources,
-    read_run_config,
     trained_config,
 )
 from eagle3.verifier_shape import unresolvable
@@ -196,7 +195,7 @@ def show_plan(cfg: DictConfig, hydra, run_dir: Path) -> None:
 
     try:
         if cfg.resume:
-            run_cfg = run_config(read_run_config(Path(cfg.resume)), dataset_required=False)
+            run_cfg = RunDir(cfg.resume).typed_config(dataset_required=False)
         else:
             run_cfg = run_config(resolve(cfg, hydra, run_dir), dataset_required=False)
         plan = run_plan(run_cfg)
@@ -229,15 +228,14 @@ def load_for_resume(run_dir: Path, hydra) -> RunConfig:
     if others:
         raise ConfigError(f"resume continues a run with its own resolved_config.yaml and takes no other "
                           f"overrides; remove: {' '.join(others)}")
-    resolved = read_run_config(run_dir)
-    if resolved.get("distributed", {}).get("node_rank", 0) == 0:
-        RunDir(run_dir).hold()
+    room = RunDir(run_dir)
+    if room.read_config().get("distributed", {}).get("node_rank", 0) == 0:
+        room.hold(resuming=True)
+    run_cfg = room.typed_config(resume=str(run_dir))  # before torch is imported: a refused file answers fast
     from eagle3.checkpoint import load_trainer_state, resumable_last
 
     last = resumable_last(run_dir / CHECKPOINTS)  # whole, or restored from a save stopped between its renames
-    resolved["resume"] = str(run_dir)
     log.info("resuming %s", run_dir)
-    run_cfg = run_config(resolved)
     trained = load_trainer_state(last, mmap=True).get("config")
     if trained is not None:  # through today's schemas, as the run's own config: an older layout compares as itself
         trained = trained_config(plain_config(validate(data_part_before_sources(trained), dataset_required=False)))

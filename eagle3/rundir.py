@@ -26,6 +26,7 @@ from typing import IO, TYPE_CHECKING, Any, TypeVar
 from eagle3.errors import ConfigError
 
 if TYPE_CHECKING:
+    from eagle3.config import RunConfig
     from eagle3.progress import RunSummary
 
 RESOLVED_CONFIG = "resolved_config.yaml"
@@ -353,9 +354,10 @@ class RunDir:
         return self.file(RESOLVED_CONFIG).is_file() or self.file(FAILURE).is_file()
 
     # --- taking it ---
-    def hold(self) -> None:
+    def hold(self, resuming: bool = False) -> None:
         """Takes the dir for this process, so that two runs started in the same second (Hydra names run dirs by
-        the second) or two resumes of one run cannot write into one dir together."""
+        the second) or two resumes of one run cannot write into one dir together. The lock file holds the pid of
+        the process that has it, so that a refusal can name it."""
         self.path.mkdir(parents=True, exist_ok=True)
         try:  # never through a symlink: the lock is a file of this dir
             lock = open(self.file(LOCK), "a", opener=lambda p, flags: os.open(p, flags | os.O_NOFOLLOW))
@@ -366,9 +368,31 @@ class RunDir:
             fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             lock.close()
-            raise ConfigError(f"{self.path} is in use by another run (started in the same second, or resuming it); "
-                              f"nothing was written: choose another hydra.run.dir") from None
+            pid = self.lock_holder()
+            who = f"process {pid}" if pid is not None else "another process"
+            if resuming:
+                stop = f"kill -TERM {pid}" if pid is not None else "SIGTERM"
+                raise ConfigError(f"resume: {self.path} is in use by {who}, which is running or resuming this run; "
+                                  f"nothing was written: wait for it to end, or stop it ({stop}: a stopped run "
+                                  f"saves its state) and resume again") from None
+            raise ConfigError(f"{self.path} is in use by another run ({who}: started in the same second, or resuming "
+                              f"it); nothing was written: choose another hydra.run.dir") from None
+        lock.truncate(0)
+        lock.write(f"{os.getpid()}\n")
+        lock.flush()
         _held_locks.append(lock)
+
+    def lock_holder(self) -> int | None:
+        """The pid the run dir's lock file names (written by the process that holds it), None when unknown."""
+        try:
+            fd = os.open(self.file(LOCK), os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+        except OSError:
+            return None
+        try:
+            text = os.read(fd, 32).decode("ascii", "replace").strip()
+        finally:
+            os.close(fd)
+        return int(text) if text.isdigit() else None
 
     def refuse_to_overwrite(self) -> None:
         """Refuses a dir that holds a run, or symlinks a run would write through."""
@@ -405,6 +429,17 @@ class RunDir:
 
     def read_config(self, what: str = "resume") -> dict[str, Any]:
         return read_run_config(self.path, what)
+
+    def typed_config(self, what: str = "resume", dataset_required: bool = True, **values: Any) -> RunConfig:
+        """resolved_config.yaml (with `values` set) typed and checked through this version's schemas, as a fresh
+        run's config is; a key or value they refuse is the file's, not the command line's: the message names it."""
+        from eagle3.config import run_config
+
+        try:
+            return run_config({**self.read_config(what), **values}, dataset_required)
+        except ConfigError as e:
+            raise ConfigError(f"{what}: {self.file(RESOLVED_CONFIG)} (the run's config, read through this version's "
+                              f"schemas): {e}") from None
 
     # --- summary.json ---
     def write_summary(self, summary: RunSummary) -> None:

@@ -129,3 +129,52 @@ def test_compare_reads_summary_json_through_its_record(tmp_path):
     ok, bad = find_runs([tmp_path])
     assert ok.status == "completed" and ok.summary is not None and ok.summary.steps == 4
     assert bad.status == "unreadable" and "1_bad/summary.json: cannot be read as a run summary" in (bad.error or "")
+
+
+def resume_hydra(run_dir: Path):
+    """What load_for_resume reads of Hydra's config for `python launch.py resume=<run_dir>`."""
+    from types import SimpleNamespace
+
+    return SimpleNamespace(overrides=SimpleNamespace(task=[f"resume={run_dir}"]))
+
+
+def test_a_resume_of_a_run_dir_in_use_names_the_process_holding_it(tmp_path):
+    """A resume refused because another process holds the run advised "choose another hydra.run.dir", which a resume
+    cannot do: it names the holder's pid, and says to wait for it or stop it."""
+    import os
+
+    from eagle3.launch import load_for_resume
+    from eagle3.rundir import _held_locks
+
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "resolved_config.yaml").write_text("run: {}\n")
+    RunDir(run).hold()  # as the process running (or resuming) the run holds it
+    try:
+        with pytest.raises(ConfigError) as refused:
+            load_for_resume(run, resume_hydra(run))
+    finally:
+        _held_locks.pop().close()
+    pid = os.getpid()
+    assert str(refused.value) == (f"resume: {run} is in use by process {pid}, which is running or resuming this run; "
+                                  f"nothing was written: wait for it to end, or stop it (kill -TERM {pid}: a stopped "
+                                  f"run saves its state) and resume again")
+
+
+def test_a_resumed_runs_config_key_this_version_does_not_know_is_refused_naming_the_file(tmp_path):
+    """The refusal named the key only, as if it came from the command line (which resume= takes no key from)."""
+    import yaml
+
+    from conftest import typed_run_config
+    from eagle3.config import plain_config
+    from eagle3.launch import load_for_resume
+
+    run = tmp_path / "run"
+    plain = plain_config(typed_run_config(tmp_path / "cache", run, []))
+    plain["optim"]["lr_warmup"] = 0.1  # written by another version, or edited
+    run.mkdir()
+    (run / "resolved_config.yaml").write_text(yaml.safe_dump(plain))
+    with pytest.raises(ConfigError) as refused:
+        load_for_resume(run, resume_hydra(run))
+    assert str(refused.value).startswith(f"resume: {run / 'resolved_config.yaml'} (the run's config, read through "
+                                         f"this version's schemas): optim.lr_warmup: "), refused.value

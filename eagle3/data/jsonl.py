@@ -40,8 +40,10 @@ class BadSamples:
 
 
 def read_rows(path: Path, max_len: int, vocab_size: int, bad: BadSamples,
-              tokenize_chat: Callable[[list[dict[str, Any]]], Row] | None = None) -> list[Row]:
-    """The usable rows of a JSONL file, in file order. `tokenize_chat` is needed only for `messages` rows."""
+              tokenize_chat: Callable[[list[dict[str, Any]]], Row] | None = None,
+              empty_mask_rule: str = "") -> list[Row]:
+    """The usable rows of a JSONL file, in file order. `tokenize_chat` is needed only for `messages` rows;
+    `empty_mask_rule`, the reader's rule that a row whose loss mask is all 0 breaks, is added to its message."""
     if not path.is_file():
         raise DataError(f"{path} {path_kind(path, 'a regular file')}; expected a JSONL file of {{\"input_ids\", "
                         f"\"loss_mask\"}} or {{\"messages\"}} rows")
@@ -69,7 +71,8 @@ def read_rows(path: Path, max_len: int, vocab_size: int, bad: BadSamples,
                                                      f"vocabulary of {vocab_size}")
             elif not any(mask):
                 bad.bad(where, "empty_loss_mask", "no token to train on (loss_mask is all 0"
-                                                  + (" after truncation to max_len)" if len(row[0]) > max_len else ")"))
+                                                  + (" after truncation to max_len)" if len(row[0]) > max_len else ")")
+                                                  + (f"; {empty_mask_rule}" if empty_mask_rule else ""))
             else:
                 rows.append((ids, mask))
     if not rows:
