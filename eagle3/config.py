@@ -24,7 +24,7 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from eagle3.draft_arch import DraftKind, LayerType, asked_flags, flag_conflicts
+from eagle3.draft_arch import DraftKind, LayerType, asked_flags, flag_conflicts, kind_flag_problem
 from eagle3.errors import ConfigError
 from eagle3.verifier_shape import read_verifier_config, shape_problems
 
@@ -230,6 +230,11 @@ class DraftConfig:
         _require(self.num_layers >= 1, "model.draft.num_layers", f"must be >= 1, got {self.num_layers}")
         conflicts = flag_conflicts(self)
         _require(not conflicts, "model.draft", "; ".join(conflicts))
+        unservable = kind_flag_problem(self.kind, asked_flags(self))
+        _require(unservable is None, "model.draft.kind",
+                 f"peagle with EAGLE-3.1's norms (eagle31=true or fc_norm=true) trains a draft no engine serves as "
+                 f"trained ({unservable}; export refuses it): drop model.draft.eagle31/fc_norm to train P-EAGLE, or "
+                 f"train EAGLE-3.1 with model.draft.kind=eagle3")
         if self.kind == DraftKind.peagle:
             _require(self.ttt_step_loss_decay == 1.0, "model.draft.ttt_step_loss_decay",
                      "P-EAGLE weighs its depths as speculators' PEagleDraftModel does (equally); leave it at 1.0")
@@ -563,13 +568,6 @@ class ServeEvalConfig:
         _require(self.k is None or (len(self.k) > 0 and min(self.k) >= 1), "eval.serve.k",
                  f"must be null or a list of k >= 1, got {self.k}")
 
-    def check(self, draft: DraftConfig) -> None:
-        self.check_values()
-        # eagle3.serve_parity's rule for P-EAGLE, known before training: refused now, not after the run.
-        _require(not (self.enabled and draft.kind == DraftKind.peagle and asked_flags(draft)["fc_norm"]),
-                 "eval.serve.enabled", "serves the run with vLLM, whose P-EAGLE config reader drops fc_norm "
-                 "(EAGLE-3.1's per-aux norms) that this draft has (model.draft.kind=peagle with eagle31=true or "
-                 "fc_norm=true): drop eval.serve.enabled, or train it without fc_norm")
 
 
 @dataclass
@@ -645,7 +643,7 @@ class TrainConfig:
                  "nccl runs on CUDA GPUs only, and device=cpu; use distributed.backend=auto (gloo on CPU)")
         self.distributed.check()
         self.eval.accept.check(self.distributed)
-        self.eval.serve.check(self.model.draft)
+        self.eval.serve.check_values()  # P-EAGLE's rule for vLLM is the draft's (DraftConfig.check)
         self.train.on_policy.check(self.distributed)
         accept = self.eval.accept
         # accept_len exists only where the val pass that chose the best checkpoint measured acceptance.

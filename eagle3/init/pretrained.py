@@ -22,7 +22,7 @@ from typing import Any
 import torch
 
 from eagle3.config import DraftConfig, PretrainedInitConfig
-from eagle3.draft_arch import FLAGS, SPECULATORS_FLAGS, DraftKind, asked_flags, structure
+from eagle3.draft_arch import FLAGS, SPECULATORS_FLAGS, DraftKind, asked_flags, kind_flag_problem, structure
 from eagle3.init.build import draft_rope, meta_draft, new_draft
 from eagle3.init.files import CheckpointError, checkpoint_files, load_tensors, read_config, tensor_shapes
 from eagle3.init.registry import InitContext, register
@@ -129,6 +129,11 @@ def resolve_architecture(ctx: InitContext, source: Source) -> tuple[dict[str, bo
     if source.kind != DraftKind(ctx.draft.kind).value:
         fixed.append(("model.draft.kind", DraftKind(ctx.draft.kind).value, source.kind,
                       " (its speculators_model_type)"))
+    unservable = kind_flag_problem(ctx.draft.kind, flags) if not fixed else None
+    if not conflicts and not fixed and unservable:
+        raise CheckpointError(f"{source.path} gives this P-EAGLE draft EAGLE-3.1's norms ({unservable}): no engine "
+                              f"would serve the finetuned draft as trained; start P-EAGLE from a checkpoint without "
+                              f"fc_norm, or finetune it as model.draft.kind=eagle3")
     if not conflicts and not fixed:
         return flags, notes
     lines = [f"{key}: the run says {run}, the checkpoint {theirs}{why}" for key, run, theirs, why in fixed]
