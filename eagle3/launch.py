@@ -31,6 +31,7 @@ from eagle3.rank_errors import RankFailed
 from eagle3.rundir import (
     CHECKPOINTS,
     RESOLVED_CONFIG,
+    SUMMARY,
     RunDir,
     config_changes,
     data_part_before_sources,
@@ -63,7 +64,11 @@ def run_one_job(cfg: DictConfig, hydra) -> float | None:
         if cfg.plan:  # print the memory/time plan and stop; no run dir, nothing built
             show_plan(cfg, hydra, run_dir)
             return None
-        run_cfg = load_for_resume(run_dir, hydra) if cfg.resume else fresh_run(cfg, hydra, run_dir)
+        try:
+            run_cfg = load_for_resume(run_dir, hydra) if cfg.resume else fresh_run(cfg, hydra, run_dir)
+        except AlreadyComplete as done:
+            print(done, flush=True)
+            return None
         job.ours = True  # the run dir is this run's: from here on a failure is recorded in it
         summary = run_with_inputs(run_cfg)
         # Inside the try: a run whose best val pass has no accept_len is a failed trial, recorded as such.
@@ -221,6 +226,25 @@ def remove_if_only_hydras(hydra_dir: Path, job_name: str) -> None:
             pass
 
 
+class AlreadyComplete(Exception):
+    """A resume of a run that has completed: nothing to train (not a failure, exit status 0)."""
+
+
+def refuse_if_complete(room: RunDir) -> None:
+    """Raises AlreadyComplete when the run completed: its summary.json, written once the last step's val pass and
+    save are done, is of the step its checkpoints/last holds."""
+    from eagle3.checkpoint import load_trainer_state, resumable_last
+
+    summary = room.read_summary()
+    step = load_trainer_state(resumable_last(room.file(CHECKPOINTS)), mmap=True)["progress"]["step"]
+    if summary.steps == step:
+        best = summary.best
+        raise AlreadyComplete(f"{room.path} is already complete: it trained all its {step} steps (summary.json; best "
+                              f"val tau_sim {best.get('tau_sim', float('nan')):.4f} at step {best.get('step')}); "
+                              f"nothing to resume, nothing was trained. Its checkpoints: "
+                              f"{room.file(CHECKPOINTS) / 'best'} and {room.file(CHECKPOINTS) / 'last'}")
+
+
 def load_for_resume(run_dir: Path, hydra) -> RunConfig:
     """The run's own resolved config, through the same schemas and checks as a fresh run's; resuming changes
     nothing about the run."""
@@ -231,6 +255,8 @@ def load_for_resume(run_dir: Path, hydra) -> RunConfig:
     room = RunDir(run_dir)
     if room.read_config().get("distributed", {}).get("node_rank", 0) == 0:
         room.hold(resuming=True)
+    if room.file(SUMMARY).is_file():
+        refuse_if_complete(room)
     run_cfg = room.typed_config(resume=str(run_dir))  # before torch is imported: a refused file answers fast
     from eagle3.checkpoint import load_trainer_state, resumable_last
 

@@ -178,3 +178,23 @@ def test_a_resumed_runs_config_key_this_version_does_not_know_is_refused_naming_
         load_for_resume(run, resume_hydra(run))
     assert str(refused.value).startswith(f"resume: {run / 'resolved_config.yaml'} (the run's config, read through "
                                          f"this version's schemas): optim.lr_warmup: "), refused.value
+
+
+def test_a_resume_of_a_completed_run_says_it_is_complete_and_trains_nothing(trained_run, cache_dir, tmp_path):
+    """`python launch.py resume=R` of a completed run loaded the data and the ranks, trained no step, wrote its
+    summary again and ended without a word of why; it says the run is complete and exits 0 before anything runs."""
+    import shutil
+
+    from conftest import launch
+
+    run = tmp_path / "run"
+    shutil.copytree(trained_run, run, ignore=shutil.ignore_patterns("wandb"))
+    before = {p.name: p.read_bytes() for p in (run / "summary.json", run / "metrics.jsonl")}
+    steps = json.loads(before["summary.json"])["steps"]
+    proc = launch([f"resume={run}"], cache_dir, WANDB_MODE="offline")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert f"{run} is already complete: it trained all its {steps} steps (summary.json; best val tau_sim " in \
+        proc.stdout, proc.stdout
+    assert "nothing to resume, nothing was trained" in proc.stdout and "resuming at step" not in proc.stdout
+    assert {p.name: p.read_bytes() for p in (run / "summary.json", run / "metrics.jsonl")} == before
+    assert "Traceback" not in proc.stderr
