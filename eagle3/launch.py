@@ -22,21 +22,14 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import InterpolationResolutionError, MissingMandatoryValue
 
-from eagle3.config import RunConfig, lr_advice, plain_config, run_config, validate
+from eagle3.config import RunConfig, lr_advice, run_config
 from eagle3.errors import ConfigError, Interrupted, StoppedBeforeTraining, UserError
-from eagle3.fit import check_devices, check_new_job, refuse_if_it_cannot_fit, run_plan
+from eagle3.fit import check_new_job, refuse_if_it_cannot_fit, run_plan
 from eagle3.job_outcome import JobOutcome
 from eagle3.objective import objective_value
 from eagle3.rank_errors import RankFailed
-from eagle3.rundir import (
-    CHECKPOINTS,
-    RESOLVED_CONFIG,
-    SUMMARY,
-    RunDir,
-    config_changes,
-    data_part_before_sources,
-    trained_config,
-)
+from eagle3.resume import AlreadyComplete, load_for_resume
+from eagle3.rundir import RunDir
 from eagle3.verifier_shape import unresolvable
 
 if TYPE_CHECKING:
@@ -224,50 +217,3 @@ def remove_if_only_hydras(hydra_dir: Path, job_name: str) -> None:
             hydra_dir.parent.rmdir()  # Hydra's date dir, when this was its only run
         except OSError:
             pass
-
-
-class AlreadyComplete(Exception):
-    """A resume of a run that has completed: nothing to train (not a failure, exit status 0)."""
-
-
-def refuse_if_complete(room: RunDir) -> None:
-    """Raises AlreadyComplete when the run completed: its summary.json, written once the last step's val pass and
-    save are done, is of the step its checkpoints/last holds."""
-    from eagle3.checkpoint import load_trainer_state, resumable_last
-
-    summary = room.read_summary()
-    step = load_trainer_state(resumable_last(room.file(CHECKPOINTS)), mmap=True)["progress"]["step"]
-    if summary.steps == step:
-        best = summary.best
-        raise AlreadyComplete(f"{room.path} is already complete: it trained all its {step} steps (summary.json; best "
-                              f"val tau_sim {best.get('tau_sim', float('nan')):.4f} at step {best.get('step')}); "
-                              f"nothing to resume, nothing was trained. Its checkpoints: "
-                              f"{room.file(CHECKPOINTS) / 'best'} and {room.file(CHECKPOINTS) / 'last'}")
-
-
-def load_for_resume(run_dir: Path, hydra) -> RunConfig:
-    """The run's own resolved config, through the same schemas and checks as a fresh run's; resuming changes
-    nothing about the run."""
-    others = [o for o in hydra.overrides.task if not o.startswith(("resume=", "hydra."))]
-    if others:
-        raise ConfigError(f"resume continues a run with its own resolved_config.yaml and takes no other "
-                          f"overrides; remove: {' '.join(others)}")
-    room = RunDir(run_dir)
-    if room.read_config().get("distributed", {}).get("node_rank", 0) == 0:
-        room.hold(resuming=True)
-    if room.file(SUMMARY).is_file():
-        refuse_if_complete(room)
-    run_cfg = room.typed_config(resume=str(run_dir))  # before torch is imported: a refused file answers fast
-    from eagle3.checkpoint import load_trainer_state, resumable_last
-
-    last = resumable_last(run_dir / CHECKPOINTS)  # whole, or restored from a save stopped between its renames
-    log.info("resuming %s", run_dir)
-    trained = load_trainer_state(last, mmap=True).get("config")
-    if trained is not None:  # through today's schemas, as the run's own config: an older layout compares as itself
-        trained = trained_config(plain_config(validate(data_part_before_sources(trained), dataset_required=False)))
-    changes = config_changes(trained, trained_config(plain_config(run_cfg))) if trained is not None else []
-    if changes:  # e.g. fewer ranks (another global batch), or an lr the restored scheduler would not train at
-        raise ConfigError(f"resume: {run_dir / RESOLVED_CONFIG} no longer says what {last} was trained with: "
-                          f"{'; '.join(changes)}. Restore those values to continue the run, or start a new one")
-    check_devices(run_cfg)
-    return run_cfg

@@ -132,7 +132,7 @@ def test_compare_reads_summary_json_through_its_record(tmp_path):
 
 
 def resume_hydra(run_dir: Path):
-    """What load_for_resume reads of Hydra's config for `python launch.py resume=<run_dir>`."""
+    """What eagle3.resume.load_for_resume reads of Hydra's config for `python launch.py resume=<run_dir>`."""
     from types import SimpleNamespace
 
     return SimpleNamespace(overrides=SimpleNamespace(task=[f"resume={run_dir}"]))
@@ -143,7 +143,7 @@ def test_a_resume_of_a_run_dir_in_use_names_the_process_holding_it(tmp_path):
     cannot do: it names the holder's pid, and says to wait for it or stop it."""
     import os
 
-    from eagle3.launch import load_for_resume
+    from eagle3.resume import load_for_resume
     from eagle3.rundir import _held_locks
 
     run = tmp_path / "run"
@@ -167,7 +167,7 @@ def test_a_resumed_runs_config_key_this_version_does_not_know_is_refused_naming_
 
     from conftest import typed_run_config
     from eagle3.config import plain_config
-    from eagle3.launch import load_for_resume
+    from eagle3.resume import load_for_resume
 
     run = tmp_path / "run"
     plain = plain_config(typed_run_config(tmp_path / "cache", run, []))

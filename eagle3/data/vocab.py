@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import logging
 import os
-import pickle
 from pathlib import Path
 
 import numpy as np
@@ -32,12 +31,10 @@ def read_token_freq(data_dir: Path, vocab_size: int | None = None) -> dict[int, 
                         "from); python -m eagle3.data.prepare writes it, as speculators' pipeline does")
     try:
         freq = torch.load(file, map_location="cpu", weights_only=True)
-    except pickle.UnpicklingError:
-        # torch's message advises weights_only=False, i.e. running whatever the file holds: never passed on.
-        raise DataError(f"{file} is not {expected}; it holds Python objects other than tensors and plain data, "
-                        f"and is not unpickled. Prepare the dataset again") from None
-    except Exception:  # noqa: BLE001  (torch raises zip, EOF and runtime errors alike for a file not its format)
-        raise DataError(f"{file} is not {expected}; torch.load cannot read it as a file torch.save writes. "
+    except Exception:  # noqa: BLE001  (torch raises unpickling, zip, EOF and runtime errors alike)
+        # torch's own message advises weights_only=False, i.e. running whatever the file holds: never passed on.
+        raise DataError(f"{file} is not {expected}; it cannot be loaded as one (it is not a file torch.save writes, "
+                        f"or it holds Python objects beyond tensors and plain data, which are never unpickled). "
                         f"Prepare the dataset again") from None
     if not isinstance(freq, dict):
         raise DataError(f"{file} is not {expected}; it holds a {type(freq).__name__}. Prepare the dataset again")
