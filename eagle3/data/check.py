@@ -145,7 +145,7 @@ def check_dataset(data_dir: str | Path, num_slots: int | None = None, hidden_siz
         num_slots = len(record["aux_layer_ids"]) + 1
     token_rows = hidden_states and not (data_dir / "hidden_states").is_dir()
     hidden_states = hidden_states and not token_rows
-    read_token_freq(data_dir, vocab_size)
+    read_token_freq(data_dir)  # its ids against the vocabulary: the rows' check below
     report = CheckReport(str(data_dir), len(rows), full=full and hidden_states, token_rows=token_rows)
     if total_seq_len is not None:
         report.truncation = count_truncated(np.asarray(rows.seq_len, dtype=np.int64), total_seq_len)

@@ -22,7 +22,7 @@ def read_token_freq(data_dir: Path, vocab_size: int | None = None) -> dict[int, 
     """The one reader of a dataset's token_freq.pt: {token id: count} over its loss tokens, as speculators'
     save_token_frequency_distribution writes it (torch.save of a dict of ints). Only tensors and plain data are
     ever loaded (weights_only): any other file is one DataError that says what the file should be, never torch's
-    own advice to unpickle it. With `vocab_size`, every token id must lie in that vocabulary."""
+    own advice to unpickle it. With `vocab_size`, ids outside that vocabulary are left out (with a warning)."""
     file = Path(data_dir) / TOKEN_FREQ
     expected = ("a token-count file: torch.save of a {token id: count} dict of non-negative ints, as "
                 "python -m eagle3.data.prepare and speculators' save_token_frequency_distribution write it")
@@ -41,11 +41,11 @@ def read_token_freq(data_dir: Path, vocab_size: int | None = None) -> dict[int, 
     for token, count in freq.items():
         if not (type(token) is int and token >= 0 and type(count) is int and count >= 0):
             raise DataError(f"{file} is not {expected}; it maps {token!r} to {count!r}. Prepare the dataset again")
-        if vocab_size is not None and token >= vocab_size:
-            raise DataError(f"{file} counts token id {token}, outside the verifier's vocabulary of {vocab_size}: "
-                            f"the dataset belongs to another verifier (its tokenizer), or the file to another "
-                            f"dataset")
-    return freq
+    kept = {t: c for t, c in freq.items() if vocab_size is None or t < vocab_size}
+    if len(kept) < len(freq):  # their rows are bad ones (the data check refuses or skips them): no draft slot
+        log.warning("%s counts %d token ids outside the verifier's vocabulary of %d: left out of the draft vocabulary",
+                    file, len(freq) - len(kept), vocab_size)
+    return kept
 
 
 def vocab_mapping(data_dir: Path, draft_vocab_size: int, target_vocab_size: int) -> tuple[torch.Tensor, torch.Tensor]:
