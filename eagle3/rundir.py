@@ -390,6 +390,8 @@ class RunDir:
             return None
         try:
             text = os.read(fd, 32).decode("ascii", "replace").strip()
+        except OSError:
+            return None
         finally:
             os.close(fd)
         return int(text) if text.isdigit() else None
