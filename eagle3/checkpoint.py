@@ -108,7 +108,7 @@ def check_draft_files(path: Path) -> None:
                               "config.json and model.safetensors)")
     if not isinstance(read_config(path), dict):
         raise CheckpointError(f"{path / 'config.json'}: not a JSON object")
-    for file in checkpoint_files(path):
+    for file in checkpoint_files(path, "the draft checkpoint"):
         read_header(file)
 
 

@@ -24,7 +24,7 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from eagle3.draft_arch import DraftKind, LayerType, asked_flags, flag_conflicts
+from eagle3.draft_arch import DraftKind, LayerType, asked_flags, flag_conflicts, kind_flag_problem
 from eagle3.errors import ConfigError
 from eagle3.verifier_shape import read_verifier_config, shape_problems
 
@@ -38,6 +38,16 @@ if TYPE_CHECKING:
 def _require(ok: bool, key: str, problem: str) -> None:
     if not ok:
         raise ConfigError(f"{key}: {problem}")
+
+
+def require_temperature(key: str, value: float, greedy: bool = True) -> None:
+    """The one check of every sampling temperature (`key` names it): finite, and >= 0 where 0 means greedy
+    (`greedy`), else > 0. NaN would sample from NaN logits, and inf from a uniform distribution whatever the
+    verifier says: tokens no model would write, silently trained on or measured."""
+    number = isinstance(value, (int, float)) and not isinstance(value, bool)
+    ok = number and math.isfinite(value) and (value >= 0 if greedy else value > 0)
+    _require(ok, key, f"must be >= 0 and finite, got {value}" if greedy else
+             f"must be > 0 and finite (it samples, never greedy), got {value}")
 
 
 class Scheduler(str, Enum):
@@ -229,6 +239,11 @@ class DraftConfig:
         _require(self.num_layers >= 1, "model.draft.num_layers", f"must be >= 1, got {self.num_layers}")
         conflicts = flag_conflicts(self)
         _require(not conflicts, "model.draft", "; ".join(conflicts))
+        unservable = kind_flag_problem(self.kind, asked_flags(self))
+        _require(unservable is None, "model.draft.kind",
+                 f"peagle with EAGLE-3.1's norms (eagle31=true or fc_norm=true) trains a draft no engine serves as "
+                 f"trained ({unservable}; export refuses it): drop model.draft.eagle31/fc_norm to train P-EAGLE, or "
+                 f"train EAGLE-3.1 with model.draft.kind=eagle3")
         if self.kind == DraftKind.peagle:
             _require(self.ttt_step_loss_decay == 1.0, "model.draft.ttt_step_loss_decay",
                      "P-EAGLE weighs its depths as speculators' PEagleDraftModel does (equally); leave it at 1.0")
@@ -294,8 +309,7 @@ class SynthConfig:
         for key in ("num_samples", "prompt_len", "response_len", "batch_size"):
             value = getattr(self, key)
             _require(value >= 1, f"data.synth.{key}", f"must be >= 1, got {value}")
-        _require(math.isfinite(self.temperature) and self.temperature > 0, "data.synth.temperature",
-                 f"must be > 0 and finite (responses are sampled from the verifier), got {self.temperature}")
+        require_temperature("data.synth.temperature", self.temperature, greedy=False)  # responses are sampled
 
 
 class HiddenStatesDtype(str, Enum):
@@ -531,9 +545,7 @@ class AcceptEvalConfig:
         _require(self.max_new_tokens >= 2, "eval.accept.max_new_tokens",
                  f"must be >= 2 (the first token comes from the prompt's forward, without a draft), "
                  f"got {self.max_new_tokens}")
-        # NaN would sample from NaN logits, and inf from a uniform distribution whatever the verifier says.
-        _require(math.isfinite(self.temperature) and self.temperature >= 0, "eval.accept.temperature",
-                 f"must be >= 0 and finite, got {self.temperature}")
+        require_temperature("eval.accept.temperature", self.temperature)
 
     def check(self, dist: DistributedConfig) -> None:
         # The verifier it needs always exists: ModelConfig.check requires model.verifier.path or .tiny.
@@ -563,13 +575,6 @@ class ServeEvalConfig:
         _require(self.k is None or (len(self.k) > 0 and min(self.k) >= 1), "eval.serve.k",
                  f"must be null or a list of k >= 1, got {self.k}")
 
-    def check(self, draft: DraftConfig) -> None:
-        self.check_values()
-        # eagle3.serve_parity's rule for P-EAGLE, known before training: refused now, not after the run.
-        _require(not (self.enabled and draft.kind == DraftKind.peagle and asked_flags(draft)["fc_norm"]),
-                 "eval.serve.enabled", "serves the run with vLLM, whose P-EAGLE config reader drops fc_norm "
-                 "(EAGLE-3.1's per-aux norms) that this draft has (model.draft.kind=peagle with eagle31=true or "
-                 "fc_norm=true): drop eval.serve.enabled, or train it without fc_norm")
 
 
 @dataclass
@@ -596,7 +601,7 @@ class OnPolicyConfig:
         for key, low in (("start_step", 0), ("every", 1), ("num_prompts", 1), ("max_new_tokens", 2)):
             value = getattr(self, key)
             _require(value >= low, f"train.on_policy.{key}", f"must be >= {low}, got {value}")
-        _require(self.temperature >= 0, "train.on_policy.temperature", f"must be >= 0, got {self.temperature}")
+        require_temperature("train.on_policy.temperature", self.temperature)
         _require(0 < self.mix <= 1, "train.on_policy.mix", f"is the rollouts' share of the loss, in (0, 1]; got "
                                                            f"{self.mix}")
         _require(not self.enabled or dist.strategy != Strategy.fsdp or dist.world_size == 1,
@@ -645,7 +650,7 @@ class TrainConfig:
                  "nccl runs on CUDA GPUs only, and device=cpu; use distributed.backend=auto (gloo on CPU)")
         self.distributed.check()
         self.eval.accept.check(self.distributed)
-        self.eval.serve.check(self.model.draft)
+        self.eval.serve.check_values()  # P-EAGLE's rule for vLLM is the draft's (DraftConfig.check)
         self.train.on_policy.check(self.distributed)
         accept = self.eval.accept
         # accept_len exists only where the val pass that chose the best checkpoint measured acceptance.

@@ -23,6 +23,7 @@ This module imports neither torch nor speculators: the plan and `launch.py --cfg
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from enum import Enum
 from typing import TYPE_CHECKING
 
@@ -93,6 +94,16 @@ def resolved_flags(draft: DraftConfig, init_defaults: dict[str, bool]) -> dict[s
 def structure(draft: DraftConfig) -> dict[str, object]:
     """The decoder's structure as a checkpoint's transformer_layer_config states it."""
     return {"model_type": LayerType(draft.layer_type).value, "num_hidden_layers": draft.num_layers}
+
+
+def kind_flag_problem(kind: DraftKind | str, flags: Mapping[str, bool | None]) -> str | None:
+    """Why a draft of `kind` cannot have these norm flags, or None: the one rule that the run's config check (before
+    any rank starts), init=pretrained and export (eagle3/serve_parity.py) all apply. vLLM, the one engine with
+    parallel drafting, reads a P-EAGLE config's norm_before_residual and norm_before_fc only: per-aux fc_norm
+    (EAGLE-3.1's) would be served without the norms it was trained with."""
+    if DraftKind(kind) == DraftKind.peagle and flags.get("fc_norm"):
+        return "fc_norm=true: vLLM's P-EAGLE config reader drops fc_norm (EAGLE-3.1's per-aux norms)"
+    return None
 
 
 def flag_conflicts(draft: DraftConfig) -> list[str]:

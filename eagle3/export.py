@@ -111,7 +111,7 @@ def export(checkpoint: Path, out: Path, fmt: str = "speculators", verifier: str 
     would read, or `out` is unusable."""
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise CheckpointError(f"--out {out} exists and is not an empty directory; nothing was overwritten")
-    files = checkpoint_files(checkpoint)
+    files = checkpoint_files(checkpoint, "checkpoint (python -m eagle3.export's first argument)")
     config = read_config(checkpoint)
     kind = config.get("speculators_model_type")
     if kind not in ("eagle3", "peagle"):
@@ -200,7 +200,7 @@ def embed_equal(files: list[Path], verifier_dir: Path | None) -> bool | None:
     if verifier_dir is None:
         return None
     try:
-        theirs_files = checkpoint_files(verifier_dir)
+        theirs_files = checkpoint_files(verifier_dir, "--verifier")
     except CheckpointError:
         return None
     names = [k for f in theirs_files for k in read_header(f) if k.endswith("embed_tokens.weight")]
@@ -236,6 +236,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--verifier", help="the verifier vLLM will load (hub id or path), written into the "
                                            "speculators config; a local dir is also read to check the export")
     args = parser.parse_args(argv)
+    if args.verifier is not None and not args.verifier.strip():
+        # An empty name would be written as the verifier vLLM loads, or silently dropped: neither is what was asked.
+        parser.error(f"--verifier {args.verifier!r} names no verifier; give the hub id or path vLLM will load, or "
+                     f"leave the option out to keep the checkpoint's")
     try:
         warnings = export(args.checkpoint, args.out, args.format, args.verifier)
     except CheckpointError as e:

@@ -22,21 +22,14 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import InterpolationResolutionError, MissingMandatoryValue
 
-from eagle3.config import RunConfig, lr_advice, plain_config, run_config, validate
+from eagle3.config import RunConfig, lr_advice, run_config
 from eagle3.errors import ConfigError, Interrupted, StoppedBeforeTraining, UserError
-from eagle3.fit import check_devices, check_new_job, refuse_if_it_cannot_fit, run_plan
+from eagle3.fit import check_new_job, refuse_if_it_cannot_fit, run_plan
 from eagle3.job_outcome import JobOutcome
 from eagle3.objective import objective_value
 from eagle3.rank_errors import RankFailed
-from eagle3.rundir import (
-    CHECKPOINTS,
-    RESOLVED_CONFIG,
-    RunDir,
-    config_changes,
-    data_part_before_sources,
-    read_run_config,
-    trained_config,
-)
+from eagle3.resume import AlreadyComplete, load_for_resume
+from eagle3.rundir import RunDir
 from eagle3.verifier_shape import unresolvable
 
 if TYPE_CHECKING:
@@ -64,7 +57,11 @@ def run_one_job(cfg: DictConfig, hydra) -> float | None:
         if cfg.plan:  # print the memory/time plan and stop; no run dir, nothing built
             show_plan(cfg, hydra, run_dir)
             return None
-        run_cfg = load_for_resume(run_dir, hydra) if cfg.resume else fresh_run(cfg, hydra, run_dir)
+        try:
+            run_cfg = load_for_resume(run_dir, hydra) if cfg.resume else fresh_run(cfg, hydra, run_dir)
+        except AlreadyComplete as done:
+            print(done, flush=True)
+            return None
         job.ours = True  # the run dir is this run's: from here on a failure is recorded in it
         summary = run_with_inputs(run_cfg)
         # Inside the try: a run whose best val pass has no accept_len is a failed trial, recorded as such.
@@ -196,7 +193,7 @@ def show_plan(cfg: DictConfig, hydra, run_dir: Path) -> None:
 
     try:
         if cfg.resume:
-            run_cfg = run_config(read_run_config(Path(cfg.resume)), dataset_required=False)
+            run_cfg = RunDir(cfg.resume).typed_config(dataset_required=False)
         else:
             run_cfg = run_config(resolve(cfg, hydra, run_dir), dataset_required=False)
         plan = run_plan(run_cfg)
@@ -220,30 +217,3 @@ def remove_if_only_hydras(hydra_dir: Path, job_name: str) -> None:
             hydra_dir.parent.rmdir()  # Hydra's date dir, when this was its only run
         except OSError:
             pass
-
-
-def load_for_resume(run_dir: Path, hydra) -> RunConfig:
-    """The run's own resolved config, through the same schemas and checks as a fresh run's; resuming changes
-    nothing about the run."""
-    others = [o for o in hydra.overrides.task if not o.startswith(("resume=", "hydra."))]
-    if others:
-        raise ConfigError(f"resume continues a run with its own resolved_config.yaml and takes no other "
-                          f"overrides; remove: {' '.join(others)}")
-    resolved = read_run_config(run_dir)
-    if resolved.get("distributed", {}).get("node_rank", 0) == 0:
-        RunDir(run_dir).hold().refuse_links()  # before any rank starts: a link leading out is never written
-    from eagle3.checkpoint import load_trainer_state, resumable_last
-
-    last = resumable_last(run_dir / CHECKPOINTS)  # whole, or restored from a save stopped between its renames
-    resolved["resume"] = str(run_dir)
-    log.info("resuming %s", run_dir)
-    run_cfg = run_config(resolved)
-    trained = load_trainer_state(last, mmap=True).get("config")
-    if trained is not None:  # through today's schemas, as the run's own config: an older layout compares as itself
-        trained = trained_config(plain_config(validate(data_part_before_sources(trained), dataset_required=False)))
-    changes = config_changes(trained, trained_config(plain_config(run_cfg))) if trained is not None else []
-    if changes:  # e.g. fewer ranks (another global batch), or an lr the restored scheduler would not train at
-        raise ConfigError(f"resume: {run_dir / RESOLVED_CONFIG} no longer says what {last} was trained with: "
-                          f"{'; '.join(changes)}. Restore those values to continue the run, or start a new one")
-    check_devices(run_cfg)
-    return run_cfg

@@ -28,6 +28,7 @@ from eagle3 import safe_write
 from eagle3.errors import ConfigError
 
 if TYPE_CHECKING:
+    from eagle3.config import RunConfig
     from eagle3.progress import RunSummary
 
 RESOLVED_CONFIG = "resolved_config.yaml"
@@ -338,6 +339,14 @@ class SweepIndex:
 
 
 
+
+def holder_pid(holder: str) -> int | None:
+    """The pid in a lock's holder line (`pid N: <command>`, eagle3.safe_write.this_process), None when it names
+    none."""
+    head = holder.split(":", 1)[0].strip()
+    return int(head[4:]) if head.startswith("pid ") and head[4:].isdigit() else None
+
+
 class RunDir:
     """A run's dir and the files in it."""
 
@@ -355,14 +364,22 @@ class RunDir:
         return self.file(RESOLVED_CONFIG).is_file() or self.file(FAILURE).is_file()
 
     # --- taking it ---
-    def hold(self, holder: str | None = None) -> RunDir:
+    def hold(self, holder: str | None = None, resuming: bool = False) -> RunDir:
         """Takes the dir for this process, so that two runs started in the same second (Hydra names run dirs by
         the second), two resumes of one run, or two serves of it cannot write into one dir together. The lock file
-        names its holder (`holder`, default: this pid and command line) for the one refused."""
+        names its holder (`holder`, default: this pid and command line) for the one refused; a resume refused is
+        told to wait for that process or stop it, not to choose another dir."""
         self.path.mkdir(parents=True, exist_ok=True)
         try:
             safe_write.hold_lock(self.path, self.file(LOCK), holder)  # held as long as this process
         except safe_write.LockHeld as e:
+            pid = holder_pid(e.holder)
+            who = f"process {pid}" if pid is not None else "another process"
+            if resuming:
+                stop = f"kill -TERM {pid}" if pid is not None else "SIGTERM"
+                raise ConfigError(f"resume: {self.path} is in use by {who}, which is running or resuming this run; "
+                                  f"nothing was written: wait for it to end, or stop it ({stop}: a stopped run "
+                                  f"saves its state) and resume again") from None
             raise ConfigError(f"{self.path} is in use by another run (started in the same second, or resuming it), "
                               f"or a serve of it: {e.holder}; nothing was written: choose another hydra.run.dir"
                               ) from None
@@ -409,6 +426,17 @@ class RunDir:
 
     def read_config(self, what: str = "resume") -> dict[str, Any]:
         return read_run_config(self.path, what)
+
+    def typed_config(self, what: str = "resume", dataset_required: bool = True, **values: Any) -> RunConfig:
+        """resolved_config.yaml (with `values` set) typed and checked through this version's schemas, as a fresh
+        run's config is; a key or value they refuse is the file's, not the command line's: the message names it."""
+        from eagle3.config import run_config
+
+        try:
+            return run_config({**self.read_config(what), **values}, dataset_required)
+        except ConfigError as e:
+            raise ConfigError(f"{what}: {self.file(RESOLVED_CONFIG)} (the run's config, read through this version's "
+                              f"schemas): {e}") from None
 
     # --- summary.json ---
     def write_summary(self, summary: RunSummary) -> None:

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from eagle3.draft_arch import DraftKind, kind_flag_problem
 from eagle3.rope import Rope, engine_keys, read_rope
 from eagle3.tensorfile import TensorSpec
 
@@ -98,8 +99,9 @@ def _parallel_drafting(s: Served) -> str | None:
     for name in ("mask_hidden", "embed_tokens.weight"):
         if name not in s.tensors:
             problems.append(f"{name} is missing: P-EAGLE trained it and vLLM reads it")
-    if s.config.get("fc_norm"):
-        problems.append("fc_norm=true: vLLM's P-EAGLE config reader drops fc_norm (EAGLE-3.1's per-aux norms)")
+    flags = kind_flag_problem(DraftKind.peagle, s.config)
+    if flags:
+        problems.append(flags)
     return "; ".join(problems) or None
 
 

@@ -78,6 +78,24 @@ def test_validate_names_the_key(override, key):
         validate(resolved)
 
 
+TEMPERATURES = [(["data=tiny"], "data.synth.temperature"), (["data=regenerate"], "data.regenerate.temperature"),
+                (["train.on_policy.enabled=true"], "train.on_policy.temperature"), ([], "eval.accept.temperature")]
+
+
+@pytest.mark.parametrize("value", ["inf", "nan"])
+@pytest.mark.parametrize("choices,key", TEMPERATURES, ids=[key for _, key in TEMPERATURES])
+def test_every_sampling_temperature_refuses_a_non_finite_value(choices, key, value, tmp_path):
+    """T=inf divides every logit to 0: tokens drawn uniformly, whatever the verifier says (regenerated and trained
+    on, or rolled out and trained on); NaN samples from NaN. One check, config.require_temperature, for each key."""
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text('{"input_ids": [1, 2], "loss_mask": [0, 1]}\n')
+    paths = [f"data.path={prompts}"] if "data=regenerate" in choices else []
+    resolved = OmegaConf.to_container(compose_cfg([*choices, *paths, f"{key}={value}"]), resolve=True,
+                                      enum_to_str=True)
+    with pytest.raises(ConfigError, match=rf"^{key}: must be (>= 0|> 0) and finite.*, got {value}$"):
+        validate(resolved)
+
+
 @pytest.mark.parametrize("override,expected", [
     ("optim.lr=abc", ["optim.lr", "abc"]),
     ("optim.lrr=1", ["optim.lrr"]),

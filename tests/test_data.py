@@ -103,3 +103,46 @@ def test_sampling_from_a_verifier_with_nan_weights_is_one_data_error(tmp_path):
         model.model.layers[1].mlp.down_proj.weight[0, 0] = float("nan")
     with pytest.raises(DataError, match="next-token probabilities are not finite"):
         sample_rows(model, SynthConfig(num_samples=2, prompt_len=4, response_len=4, batch_size=2))
+
+
+@pytest.fixture
+def dataset(tmp_path):
+    """A small offline dataset (rows, hidden states, token_freq.pt and its record) of the tiny verifier."""
+    verifier = tiny_verifier_dir(TINY, str(tmp_path))
+    return synthetic_dataset_dir(verifier, SYNTH, [1, 2, 3], str(tmp_path))
+
+
+def test_check_and_training_refuse_a_token_freq_that_is_not_token_counts_alike(dataset, capsys):
+    """token_freq.pt holding any other pickle passed `eagle3.data.check` ("all good") while training refused it, quoting
+    torch's advice to load it with weights_only=False (to run whatever it holds): one reader for both, whose
+    message says what the file should be."""
+    from fractions import Fraction
+
+    from eagle3.data.check import main
+    from eagle3.data.vocab import vocab_mapping
+    from eagle3.errors import DataError
+
+    torch.save({1: Fraction(1, 3)}, dataset / "token_freq.pt")  # a class no weights_only load allows
+    assert main([str(dataset)]) == 1
+    out = capsys.readouterr()
+    said = out.err.strip()
+    assert said.startswith(f"error: {dataset / 'token_freq.pt'} is not a token-count file: torch.save of a "
+                           f"{{token id: count}} dict"), out
+    assert "weights_only" not in said and "Traceback" not in said and "all good" not in out.out
+    with pytest.raises(DataError) as refused:
+        vocab_mapping(dataset, 64, TINY.vocab_size)
+    assert said == f"error: {refused.value}"
+
+
+def test_check_says_what_a_token_row_dataset_is(tmp_path, capsys):
+    """Rows without hidden states (what data=online and data=regenerate build and read) were "48 of 48 rows are bad:
+    missing_file 48": they are a token-row dataset, checked as one, and the check says where it is usable."""
+    from eagle3.data.check import main
+    from eagle3.data.token_rows import save_rows
+
+    save_rows([([1, 2, 3, 4], [0, 1, 1, 1]), ([5, 6, 7], [0, 0, 1])], tmp_path / "rows")
+    assert main([str(tmp_path / "rows")]) == 0
+    out = capsys.readouterr().out
+    assert f"{tmp_path / 'rows'} is a token-row dataset: Arrow rows without hidden states, by design" in out, out
+    assert f"data=online data.path={tmp_path / 'rows'}; data=offline needs hidden_states" in out
+    assert "2 rows, all good (token ids and loss masks)" in out and "missing_file" not in out

@@ -196,7 +196,7 @@ def plan(good, fmt):
     from eagle3.export import planned
     from eagle3.init.files import checkpoint_files, read_config
 
-    return planned(good, checkpoint_files(good), read_config(good), fmt, None)[0]
+    return planned(good, checkpoint_files(good, "checkpoint"), read_config(good), fmt, None)[0]
 
 
 def drop(key):
@@ -267,3 +267,17 @@ def test_the_specforge_config_reads_as_a_llama_config_with_its_rope(good, tmp_pa
     assert config.architectures == ["LlamaForCausalLMEagle3"] and config.tie_word_embeddings is False
     assert "type" not in config.rope_parameters
     assert read_rope({"rope_parameters": config.rope_parameters}) == Rope(500000.0, LLAMA3)
+
+
+def test_a_missing_checkpoint_and_an_empty_verifier_are_refused_in_exports_own_words(good, tmp_path, capsys):
+    """export said "init.path: ..." (a run's key, not export's argument) of a missing checkpoint, and exported with
+    `--verifier ''` (rc 0)."""
+    code, err, _ = run(tmp_path / "missing", tmp_path, capsys)
+    assert code == 2 and err.strip() == (
+        f"error: checkpoint (python -m eagle3.export's first argument): {tmp_path / 'missing'} does not exist; "
+        f"expected a draft checkpoint dir with config.json and model.safetensors (or a sharded index)"), err
+    with pytest.raises(SystemExit) as refused:
+        main([str(good), "--out", str(tmp_path / "out"), "--verifier", ""])
+    err = capsys.readouterr().err
+    assert refused.value.code == 2 and "error: --verifier '' names no verifier" in err, err
+    assert "Traceback" not in err and not (tmp_path / "out").exists()

@@ -225,17 +225,6 @@ def test_serve_refuses_a_temperature_no_sampler_has_before_reading_the_run(tmp_p
         serve_main([str(tmp_path / "no-run"), "--temperature", value])
 
 
-@pytest.mark.parametrize("flag", ["model.draft.eagle31=true", "model.draft.fc_norm=true"])
-def test_serving_at_the_end_a_peagle_draft_vllm_cannot_load_is_refused_before_training(flag):
-    """vLLM's P-EAGLE reader drops fc_norm; with eval.serve.enabled=true the run trained, then failed to serve."""
-    overrides = ["model.draft.kind=peagle", flag, "model.draft.norm_before_fc=false"]
-    with pytest.raises(ConfigError, match=r"^eval.serve.enabled: serves the run with vLLM, whose P-EAGLE config "
-                                          r"reader drops fc_norm"):
-        composed([*overrides, "eval.serve.enabled=true"])
-    composed(overrides)  # trained without serving it: fine (it loads in speculators)
-    composed(["model.draft.kind=peagle", "eval.serve.enabled=true"])
-
-
 def test_flex_attention_on_the_cpu_is_refused_before_anything_is_built():
     """attn_impl=simple_flex_attention with device=cpu ran into torch's "FlexAttention does not support backward on
     CPU" traceback at the first step, leaving a failed run dir; the launcher's and the sweeper's device check

@@ -135,6 +135,29 @@ def test_vllm_refuses_a_peagle_draft_with_per_aux_norms(tmp_path):
         export(checkpoint, tmp_path / "vllm", fmt="speculators", verifier="org/verifier")
 
 
+@pytest.mark.parametrize("flag", ["model.draft.eagle31=true", "model.draft.fc_norm=true"])
+@pytest.mark.parametrize("serve", [[], ["eval.serve.enabled=true"]], ids=["trained", "served at the end"])
+def test_a_peagle_draft_with_eagle31_norms_is_refused_before_training_by_exports_rule(flag, serve):
+    """It trained without a word and only export refused it (vLLM's P-EAGLE reader drops fc_norm); the run's config
+    check applies export's rule (draft_arch.kind_flag_problem), before any rank starts."""
+    from omegaconf import OmegaConf
+
+    from eagle3.config import validate
+    from eagle3.draft_arch import kind_flag_problem
+
+    rule = kind_flag_problem(DraftKind.peagle, {"fc_norm": True})
+    plain = OmegaConf.to_container(compose_cfg(["model.draft.kind=peagle", flag, "model.draft.norm_before_fc=false",
+                                                *serve]), resolve=True, enum_to_str=True)
+    with pytest.raises(ConfigError) as refused:
+        validate(plain, dataset_required=False)
+    assert str(refused.value).startswith("model.draft.kind: peagle with EAGLE-3.1's norms (eagle31=true or "
+                                         "fc_norm=true) trains a draft no engine serves as trained (")
+    assert rule is not None and f"({rule}; export refuses it)" in str(refused.value)
+    plain = OmegaConf.to_container(compose_cfg([flag, "model.draft.norm_before_fc=false", *serve]), resolve=True,
+                                   enum_to_str=True)
+    validate(plain, dataset_required=False)  # EAGLE-3.1 as an EAGLE-3 draft: vLLM serves it
+
+
 PEAGLE = ["model.draft.kind=peagle"]
 
 

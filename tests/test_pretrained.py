@@ -253,3 +253,25 @@ def test_sharded_checkpoint_loads_like_a_single_file(specforge_export, run_input
     assert len(report["files"]) == 2
     for key, value in single.state_dict().items():
         assert torch.equal(value, split.state_dict()[key]), key
+
+
+def test_a_checkpoint_of_another_kind_gets_advice_that_holds_when_the_kind_is_set_on_the_command_line(tmp_path):
+    """init=pretrained from an EAGLE-3 checkpoint with model.draft.kind=peagle on the command line advised "set them on
+    the command line to override the checkpoint": they were, and no override loads weights into another kind."""
+    from eagle3.draft_arch import SPECULATORS_FLAGS, DraftKind
+    from eagle3.init.build import bare_draft
+    from eagle3.init.pretrained import preflight
+
+    plain = OmegaConf.to_container(compose_cfg().model.draft, resolve=True)
+    checkpoint = tmp_path / "ckpt"
+    bare_draft(DraftConfig(**plain), SPECULATORS_FLAGS, "cpu").save_pretrained(str(checkpoint))
+    ctx = InitContext(DraftConfig(**{**plain, "kind": DraftKind.peagle}), PretrainedInitConfig(path=str(checkpoint)),
+                      tmp_path, tmp_path, "sdpa", ["model.draft.kind=peagle"])
+    with pytest.raises(CheckpointError) as refused:
+        preflight(ctx)
+    said = str(refused.value)
+    assert "model.draft.kind: the run says peagle, the checkpoint eagle3 (its speculators_model_type)" in said
+    assert said.endswith("model.draft.kind: the checkpoint's weights are those of its own architecture and load into "
+                         "no other, whatever the command line says; to start from it set model.draft.kind=eagle3, "
+                         "or train this architecture with init=scratch"), said
+    assert "override the checkpoint" not in said

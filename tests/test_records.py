@@ -87,7 +87,7 @@ def test_a_dataset_without_readable_token_counts_is_one_data_error(tmp_path):
     with pytest.raises(DataError, match="no token_freq.pt"):
         vocab_mapping(tmp_path, 8, 16)
     (tmp_path / "token_freq.pt").write_bytes(b"not a torch file")
-    with pytest.raises(DataError, match="cannot be read as token counts"):
+    with pytest.raises(DataError, match="is not a token-count file: .*; it cannot be loaded as one"):
         vocab_mapping(tmp_path, 8, 16)
 
 

@@ -204,6 +204,23 @@ def test_bad_settings_and_prompts_are_one_message(verifier, tmp_path):
         regenerated_rows_dir(too_long, verifier, Regeneration(), str(tmp_path / "cache"))
 
 
+def test_a_prompt_only_row_without_its_placeholder_is_refused_quoting_the_rule(verifier, tmp_path):
+    """A prompt-only input_ids row with loss mask all 0 was refused as "no token to train on", which says nothing of
+    how to give a prompt: the message quotes docs/regenerate.md's rule for it, as the page states it."""
+    from eagle3.data.regenerate import PROMPT_ONLY_RULE
+    from eagle3.errors import DataError
+
+    docs = (Path(__file__).parent.parent / "docs" / "regenerate.md").read_text()
+    assert PROMPT_ONLY_RULE in " ".join(docs.split())
+    prompts = write_jsonl(tmp_path / "prompts.jsonl", [{"input_ids": [5, 6, 7], "loss_mask": [0, 0, 0]}])
+    with pytest.raises(DataError) as refused:
+        regenerated_rows_dir(prompts, verifier, Regeneration(), str(tmp_path / "cache"))
+    assert str(refused.value) == (
+        f"{prompts}:1: no token to train on (loss_mask is all 0); data=regenerate regenerates each run of loss-mask 1, "
+        f"and \"{PROMPT_ONLY_RULE}\" (docs/regenerate.md): append any token id to input_ids and a 1 to loss_mask "
+        f"(on_bad_sample=skip leaves such rows out and counts them)")
+
+
 def test_responses_end_at_the_end_of_sequence_token(verifier, tmp_path):
     """A verifier whose end-of-sequence id is the 4th token of a greedy continuation: that row stops there, the
     token included, and the record counts it as not truncated."""

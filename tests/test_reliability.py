@@ -114,12 +114,12 @@ def test_a_pickle_offered_as_weights_is_refused_and_never_run(tmp_path):
     (ckpt / "config.json").write_text("{}")
     (ckpt / "pytorch_model.bin").write_bytes(pickle.dumps(Payload()))
     with pytest.raises(CheckpointError, match="pickle files are never loaded"):
-        checkpoint_files(ckpt)
+        checkpoint_files(ckpt, "init.path")
     (ckpt / "model.safetensors").write_bytes(pickle.dumps(Payload()))  # pickle bytes under a safetensors name
     from eagle3.init.files import tensor_shapes
 
     with pytest.raises(CheckpointError, match="not a safetensors file"):
-        tensor_shapes(checkpoint_files(ckpt))
+        tensor_shapes(checkpoint_files(ckpt, "init.path"))
     assert not marker.exists()
 
 

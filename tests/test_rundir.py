@@ -310,3 +310,72 @@ def test_a_resume_through_a_link_leading_out_is_refused_before_any_rank_starts(n
     assert f"{name} -> {outside}" in proc.stderr and "nothing was written" in proc.stderr
     assert sorted((str(p), p.read_text()) for p in outside.rglob("*") if p.is_file()) == before
     assert not list((run / "checkpoints").glob(".best.*"))
+
+
+def resume_hydra(run_dir: Path):
+    """What eagle3.resume.load_for_resume reads of Hydra's config for `python launch.py resume=<run_dir>`."""
+    from types import SimpleNamespace
+
+    return SimpleNamespace(overrides=SimpleNamespace(task=[f"resume={run_dir}"]))
+
+
+def test_a_resume_of_a_run_dir_in_use_names_the_process_holding_it(tmp_path):
+    """A resume refused because another process holds the run advised "choose another hydra.run.dir", which a resume
+    cannot do: it names the holder's pid, and says to wait for it or stop it."""
+    import os
+
+    from eagle3 import safe_write
+    from eagle3.resume import load_for_resume
+
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "resolved_config.yaml").write_text("run: {}\n")
+    RunDir(run).hold()  # as the process running (or resuming) the run holds it
+    try:
+        with pytest.raises(ConfigError) as refused:
+            load_for_resume(run, resume_hydra(run))
+    finally:
+        safe_write.release(run / ".lock")
+    pid = os.getpid()
+    assert str(refused.value) == (f"resume: {run} is in use by process {pid}, which is running or resuming this run; "
+                                  f"nothing was written: wait for it to end, or stop it (kill -TERM {pid}: a stopped "
+                                  f"run saves its state) and resume again")
+
+
+def test_a_resumed_runs_config_key_this_version_does_not_know_is_refused_naming_the_file(tmp_path):
+    """The refusal named the key only, as if it came from the command line (which resume= takes no key from)."""
+    import yaml
+
+    from conftest import typed_run_config
+    from eagle3.config import plain_config
+    from eagle3.resume import load_for_resume
+
+    run = tmp_path / "run"
+    plain = plain_config(typed_run_config(tmp_path / "cache", run, []))
+    plain["optim"]["lr_warmup"] = 0.1  # written by another version, or edited
+    run.mkdir()
+    (run / "resolved_config.yaml").write_text(yaml.safe_dump(plain))
+    with pytest.raises(ConfigError) as refused:
+        load_for_resume(run, resume_hydra(run))
+    assert str(refused.value).startswith(f"resume: {run / 'resolved_config.yaml'} (the run's config, read through "
+                                         f"this version's schemas): optim.lr_warmup: "), refused.value
+
+
+def test_a_resume_of_a_completed_run_says_it_is_complete_and_trains_nothing(trained_run, cache_dir, tmp_path):
+    """`python launch.py resume=R` of a completed run loaded the data and the ranks, trained no step, wrote its
+    summary again and ended without a word of why; it says the run is complete and exits 0 before anything runs."""
+    import shutil
+
+    from conftest import launch
+
+    run = tmp_path / "run"
+    shutil.copytree(trained_run, run, ignore=shutil.ignore_patterns("wandb"))
+    before = {p.name: p.read_bytes() for p in (run / "summary.json", run / "metrics.jsonl")}
+    steps = json.loads(before["summary.json"])["steps"]
+    proc = launch([f"resume={run}"], cache_dir, WANDB_MODE="offline")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert f"{run} is already complete: it trained all its {steps} steps (summary.json; best val tau_sim " in \
+        proc.stdout, proc.stdout
+    assert "nothing to resume, nothing was trained" in proc.stdout and "resuming at step" not in proc.stdout
+    assert {p.name: p.read_bytes() for p in (run / "summary.json", run / "metrics.jsonl")} == before
+    assert "Traceback" not in proc.stderr

@@ -57,6 +57,7 @@ class CheckReport:
     bad: dict[int, tuple[str, str]] = field(default_factory=dict)  # row -> (kind, detail)
     full: bool = False
     truncation: Truncation | None = None  # with the run's total_seq_len: the rows it cuts
+    token_rows: bool = False  # hidden states were asked for and the dir has none: token rows, checked as such
 
     @property
     def good_rows(self) -> list[int]:
@@ -66,10 +67,17 @@ class CheckReport:
         return dict(Counter(kind for kind, _ in self.bad.values()))
 
     def summary(self, first: int = 5) -> str:
-        what = "full check" if self.full else "quick check (no NaN/inf scan)"
+        what = "token ids and loss masks" if self.token_rows else \
+            "full check" if self.full else "quick check (no NaN/inf scan)"
+        token_rows = ""
+        if self.token_rows:
+            token_rows = (f"{self.data_dir} is a token-row dataset: Arrow rows without hidden states, by design (what "
+                          f"data=online and data=regenerate train on, the verifier computing the hidden states in "
+                          f"the loop). Train on it with data=online data.path={self.data_dir}; data=offline needs "
+                          f"hidden_states/hs_<i>.safetensors, which python -m eagle3.data.prepare writes.\n")
         if not self.bad:
-            return f"{self.data_dir}: {self.rows} rows, all good ({what})"
-        lines = [f"{self.data_dir}: {len(self.bad)} of {self.rows} rows are bad ({what}): "
+            return f"{token_rows}{self.data_dir}: {self.rows} rows, all good ({what})"
+        lines = [f"{token_rows}{self.data_dir}: {len(self.bad)} of {self.rows} rows are bad ({what}): "
                  + ", ".join(f"{kind} {n}" for kind, n in sorted(self.counts().items()))]
         lines += [f"  row {i}: {detail}" for i, (_, detail) in sorted(self.bad.items())[:first]]
         return "\n".join(lines)
@@ -119,9 +127,12 @@ def check_dataset(data_dir: str | Path, num_slots: int | None = None, hidden_siz
                   max_positions: int | None = None) -> CheckReport:
     """Checks every row of `data_dir`; sizes left None are taken from the record or the first file. With
     `total_seq_len` (tokens per micro-batch), also counts the rows the trainer would cut to it.
-    `hidden_states=False` (data=online: the verifier computes them) checks the token rows alone, and
-    `max_positions` (the verifier's) makes a longer row a bad one."""
+    `hidden_states=False` (data=online: the verifier computes them) checks the token rows alone, as it does for a
+    dir without hidden_states/ (a token-row dataset: the report says so), and `max_positions` (the verifier's)
+    makes a longer row a bad one. token_freq.pt is read by the reader training uses (eagle3.data.vocab): a file
+    training would refuse is refused here."""
     from eagle3.data.record import read_record
+    from eagle3.data.vocab import read_token_freq
 
     data_dir = Path(data_dir)
     try:
@@ -132,7 +143,10 @@ def check_dataset(data_dir: str | Path, num_slots: int | None = None, hidden_siz
     hidden_size = hidden_size or record.get("hidden_size")
     if num_slots is None and "aux_layer_ids" in record:
         num_slots = len(record["aux_layer_ids"]) + 1
-    report = CheckReport(str(data_dir), len(rows), full=full)
+    token_rows = hidden_states and not (data_dir / "hidden_states").is_dir()
+    hidden_states = hidden_states and not token_rows
+    read_token_freq(data_dir)  # its ids against the vocabulary: the rows' check below
+    report = CheckReport(str(data_dir), len(rows), full=full and hidden_states, token_rows=token_rows)
     if total_seq_len is not None:
         report.truncation = count_truncated(np.asarray(rows.seq_len, dtype=np.int64), total_seq_len)
     for i in tqdm(range(report.rows), desc="checking rows", unit="row", leave=False, mininterval=1.0,

@@ -126,9 +126,10 @@ def conversation(item: dict[str, Any], form: RowFormat) -> list[dict[str, str]]:
 
 def read_rows(path: Path, max_len: int, vocab_size: int, bad: BadSamples,
               tokenize_chat: Callable[[list[dict[str, Any]]], Row] | None = None,
-              row_format: RowFormat | str = RowFormat.auto) -> Rows:
+              row_format: RowFormat | str = RowFormat.auto, empty_mask_rule: str = "") -> Rows:
     """The usable rows of a rows file or `datasets` dir (eagle3.data.row_files), in file order, in `row_format`
-    (auto: the first row's). `tokenize_chat` is needed only for conversations (messages and ShareGPT rows)."""
+    (auto: the first row's). `tokenize_chat` is needed only for conversations (messages and ShareGPT rows);
+    `empty_mask_rule`, the reader's rule that a row whose loss mask is all 0 breaks, is added to its message."""
     if not (path.is_file() or path.is_dir()):
         raise DataError(f"{path} {path_kind(path, 'a regular file')}; expected {ROWS_FILES}")
     formats = Formats(row_format)
@@ -152,7 +153,8 @@ def read_rows(path: Path, max_len: int, vocab_size: int, bad: BadSamples,
                                                  f"vocabulary of {vocab_size}")
         elif not any(mask):
             bad.bad(where, "empty_loss_mask", "no token to train on (loss_mask is all 0"
-                                              + (" after truncation to max_len)" if len(row[0]) > max_len else ")"))
+                                              + (" after truncation to max_len)" if len(row[0]) > max_len else ")")
+                                              + (f"; {empty_mask_rule}" if empty_mask_rule else ""))
         else:
             rows.append((ids, mask))
     if not rows:

@@ -60,6 +60,10 @@ def prompt_spans(row: Row) -> list[list[int]]:
     return [ids[:i] for i in range(len(mask)) if mask[i] and (i == 0 or not mask[i - 1])]
 
 
+# docs/regenerate.md's rule, quoted where a row breaks it.
+PROMPT_ONLY_RULE = "A prompt-only row has one placeholder token of mask 1 at the end."
+
+
 def read_prompts(path: Path, verifier_dir: Path, vocab_size: int, bad: BadSamples,
                  row_format: RowFormat | str = RowFormat.auto) -> tuple[list[list[int]], dict[str, str]]:
     """Every prompt of the prompt set at `path` (any rows file eagle3.data.jsonl reads), in file order, and what
@@ -79,7 +83,9 @@ def read_prompts(path: Path, verifier_dir: Path, vocab_size: int, bad: BadSample
             ids, mask = prompt + [prompt[-1]], mask + [0] * (len(prompt) - len(ids)) + [1]
         return ids, mask
 
-    rows = read_rows(path, sys.maxsize, vocab_size, bad, tokenize_chat, row_format)
+    rule = (f"data=regenerate regenerates each run of loss-mask 1, and \"{PROMPT_ONLY_RULE}\" (docs/regenerate.md): "
+            f"append any token id to input_ids and a 1 to loss_mask")
+    rows = read_rows(path, sys.maxsize, vocab_size, bad, tokenize_chat, row_format, rule)
     return [prompt for row in rows for prompt in prompt_spans(row)], rows.record()
 
 

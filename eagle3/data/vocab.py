@@ -16,6 +16,39 @@ from eagle3.safe_write import LinkRefused, open_write, replace_file
 log = logging.getLogger(__name__)
 
 
+TOKEN_FREQ = "token_freq.pt"
+
+
+def read_token_freq(data_dir: Path, vocab_size: int | None = None) -> dict[int, int]:
+    """The one reader of a dataset's token_freq.pt: {token id: count} over its loss tokens, as speculators'
+    save_token_frequency_distribution writes it (torch.save of a dict of ints). Only tensors and plain data are
+    ever loaded (weights_only): any other file is one DataError that says what the file should be, never torch's
+    own advice to unpickle it. With `vocab_size`, ids outside that vocabulary are left out (with a warning)."""
+    file = Path(data_dir) / TOKEN_FREQ
+    expected = ("a token-count file: torch.save of a {token id: count} dict of non-negative ints, as "
+                "python -m eagle3.data.prepare and speculators' save_token_frequency_distribution write it")
+    if not file.is_file():
+        raise DataError(f"{data_dir} has no {TOKEN_FREQ} (the loss tokens' counts the draft vocabulary is built "
+                        "from); python -m eagle3.data.prepare writes it, as speculators' pipeline does")
+    try:
+        freq = torch.load(file, map_location="cpu", weights_only=True)
+    except Exception:  # noqa: BLE001  (torch raises unpickling, zip, EOF and runtime errors alike)
+        # torch's own message advises weights_only=False, i.e. running whatever the file holds: never passed on.
+        raise DataError(f"{file} is not {expected}; it cannot be loaded as one (it is not a file torch.save writes, "
+                        f"or it holds Python objects beyond tensors and plain data, which are never unpickled). "
+                        f"Prepare the dataset again") from None
+    if not isinstance(freq, dict):
+        raise DataError(f"{file} is not {expected}; it holds a {type(freq).__name__}. Prepare the dataset again")
+    for token, count in freq.items():
+        if not (type(token) is int and token >= 0 and type(count) is int and count >= 0):
+            raise DataError(f"{file} is not {expected}; it maps {token!r} to {count!r}. Prepare the dataset again")
+    kept = {t: c for t, c in freq.items() if vocab_size is None or t < vocab_size}
+    if len(kept) < len(freq):  # their rows are bad ones (the data check refuses or skips them): no draft slot
+        log.warning("%s counts %d token ids outside the verifier's vocabulary of %d: left out of the draft vocabulary",
+                    file, len(freq) - len(kept), vocab_size)
+    return kept
+
+
 def vocab_mapping(data_dir: Path, draft_vocab_size: int, target_vocab_size: int) -> tuple[torch.Tensor, torch.Tensor]:
     """(d2t, t2d): the draft vocabulary is the most frequent loss tokens of the data (speculators' rule)."""
     data_dir = Path(data_dir)
@@ -33,15 +66,7 @@ def vocab_mapping(data_dir: Path, draft_vocab_size: int, target_vocab_size: int)
         return d2t, t2d
     from speculators.train.vocab_mapping import build_vocab_mappings_from_distribution
 
-    freq_file = data_dir / "token_freq.pt"
-    if not freq_file.is_file():
-        raise DataError(f"{data_dir} has no token_freq.pt (the loss tokens' counts the draft vocabulary is built "
-                        "from); python -m eagle3.data.prepare writes it, as speculators' pipeline does")
-    try:
-        freq = torch.load(freq_file, weights_only=True)
-    except Exception as e:  # torch raises pickle, zip and runtime errors alike for a file that is not its format
-        raise DataError(f"{freq_file} cannot be read as token counts ({type(e).__name__}: "
-                        f"{str(e).splitlines()[0] if str(e) else ''}); prepare the dataset again") from None
+    freq = read_token_freq(data_dir, target_vocab_size)
     d2t, t2d = build_vocab_mappings_from_distribution(freq, draft_vocab_size, target_vocab_size)
     try:
         for file, tensor in ((d2t_file, d2t), (t2d_file, t2d)):  # renamed into place: ranks never read half

@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from eagle3.config import require_temperature
 from eagle3.errors import ConfigError
 
 
@@ -66,8 +67,7 @@ class Sampling:
     generator: torch.Generator | None = field(default=None, repr=False)
 
     def __post_init__(self):
-        if self.temperature < 0:
-            raise ConfigError(f"temperature must be >= 0, got {self.temperature}")
+        require_temperature("temperature", self.temperature)
         if self.generator is None and self.temperature > 0:
             self.generator = torch.Generator().manual_seed(self.seed)
 

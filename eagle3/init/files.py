@@ -15,11 +15,14 @@ from eagle3.errors import CheckpointError
 from eagle3.tensorfile import HeaderError, TensorSpec, read_specs
 
 
-def checkpoint_files(path: Path) -> list[Path]:
-    """The safetensors files of a checkpoint dir: model.safetensors, or the shards its index names."""
+def checkpoint_files(path: Path, given_as: str) -> list[Path]:
+    """The safetensors files of a checkpoint dir: model.safetensors, or the shards its index names. `given_as`
+    names where the user gave `path` (init.path, a CLI's argument): a message names it, not another tool's key."""
+    from eagle3.config import path_kind
+
     if not path.is_dir():
-        raise CheckpointError(f"init.path: {path} does not exist or is not a directory; expected a draft "
-                              "checkpoint dir with config.json and model.safetensors (or a sharded index)")
+        raise CheckpointError(f"{given_as}: {path} {path_kind(path, 'a directory')}; expected a draft checkpoint "
+                              "dir with config.json and model.safetensors (or a sharded index)")
     index = path / "model.safetensors.index.json"
     if index.is_file():
         try:

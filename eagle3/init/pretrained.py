@@ -22,7 +22,7 @@ from typing import Any
 import torch
 
 from eagle3.config import DraftConfig, PretrainedInitConfig
-from eagle3.draft_arch import FLAGS, SPECULATORS_FLAGS, DraftKind, asked_flags, structure
+from eagle3.draft_arch import FLAGS, SPECULATORS_FLAGS, DraftKind, asked_flags, kind_flag_problem, structure
 from eagle3.init.build import draft_rope, meta_draft, new_draft
 from eagle3.init.files import CheckpointError, checkpoint_files, load_tensors, read_config, tensor_shapes
 from eagle3.init.registry import InitContext, register
@@ -64,7 +64,7 @@ class Source:
 
 
 def read_source(path: Path, key_map: dict[str, str]) -> Source:
-    files = checkpoint_files(path)
+    files = checkpoint_files(path, "init.path")
     config = read_config(path)
     raw = tensor_shapes(files)
     keys = {key: next((to + key[len(frm):] for frm, to in key_map.items() if key.startswith(frm)), key)
@@ -119,21 +119,35 @@ def resolve_architecture(ctx: InitContext, source: Source) -> tuple[dict[str, bo
                              f"{source.stated_aux_ids} (Hugging Face hidden_states indexing)")
     if source.stated_aux_ids is None:
         notes.append(f"aux_layer_ids: the checkpoint does not state them; using the run's {run_ids}")
-    names = {"model_type": "model.draft.layer_type", "num_hidden_layers": "model.draft.num_layers"}
-    conflicts += [f"{names[k]}: the run says {v}, the checkpoint {source.stated_structure[k]}"
-                  for k, v in structure(ctx.draft).items() if source.stated_structure.get(k, v) != v]
-    if source.kind != DraftKind(ctx.draft.kind).value:
-        conflicts.append(f"model.draft.kind: the run says {DraftKind(ctx.draft.kind).value}, the checkpoint "
-                         f"{source.kind} (its speculators_model_type)")
     rope_note, rope_conflict = compare_rope(ctx, source.stated_rope)
     notes += rope_note
     conflicts += rope_conflict
+    # What the weights are: no override loads a checkpoint into another kind, decoder type or depth of draft.
+    names = {"model_type": "model.draft.layer_type", "num_hidden_layers": "model.draft.num_layers"}
+    fixed = [(names[k], v, source.stated_structure[k], "") for k, v in structure(ctx.draft).items()
+             if source.stated_structure.get(k, v) != v]
+    if source.kind != DraftKind(ctx.draft.kind).value:
+        fixed.append(("model.draft.kind", DraftKind(ctx.draft.kind).value, source.kind,
+                      " (its speculators_model_type)"))
+    unservable = kind_flag_problem(ctx.draft.kind, flags) if not fixed else None
+    if not conflicts and not fixed and unservable:
+        raise CheckpointError(f"{source.path} gives this P-EAGLE draft EAGLE-3.1's norms ({unservable}): no engine "
+                              f"would serve the finetuned draft as trained; start P-EAGLE from a checkpoint without "
+                              f"fc_norm, or finetune it as model.draft.kind=eagle3")
+    if not conflicts and not fixed:
+        return flags, notes
+    lines = [f"{key}: the run says {run}, the checkpoint {theirs}{why}" for key, run, theirs, why in fixed]
+    advice = []
+    if fixed:
+        keys = " ".join(f"{key}={theirs}" for key, _, theirs, _ in fixed)
+        advice.append(f"{', '.join(key for key, *_ in fixed)}: the checkpoint's weights are those of its own "
+                      f"architecture and load into no other, whatever the command line says; to start from it set "
+                      f"{keys}, or train this architecture with init=scratch")
     if conflicts:
-        raise CheckpointError(f"{source.path} was trained with another architecture than this run's model config:\n  "
-                              + "\n  ".join(conflicts)
-                              + "\nset the run's values to the checkpoint's, or set them on the command line to "
-                                "override the checkpoint")
-    return flags, notes
+        advice.append(("the others: " if fixed else "") + "set the run's values to the checkpoint's, or set them on "
+                      "the command line to override the checkpoint")
+    raise CheckpointError(f"{source.path} was trained with another architecture than this run's model config:\n  "
+                          + "\n  ".join(lines + conflicts) + "\n" + "\n".join(advice))
 
 
 ROPE_KEYS = ("rope_theta", "rope_scaling", "partial_rotary_factor")
@@ -221,7 +235,7 @@ def target_ids(d2t: torch.Tensor) -> torch.Tensor:
 
 @register("pretrained", preflight=preflight)
 def init_pretrained(ctx: InitContext) -> tuple[Any, dict[str, Any]]:
-    from eagle3.data.vocab import vocab_mapping
+    from eagle3.data.vocab import read_token_freq, vocab_mapping
 
     source = read_source(Path(options(ctx).path), dict(options(ctx).key_map))
     flags, notes = resolve_architecture(ctx, source)
@@ -261,7 +275,7 @@ def init_pretrained(ctx: InitContext) -> tuple[Any, dict[str, Any]]:
             copied = int(kept.sum())
     model.lm_head.weight.requires_grad_(bool(options(ctx).train_lm_head))
 
-    freq = torch.load(Path(ctx.data_dir) / "token_freq.pt", weights_only=True)
+    freq = read_token_freq(ctx.data_dir)
     total = sum(freq.values()) or 1
     overlap = set(old_ids.tolist()) & set(target_ids(data_d2t).tolist())
     report = {

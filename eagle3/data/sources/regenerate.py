@@ -11,7 +11,14 @@ from typing import TYPE_CHECKING
 
 from omegaconf import MISSING
 
-from eagle3.config import ROWS_FILES, BadSamplePolicy, DraftConfig, _require, _rows_path_problem
+from eagle3.config import (
+    ROWS_FILES,
+    BadSamplePolicy,
+    DraftConfig,
+    _require,
+    _rows_path_problem,
+    require_temperature,
+)
 from eagle3.data.sources.online import TokenRows
 from eagle3.data.sources.registry import register
 
@@ -39,8 +46,7 @@ class Regeneration:
         for key in ("max_new_tokens", "batch_size"):
             value = getattr(self, key)
             _require(value >= 1, f"data.regenerate.{key}", f"must be >= 1, got {value}")
-        # `not >=` also refuses NaN
-        _require(self.temperature >= 0, "data.regenerate.temperature", f"must be >= 0, got {self.temperature}")
+        require_temperature("data.regenerate.temperature", self.temperature)
 
 
 @register
