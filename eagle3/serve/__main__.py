@@ -166,6 +166,7 @@ def serve_and_compare(args, engine, runs: list[Served]) -> list[dict[str, Any]]:
     plain_cmd = server_command(engine, verifier_dir, plain_port, args.dtype, None, 0, args.seed)
     reports: list[dict[str, Any]] = []
     harness: Harness | None = None
+    first_plain: float | None = None  # the plain server's tokens/s in the command's first measurement
     with running(plain_cmd, plain_port, runs[0].run_dir / f"serve_vllm_plain_t{t:g}.log", engine) as plain:
         for served in runs:
             for k, out in served.outs.items():
@@ -183,7 +184,8 @@ def serve_and_compare(args, engine, runs: list[Served]) -> list[dict[str, Any]]:
                     measured = measure({"plain": plain, "spec": spec}, served.prompts, args.max_new_tokens, t,
                                        args.seed, between)
                 reference = harness.decode(served.prompts, k, args.max_new_tokens, t, args.seed)
-                report = build_report(measured, reference, k, args, engine, served, log)
+                report = build_report(measured, reference, k, args, engine, served, log, first_plain)
+                first_plain = first_plain or report["plain_tokens_per_s"]
                 if timer is not None:
                     report["draft_forward_ms"] = timer.result()
                 report["provenance"] = records[served.run_dir]
@@ -194,12 +196,18 @@ def serve_and_compare(args, engine, runs: list[Served]) -> list[dict[str, Any]]:
 
 
 def build_report(measured: dict[str, Any], reference: dict[str, Any], k: int, args, engine, run: Served,
-                 log: Path) -> dict[str, Any]:
+                 log: Path, first_plain: float | None = None) -> dict[str, Any]:
+    """The report of one run at one k. `first_plain`: the plain server's tokens/s in the command's first
+    measurement, against which this one's is checked."""
     from eagle3.serve.harness import side_by_side
-    from eagle3.serve.metrics import acceptance
+    from eagle3.serve.metrics import acceptance, implausible
 
     spec, plain = measured["spec"], measured["plain"]
     served = {**acceptance(spec["counters"], k), "tokens": spec["tokens"]}
+    speedups = {"speedup": spec["tokens_per_s"] / plain["tokens_per_s"],
+                # Each prompt's plain time over its speculative time (both made the same number of tokens), the
+                # median: a burst of load from another job moves one pair, not the result.
+                "speedup_median": statistics.median(a / b for a, b in zip(plain["seconds"], spec["seconds"]))}
     return {
         "engine": engine.name, "engine_version": engine.version, "engine_python": str(engine.python),
         "dtype": args.dtype, "k": k, "temperature": args.temperature, "seed": args.seed,
@@ -207,12 +215,13 @@ def build_report(measured: dict[str, Any], reference: dict[str, Any], k: int, ar
         **{key: served[key] for key in ("drafts", "draft_tokens", "accepted", "accepted_per_position",
                                         "accept_rate", "accept_len", "accept_len_se")},
         "tokens_generated": spec["tokens_generated"], "tokens_per_s": spec["tokens_per_s"],
-        "plain_tokens_per_s": plain["tokens_per_s"], "speedup": spec["tokens_per_s"] / plain["tokens_per_s"],
+        "plain_tokens_per_s": plain["tokens_per_s"], **speedups,
         "tokens_per_cpu_s": spec["tokens_per_cpu_s"], "plain_tokens_per_cpu_s": plain["tokens_per_cpu_s"],
         "speedup_cpu": spec["tokens_per_cpu_s"] / plain["tokens_per_cpu_s"],
-        # Each prompt's plain time over its speculative time (both made the same number of tokens), the median:
-        # a burst of load from another job moves one pair, not the result.
-        "speedup_median": statistics.median(a / b for a, b in zip(plain["seconds"], spec["seconds"])),
+        "plain_turn_tokens_per_s": plain["turn_tokens_per_s"],
+        # Why these figures are not a result (a speedup the acceptance cannot give, a machine whose speed moved
+        # under the measurement); eagle3.compare ranks no report that has a reason here.
+        "implausible": implausible(speedups, served["accept_len"], plain["turn_tokens_per_s"], first_plain),
         "same_tokens_as_plain": spec["tokens"] == plain["tokens"],
         "harness": {**{key: reference[key] for key in ("drafts", "accepted_per_position", "accept_rate",
                                                         "accept_len", "accept_len_se")},
@@ -231,6 +240,7 @@ def format_report(r: dict[str, Any]) -> str:
         f"  tokens/s {r['tokens_per_s']:.1f} with speculation, {r['plain_tokens_per_s']:.1f} without: speedup "
         f"{r['speedup']:.3f} (median over prompts {r['speedup_median']:.3f}; in the servers' CPU time "
         f"{r['speedup_cpu']:.3f})",
+        *([f"  IMPLAUSIBLE, not a result: {'; '.join(r['implausible'])}"] if r["implausible"] else []),
         f"  {r['harness']['verdict']}",
         f"  report: {r['report_path']}",
     ])

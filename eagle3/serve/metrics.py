@@ -78,3 +78,39 @@ def counts_acceptance(drafts: int, per_position: list[int]) -> dict[str, Any]:
     second = sum((2 * j + 1) * p for j, p in enumerate(tail))  # E[n^2] = sum_j (2j+1) P(n > j)
     return {"accept_len": 1.0 + mean, "accept_rate": tail,
             "accept_len_se": (max(second - mean * mean, 0.0) / drafts) ** 0.5}
+
+
+# --- what a served speedup can be ----------------------------------------------------------------------------------
+# A verify step yields accept_len tokens on average and costs at least one plain decoding step, so a speculative
+# server is at most accept_len times as fast as plain: a measured speedup above that (speedup > 1 at accept_len 1)
+# is the clock's doing, not the drafter's. SPEEDUP_SLACK is the timing noise allowed on top (the servers take turns
+# prompt by prompt, so a shared machine's load moves both alike, but not exactly).
+SPEEDUP_SLACK = 1.25
+# The plain server's tokens/s over its turns of one measurement (each turn the same number of new tokens): a
+# larger spread than this factor means the machine's speed moved under the measurement (a shared 2-core machine
+# moves by up to 1.7x between minutes), and the speedup measured through it is not a result.
+PLAIN_DRIFT = 2.5
+
+
+def implausible(speedups: dict[str, float], accept_len: float | None, plain_tokens_per_s: list[float],
+                reference_plain: float | None = None) -> list[str]:
+    """Why a measurement is not a result (empty: nothing found). `speedups`: the speedups measured ({"speedup":
+    ..., "speedup_median": ...}); `plain_tokens_per_s`: the plain server's per turn; `reference_plain`: its tokens/s
+    in an earlier measurement of the same command (same server, same prompts), if any."""
+    reasons = []
+    bound = (accept_len or 1.0) * SPEEDUP_SLACK
+    for name, value in speedups.items():
+        if value > bound:
+            reasons.append(f"{name} {value:.3f} is above what accept_len {accept_len or 1.0:.4f} allows (a verify "
+                           f"step yields accept_len tokens and costs at least a plain step: at most "
+                           f"{accept_len or 1.0:.4f} x {SPEEDUP_SLACK:g} for timing noise = {bound:.3f})")
+    if plain_tokens_per_s:
+        low, high = min(plain_tokens_per_s), max(plain_tokens_per_s)
+        if low <= 0 or high / low > PLAIN_DRIFT:
+            reasons.append(f"the plain server's tokens/s moved from {low:.1f} to {high:.1f} between its turns "
+                           f"(more than {PLAIN_DRIFT:g}x): the machine's speed changed under the measurement")
+        mean = len(plain_tokens_per_s) / sum(1 / r for r in plain_tokens_per_s) if low > 0 else 0.0  # all turns
+        if reference_plain and mean > 0 and max(mean / reference_plain, reference_plain / mean) > PLAIN_DRIFT:
+            reasons.append(f"the plain server made {mean:.1f} tokens/s here and {reference_plain:.1f} in this "
+                           f"command's first measurement (more than {PLAIN_DRIFT:g}x apart)")
+    return reasons

@@ -31,8 +31,10 @@ def measure(servers: dict[str, Server], prompts: Sequence[Sequence[int]], max_ne
             temperature: float, seed: int, between: Callable[[], object] | None = None) -> dict[str, dict[str, Any]]:
     """Per server: {"tokens": per prompt, "counters": totals, "per_prompt": counters per prompt,
     "tokens_generated", "seconds" (per request), "request_s", "tokens_per_s", "cpu_s", "tokens_per_cpu_s"}
-    (cpu_s: the server's processes' CPU time over its requests). The servers take turns prompt by prompt, so
-    that a machine busier in one minute than in the next slows them alike; each first gets one short warm-up
+    (cpu_s: the server's processes' CPU time over its requests), "turn_tokens_per_s" (per request). The servers take
+    turns prompt by prompt, so that a machine busier in one minute than in the next slows them alike, and in an
+    order that turns around from one prompt to the next (plain, spec; spec, plain; ...), so that none is always
+    the one served right after `between` or right after another's request; each first gets one short warm-up
     request, which the counters leave out. `between` runs after each prompt's turn, while no request is served
     (eagle3.serve times the draft forward there)."""
     for server in servers.values():
@@ -41,8 +43,10 @@ def measure(servers: dict[str, Server], prompts: Sequence[Sequence[int]], max_ne
     first = dict(last)
     out: dict[str, dict[str, Any]] = {name: {"tokens": [], "per_prompt": [], "seconds": [],
                                              "cpu_s": 0.0} for name in servers}
-    for prompt in prompts:
-        for name, server in servers.items():
+    names = list(servers)
+    for i, prompt in enumerate(prompts):
+        for name in names if i % 2 == 0 else names[::-1]:
+            server = servers[name]
             start, cpu = time.perf_counter(), server.cpu_s()
             out[name]["tokens"].append(complete(server, prompt, max_new_tokens, temperature, seed))
             out[name]["seconds"].append(time.perf_counter() - start)
@@ -58,4 +62,5 @@ def measure(servers: dict[str, Server], prompts: Sequence[Sequence[int]], max_ne
         r["request_s"] = sum(r["seconds"])
         r["tokens_per_s"] = r["tokens_generated"] / r["request_s"]
         r["tokens_per_cpu_s"] = r["tokens_generated"] / r["cpu_s"]
+        r["turn_tokens_per_s"] = [len(t) / s for t, s in zip(r["tokens"], r["seconds"])]
     return out
