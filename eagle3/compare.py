@@ -410,9 +410,19 @@ def confirm(runs: list[Run], n: int) -> list[str]:
     from eagle3.eval.measure import LosslessError
 
     failed = []
-    for run in [r for r in rank(runs) if r.status == "completed"][:n]:
-        if accept_report(run) is not None:
-            continue
+    completed = [r for r in rank(runs) if r.status == "completed"]
+    chosen = [r for r in completed[:n] if accept_report(r) is None]
+    # Why the runs that are not measured are not: said once, so that "--confirm 5" measuring one run is explained.
+    reasons = {"have a measurement already (accept_k*.json)": [r for r in completed[:n] if accept_report(r)],
+               f"are below the {n} best by tau_sim": completed[n:],
+               "did not complete": [r for r in runs if r.status != "completed"]}
+    for why, skipped in reasons.items():
+        if skipped:
+            labels = [f"{r.label} ({r.status})" if r.status != "completed" else r.label for r in skipped]
+            print(f"--confirm {n}: not measuring {', '.join(labels)}: they {why}", file=sys.stderr)
+    if len(completed) < n:
+        print(f"--confirm {n}: only {len(completed)} of the {len(runs)} runs completed", file=sys.stderr)
+    for run in chosen:
         print(f"measuring acceptance of {run.label} ({run.path.name}) ...", file=sys.stderr, flush=True)
         try:
             report = accept.run(accept.parse_args(["--run", str(run.path)]))

@@ -70,6 +70,7 @@ def fake_run_dir(tmp_path: Path, name: str, verifier: Path) -> Path:
         d.mkdir(parents=True, exist_ok=True)
         for file_name in files:
             (d / file_name).write_text("{}")
+    (verifier / "config.json").write_text(json.dumps({"vocab_size": 100, "max_position_embeddings": 64}))
     plain = OmegaConf.to_container(compose_cfg(["logger.mode=disabled"]), resolve=True, enum_to_str=True)
     plain["run"] = {"dir": str(run), "name": "t", "group": "t", "choices": {}, "overrides": []}
     (run / "resolved_config.yaml").write_text(yaml.safe_dump(plain))
@@ -580,3 +581,48 @@ def test_the_servers_take_turns_in_an_order_that_turns_around_from_prompt_to_pro
     measured = measure(servers, [[1, 2]] * 4, 4, 0.0, 0, lambda: order.append("between"))
     assert order[2:] == ["plain", "spec", "between", "spec", "plain", "between"] * 2  # after the two warm-ups
     assert measured["plain"]["turn_tokens_per_s"] and len(measured["spec"]["seconds"]) == 4
+
+
+@pytest.mark.parametrize("ids, extra, expected", [
+    ([1, 100], [], r"line 1: token ids outside the verifier's vocabulary \[0, 100\): \[100\]"),
+    ([5, -1], [], r"line 1: token ids outside the verifier's vocabulary \[0, 100\): \[-1\]"),
+    ([1] * 70, [], r"line 1: 70 prompt tokens, as many as the verifier's 64 positions .* or more"),
+    ([1] * 40, ["--max-new-tokens", "32"], r"line 1: 40 prompt tokens \+ max_new_tokens 32 \+ k 3 draft tokens "
+                                            r"pass the verifier's 64 positions .* at most 29 prompt tokens"),
+])
+def test_prompts_the_verifier_cannot_take_are_refused_before_any_server_starts(fake_run, ids, extra, expected):
+    fake_run["prompts"].write_text(json.dumps({"input_ids": ids}) + "\n")
+    message = serve_main(fake_args(fake_run, *extra))
+    assert message.startswith("error: prompts: ") and re.search(expected, message), message
+    assert not fake_run["pgids"].exists() and not list(fake_run["run"].glob("serve_vllm_*"))
+
+
+def test_a_missing_run_dir_is_called_missing(tmp_path):
+    message = serve_main([str(tmp_path / "missing")])
+    assert message == f"error: RUN {tmp_path / 'missing'} does not exist: give the dir of a finished training run"
+    (tmp_path / "empty").mkdir()
+    message = serve_main([str(tmp_path / "empty")])
+    assert "is not a finished run dir (it has no summary.json and no resolved_config.yaml)" in message
+    assert "--verifier" not in message  # serve has no such option
+
+
+def test_a_port_no_tcp_port_has_is_one_message(fake_run):
+    assert serve_main(fake_args(fake_run, "--port", "70000")) == ("error: --port 70000: a TCP port is in 1..65535 "
+                                                                  "(leave --port out for a free one)")
+
+
+def test_a_k_beyond_the_steps_the_draft_was_trained_for_is_warned_of(fake_run, monkeypatch, capsys):
+    (fake_run["run"] / "checkpoints" / "best" / "config.json").write_text(json.dumps(
+        {"speculators_config": {"proposal_methods": [{"speculative_tokens": 3}]}}))
+    monkeypatch.setenv("FAKE_ENGINE_MODE", "fail")  # stops at the servers' start, after the checks
+    serve_main(fake_args(fake_run, "--k", "3", "50", "--max-new-tokens", "8"))
+    err = capsys.readouterr().err
+    assert "k=50 is beyond the 3 steps its draft was trained for (ttt_steps" in err and "k=3 " not in err
+
+
+def test_nothing_accepted_at_a_temperature_is_no_agreement_within_a_zero_tolerance():
+    nothing = {"tokens": [[1, 2]], "drafts": 10, "accepted_per_position": [0, 0], "accept_len": 1.0,
+               "accept_len_se": 0.0}
+    verdict = side_by_side(dict(nothing), nothing, 0.7, "float32")
+    assert verdict["within_tolerance"] is None and verdict["equal"] is None
+    assert "no agreement to judge at T=0.7" in verdict["verdict"] and "within" not in verdict["verdict"]

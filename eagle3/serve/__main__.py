@@ -105,6 +105,7 @@ class Served:
     outs: dict[int, Path]
     prompts: list = field(default_factory=list)
     source: str = ""
+    trained_steps: int = 3  # the draft's ttt_steps (its config's speculative_tokens): the k it was trained for
 
 
 def run(args: argparse.Namespace) -> list[dict[str, Any]]:
@@ -130,22 +131,59 @@ def run(args: argparse.Namespace) -> list[dict[str, Any]]:
     if existing:
         raise ConfigError(f"{', '.join(existing)} exists and is not overwritten; move it away to measure again")
     if args.port is not None:
+        if not 1 <= args.port <= 65535:
+            raise ConfigError(f"--port {args.port}: a TCP port is in 1..65535 (leave --port out for a free one)")
         check_port(args.port)
     engine = engine_python(args.python)
     for served in runs:
         served.prompts, served.source = load_prompts(args.prompts, served.verifier_dir, served.val_split,
                                                      args.num_prompts)
+        check_served_prompts(served, args.max_new_tokens)
+        for k in served.outs:
+            if k > served.trained_steps:
+                print(f"warning: {served.run_dir}: k={k} is beyond the {served.trained_steps} steps its draft was "
+                      f"trained for (ttt_steps; speculative_tokens in {served.checkpoint / 'config.json'}): draft "
+                      f"positions past {served.trained_steps} come from a model never trained on them, so expect "
+                      "their acceptance near 0 and the speculative server slower for each", file=sys.stderr)
     return serve_and_compare(args, engine, runs)
 
 
-def resolve_run(run_dir: Path, args: argparse.Namespace) -> Served:
-    from eagle3.eval.accept import default_k, resolve_inputs
+def check_served_prompts(served: Served, max_new_tokens: int) -> None:
+    """The prompts within the verifier's vocabulary and, with the new tokens and the largest k's draft, within its
+    positions, checked before any server starts (the servers would take minutes to start and then refuse them
+    with their own errors), as the harness checks them."""
+    from eagle3.data.record import verifier_fingerprint
+    from eagle3.errors import ConfigError
+    from eagle3.eval.prompts import check_prompts
+    from eagle3.verifier_shape import decoder_config
 
+    vocab_size = verifier_fingerprint(served.verifier_dir)["vocab_size"]  # a config it cannot read: one message
+    if not isinstance(vocab_size, int):
+        raise ConfigError(f"{served.verifier_dir / 'config.json'} has no vocab_size: not a verifier's config")
+    # vLLM's max model length is the verifier's max_position_embeddings (eagle3.serve passes no other)
+    positions = decoder_config(json.loads((served.verifier_dir / "config.json").read_text())).get(
+        "max_position_embeddings")
+    check_prompts(served.prompts, vocab_size, positions if isinstance(positions, int) else None, max_new_tokens,
+                  max(served.outs))
+
+
+def resolve_run(run_dir: Path, args: argparse.Namespace) -> Served:
+    from eagle3.errors import ConfigError
+    from eagle3.eval.accept import default_k, resolve_inputs
+    from eagle3.rundir import RESOLVED_CONFIG, SUMMARY
+
+    if not run_dir.is_dir():
+        raise ConfigError(f"RUN {run_dir} {'is not a directory' if run_dir.exists() else 'does not exist'}: give "
+                          "the dir of a finished training run")
+    missing = [name for name in (SUMMARY, RESOLVED_CONFIG) if not (run_dir / name).is_file()]
+    if missing:
+        raise ConfigError(f"RUN {run_dir} is not a finished run dir (it has no {' and no '.join(missing)}): give "
+                          "the dir of a training run that finished")
     checkpoint, verifier_dir, val_split = resolve_inputs(argparse.Namespace(
         checkpoint=None, verifier=None, run=str(run_dir), prompts=args.prompts))
-    outs = {k: run_dir / f"serve_vllm_k{k}_t{args.temperature:g}.json"
-            for k in dict.fromkeys(args.k or [default_k(checkpoint)])}
-    return Served(run_dir, checkpoint, verifier_dir, val_split, outs)
+    trained = default_k(checkpoint)
+    outs = {k: run_dir / f"serve_vllm_k{k}_t{args.temperature:g}.json" for k in dict.fromkeys(args.k or [trained])}
+    return Served(run_dir, checkpoint, verifier_dir, val_split, outs, trained_steps=trained)
 
 
 def serve_and_compare(args, engine, runs: list[Served]) -> list[dict[str, Any]]:

@@ -104,6 +104,17 @@ def side_by_side(engine: dict[str, Any], harness: dict[str, Any], temperature: f
             verdict = (f"{dtype}: {100 * share:.0f}% of the prompts ({len(diverged)} of {len(harness['tokens'])}) "
                        "decoded other tokens than the fp32 harness (near-ties of the verifier rounded otherwise)")
         return out | {"equal": equal, "verdict": verdict}
+    if not engine["drafts"] or not harness["drafts"] or not (engine["accept_len_se"] or harness["accept_len_se"]):
+        # No spread to judge a difference by: a tolerance of 0 would call two drafters that accept nothing "within"
+        # it, which says nothing about whether the engine samples as the harness does.
+        verdict = (f"accept_len {engine['accept_len'] or 1.0:.4f} (engine) vs {harness['accept_len'] or 1.0:.4f} "
+                   f"(harness): no agreement to judge at T={temperature:g}: "
+                   + ("one of them drafted nothing" if not engine["drafts"] or not harness["drafts"] else
+                      "the accepted counts have no spread to judge a difference by (every verify step of both "
+                      "accepted as many tokens: nothing, with an untrained draft)")
+                   + "; measure a draft that gets some of its tokens accepted, or at T=0")
+        return out | {"equal": None, "accept_len_difference": None, "tolerance": None, "within_tolerance": None,
+                      "verdict": verdict}
     diff = engine["accept_len"] - harness["accept_len"]
     tolerance = TOLERANCE_SE * (engine["accept_len_se"] ** 2 + harness["accept_len_se"] ** 2) ** 0.5
     within = abs(diff) <= tolerance
