@@ -626,3 +626,62 @@ def test_nothing_accepted_at_a_temperature_is_no_agreement_within_a_zero_toleran
     verdict = side_by_side(dict(nothing), nothing, 0.7, "float32")
     assert verdict["within_tolerance"] is None and verdict["equal"] is None
     assert "no agreement to judge at T=0.7" in verdict["verdict"] and "within" not in verdict["verdict"]
+
+
+def test_an_engine_leaving_the_harness_at_a_near_tie_is_equal_up_to_it_and_at_a_large_gap_is_not(tmp_path):
+    """The tiny verifier with token t's lm_head row made token h's (an exact tie wherever h is the best token):
+    an engine that picks t where the harness picked h diverged at a near-tie, and the prompts count as equal up
+    to it (the other prompt's counts compared); one that picks the verifier's worst token there is NOT EQUAL."""
+    import torch
+    from transformers import LlamaForCausalLM
+
+    from eagle3.config import TinyVerifierConfig
+    from eagle3.data.verifier import tiny_verifier_dir
+    from eagle3.eval.drafting import next_token_logits
+    from eagle3.serve.harness import Harness
+
+    tiny = TinyVerifierConfig(hidden_size=64, num_layers=2, num_heads=4, intermediate_size=128, vocab_size=256,
+                              max_position_embeddings=128)
+    model = LlamaForCausalLM.from_pretrained(tiny_verifier_dir(tiny, str(tmp_path / "cache")))
+    prompt, other = [1, 2, 3, 4], [9, 8, 7]
+
+    def greedy(ids: list[int], n: int = 6) -> list[int]:
+        out: list[int] = []
+        with torch.no_grad():
+            for _ in range(n):
+                out.append(int(next_token_logits(model, [*ids, *out]).argmax()))
+        return out
+
+    h = greedy(prompt)[2]
+    t = 255 if h != 255 else 254  # above h: argmax takes the first of tied tokens, so greedy still picks h
+    with torch.no_grad():
+        model.lm_head.weight[t] = model.lm_head.weight[h]
+    model.save_pretrained(tmp_path / "tied")
+    tokens = [greedy(prompt), greedy(other)]
+    assert tokens[0][2] == h
+    with torch.no_grad():
+        worst = int(next_token_logits(model, [*prompt, *tokens[0][:2]]).argmin())
+    harness = {"tokens": tokens, "drafts": 9, "accepted_per_position": [3, 1], "accept_len": 1.4,
+               "accept_len_se": 0.1, "per_prompt": [{"drafts": 5, "per_position": [2, 1]},
+                                                    {"drafts": 4, "per_position": [1, 0]}]}
+    verifier = Harness(tmp_path / "tied")
+    for picked, near in ((t, True), (worst, False)):
+        engine_tokens = [[*tokens[0][:2], picked, 5, 5, 5], tokens[1]]
+        engine = {"tokens": engine_tokens, "drafts": 8, "accepted_per_position": [2, 0],
+                  "per_prompt": [{"drafts": 4, "per_position": [1]}, {"drafts": 4, "per_position": [1, 0]}]}
+        found = verifier.divergences([prompt, other], engine_tokens, tokens)
+        assert [(d["prompt"], d["at"], d["harness_token"], d["engine_token"], d["near_tie"]) for d in found] == [
+            (0, 2, h, picked, near)]
+        assert found[0]["prompt_ids"] == prompt and found[0]["common_tokens"] == tokens[0][:2]
+        verdict = side_by_side(engine, harness | {"divergences": found}, 0.0, "float32")
+        assert verdict["equal"] is near, verdict["verdict"]
+        if near:
+            assert found[0]["relative_gap"] < 1e-6 and sorted(found[0]["top2_tokens"]) == sorted([h, t])
+            assert verdict["verdict"].startswith("EQUAL up to near-ties: 1 of 2 prompts have the harness's tokens")
+            # the prompt that did not diverge must still count as the harness counts
+            off = dict(engine, per_prompt=[engine["per_prompt"][0], {"drafts": 4, "per_position": [0, 0]}])
+            assert side_by_side(off, harness | {"divergences": found}, 0.0, "float32")["equal"] is False
+        else:
+            assert found[0]["relative_gap"] > 1e-2
+            assert "NOT EQUAL in fp32" in verdict["verdict"] and "(no near-tie" not in verdict["verdict"]
+            assert "scale: no near-tie" in verdict["verdict"]

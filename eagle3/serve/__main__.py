@@ -222,6 +222,9 @@ def serve_and_compare(args, engine, runs: list[Served]) -> list[dict[str, Any]]:
                     measured = measure({"plain": plain, "spec": spec}, served.prompts, args.max_new_tokens, t,
                                        args.seed, between)
                 reference = harness.decode(served.prompts, k, args.max_new_tokens, t, args.seed)
+                if t == 0:  # where the engine's greedy tokens leave the harness's, and whether at a near-tie
+                    reference["divergences"] = harness.divergences(served.prompts, measured["spec"]["tokens"],
+                                                                   reference["tokens"])
                 report = build_report(measured, reference, k, args, engine, served, log, first_plain)
                 first_plain = first_plain or report["plain_tokens_per_s"]
                 if timer is not None:
@@ -241,7 +244,7 @@ def build_report(measured: dict[str, Any], reference: dict[str, Any], k: int, ar
     from eagle3.serve.metrics import acceptance, implausible
 
     spec, plain = measured["spec"], measured["plain"]
-    served = {**acceptance(spec["counters"], k), "tokens": spec["tokens"]}
+    served = {**acceptance(spec["counters"], k), "tokens": spec["tokens"], "per_prompt": spec["per_prompt"]}
     speedups = {"speedup": spec["tokens_per_s"] / plain["tokens_per_s"],
                 # Each prompt's plain time over its speculative time (both made the same number of tokens), the
                 # median: a burst of load from another job moves one pair, not the result.
