@@ -182,6 +182,10 @@ def table(runs: list[Run], baseline: str | None = None, costs: dict[str, float] 
     served = {id(r): served_report(r) for r in runs}
     if any(served.values()):
         header += ["served speedup", "served accept_len", "served k"]
+    # the n-gram baseline eagle3.serve measured in the same turns, and plain: side by side with the drafter
+    baseline = any(r and "ngram" in r for r in served.values())
+    if baseline:
+        header += ["served tok/s", "n-gram accept_len", "n-gram tok/s", "n-gram speedup", "plain tok/s"]
     predicted = {id(r): predicted_speedup(r, costs) for r in runs} if costs else {}
     if costs:
         header += ["pred. speedup", "at k", "rates"]
@@ -200,6 +204,12 @@ def table(runs: list[Run], baseline: str | None = None, costs: dict[str, float] 
             r = served[id(run)]
             speedup = "-" if not r else "not a result" if r.get("not_a_result") else f"{r['speedup']:.3f}"
             cells += [speedup, _fmt(r["accept_len"]), str(r["k"])] if r else ["-"] * 3
+        if baseline:
+            r, n = served[id(run)], (served[id(run)] or {}).get("ngram")
+            cells += [f"{r['tokens_per_s']:.1f}" if r else "-", _fmt(n["accept_len"]) if n else "-",
+                      f"{n['tokens_per_s']:.1f}" if n else "-",
+                      "-" if not n else "not a result" if n.get("implausible") else f"{n['speedup']:.3f}",
+                      f"{r['plain_tokens_per_s']:.1f}" if r else "-"]
         if costs:
             p = predicted[id(run)]
             cells += [f"{p['speedup']:.3f}", str(p["k"]), p["source"]] if p else ["-"] * 3

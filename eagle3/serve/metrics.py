@@ -6,7 +6,14 @@ difference of two scrapes around it.
     vllm:spec_decode_num_accepted_tokens                     draft tokens accepted
     vllm:spec_decode_num_accepted_tokens_per_pos{position}   accepted at draft position j (0-based)
 
+    vllm:iteration_tokens_total (its _count)                 engine steps (a request's prefill and each verify step)
+
 accept_len = 1 + accepted / drafts (the bonus token counted, the prefill not a draft), as eagle3.eval.measure.
+An EAGLE-3 drafter drafts at every verify step; vLLM's n-gram proposer drafts only where the context has a match,
+and counts only those steps as drafts, so its 1 + accepted / drafts (what vLLM logs as its mean acceptance length)
+leaves out the steps that made one token. Compared with a drafter it is taken over every verify step:
+1 + accepted / verify steps, the verify steps being the engine steps less one prefill per request (a prompt within
+one prefill step, as the prompts here are).
 """
 
 from __future__ import annotations
@@ -18,6 +25,7 @@ from typing import Any
 SAMPLE = re.compile(r'^(?P<name>[a-zA-Z_:][\w:]*)(?:\{(?P<labels>[^}]*)\})?\s+(?P<value>\S+)')
 LABEL = re.compile(r'(\w+)="([^"]*)"')
 PREFIX = "vllm:spec_decode_num_"
+STEPS = "vllm:iteration_tokens_total_count"
 
 
 @dataclass
@@ -26,12 +34,14 @@ class SpecCounters:
     draft_tokens: int = 0
     accepted: int = 0
     per_position: list[int] = field(default_factory=list)
+    steps: int = 0  # engine steps (vllm:iteration_tokens_total's count), with or without a draft
 
     def __sub__(self, before: SpecCounters) -> SpecCounters:
         n = max(len(self.per_position), len(before.per_position))
         after_, before_ = (padded(c.per_position, n) for c in (self, before))
         return SpecCounters(self.drafts - before.drafts, self.draft_tokens - before.draft_tokens,
-                            self.accepted - before.accepted, [a - b for a, b in zip(after_, before_)])
+                            self.accepted - before.accepted, [a - b for a, b in zip(after_, before_)],
+                            self.steps - before.steps)
 
 
 def padded(values: list[int], n: int) -> list[int]:
@@ -45,6 +55,8 @@ def spec_counters(text: str) -> SpecCounters:
     positions: dict[int, int] = {}
     for line in text.splitlines():
         m = SAMPLE.match(line)
+        if m and m["name"] == STEPS:
+            counters.steps += int(float(m["value"]))
         if not m or not m["name"].startswith(PREFIX) or m["name"].endswith("_created"):
             continue
         what = m["name"][len(PREFIX):].removesuffix("_total")
@@ -68,6 +80,17 @@ def acceptance(c: SpecCounters, k: int) -> dict[str, Any]:
     per_position = padded(c.per_position, k)
     return {"drafts": c.drafts, "draft_tokens": c.draft_tokens, "accepted": c.accepted,
             "accepted_per_position": per_position, **counts_acceptance(c.drafts, per_position)}
+
+
+def all_steps_acceptance(c: SpecCounters, k: int, requests: int) -> dict[str, Any]:
+    """A proposer that drafts only at some steps (n-gram) counted over every verify step (`requests`: how many
+    prefills the counters include): accept_len and the rates per position over all of them, beside vLLM's own
+    figure over the steps that drafted (`accept_len_drafted`)."""
+    per_position = padded(c.per_position, k)
+    steps = c.steps - requests
+    return {"verify_steps": steps, "drafts": c.drafts, "draft_tokens": c.draft_tokens, "accepted": c.accepted,
+            "accepted_per_position": per_position, **counts_acceptance(max(steps, 0), per_position),
+            "accept_len_drafted": 1 + c.accepted / c.drafts if c.drafts else None}
 
 
 def counts_acceptance(drafts: int, per_position: list[int]) -> dict[str, Any]:
