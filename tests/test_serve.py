@@ -737,3 +737,12 @@ def test_compare_shows_the_ngram_baseline_and_plain_beside_the_served_drafter(tm
     assert header[-8:] == ["served speedup", "served accept_len", "served k", "served tok/s", "n-gram accept_len",
                            "n-gram tok/s", "n-gram speedup", "plain tok/s"]
     assert body[0][-8:] == ["0.800", "1.6", "3", "80.0", "1.28", "90.0", "0.900", "100.0"]
+
+
+def test_serving_shows_a_progress_bar_over_the_prompts_on_stderr(capsys):
+    from eagle3.serve.session import measure
+
+    order: list[str] = []
+    measure({name: RecordingServer(name, order) for name in ("plain", "ngram", "spec")}, [[1, 2]] * 3, 4, 0.0, 0)
+    out, err = capsys.readouterr()
+    assert "serving (plain, ngram, spec)" in err and "/3 [" in err and out == ""

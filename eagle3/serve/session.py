@@ -4,10 +4,13 @@ for free, since requests do not overlap)."""
 
 from __future__ import annotations
 
+import sys
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict
 from typing import Any
+
+from tqdm import tqdm
 
 from eagle3.errors import EngineError
 from eagle3.serve.metrics import spec_counters
@@ -44,18 +47,25 @@ def measure(servers: dict[str, Server], prompts: Sequence[Sequence[int]], max_ne
     out: dict[str, dict[str, Any]] = {name: {"tokens": [], "per_prompt": [], "seconds": [],
                                              "cpu_s": 0.0} for name in servers}
     names = list(servers)
+    made, served_s = 0, 0.0
+    bar = tqdm(total=len(prompts), desc=f"serving ({', '.join(names)})", unit="prompt", leave=False,
+               file=sys.stderr, mininterval=1.0)
     for i, prompt in enumerate(prompts):
         for name in names if i % 2 == 0 else names[::-1]:
             server = servers[name]
             start, cpu = time.perf_counter(), server.cpu_s()
             out[name]["tokens"].append(complete(server, prompt, max_new_tokens, temperature, seed))
             out[name]["seconds"].append(time.perf_counter() - start)
+            made, served_s = made + len(out[name]["tokens"][-1]), served_s + out[name]["seconds"][-1]
             out[name]["cpu_s"] += server.cpu_s() - cpu
             now = spec_counters(server.get("/metrics"))
             out[name]["per_prompt"].append(asdict(now - last[name]))
             last[name] = now
         if between is not None:
             between()
+        bar.set_postfix_str(f"{made / served_s:.1f} tokens/s", refresh=False)  # over all the servers' requests
+        bar.update()
+    bar.close()
     for name, r in out.items():
         r["counters"] = last[name] - first[name]
         r["tokens_generated"] = sum(len(t) for t in r["tokens"])
