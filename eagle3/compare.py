@@ -183,8 +183,8 @@ def table(runs: list[Run], baseline: str | None = None, costs: dict[str, float] 
     if any(served.values()):
         header += ["served speedup", "served accept_len", "served k"]
     # the n-gram baseline eagle3.serve measured in the same turns, and plain: side by side with the drafter
-    baseline = any(r and "ngram" in r for r in served.values())
-    if baseline:
+    with_ngram = any(r and "ngram" in r for r in served.values())
+    if with_ngram:
         header += ["served tok/s", "n-gram accept_len", "n-gram tok/s", "n-gram speedup", "plain tok/s"]
     predicted = {id(r): predicted_speedup(r, costs) for r in runs} if costs else {}
     if costs:
@@ -204,7 +204,7 @@ def table(runs: list[Run], baseline: str | None = None, costs: dict[str, float] 
             r = served[id(run)]
             speedup = "-" if not r else "not a result" if r.get("not_a_result") else f"{r['speedup']:.3f}"
             cells += [speedup, _fmt(r["accept_len"]), str(r["k"])] if r else ["-"] * 3
-        if baseline:
+        if with_ngram:
             r, n = served[id(run)], (served[id(run)] or {}).get("ngram")
             cells += [f"{r['tokens_per_s']:.1f}" if r else "-", _fmt(n["accept_len"]) if n else "-",
                       f"{n['tokens_per_s']:.1f}" if n else "-",
