@@ -299,7 +299,7 @@ def build_report(measured: dict[str, Any], reference: dict[str, Any], k: int, ar
         "per_prompt": {"engine": spec["per_prompt"], "harness": reference["per_prompt"]},
         "checkpoint": str(run.checkpoint), "verifier": str(run.verifier_dir), "log": str(log),
         # engine steps less one prefill per prompt: equal to drafts for a drafter that drafts at every step
-        "verify_steps": spec["counters"].steps - len(spec["tokens"]),
+        "verify_steps": spec["counters"].steps - len(spec["tokens"]) if spec["counters"].steps else None,
     }
     if "ngram" in measured:
         report["ngram"] = ngram_report(measured["ngram"], plain, k, args)

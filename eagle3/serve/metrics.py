@@ -87,9 +87,9 @@ def all_steps_acceptance(c: SpecCounters, k: int, requests: int) -> dict[str, An
     prefills the counters include): accept_len and the rates per position over all of them, beside vLLM's own
     figure over the steps that drafted (`accept_len_drafted`)."""
     per_position = padded(c.per_position, k)
-    steps = c.steps - requests
+    steps = c.steps - requests if c.steps else None  # None: an engine whose /metrics has no engine-step counter
     return {"verify_steps": steps, "drafts": c.drafts, "draft_tokens": c.draft_tokens, "accepted": c.accepted,
-            "accepted_per_position": per_position, **counts_acceptance(max(steps, 0), per_position),
+            "accepted_per_position": per_position, **counts_acceptance(max(steps or 0, 0), per_position),
             "accept_len_drafted": 1 + c.accepted / c.drafts if c.drafts else None}
 
 
