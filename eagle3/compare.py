@@ -11,7 +11,9 @@ loss still falls. A run that failed or never evaluated is listed as such, at the
 of a deployment (--baseline-ms, --verify-ms, --draft-ms), a predicted-speedup column is added and the runs
 are ranked by it: what serving would gain (eagle3.eval.speedup's model). Runs served by vLLM (eagle3.serve's
 serve_vllm_k*.json) show the speedup and accept_len the engine measured (`served`), ahead of those columns;
-`--rank-by served` ranks by that speedup.
+`--rank-by served` ranks by that speedup. A served speedup that is not a result (above what its accept_len allows,
+or measured while the machine's speed moved: eagle3.serve's `implausible`) is shown as "not a result" and ranked
+with the runs that were not served.
 
 tau_sim is an estimate that orders drafts cheaply; `--confirm N` measures acceptance (eagle3.eval.accept) of
 the N best runs by tau_sim (those without an `accept_k*.json` yet: a rerun measures nothing twice), and prints
@@ -180,6 +182,10 @@ def table(runs: list[Run], baseline: str | None = None, costs: dict[str, float] 
     served = {id(r): served_report(r) for r in runs}
     if any(served.values()):
         header += ["served speedup", "served accept_len", "served k"]
+    # the n-gram baseline eagle3.serve measured in the same turns, and plain: side by side with the drafter
+    with_ngram = any(r and "ngram" in r for r in served.values())
+    if with_ngram:
+        header += ["served tok/s", "n-gram accept_len", "n-gram tok/s", "n-gram speedup", "plain tok/s"]
     predicted = {id(r): predicted_speedup(r, costs) for r in runs} if costs else {}
     if costs:
         header += ["pred. speedup", "at k", "rates"]
@@ -196,7 +202,14 @@ def table(runs: list[Run], baseline: str | None = None, costs: dict[str, float] 
             cells.append(_fmt(steps_to_reach(run, target)) if run.val_rows else "-")
         if any(served.values()):
             r = served[id(run)]
-            cells += [f"{r['speedup']:.3f}", _fmt(r["accept_len"]), str(r["k"])] if r else ["-"] * 3
+            speedup = "-" if not r else "not a result" if r.get("not_a_result") else f"{r['speedup']:.3f}"
+            cells += [speedup, _fmt(r["accept_len"]), str(r["k"])] if r else ["-"] * 3
+        if with_ngram:
+            r, n = served[id(run)], (served[id(run)] or {}).get("ngram")
+            cells += [f"{r['tokens_per_s']:.1f}" if r else "-", _fmt(n["accept_len"]) if n else "-",
+                      f"{n['tokens_per_s']:.1f}" if n else "-",
+                      "-" if not n else "not a result" if n.get("implausible") else f"{n['speedup']:.3f}",
+                      f"{r['plain_tokens_per_s']:.1f}" if r else "-"]
         if costs:
             p = predicted[id(run)]
             cells += [f"{p['speedup']:.3f}", str(p["k"]), p["source"]] if p else ["-"] * 3
@@ -240,7 +253,7 @@ def ranked(runs: list[Run], by: str, served: dict[int, dict[str, Any] | None],
            predicted: dict[int, dict[str, Any] | None]) -> list[Run]:
     """By the speedup vLLM measured (`by` served), else by the predicted one when step costs are given, else by
     tau_sim; runs without the value below, in tau_sim order."""
-    values = served if by == "served" else predicted if predicted else None
+    values = {key: rankable(r) for key, r in served.items()} if by == "served" else predicted if predicted else None
     if values is None:
         return rank(runs)
     return sorted(rank(runs), key=lambda r: (values[id(r)] is None, -(values[id(r)] or {"speedup": 0.0})["speedup"]))
@@ -250,10 +263,30 @@ def ranked(runs: list[Run], by: str, served: dict[int, dict[str, Any] | None],
 
 def served_report(run: Run) -> dict[str, Any] | None:
     """The run's greedy fp32 eagle3.serve report with the highest measured speedup (serve_vllm_k<k>_t0.json), or
-    of any other temperature or dtype when it has no such report."""
-    reports = [json.loads(f.read_text()) for f in sorted(run.path.glob("serve_vllm_k*_t*.json"))]
+    of any other temperature or dtype when it has no such report; of the reports that are a result (see
+    `not_a_result`). A run whose every report is not one gets its best such report with "not_a_result": the
+    reasons, which the table shows and no ranking takes."""
+    reports = [json.loads(f.read_text()) | {"path": str(f)} for f in sorted(run.path.glob("serve_vllm_k*_t*.json"))]
     preferred = [r for r in reports if r.get("temperature") == 0 and r.get("dtype") == "float32"] or reports
-    return max(preferred, key=lambda r: r["speedup"], default=None)
+    results = [r for r in preferred if not not_a_result(r)]
+    if results or not preferred:
+        return max(results, key=lambda r: r["speedup"], default=None)
+    flagged = max(preferred, key=lambda r: r["speedup"])
+    return flagged | {"not_a_result": not_a_result(flagged)}
+
+
+def not_a_result(report: dict[str, Any]) -> list[str]:
+    """Why a serve report's speedup is no result: the reasons eagle3.serve recorded (`implausible`), and, for a
+    report written before it recorded them, a speedup above what its accept_len allows."""
+    from eagle3.serve.metrics import implausible
+
+    recorded = list(report.get("implausible") or [])
+    return recorded or implausible({"speedup": report["speedup"]}, report.get("accept_len"), [])
+
+
+def rankable(served: dict[str, Any] | None) -> dict[str, Any] | None:
+    """A served report the ranking may take: None for one that is not a result."""
+    return None if served is None or served.get("not_a_result") else served
 
 
 def _fmt(value: Any) -> str:
@@ -360,6 +393,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.plot:
         plot(runs, args.plot, study_history(args.paths))
         print(f"plot: {args.plot}", file=sys.stderr)
+    for run in runs:  # the table says "not a result"; here is why
+        flagged = served_report(run)
+        if flagged and flagged.get("not_a_result"):
+            print(f"warning: run {run.label}: {flagged['path']} is not a result, not ranked: "
+                  f"{'; '.join(flagged['not_a_result'])}", file=sys.stderr)
     unreadable = [r for r in runs if r.status == "unreadable"]
     for run in unreadable:  # shown in the table with what its metrics hold; its numbers may be incomplete
         print(f"error: run {run.label}: {run.error}", file=sys.stderr)
@@ -389,9 +427,19 @@ def confirm(runs: list[Run], n: int) -> list[str]:
     from eagle3.eval.measure import LosslessError
 
     failed = []
-    for run in [r for r in rank(runs) if r.status == "completed"][:n]:
-        if accept_report(run) is not None:
-            continue
+    completed = [r for r in rank(runs) if r.status == "completed"]
+    chosen = [r for r in completed[:n] if accept_report(r) is None]
+    # Why the runs that are not measured are not: said once, so that "--confirm 5" measuring one run is explained.
+    reasons = {"have a measurement already (accept_k*.json)": [r for r in completed[:n] if accept_report(r)],
+               f"are below the {n} best by tau_sim": completed[n:],
+               "did not complete": [r for r in runs if r.status != "completed"]}
+    for why, skipped in reasons.items():
+        if skipped:
+            labels = [f"{r.label} ({r.status})" if r.status != "completed" else r.label for r in skipped]
+            print(f"--confirm {n}: not measuring {', '.join(labels)}: they {why}", file=sys.stderr)
+    if len(completed) < n:
+        print(f"--confirm {n}: only {len(completed)} of the {len(runs)} runs completed", file=sys.stderr)
+    for run in chosen:
         print(f"measuring acceptance of {run.label} ({run.path.name}) ...", file=sys.stderr, flush=True)
         try:
             report = accept.run(accept.parse_args(["--run", str(run.path)]))

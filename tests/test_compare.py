@@ -141,3 +141,28 @@ def test_steps_to_reach_a_baselines_best(tmp_path):
     header, body = table(find_runs([tmp_path]), baseline="#0")
     assert header[-1] == "steps to #0's best"
     assert {row[0]: row[-1] for row in body} == {"#1": "10", "#0": "20", "#2": "-"}
+
+
+def test_confirm_says_why_the_runs_it_does_not_measure_are_not_measured(tmp_path, capsys):
+    """--confirm 5 over a completed run that has its measurement, one more, and a failed run: it measures nothing
+    and says of each run why."""
+    from eagle3.compare import main
+
+    row = {"step": 0, "split": "val", "loss": 2.0, "tau_sim": 1.0}
+    for name in ("0_measured", "1_measured"):
+        run = tmp_path / name
+        run.mkdir()
+        (run / "resolved_config.yaml").write_text(f"optim:\n  lr: {name[0]}\n")
+        (run / "summary.json").write_text(summary_json(row, row, row))
+        (run / "accept_k3.json").write_text(json.dumps({"k": 3, "accept_len": 1.5, "prompts": 4,
+                                                        "max_new_tokens": 8}))
+    bad = tmp_path / "2_failed"
+    (bad / ".hydra").mkdir(parents=True)
+    (bad / ".hydra" / "overrides.yaml").write_text("- optim.lr=-1\n")
+    (bad / "failure.json").write_text(json.dumps({"error": "ConfigError: optim.lr: must be a positive number"}))
+    assert main([str(tmp_path), "--confirm", "5"]) == 0
+    err = capsys.readouterr().err
+    assert "--confirm 5: not measuring #0, #1: they have a measurement already (accept_k*.json)" in err
+    assert "--confirm 5: not measuring #2 (failed): they did not complete" in err
+    assert "--confirm 5: only 2 of the 3 runs completed" in err
+    assert "measuring acceptance of" not in err

@@ -34,7 +34,7 @@ from eagle3.eval.drafting import (
     speculative_decode,
     verifier_pass,
 )
-from eagle3.eval.prompts import Prompt
+from eagle3.eval.prompts import Prompt, check_prompts, prompt_origin
 
 
 class LosslessError(RuntimeError):
@@ -58,12 +58,8 @@ class AcceptanceProbe:
         # Kept with their origin (a file's line, a val row), which error messages name.
         self.prompts = [Prompt(p, prompt_origin(p, i)) for i, p in enumerate(prompts)]
         self.greedy: list[list[int]] | None = None
-        max_positions = getattr(verifier.config, "max_position_embeddings", None) or 1 << 30
-        if max_new_tokens + k >= max_positions:
-            raise ConfigError(f"k={k} draft tokens and max_new_tokens={max_new_tokens} leave no room for a prompt "
-                              f"in the verifier's max_position_embeddings ({max_positions}): k + max_new_tokens "
-                              f"must be below it")
-        check_prompts(self.prompts, verifier.config.vocab_size, max_positions - max_new_tokens - k)
+        check_prompts(self.prompts, verifier.config.vocab_size,
+                      getattr(verifier.config, "max_position_embeddings", None), max_new_tokens, k)
 
     @torch.no_grad()
     def measure(self, draft: torch.nn.Module, teacher_forced: bool = True, progress: bool = False) -> dict[str, Any]:
@@ -135,24 +131,6 @@ def aux_layer_ids(draft: torch.nn.Module, verifier: torch.nn.Module) -> list[int
         raise ConfigError(f"the draft's fc takes {draft.fc.in_features} inputs, but {len(ids)} aux layers of the "
                           f"verifier give {len(ids) * verifier.config.hidden_size}: another verifier?")
     return ids
-
-
-def prompt_origin(prompt: Sequence[int], i: int) -> str:
-    """Where a prompt came from: a file's line (1-based) or a val row, as eagle3.eval.prompts records it."""
-    return getattr(prompt, "where", f"prompt {i + 1} (1-based)")
-
-
-def check_prompts(prompts: Sequence[Sequence[int]], vocab_size: int, max_prompt_len: int) -> None:
-    for i, p in enumerate(prompts):
-        where = prompt_origin(p, i)
-        if not p:
-            raise ConfigError(f"{where}: the prompt is empty")
-        bad = [t for t in p if not 0 <= t < vocab_size]
-        if bad:
-            raise ConfigError(f"{where}: token ids outside the verifier's vocabulary [0, {vocab_size}): {bad[:5]}")
-        if len(p) > max_prompt_len:
-            raise ConfigError(f"{where}: {len(p)} prompt tokens; with max_new_tokens and k it would pass the "
-                              f"verifier's max_position_embeddings (at most {max_prompt_len} prompt tokens)")
 
 
 def acceptance(decodes: Sequence[Decode], k: int) -> dict[str, Any]:

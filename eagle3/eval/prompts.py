@@ -3,14 +3,14 @@ dataset's val split."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
 from eagle3.config import RowFormat
 from eagle3.data.jsonl import ChatTokenizer, Formats, RowProblem, conversation
 from eagle3.data.row_files import Unreadable, records
-from eagle3.errors import DataError
+from eagle3.errors import ConfigError, DataError
 
 
 class Prompt(list[int]):
@@ -86,3 +86,36 @@ def val_split_prompts(data_dir: str | Path, train_ratio: float, limit: int) -> l
     if not prompts:
         raise DataError(f"no val row of {data_dir} starts with loss-masked prompt tokens; give a prompts file")
     return prompts
+
+
+def prompt_origin(prompt: Sequence[int], i: int) -> str:
+    """Where a prompt came from: a file's line (1-based) or a val row, as read_prompts_file records it."""
+    return getattr(prompt, "where", f"prompt {i + 1} (1-based)")
+
+
+def check_prompts(prompts: Sequence[Sequence[int]], vocab_size: int, max_positions: int | None, max_new_tokens: int,
+                  k: int) -> None:
+    """Every prompt's ids within the verifier's vocabulary, and the prompt, its `max_new_tokens` and the `k` draft
+    tokens of the last verify step within its positions (max_position_embeddings; None: unbounded): what the
+    harness decodes into and what an engine serving the verifier accepts. The first prompt that is not is a
+    ConfigError naming where it came from."""
+    if max_positions is not None and max_new_tokens + k >= max_positions:
+        raise ConfigError(f"k={k} draft tokens and max_new_tokens={max_new_tokens} leave no room for a prompt in the "
+                          f"verifier's max_position_embeddings ({max_positions}): k + max_new_tokens must be below "
+                          "it")
+    for i, p in enumerate(prompts):
+        where = prompt_origin(p, i)
+        if not p:
+            raise ConfigError(f"{where}: the prompt is empty")
+        bad = [t for t in p if not (isinstance(t, int) and 0 <= t < vocab_size)]
+        if bad:
+            raise ConfigError(f"{where}: token ids outside the verifier's vocabulary [0, {vocab_size}): {bad[:5]}")
+        if max_positions is None:
+            continue
+        if len(p) >= max_positions:
+            raise ConfigError(f"{where}: {len(p)} prompt tokens, as many as the verifier's {max_positions} positions "
+                              "(max_position_embeddings) or more: no room for a response; shorten the prompt")
+        if len(p) + max_new_tokens + k > max_positions:
+            raise ConfigError(f"{where}: {len(p)} prompt tokens + max_new_tokens {max_new_tokens} + k {k} draft "
+                              f"tokens pass the verifier's {max_positions} positions (max_position_embeddings): at "
+                              f"most {max_positions - max_new_tokens - k} prompt tokens at this max_new_tokens")

@@ -5,10 +5,12 @@ harness's (eagle3.eval.accept) on the same prompts.
     python -m eagle3.serve RUN                      # the run's verifier + checkpoints/best, its val prompts
     python -m eagle3.serve RUN --k 1 2 3 5 --temperature 0.7 --prompts p.jsonl --port 8000
     python -m eagle3.serve SWEEP/*/                 # several runs of one verifier: one plain server for them all
+    python -m eagle3.serve RUN --no-ngram           # without the n-gram baseline (one server start fewer per k)
 
 For each run and k: vLLM's OpenAI server on localhost with the verifier and the drafter (k speculative tokens,
 eager, --dtype as given), beside one server of the same verifier without speculation (one for the command: the
-runs must share their verifier); the prompts go as token ids, one request at a time, to the two servers in turn;
+runs must share their verifier) and, per k, one with vLLM's n-gram speculation (the baseline a trained drafter has
+to beat; --no-ngram skips it); the prompts go as token ids, one request at a time, to the servers in turn;
 /metrics is scraped around each request. Then the harness decodes the same prompts at the same k and
 temperature, and RUN/serve_vllm_k<k>_t<T>.json gets the engine's drafts, accepted tokens per position,
 accept_len, tokens/s with and without speculation, the speedup, the comparison with the harness, and the
@@ -62,6 +64,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--port", type=int, help="the speculative server's port (default: a free one); the plain "
                                             "server takes a free one")
     p.add_argument("--seed", type=int, default=0, help="sampling seed of engine and harness at T > 0")
+    p.add_argument("--no-ngram", action="store_true",
+                   help="skip the baseline: by default each k also serves the verifier with vLLM's n-gram "
+                        "speculation (prompt lookup, k tokens) on the same prompts, in the same turns (one more "
+                        "server start per k)")
+    p.add_argument("--ngram-min", type=int, default=2, help="n-gram baseline: the shortest match of the context's "
+                                                            "last tokens it drafts from (prompt_lookup_min; default 2)")
+    p.add_argument("--ngram-max", type=int, default=5, help="n-gram baseline: the longest match it tries first "
+                                                            "(prompt_lookup_max; default 5)")
     p.add_argument("--python", help="the engine's interpreter (default: $EAGLE3_VLLM_PYTHON, else the --install "
                                     "venv)")
     p.add_argument("--startup-timeout", type=float, default=600, help="seconds a server may take to turn healthy")
@@ -110,6 +120,7 @@ class Served:
     outs: dict[int, Path]
     prompts: list = field(default_factory=list)
     source: str = ""
+    trained_steps: int = 3  # the draft's ttt_steps (its config's speculative_tokens): the k it was trained for
 
 
 def run(args: argparse.Namespace) -> list[dict[str, Any]]:
@@ -135,12 +146,24 @@ def run(args: argparse.Namespace) -> list[dict[str, Any]]:
     existing = [str(p) for served in runs for p in served.outs.values() if p.exists() or p.is_symlink()]
     if existing:
         raise ConfigError(f"{', '.join(existing)} exists and is not overwritten; move it away to measure again")
+    if not 1 <= args.ngram_min <= args.ngram_max:
+        raise ConfigError(f"--ngram-min {args.ngram_min}, --ngram-max {args.ngram_max}: need 1 <= --ngram-min <= "
+                          "--ngram-max (the n-gram baseline's shortest and longest match)")
     if args.port is not None:
+        if not 1 <= args.port <= 65535:
+            raise ConfigError(f"--port {args.port}: a TCP port is in 1..65535 (leave --port out for a free one)")
         check_port(args.port)
     engine = engine_python(args.python)
     for served in runs:
         served.prompts, served.source = load_prompts(args.prompts, served.verifier_dir, served.val_split,
                                                      args.num_prompts)
+        check_served_prompts(served, args.max_new_tokens)
+        for k in served.outs:
+            if k > served.trained_steps:
+                print(f"warning: {served.run_dir}: k={k} is beyond the {served.trained_steps} steps its draft was "
+                      f"trained for (ttt_steps; speculative_tokens in {served.checkpoint / 'config.json'}): draft "
+                      f"positions past {served.trained_steps} come from a model never trained on them, so expect "
+                      "their acceptance near 0 and the speculative server slower for each", file=sys.stderr)
     with holding(runs):  # before any server starts: one serve (or run, or resume) of a run at a time
         return serve_and_compare(args, engine, runs)
 
@@ -199,19 +222,52 @@ def new_log(run_dir: Path, stem: str) -> Path:
     raise FileExistsError(f"{run_dir}: no free name for {stem}.log")
 
 
-def resolve_run(run_dir: Path, args: argparse.Namespace) -> Served:
-    from eagle3.eval.accept import default_k, resolve_inputs
+def check_served_prompts(served: Served, max_new_tokens: int) -> None:
+    """The prompts within the verifier's vocabulary and, with the new tokens and the largest k's draft, within its
+    positions, checked before any server starts (the servers would take minutes to start and then refuse them
+    with their own errors), as the harness checks them."""
+    from eagle3.data.record import verifier_fingerprint
+    from eagle3.errors import ConfigError
+    from eagle3.eval.prompts import check_prompts
+    from eagle3.verifier_shape import decoder_config
 
+    vocab_size = verifier_fingerprint(served.verifier_dir)["vocab_size"]  # a config it cannot read: one message
+    if not isinstance(vocab_size, int):
+        raise ConfigError(f"{served.verifier_dir / 'config.json'} has no vocab_size: not a verifier's config")
+    # vLLM's max model length is the verifier's max_position_embeddings (eagle3.serve passes no other)
+    positions = decoder_config(json.loads((served.verifier_dir / "config.json").read_text())).get(
+        "max_position_embeddings")
+    check_prompts(served.prompts, vocab_size, positions if isinstance(positions, int) else None, max_new_tokens,
+                  max(served.outs))
+
+
+def resolve_run(run_dir: Path, args: argparse.Namespace) -> Served:
+    from eagle3.errors import ConfigError
+    from eagle3.eval.accept import default_k, resolve_inputs
+    from eagle3.rundir import RESOLVED_CONFIG, SUMMARY
+
+    if not run_dir.is_dir():
+        raise ConfigError(f"RUN {run_dir} {'is not a directory' if run_dir.exists() else 'does not exist'}: give "
+                          "the dir of a finished training run")
+    missing = [name for name in (SUMMARY, RESOLVED_CONFIG) if not (run_dir / name).is_file()]
+    if missing:
+        raise ConfigError(f"RUN {run_dir} is not a finished run dir (it has no {' and no '.join(missing)}): give "
+                          "the dir of a training run that finished")
     checkpoint, verifier_dir, val_split = resolve_inputs(argparse.Namespace(
         checkpoint=None, verifier=None, run=str(run_dir), prompts=args.prompts))
-    outs = {k: run_dir / f"serve_vllm_k{k}_t{args.temperature:g}.json"
-            for k in dict.fromkeys(args.k or [default_k(checkpoint)])}
-    return Served(run_dir, checkpoint, verifier_dir, val_split, outs)
+    trained = default_k(checkpoint)
+    outs = {k: run_dir / f"serve_vllm_k{k}_t{args.temperature:g}.json" for k in dict.fromkeys(args.k or [trained])}
+    return Served(run_dir, checkpoint, verifier_dir, val_split, outs, trained_steps=trained)
 
 
 def serve_and_compare(args, engine, runs: list[Served]) -> list[dict[str, Any]]:
-    """The plain server for the whole command (its log in the first run's dir), a speculative one per run and k;
-    each report written as it is done."""
+    """The plain server for the whole command (its log in the first run's dir); per k, an n-gram server of the
+    verifier for the runs served at that k (unless --no-ngram; its log in the first run's dir too), and a
+    speculative server per run; each run's measurement takes turns between its speculative server and the plain
+    (and n-gram) server, so that every figure of a report is measured in the same minutes. Each report is written
+    as it is done."""
+    import contextlib
+
     from eagle3.provenance import provenance
     from eagle3.serve.harness import Harness
     from eagle3.serve.server import free_port, running, server_command
@@ -227,31 +283,49 @@ def serve_and_compare(args, engine, runs: list[Served]) -> list[dict[str, Any]]:
     plain_cmd = server_command(engine, verifier_dir, plain_port, args.dtype, None, 0, args.seed)
     reports: list[dict[str, Any]] = []
     harness: Harness | None = None
+    first_plain: float | None = None  # the plain server's tokens/s in the command's first measurement
+    ngram = None if args.no_ngram else (args.ngram_min, args.ngram_max)
     with running(plain_cmd, plain_port, new_log(runs[0].run_dir, f"serve_vllm_plain_t{t:g}"), engine) as plain:
-        for served in runs:
-            for k, out in served.outs.items():
-                port = args.port or free_port()
-                cmd = server_command(engine, verifier_dir, port, args.dtype, served.checkpoint, k, args.seed)
-                log = new_log(served.run_dir, f"serve_vllm_k{k}_t{t:g}")
-                print(f"k={k}: starting the vLLM servers (logs: {log}, {plain.log})", file=sys.stderr, flush=True)
-                with running(cmd, port, log, engine) as spec:
-                    for server in (plain, spec):
-                        server.wait_healthy(args.startup_timeout)
-                    harness = (harness or Harness(verifier_dir)).load(served.checkpoint)  # one verifier for all
-                    # the harness's CPU draft times a CPU engine's draft forward, not a GPU's
-                    timer = harness.draft_timer(served.prompts, args.max_new_tokens) if engine.on_cpu else None
-                    between = None if timer is None else functools.partial(timer.sample, DRAFT_FORWARDS_PER_PROMPT)
-                    measured = measure({"plain": plain, "spec": spec}, served.prompts, args.max_new_tokens, t,
-                                       args.seed, between)
-                reference = harness.decode(served.prompts, k, args.max_new_tokens, t, args.seed)
-                report = build_report(measured, reference, k, args, engine, served, log)
-                report["plain_log"] = str(plain.log)
-                if timer is not None:
-                    report["draft_forward_ms"] = timer.result()
-                report["provenance"] = records[served.run_dir]
-                write_report(served.run_dir, out, report)
-                report["report_path"] = str(out)
-                reports.append(report)
+        for k in dict.fromkeys(k for served in runs for k in served.outs):
+            with contextlib.ExitStack() as at_k:
+                baseline = None
+                if ngram is not None:
+                    ngram_port = free_port()
+                    baseline = at_k.enter_context(running(
+                        server_command(engine, verifier_dir, ngram_port, args.dtype, None, k, args.seed, ngram),
+                        ngram_port, new_log(runs[0].run_dir, f"serve_vllm_ngram_k{k}_t{t:g}"), engine))
+                for served in [served for served in runs if k in served.outs]:
+                    port = args.port or free_port()
+                    cmd = server_command(engine, verifier_dir, port, args.dtype, served.checkpoint, k, args.seed)
+                    log = new_log(served.run_dir, f"serve_vllm_k{k}_t{t:g}")
+                    logs = ", ".join(str(s.log) for s in (plain, baseline) if s is not None)
+                    print(f"k={k}: starting the vLLM servers (logs: {log}, {logs})", file=sys.stderr, flush=True)
+                    with running(cmd, port, log, engine) as spec:
+                        servers = {"plain": plain, **({"ngram": baseline} if baseline else {}), "spec": spec}
+                        for server in servers.values():
+                            server.wait_healthy(args.startup_timeout)
+                        harness = (harness or Harness(verifier_dir)).load(served.checkpoint)  # one verifier for all
+                        # the harness's CPU draft times a CPU engine's draft forward, not a GPU's
+                        timer = harness.draft_timer(served.prompts, args.max_new_tokens) if engine.on_cpu else None
+                        between = None if timer is None else functools.partial(timer.sample,
+                                                                               DRAFT_FORWARDS_PER_PROMPT)
+                        measured = measure(servers, served.prompts, args.max_new_tokens, t, args.seed, between)
+                    reference = harness.decode(served.prompts, k, args.max_new_tokens, t, args.seed)
+                    if t == 0:  # where the engine's greedy tokens leave the harness's, and whether at a near-tie
+                        reference["divergences"] = harness.divergences(served.prompts, measured["spec"]["tokens"],
+                                                                       reference["tokens"])
+                    report = build_report(measured, reference, k, args, engine, served, log, first_plain)
+                    report["plain_log"] = str(plain.log)
+                    if baseline is not None:
+                        report["ngram_log"] = str(baseline.log)
+                    first_plain = first_plain or report["plain_tokens_per_s"]
+                    if timer is not None:
+                        report["draft_forward_ms"] = timer.result()
+                    report["provenance"] = records[served.run_dir]
+                    out = served.outs[k]
+                    write_report(served.run_dir, out, report)
+                    report["report_path"] = str(out)
+                    reports.append(report)
     return reports
 
 
@@ -267,35 +341,77 @@ def write_report(run_dir: Path, out: Path, report: dict[str, Any]) -> None:
 
 
 def build_report(measured: dict[str, Any], reference: dict[str, Any], k: int, args, engine, run: Served,
-                 log: Path) -> dict[str, Any]:
+                 log: Path, first_plain: float | None = None) -> dict[str, Any]:
+    """The report of one run at one k. `first_plain`: the plain server's tokens/s in the command's first
+    measurement, against which this one's is checked."""
     from eagle3.serve.harness import side_by_side
-    from eagle3.serve.metrics import acceptance
+    from eagle3.serve.metrics import acceptance, implausible
 
     spec, plain = measured["spec"], measured["plain"]
-    served = {**acceptance(spec["counters"], k), "tokens": spec["tokens"]}
-    return {
+    served = {**acceptance(spec["counters"], k), "tokens": spec["tokens"], "per_prompt": spec["per_prompt"]}
+    speedups = {"speedup": spec["tokens_per_s"] / plain["tokens_per_s"],
+                # Each prompt's plain time over its speculative time (both made the same number of tokens), the
+                # median: a burst of load from another job moves one pair, not the result.
+                "speedup_median": statistics.median(a / b for a, b in zip(plain["seconds"], spec["seconds"]))}
+    report = {
         "engine": engine.name, "engine_version": engine.version, "engine_python": str(engine.python),
         "dtype": args.dtype, "k": k, "temperature": args.temperature, "seed": args.seed,
         "prompts": len(spec["tokens"]), "max_new_tokens": args.max_new_tokens, "prompt_source": run.source,
         **{key: served[key] for key in ("drafts", "draft_tokens", "accepted", "accepted_per_position",
                                         "accept_rate", "accept_len", "accept_len_se")},
         "tokens_generated": spec["tokens_generated"], "tokens_per_s": spec["tokens_per_s"],
-        "plain_tokens_per_s": plain["tokens_per_s"], "speedup": spec["tokens_per_s"] / plain["tokens_per_s"],
+        "plain_tokens_per_s": plain["tokens_per_s"], **speedups,
         "tokens_per_cpu_s": spec["tokens_per_cpu_s"], "plain_tokens_per_cpu_s": plain["tokens_per_cpu_s"],
         "speedup_cpu": spec["tokens_per_cpu_s"] / plain["tokens_per_cpu_s"],
-        # Each prompt's plain time over its speculative time (both made the same number of tokens), the median:
-        # a burst of load from another job moves one pair, not the result.
-        "speedup_median": statistics.median(a / b for a, b in zip(plain["seconds"], spec["seconds"])),
+        "plain_turn_tokens_per_s": plain["turn_tokens_per_s"],
+        # Why these figures are not a result (a speedup the acceptance cannot give, a machine whose speed moved
+        # under the measurement); eagle3.compare ranks no report that has a reason here.
+        "implausible": implausible(speedups, served["accept_len"], plain["turn_tokens_per_s"], first_plain),
         "same_tokens_as_plain": spec["tokens"] == plain["tokens"],
         "harness": {**{key: reference[key] for key in ("drafts", "accepted_per_position", "accept_rate",
                                                         "accept_len", "accept_len_se")},
                     **side_by_side(served, reference, args.temperature, args.dtype)},
         "per_prompt": {"engine": spec["per_prompt"], "harness": reference["per_prompt"]},
         "checkpoint": str(run.checkpoint), "verifier": str(run.verifier_dir), "log": str(log),
+        # engine steps less one prefill per prompt: equal to drafts for a drafter that drafts at every step
+        "verify_steps": spec["counters"].steps - len(spec["tokens"]) if spec["counters"].steps else None,
     }
+    if "ngram" in measured:
+        report["ngram"] = ngram_report(measured["ngram"], plain, k, args)
+    return report
+
+
+def ngram_report(ngram: dict[str, Any], plain: dict[str, Any], k: int, args) -> dict[str, Any]:
+    """vLLM's n-gram proposer on the same prompts, in the same turns: its acceptance over every verify step (not
+    only those it found a match for, which vLLM's logged mean acceptance length averages), tokens/s, speedup."""
+    from eagle3.serve.metrics import all_steps_acceptance, implausible
+
+    acceptance = all_steps_acceptance(ngram["counters"], k, len(ngram["tokens"]))
+    speedups = {"speedup": ngram["tokens_per_s"] / plain["tokens_per_s"],
+                "speedup_median": statistics.median(a / b for a, b in zip(plain["seconds"], ngram["seconds"]))}
+    return {"method": "ngram", "prompt_lookup_min": args.ngram_min, "prompt_lookup_max": args.ngram_max, "k": k,
+            **acceptance, "tokens_per_s": ngram["tokens_per_s"], "tokens_per_cpu_s": ngram["tokens_per_cpu_s"],
+            **speedups, "speedup_cpu": ngram["tokens_per_cpu_s"] / plain["tokens_per_cpu_s"],
+            "same_tokens_as_plain": ngram["tokens"] == plain["tokens"],
+            "implausible": implausible(speedups, acceptance["accept_len"], [])}
 
 
 def format_report(r: dict[str, Any]) -> str:
+    side_by_side = []
+    ngram = r.get("ngram")
+    if ngram is not None:  # EAGLE-3, n-gram and plain in the same turns, one row each
+        rows = [(f"EAGLE-3 (k={r['k']})", r["accept_len"], r["tokens_per_s"], r["speedup"]),
+                (f"n-gram (k={ngram['k']}, match {ngram['prompt_lookup_min']}-{ngram['prompt_lookup_max']})",
+                 ngram["accept_len"], ngram["tokens_per_s"], ngram["speedup"]),
+                ("plain", 1.0, r["plain_tokens_per_s"], 1.0)]
+        side_by_side = [f"  {'':<26}{'accept_len':>11}{'tokens/s':>10}{'speedup':>9}",
+                        *(f"  {name:<26}{_or_dash(al, 11, 4)}{tps:>10.1f}{speedup:>9.3f}"
+                          for name, al, tps, speedup in rows),
+                        f"  n-gram's accept_len is over all its {ngram['verify_steps']} verify steps; over the "
+                        f"{ngram['drafts']} it found a match for (vLLM's logged mean acceptance length) it is "
+                        f"{_or_dash(ngram['accept_len_drafted'], 0, 4).strip()}"]
+        if ngram["implausible"]:
+            side_by_side.append(f"  n-gram IMPLAUSIBLE, not a result: {'; '.join(ngram['implausible'])}")
     return "\n".join([
         f"vLLM ({r['engine']} {r['engine_version']}, {r['dtype']}): k={r['k']}, T={r['temperature']:g}, "
         f"{r['prompts']} prompts x {r['max_new_tokens']} tokens",
@@ -304,9 +420,15 @@ def format_report(r: dict[str, Any]) -> str:
         f"  tokens/s {r['tokens_per_s']:.1f} with speculation, {r['plain_tokens_per_s']:.1f} without: speedup "
         f"{r['speedup']:.3f} (median over prompts {r['speedup_median']:.3f}; in the servers' CPU time "
         f"{r['speedup_cpu']:.3f})",
+        *([f"  IMPLAUSIBLE, not a result: {'; '.join(r['implausible'])}"] if r["implausible"] else []),
+        *side_by_side,
         f"  {r['harness']['verdict']}",
         f"  report: {r['report_path']}",
     ])
+
+
+def _or_dash(value: float | None, width: int, digits: int) -> str:
+    return f"{value:>{width}.{digits}f}" if value is not None else f"{'-':>{width}}"
 
 
 if __name__ == "__main__":

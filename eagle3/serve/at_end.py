@@ -31,7 +31,9 @@ def serve_finished_run(run_dir: Path, eval_cfg: EvalConfig, seed: int) -> None:
     args = argparse.Namespace(runs=[str(run_dir)], k=eval_cfg.serve.k, temperature=accept.temperature,
                               prompts=accept.prompts, num_prompts=accept.num_prompts,
                               max_new_tokens=accept.max_new_tokens, dtype="float32", port=None, seed=seed,
-                              python=eval_cfg.serve.python, startup_timeout=600.0)
+                              python=eval_cfg.serve.python, startup_timeout=600.0,
+                              # the drafter alone at a run's end; python -m eagle3.serve RUN adds the n-gram baseline
+                              no_ngram=True, ngram_min=2, ngram_max=5)
     with stop_on_signals():
         reports = run(args)
     for report in reports:

@@ -1,7 +1,15 @@
 """The engine beside eagle3.eval's harness: the same prompts, k, temperature and token budget decoded by the
 harness (the KV-cached speculative decoding of eagle3.eval.accept, fp32), and the two sets of counts compared.
 
-- T = 0, fp32: the engine must make the same tokens, drafts and accepted tokens per position as the harness.
+- T = 0, fp32: the engine must make the same tokens, drafts and accepted tokens per position as the harness, with
+  one exception: two fp32 implementations of a deep verifier (vLLM's CPU kernels, transformers') round differently,
+  and where the verifier's two best next tokens are nearly tied the engine may pick the other. For each prompt whose
+  tokens differ, the first divergence is located and the verifier (the harness's, one forward over the prompt and
+  the tokens both made) gives the logit gap there between the harness's token and the engine's: a near-tie when it
+  is at most NEAR_TIE times the largest |logit| there (1e-3: a hundred times the relative difference of the two
+  implementations' hidden states on SmolLM2, 1e-5). Prompts that diverge at a near-tie are equal up to it and
+  their counts, which differ after it, are left out of the comparison; every other prompt's counts must be equal,
+  and a divergence that is not a near-tie is NOT EQUAL.
 - T = 0, bf16: the engine rounds otherwise, and near-ties of the verifier flip its greedy choice; the share of
   prompts whose tokens differ is reported instead of a verdict.
 - T > 0: both are samples. Their accept_len agree when they differ by at most 3 standard errors of the
@@ -18,6 +26,7 @@ from typing import Any
 from eagle3.serve.metrics import counts_acceptance
 
 TOLERANCE_SE = 3.0
+NEAR_TIE = 1e-3  # a divergence's logit gap over the largest |logit| there, at most (see above)
 
 
 class Harness:
@@ -86,6 +95,52 @@ class Harness:
                 **counts_acceptance(drafts, per_position)}
 
 
+    def divergences(self, prompts: Sequence[Sequence[int]], engine_tokens: Sequence[Sequence[int]],
+                    harness_tokens: Sequence[Sequence[int]]) -> list[dict[str, Any]]:
+        """For each prompt whose engine and harness tokens differ: where they first differ, the two tokens, and
+        the verifier's logits there (one forward over the prompt and the common tokens): the gap between the
+        harness's token and the engine's, the two best tokens and their gap, the scale (largest |logit|), and
+        whether it is a near-tie. The report keeps the prompt's ids and the common tokens, so that anyone can
+        run the forward again."""
+        import torch
+
+        from eagle3.eval.drafting import next_token_logits
+        from eagle3.eval.measure import torch_threads
+
+        found = []
+        for i, (prompt, engine, harness) in enumerate(zip(prompts, engine_tokens, harness_tokens)):
+            if list(engine) == list(harness):
+                continue
+            common = min(len(engine), len(harness))
+            at = next((j for j in range(common) if engine[j] != harness[j]), common)
+            entry: dict[str, Any] = {"prompt": i, "at": at, "prompt_ids": list(prompt),
+                                     "common_tokens": list(harness[:at])}
+            if at == common:  # one is a prefix of the other: no token to weigh against another
+                found.append(entry | {"near_tie": False, "why": f"{len(engine)} engine tokens, {len(harness)} "
+                                                                f"harness tokens"})
+                continue
+            with torch.no_grad(), torch_threads(1):
+                logits = next_token_logits(self.verifier, [*prompt, *harness[:at]]).double()
+            top = torch.topk(logits, 2)
+            gap = float(logits[harness[at]] - logits[engine[at]])
+            scale = float(logits.abs().max())
+            found.append(entry | {
+                "harness_token": int(harness[at]), "engine_token": int(engine[at]), "logit_gap": gap,
+                "top2_tokens": top.indices.tolist(), "top2_logits": top.values.tolist(),
+                "top2_gap": float(top.values[0] - top.values[1]), "logit_scale": scale,
+                "relative_gap": abs(gap) / scale if scale else float("inf"),
+                "near_tie": abs(gap) <= NEAR_TIE * scale})
+        return found
+
+
+def counts_agree(engine: dict[str, Any], harness: dict[str, Any]) -> bool:
+    """One prompt's drafts and accepted tokens per position, the engine's (SpecCounters) and the harness's."""
+    from eagle3.serve.metrics import padded
+
+    k = len(harness["per_position"])
+    return engine["drafts"] == harness["drafts"] and padded(engine["per_position"], k) == harness["per_position"]
+
+
 def side_by_side(engine: dict[str, Any], harness: dict[str, Any], temperature: float, dtype: str) -> dict[str, Any]:
     """{"equal": bool or None, "diverged_prompts": [...], "share_diverged", "verdict": a sentence}"""
     diverged = [i for i, (a, b) in enumerate(zip(engine["tokens"], harness["tokens"])) if a != b]
@@ -95,15 +150,48 @@ def side_by_side(engine: dict[str, Any], harness: dict[str, Any], temperature: f
     out: dict[str, Any] = {"diverged_prompts": diverged, "share_diverged": share}
     if temperature == 0:
         equal = counts_equal and not diverged
+        found = harness.get("divergences")
+        if dtype == "float32" and diverged and found is not None and all(d["near_tie"] for d in found):
+            # equal up to the near-ties: the counts of every prompt that did not diverge agree
+            same = [i for i in range(len(harness["tokens"])) if i not in diverged]
+            disagree = [i for i in same if not counts_agree(engine["per_prompt"][i], harness["per_prompt"][i])]
+            equal = not disagree
+            ties = ", ".join(f"prompt {d['prompt']} at token {d['at']} (logit gap {abs(d['logit_gap']):.2e}, "
+                             f"{d['relative_gap']:.1e} of the scale {d['logit_scale']:.3g})" for d in found)
+            verdict = (f"EQUAL up to near-ties: {len(same)} of {len(harness['tokens'])} prompts have the harness's "
+                       f"tokens and counts; {len(diverged)} diverged where the verifier's two best tokens are "
+                       f"nearly tied (at most {NEAR_TIE:g} of the largest |logit|), equal up to there: {ties}"
+                       if equal else
+                       f"NOT EQUAL in fp32: prompts {disagree} have the harness's tokens but not its counts "
+                       f"(the others diverged at near-ties: {ties})")
+            return out | {"equal": equal, "near_ties": len(found), "divergences": found, "verdict": verdict}
         if dtype == "float32":
+            real = [d for d in found or [] if not d["near_tie"]]
             verdict = ("EQUAL: the engine's tokens, drafts and accepted tokens per position are the harness's" if equal
                        else f"NOT EQUAL in fp32: {len(diverged)} of {len(harness['tokens'])} prompts differ in their "
                             f"tokens; drafts {engine['drafts']} vs {harness['drafts']}, accepted per position "
-                            f"{engine['accepted_per_position']} vs {harness['accepted_per_position']}")
+                            f"{engine['accepted_per_position']} vs {harness['accepted_per_position']}"
+                            + "".join(f"; prompt {d['prompt']} diverged at token {d['at']} where the verifier's "
+                                      f"logit gap is {abs(d['logit_gap']):.3g} ({d['relative_gap']:.1e} of its "
+                                      f"scale: no near-tie)" if "logit_gap" in d else
+                                      f"; prompt {d['prompt']}: {d['why']}" for d in real))
+            if found is not None:
+                out["divergences"] = found
         else:
             verdict = (f"{dtype}: {100 * share:.0f}% of the prompts ({len(diverged)} of {len(harness['tokens'])}) "
                        "decoded other tokens than the fp32 harness (near-ties of the verifier rounded otherwise)")
         return out | {"equal": equal, "verdict": verdict}
+    if not engine["drafts"] or not harness["drafts"] or not (engine["accept_len_se"] or harness["accept_len_se"]):
+        # No spread to judge a difference by: a tolerance of 0 would call two drafters that accept nothing "within"
+        # it, which says nothing about whether the engine samples as the harness does.
+        verdict = (f"accept_len {engine['accept_len'] or 1.0:.4f} (engine) vs {harness['accept_len'] or 1.0:.4f} "
+                   f"(harness): no agreement to judge at T={temperature:g}: "
+                   + ("one of them drafted nothing" if not engine["drafts"] or not harness["drafts"] else
+                      "the accepted counts have no spread to judge a difference by (every verify step of both "
+                      "accepted as many tokens: nothing, with an untrained draft)")
+                   + "; measure a draft that gets some of its tokens accepted, or at T=0")
+        return out | {"equal": None, "accept_len_difference": None, "tolerance": None, "within_tolerance": None,
+                      "verdict": verdict}
     diff = engine["accept_len"] - harness["accept_len"]
     tolerance = TOLERANCE_SE * (engine["accept_len_se"] ** 2 + harness["accept_len_se"] ** 2) ** 0.5
     within = abs(diff) <= tolerance

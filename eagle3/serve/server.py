@@ -44,7 +44,9 @@ def check_port(port: int) -> None:
 
 
 def server_command(engine: Engine, verifier: Path, port: int, dtype: str, draft: Path | None, k: int,
-                   seed: int) -> list[str]:
+                   seed: int, ngram: tuple[int, int] | None = None) -> list[str]:
+    """The server of the verifier: with the drafter at `draft` (k tokens), or with vLLM's n-gram proposer (prompt
+    lookup: k tokens after a match of `ngram` = (min, max) tokens), or plain."""
     cmd = [str(engine.python), "-m", "vllm.entrypoints.openai.api_server", "--model", str(verifier),
            "--served-model-name", SERVED_NAME, "--host", "127.0.0.1", "--port", str(port), "--dtype", dtype,
            "--skip-tokenizer-init", "--seed", str(seed), "--max-num-seqs", "1", "--enforce-eager",
@@ -56,6 +58,9 @@ def server_command(engine: Engine, verifier: Path, port: int, dtype: str, draft:
         if draft_kind(draft) == "peagle":  # P-EAGLE: vLLM's parallel drafting, all k tokens in one forward
             spec["parallel_drafting"] = True
         cmd += ["--speculative-config", json.dumps(spec)]
+    elif ngram is not None:
+        cmd += ["--speculative-config", json.dumps({"method": "ngram", "num_speculative_tokens": k,
+                                                    "prompt_lookup_min": ngram[0], "prompt_lookup_max": ngram[1]})]
     return cmd
 
 

@@ -4,10 +4,13 @@ for free, since requests do not overlap)."""
 
 from __future__ import annotations
 
+import sys
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict
 from typing import Any
+
+from tqdm import tqdm
 
 from eagle3.errors import EngineError
 from eagle3.serve.metrics import spec_counters
@@ -31,8 +34,10 @@ def measure(servers: dict[str, Server], prompts: Sequence[Sequence[int]], max_ne
             temperature: float, seed: int, between: Callable[[], object] | None = None) -> dict[str, dict[str, Any]]:
     """Per server: {"tokens": per prompt, "counters": totals, "per_prompt": counters per prompt,
     "tokens_generated", "seconds" (per request), "request_s", "tokens_per_s", "cpu_s", "tokens_per_cpu_s"}
-    (cpu_s: the server's processes' CPU time over its requests). The servers take turns prompt by prompt, so
-    that a machine busier in one minute than in the next slows them alike; each first gets one short warm-up
+    (cpu_s: the server's processes' CPU time over its requests), "turn_tokens_per_s" (per request). The servers take
+    turns prompt by prompt, so that a machine busier in one minute than in the next slows them alike, and in an
+    order that turns around from one prompt to the next (plain, spec; spec, plain; ...), so that none is always
+    the one served right after `between` or right after another's request; each first gets one short warm-up
     request, which the counters leave out. `between` runs after each prompt's turn, while no request is served
     (eagle3.serve times the draft forward there)."""
     for server in servers.values():
@@ -41,21 +46,31 @@ def measure(servers: dict[str, Server], prompts: Sequence[Sequence[int]], max_ne
     first = dict(last)
     out: dict[str, dict[str, Any]] = {name: {"tokens": [], "per_prompt": [], "seconds": [],
                                              "cpu_s": 0.0} for name in servers}
-    for prompt in prompts:
-        for name, server in servers.items():
+    names = list(servers)
+    made, served_s = 0, 0.0
+    bar = tqdm(total=len(prompts), desc=f"serving ({', '.join(names)})", unit="prompt", leave=False,
+               file=sys.stderr, mininterval=1.0)
+    for i, prompt in enumerate(prompts):
+        for name in names if i % 2 == 0 else names[::-1]:
+            server = servers[name]
             start, cpu = time.perf_counter(), server.cpu_s()
             out[name]["tokens"].append(complete(server, prompt, max_new_tokens, temperature, seed))
             out[name]["seconds"].append(time.perf_counter() - start)
+            made, served_s = made + len(out[name]["tokens"][-1]), served_s + out[name]["seconds"][-1]
             out[name]["cpu_s"] += server.cpu_s() - cpu
             now = spec_counters(server.get("/metrics"))
             out[name]["per_prompt"].append(asdict(now - last[name]))
             last[name] = now
         if between is not None:
             between()
+        bar.set_postfix_str(f"{made / served_s:.1f} tokens/s", refresh=False)  # over all the servers' requests
+        bar.update()
+    bar.close()
     for name, r in out.items():
         r["counters"] = last[name] - first[name]
         r["tokens_generated"] = sum(len(t) for t in r["tokens"])
         r["request_s"] = sum(r["seconds"])
         r["tokens_per_s"] = r["tokens_generated"] / r["request_s"]
         r["tokens_per_cpu_s"] = r["tokens_generated"] / r["cpu_s"]
+        r["turn_tokens_per_s"] = [len(t) / s for t, s in zip(r["tokens"], r["seconds"])]
     return out
