@@ -624,10 +624,10 @@ def test_the_servers_take_turns_in_an_order_that_turns_around_from_prompt_to_pro
 
 
 @pytest.mark.parametrize("ids, extra, expected", [
-    ([1, 100], [], r"line 1: token ids outside the verifier's vocabulary \[0, 100\): \[100\]"),
-    ([5, -1], [], r"line 1: token ids outside the verifier's vocabulary \[0, 100\): \[-1\]"),
-    ([1] * 70, [], r"line 1: 70 prompt tokens, as many as the verifier's 64 positions .* or more"),
-    ([1] * 40, ["--max-new-tokens", "32"], r"line 1: 40 prompt tokens \+ max_new_tokens 32 \+ k 3 draft tokens "
+    ([1, 100], [], r"jsonl:1: token ids outside the verifier's vocabulary \[0, 100\): \[100\]"),
+    ([5, -1], [], r"jsonl:1: token ids outside the verifier's vocabulary \[0, 100\): \[-1\]"),
+    ([1] * 70, [], r"jsonl:1: 70 prompt tokens, as many as the verifier's 64 positions .* or more"),
+    ([1] * 40, ["--max-new-tokens", "32"], r"jsonl:1: 40 prompt tokens \+ max_new_tokens 32 \+ k 3 draft tokens "
                                             r"pass the verifier's 64 positions .* at most 29 prompt tokens"),
 ])
 def test_prompts_the_verifier_cannot_take_are_refused_before_any_server_starts(fake_run, ids, extra, expected):
