@@ -7,7 +7,8 @@
 Rows are random token ids (the verifier's vocabulary), fp32 on a CPU (the engine's CPU build computes in fp32 as the
 transformers path does there), aux ids [2, N//2, N-3] (the tiny verifier's 4 layers: [1, 2, 3]), both writing
 speculators' files with the same batch plan (--batch-tokens). Extraction time leaves each side's start out (the
-engine's start, printed apart, is a fixed cost per preparation); both run with --threads threads.
+engine's start, printed apart, is a fixed cost per preparation); both run with --threads threads. The largest
+relative difference between the two sides' states is printed too.
 """
 
 from __future__ import annotations
@@ -65,12 +66,27 @@ def measure(model_dir: Path, args: argparse.Namespace) -> dict:
         vllm.write_hidden_states(engine_python(), model_dir, rows, Path(tmp) / "vllm", aux, args.batch_tokens,
                                  torch.float32, vllm.EngineOptions(), vllm.check_rows_fit(rows, config),
                                  Path(tmp) / "vllm.log", timings)
+        worst = worst_difference(Path(tmp), len(rows))
     return {"model": str(model_dir), "layers": layers, "hidden": verifier["hidden_size"], "aux": aux,
             "rows": len(rows), "tokens": tokens, "transformers_load_s": load_s, "transformers_s": transformers_s,
             "engine_start_s": timings["started_s"], "engine_s": timings["extract_s"],
             "transformers_tokens_per_s": tokens / transformers_s, "engine_tokens_per_s": tokens / timings["extract_s"],
             "ratio": transformers_s / timings["extract_s"],
-            "ratio_with_starts": (load_s + transformers_s) / (timings["started_s"] + timings["extract_s"])}
+            "ratio_with_starts": (load_s + transformers_s) / (timings["started_s"] + timings["extract_s"]),
+            "max_relative_difference": worst}
+
+
+def worst_difference(tmp: Path, rows: int) -> float:
+    """The largest relative difference (norm over the hidden size) of a position's state, any slot, between the two
+    sides' files."""
+    from safetensors.torch import load_file
+
+    worst = 0.0
+    for i in range(rows):
+        a, b = (load_file(str(tmp / side / f"hs_{i}.safetensors"))["hidden_states"].double()
+                for side in ("vllm", "transformers"))
+        worst = max(worst, float(((a - b).norm(dim=-1) / b.norm(dim=-1).clamp_min(1e-30)).max()))
+    return worst
 
 
 def main() -> None:
@@ -107,7 +123,7 @@ def main() -> None:
               f"  vLLM engine:  {r['engine_tokens_per_s']:.0f} tokens/s ({r['engine_s']:.1f} s; "
               f"start {r['engine_start_s']:.1f} s)\n"
               f"  ratio engine / transformers: {r['ratio']:.2f}x extraction, {r['ratio_with_starts']:.2f}x with "
-              f"the starts", flush=True)
+              f"the starts; largest relative difference of a state {r['max_relative_difference']:.1e}", flush=True)
     if args.json:
         args.json.write_text(json.dumps({"threads": args.threads, "results": results}, indent=2) + "\n")
 

@@ -140,7 +140,8 @@ def test_engine_options_are_refused_where_they_do_not_apply(verifier, no_engine,
 
 
 @pytest.mark.slow
-def test_engine_refuses_an_architecture_vllm_does_not_implement_before_it_starts(verifier, engine_python, tmp_path):
+def test_engine_refuses_an_architecture_vllm_does_not_implement_before_it_starts(verifier, tmp_path,
+                                                                                 engine_python):  # noqa: F811
     unknown = tmp_path / "unknown"
     shutil.copytree(verifier, unknown)
     config = json.loads((unknown / "config.json").read_text())
@@ -160,7 +161,7 @@ def tiny_rows(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def tiny_datasets(verifier, tiny_rows, engine_python, tmp_path_factory) -> tuple[Path, Path]:
+def tiny_datasets(verifier, tiny_rows, tmp_path_factory, engine_python) -> tuple[Path, Path]:  # noqa: F811
     """The tiny verifier's hidden states of 24 rows by vLLM (one engine start) and by transformers."""
     tmp = tmp_path_factory.mktemp("tiny")
     for engine in ("vllm", "transformers"):
@@ -209,8 +210,8 @@ def test_an_engine_dataset_passes_the_check_and_trains(tiny_datasets, cache_dir,
 
 
 @pytest.mark.slow
-def test_resuming_an_engine_preparation_gives_identical_files(tiny_datasets, verifier, tiny_rows, engine_python,
-                                                              tmp_path):
+def test_resuming_an_engine_preparation_gives_identical_files(tiny_datasets, verifier, tiny_rows, tmp_path,
+                                                              engine_python):  # noqa: F811
     engine, reference = tiny_datasets
     data = tmp_path / "data"
     shutil.copytree(engine, data)
@@ -236,7 +237,7 @@ def test_resuming_an_engine_preparation_gives_identical_files(tiny_datasets, ver
 
 
 @pytest.fixture(scope="module")
-def smollm2_datasets(smollm2_dir, engine_python, tmp_path_factory) -> tuple[Path, Path]:
+def smollm2_datasets(smollm2_dir, tmp_path_factory, engine_python) -> tuple[Path, Path]:  # noqa: F811
     """SmolLM2-135M's hidden states (aux ids [2, 15, 27], the default) of 6 short rows by vLLM and transformers."""
     tmp = tmp_path_factory.mktemp("smollm2")
     rows = write_jsonl(tmp / "rows.jsonl", token_rows(6, 49152, 8, 40, seed=1))

@@ -92,8 +92,10 @@ def engine_architectures(engine: Engine) -> set[str] | None:
         return None
     found: set[str] = set()
     for node in tree.body:
-        target = node.targets[0] if isinstance(node, ast.Assign) and len(node.targets) == 1 else None
-        if isinstance(target, ast.Name) and target.id in REGISTRIES and isinstance(node.value, ast.Dict):
+        if not (isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.value, ast.Dict)):
+            continue
+        target = node.targets[0]
+        if isinstance(target, ast.Name) and target.id in REGISTRIES:
             found |= {k.value for k in node.value.keys if isinstance(k, ast.Constant) and isinstance(k.value, str)}
     return found or None
 
@@ -169,17 +171,18 @@ def write_hidden_states(engine: Engine, verifier_dir: Path, rows: Sequence[Row],
     shutil.rmtree(spool, ignore_errors=True)  # left by a run killed outright
     with tempfile.TemporaryDirectory(prefix="eagle3-vllm-") as tmp:
         shutil.copyfile(WORKER, Path(tmp) / f"{WORKER_MODULE}.py")
+        progress = Path(tmp) / "progress"
         job = {"llm": llm_options(engine, verifier_dir, aux_layer_ids, verifier["num_hidden_layers"], max_model_len,
                                   batches, lengths, spool, options),
                "batches": [[[i, [int(t) for t in rows[i][0]]] for i in b] for b in batches],
-               "write": sorted(todo), "hs_dir": str(hs_dir.resolve()), "progress": str(Path(tmp) / "progress"),
+               "write": sorted(todo), "hs_dir": str(hs_dir.resolve()), "progress": str(progress),
                "columns": columns(aux_layer_ids), "dtype": str(dtype).removeprefix("torch.")}
         (Path(tmp) / "job.json").write_text(json.dumps(job))
         env = {"PYTHONPATH": tmp, **(engine.server_options()[1] if single_process(engine, options) else {})}
         cmd = [str(engine.python), str(Path(tmp) / f"{WORKER_MODULE}.py"), str(Path(tmp) / "job.json")]
         try:
             with stop_on_signals():
-                follow(cmd, env, log_file, Path(job["progress"]), len(todo), timings if timings is not None else {})
+                follow(cmd, env, log_file, progress, len(todo), timings if timings is not None else {})
         finally:
             shutil.rmtree(spool, ignore_errors=True)
     check_written(rows, hs_dir, todo, len(aux_layer_ids) + 1, verifier["hidden_size"], dtype, log_file)
