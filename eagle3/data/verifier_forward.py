@@ -165,19 +165,10 @@ def write_hidden_states(model: torch.nn.Module, rows: Sequence[Row], hs_dir: Pat
     """`hs_<i>.safetensors` for every row whose file is missing or unusable; returns how many were written."""
     from safetensors.torch import save_file
 
-    from eagle3.data.check import hidden_state_problem
-    from eagle3.data.hsfiles import DTYPE_NAMES
     from eagle3.safe_write import fresh_temp, refuse_links
 
-    hs_dir.mkdir(parents=True, exist_ok=True)
-    slots, hidden, dtype_name = len(aux_layer_ids) + 1, model.config.hidden_size, DTYPE_NAMES[dtype]
-    todo = {i for i, (ids, _) in enumerate(tqdm(rows, desc="checking existing hidden states", unit="row",
-                                                leave=False, mininterval=1.0))
-            if hidden_state_problem(hs_dir / f"hs_{i}.safetensors", np.asarray(ids, dtype=np.int64), slots,
-                                    hidden, dtype_name)}
+    todo = rows_to_write(rows, hs_dir, len(aux_layer_ids) + 1, model.config.hidden_size, dtype)
     batches = [b for b in batch_plan([len(ids) for ids, _ in rows], batch_tokens) if todo.intersection(b)]
-    if len(todo) < len(rows):
-        log.info("%d of %d hidden-state files are already there and valid: kept", len(rows) - len(todo), len(rows))
     with hidden_state_taps(model, aux_layer_ids) as taps:
         with tqdm(total=len(todo), desc="verifier hidden states", unit="row", dynamic_ncols=True) as bar:
             for batch in batches:
@@ -199,6 +190,22 @@ def write_hidden_states(model: torch.nn.Module, rows: Sequence[Row], hs_dir: Pat
                         os.replace(tmp, file)
                         bar.update()
     return len(todo)
+
+
+def rows_to_write(rows: Sequence[Row], hs_dir: Path, slots: int, hidden_size: int, dtype: torch.dtype) -> set[int]:
+    """The rows whose `hs_<i>.safetensors` in `hs_dir` (made here if missing) is missing or unusable; the others
+    are kept (a resumed preparation), which is logged."""
+    from eagle3.data.check import hidden_state_problem
+    from eagle3.data.hsfiles import DTYPE_NAMES
+
+    hs_dir.mkdir(parents=True, exist_ok=True)
+    todo = {i for i, (ids, _) in enumerate(tqdm(rows, desc="checking existing hidden states", unit="row",
+                                                leave=False, mininterval=1.0))
+            if hidden_state_problem(hs_dir / f"hs_{i}.safetensors", np.asarray(ids, dtype=np.int64), slots,
+                                    hidden_size, DTYPE_NAMES[dtype])}
+    if len(todo) < len(rows):
+        log.info("%d of %d hidden-state files are already there and valid: kept", len(rows) - len(todo), len(rows))
+    return todo
 
 
 @contextmanager
