@@ -240,6 +240,16 @@ def test_a_datasets_dir_of_token_rows_refuses_a_conversation_format(tmp_path):
     assert not speculators_rows(write(tmp_path / "chat", SHAREGPT, "dataset"))  # read as a rows file's rows
 
 
+def test_max_records_is_refused_for_a_speculators_dataset_dir_read_whole(tmp_path):
+    from eagle3.data.sources.online import OnlineDataConfig
+    from eagle3.data.token_rows import token_rows_dir
+
+    path = write(tmp_path / "ds", [{**r, "seq_len": len(r["input_ids"])} for r in TOKENS], "dataset")
+    with pytest.raises(DataError, match=r"^data.max_records: .*ds is a speculators-format dataset dir, whose rows are "
+                                        r"read as they are, all of them; drop data.max_records"):
+        token_rows_dir(OnlineDataConfig(path=str(path), max_records=1), tmp_path / "verifier", str(tmp_path / "c"))
+
+
 def test_a_datasets_dir_of_several_splits_names_the_dir_of_one(chat, tmp_path):
     from datasets import Dataset, DatasetDict
 
