@@ -149,8 +149,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="dtype the hidden states are stored in")
     add_fields(parser, DataConfig, {"on_bad_sample": "--on-bad-sample"}, "data", helps={
         "on_bad_sample": "a row that cannot be used: stop with its line number, or leave it out and count it"})
-    add_fields(parser, TokenRows, {"format": "--format"}, "data", helps={
-        "format": "what the rows hold; auto: the first row's format (a row of another format is a bad row)"})
+    add_fields(parser, TokenRows, {"format": "--format", "max_records": "--max-records"}, "data", helps={
+        "format": "what the rows hold; auto: the first row's format (a row of another format is a bad row)",
+        "max_records": "read only the file's first N records (bad ones counted among them), never the rest"})
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     try:
@@ -184,6 +185,8 @@ def prepare(args: argparse.Namespace) -> dict[str, Any]:
     aux = args.aux_layer_ids or default_aux_layer_ids(verifier["num_hidden_layers"], "give --aux-layer-ids")
     if args.max_len < 2 or args.batch_tokens < 1:
         raise ConfigError("--max-len must be at least 2 and --batch-tokens at least 1")
+    if args.max_records is not None and args.max_records < 1:
+        raise ConfigError(f"--max-records must be at least 1, got {args.max_records}")
     chat: list[ChatTokenizer] = []  # built on the first messages row: input_ids data needs no tokenizer
 
     def tokenize_chat(messages: list[dict[str, Any]]) -> Row:
@@ -192,13 +195,15 @@ def prepare(args: argparse.Namespace) -> dict[str, Any]:
         return chat[0](messages)
 
     bad = BadSamples(args.on_bad_sample)
-    rows = read_rows(args.data, args.max_len, verifier["vocab_size"], bad, tokenize_chat, args.format)
+    rows = read_rows(args.data, args.max_len, verifier["vocab_size"], bad, tokenize_chat, args.format,
+                     args.max_records)
     log.info("%s: %d %s rows (%d truncated to %d tokens, %d skipped%s)", args.data, len(rows), rows.format.value,
              bad.truncated, args.max_len, sum(bad.skipped.values()), f": {dict(bad.skipped)}" if bad.skipped else "")
     device = resolve_runtime(args.device).device_type
     # bf16 on a GPU, as the verifier is served; fp32 on a CPU, which has no fast bf16 matmul.
     model = load_causal_lm(args.model, device, getattr(torch, compute_dtype_on(device)), key="--model")
     notes = {"source": str(args.data), "max_len": args.max_len, "on_bad_sample": args.on_bad_sample,
+             **({"max_records": args.max_records} if args.max_records is not None else {}),
              **rows.record(), **bad.as_dict()}
     record = write_dataset(model, args.model, rows, args.out, aux, args.batch_tokens, getattr(torch, args.dtype),
                            notes)
