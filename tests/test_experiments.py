@@ -41,7 +41,8 @@ def test_every_experiment_composes_and_validates(name, tmp_path):
         (verifier / "config.json").write_text(json.dumps(SMOLLM2_SHAPE))
         (tmp_path / "reference" / "sharegpt").mkdir()
         (tmp_path / "reference" / "sharegpt" / "ShareGPT_V3_unfiltered_cleaned_split.json").write_text(
-            json.dumps({"messages": [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello"}]}))
+            json.dumps([{"id": "a_0", "conversations": [{"from": "human", "value": "Hi"},
+                                                        {"from": "gpt", "value": "Hello"}]}]))
         paths = [f"cache_dir={tmp_path}"]
     cfg = resolved([f"experiment={name}", *paths])
     validate(cfg)

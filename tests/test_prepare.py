@@ -186,6 +186,12 @@ def test_chat_messages_train_on_the_assistant_turns(verifier, tmp_path):
     assert record["row_format"] == "messages" and record["row_format_from"] == f"detected from the first row ({data}:1)"
     proc = prepare(chat_model, data, tmp_path / "sharegpt", "--format", "sharegpt")
     assert proc.returncode == 1 and f"{data}:1: a messages row among sharegpt rows (the format was set" in proc.stderr
+    proc = prepare(chat_model, data, tmp_path / "head", "--max-records", "1")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert len(load_from_disk(str(tmp_path / "head"))) == 1
+    assert json.loads((tmp_path / "head" / "eagle3_data.json").read_text())["max_records"] == 1
+    proc = prepare(chat_model, data, tmp_path / "none", "--max-records", "0")
+    assert proc.returncode == 1 and proc.stderr.strip() == "error: --max-records must be at least 1, got 0"
 
 
 @pytest.mark.slow

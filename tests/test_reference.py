@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import math
+from itertools import islice
 from pathlib import Path
 
 import pytest
@@ -20,38 +21,30 @@ CONVERSATIONS, TURN_CHARS = 6, 400
 TRAIN = ["model=auto", "model.draft.draft_vocab_size=1024", "data.total_seq_len=512", "data.train_ratio=0.67",
          "optim.max_steps=3", "optim.lr=1e-3", "logger.mode=disabled", "logger.log_every=1",
          "data.hidden_states_dtype=float32"]
-ROLES = {"human": "user", "user": "user", "gpt": "assistant", "assistant": "assistant", "system": "system"}
 
 
-def sharegpt_records(path: Path, n: int) -> list[dict]:
-    """The first `n` records of the ShareGPT JSON array, read from its head (the file is 125 MB)."""
-    with path.open(encoding="utf-8") as f:
-        head = f.read(4 << 20)
-    decoder, records, at = json.JSONDecoder(), [], head.index("[") + 1
-    while len(records) < n:
-        while head[at] in " \n\r\t,":
-            at += 1
-        record, at = decoder.raw_decode(head, at)
-        records.append(record)
-    return records
-
-
-def as_messages(record: dict) -> list[dict]:
-    """A ShareGPT record's first user turn and the answer to it, as OpenAI-style messages, each cut short."""
-    turns = [{"role": ROLES[t["from"]], "content": t["value"][:TURN_CHARS]} for t in record["conversations"]]
-    first = next(i for i, t in enumerate(turns) if t["role"] == "user")
-    return turns[first:first + 2]
+def first_exchange(record: dict) -> dict | None:
+    """A ShareGPT record cut to its first human turn and the answer to it, each turn cut short, in ShareGPT's own
+    format; None when it has no such exchange (an empty conversation, a last unanswered turn)."""
+    turns = record["conversations"]
+    first = next((i for i, t in enumerate(turns) if t["from"] == "human"), len(turns))
+    exchange = [{**t, "value": t["value"][:TURN_CHARS]} for t in turns[first:first + 2]]
+    if [t["from"] for t in exchange] != ["human", "gpt"] or not all(t["value"].strip() for t in exchange):
+        return None
+    return {"id": record["id"], "conversations": exchange}
 
 
 @pytest.fixture(scope="module")
 def chat_rows(sharegpt_file, tmp_path_factory) -> Path:
-    """A few ShareGPT conversations as a JSONL of messages rows.
-    TODO(lead): once data.path reads ShareGPT itself, point the tests at a slice of the raw file instead."""
-    rows = [as_messages(r) for r in sharegpt_records(sharegpt_file, 4 * CONVERSATIONS)]
-    rows = [m for m in rows if len(m) == 2 and m[1]["role"] == "assistant" and all(t["content"].strip() for t in m)]
-    assert len(rows) >= CONVERSATIONS, "the head of the ShareGPT file has user/assistant conversations"
-    path = tmp_path_factory.mktemp("sharegpt") / "rows.jsonl"
-    path.write_text("".join(json.dumps({"messages": m}) + "\n" for m in rows[:CONVERSATIONS]))
+    """A slice of the ShareGPT file as ShareGPT's own JSON array of `conversations` records, read by the project's
+    reader like data.path: a few conversations from its head, each its first exchange, cut short."""
+    from eagle3.data.row_files import records
+
+    head = [record for _, record in islice(records(sharegpt_file), 4 * CONVERSATIONS)]
+    kept = [r for r in map(first_exchange, head) if r]
+    assert len(kept) >= CONVERSATIONS, "the head of the ShareGPT file has human/gpt exchanges"
+    path = tmp_path_factory.mktemp("sharegpt") / "sharegpt_slice.json"
+    path.write_text(json.dumps(kept[:CONVERSATIONS], indent=2))
     return path
 
 
@@ -66,14 +59,17 @@ def test_model_auto_reads_smollm2s_shape(smollm2_dir):
 def test_smollm2_chat_rows_train_each_assistant_turn_through_its_end_token(smollm2_dir, chat_rows):
     from transformers import AutoTokenizer
 
+    from eagle3.config import RowFormat
     from eagle3.data.jsonl import ChatTokenizer
+    from eagle3.data.jsonl import conversation as as_messages
+    from eagle3.data.row_files import records
 
     chat = ChatTokenizer(smollm2_dir)
     tokenizer = AutoTokenizer.from_pretrained(smollm2_dir)
     end = tokenizer.convert_tokens_to_ids("<|im_end|>")
     system = {"role": "system", "content": "Answer in French."}
-    for line in chat_rows.read_text().splitlines()[:3]:
-        messages = json.loads(line)["messages"]
+    for _, record in islice(records(chat_rows), 3):
+        messages = as_messages(record, RowFormat.sharegpt)
         for conversation, default_system in ((messages, True), ([system, *messages], False)):
             ids, mask = chat(conversation)
             text = tokenizer.decode(ids)
@@ -81,7 +77,8 @@ def test_smollm2_chat_rows_train_each_assistant_turn_through_its_end_token(smoll
             assert ("You are a helpful AI assistant named SmolLM" in text) == default_system
             assert (system["content"] in text) != default_system
             trained = [t for t, m in zip(ids, mask) if m]
-            assert tokenizer.decode(trained) == conversation[-1]["content"] + "<|im_end|>\n"
+            # the newline the template puts after <|im_end|> is not the answer's (docs/data.md)
+            assert tokenizer.decode(trained) == conversation[-1]["content"] + "<|im_end|>"
             assert trained.count(end) == 1 and mask[ids.index(end)] == 0  # the system and user turns' ends are not
 
 

@@ -151,6 +151,37 @@ def test_a_json_array_larger_than_a_read_is_streamed_record_by_record(chat, tmp_
     assert list(rows) == [chat(m["messages"]) for m in MESSAGES] * 3 and not bad.skipped
 
 
+def test_max_records_reads_only_the_head_of_a_file_bad_records_counted_among_them(chat, tmp_path):
+    """data.max_records: a file cut after its first records reads them whole, the cut never reached."""
+    text = json.dumps(SHAREGPT, indent=2)
+    path = tmp_path / "sharegpt.json"
+    path.write_text(text[:text.index('"id": "b_0"')])
+    bad = BadSamples("error")
+    rows = read_rows(path, 10_000, len(WORDS), bad, chat, max_records=2)
+    assert list(rows) == [chat(m["messages"]) for m in MESSAGES[:2]] and not bad.skipped
+    jsonl = write(tmp_path / "rows.jsonl", ["{not json", *SHAREGPT], "jsonl")
+    bad = BadSamples("skip")
+    assert list(read_rows(jsonl, 10_000, len(WORDS), bad, chat, max_records=2)) == [chat(MESSAGES[0]["messages"])]
+    assert bad.skipped == {"not_json": 1}
+
+
+@pytest.mark.parametrize("overrides, says", [
+    (["data.path=rows.jsonl", "data.max_records=0"], "data.max_records: must be null (every record) or at least 1"),
+    ([], "data.max_records: bounds the records read from data.path, and there is no data.path")])
+def test_a_max_records_below_one_or_without_a_data_path_is_refused(overrides, says):
+    import re
+
+    from omegaconf import OmegaConf
+
+    from conftest import compose_cfg
+    from eagle3.config import ConfigError, validate
+
+    plain = OmegaConf.to_container(compose_cfg(["data=online", "data.max_records=3", *overrides]), resolve=True,
+                                   enum_to_str=True)
+    with pytest.raises(ConfigError, match="^" + re.escape(says)):
+        validate(plain, dataset_required=False)
+
+
 def test_an_unknown_role_is_a_bad_row_with_its_number(chat, tmp_path):
     bot = {"id": "c", "conversations": [{"from": "human", "value": "w1"}, {"from": "bot", "value": "w2"}]}
     path = write(tmp_path / "rows.jsonl", [SHAREGPT[0], bot, SHAREGPT[2]], "jsonl")
@@ -207,6 +238,16 @@ def test_a_datasets_dir_of_token_rows_refuses_a_conversation_format(tmp_path):
     with pytest.raises(DataError, match=r"holds token rows \(input_ids, loss_mask\), and data.format=sharegpt"):
         speculators_rows(path, RowFormat.sharegpt)
     assert not speculators_rows(write(tmp_path / "chat", SHAREGPT, "dataset"))  # read as a rows file's rows
+
+
+def test_max_records_is_refused_for_a_speculators_dataset_dir_read_whole(tmp_path):
+    from eagle3.data.sources.online import OnlineDataConfig
+    from eagle3.data.token_rows import token_rows_dir
+
+    path = write(tmp_path / "ds", [{**r, "seq_len": len(r["input_ids"])} for r in TOKENS], "dataset")
+    with pytest.raises(DataError, match=r"^data.max_records: .*ds is a speculators-format dataset dir, whose rows are "
+                                        r"read as they are, all of them; drop data.max_records"):
+        token_rows_dir(OnlineDataConfig(path=str(path), max_records=1), tmp_path / "verifier", str(tmp_path / "c"))
 
 
 def test_a_datasets_dir_of_several_splits_names_the_dir_of_one(chat, tmp_path):

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Callable
+from itertools import islice
 from pathlib import Path
 from typing import Any
 
@@ -126,15 +127,17 @@ def conversation(item: dict[str, Any], form: RowFormat) -> list[dict[str, str]]:
 
 def read_rows(path: Path, max_len: int, vocab_size: int, bad: BadSamples,
               tokenize_chat: Callable[[list[dict[str, Any]]], Row] | None = None,
-              row_format: RowFormat | str = RowFormat.auto, empty_mask_rule: str = "") -> Rows:
+              row_format: RowFormat | str = RowFormat.auto, empty_mask_rule: str = "",
+              max_records: int | None = None) -> Rows:
     """The usable rows of a rows file or `datasets` dir (eagle3.data.row_files), in file order, in `row_format`
     (auto: the first row's). `tokenize_chat` is needed only for conversations (messages and ShareGPT rows);
-    `empty_mask_rule`, the reader's rule that a row whose loss mask is all 0 breaks, is added to its message."""
+    `empty_mask_rule`, the reader's rule that a row whose loss mask is all 0 breaks, is added to its message.
+    `max_records`: only the file's first records are read (bad ones counted among them), never the rest of it."""
     if not (path.is_file() or path.is_dir()):
         raise DataError(f"{path} {path_kind(path, 'a regular file')}; expected {ROWS_FILES}")
     formats = Formats(row_format)
     rows = Rows()
-    for where, item in records(path):
+    for where, item in islice(records(path), max_records):
         if isinstance(item, Unreadable):
             bad.bad(where, item.kind, item.detail)
             continue

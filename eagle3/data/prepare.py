@@ -172,8 +172,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="dtype the hidden states are stored in")
     add_fields(parser, DataConfig, {"on_bad_sample": "--on-bad-sample"}, "data", helps={
         "on_bad_sample": "a row that cannot be used: stop with its line number, or leave it out and count it"})
-    add_fields(parser, TokenRows, {"format": "--format"}, "data", helps={
-        "format": "what the rows hold; auto: the first row's format (a row of another format is a bad row)"})
+    add_fields(parser, TokenRows, {"format": "--format", "max_records": "--max-records"}, "data", helps={
+        "format": "what the rows hold; auto: the first row's format (a row of another format is a bad row)",
+        "max_records": "read only the file's first N records (bad ones counted among them), never the rest"})
     engine = parser.add_argument_group("the engine that computes the hidden states")
     engine.add_argument("--engine", choices=ENGINES, default="transformers",
                         help="transformers: the verifier loaded here (--device); vllm: vLLM in the serving engine's "
@@ -225,6 +226,8 @@ def prepare(args: argparse.Namespace) -> dict[str, Any]:
     aux = args.aux_layer_ids or default_aux_layer_ids(verifier["num_hidden_layers"], "give --aux-layer-ids")
     if args.max_len < 2 or args.batch_tokens < 1:
         raise ConfigError("--max-len must be at least 2 and --batch-tokens at least 1")
+    if args.max_records is not None and args.max_records < 1:
+        raise ConfigError(f"--max-records must be at least 1, got {args.max_records}")
     chat: list[ChatTokenizer] = []  # built on the first messages row: input_ids data needs no tokenizer
 
     def tokenize_chat(messages: list[dict[str, Any]]) -> Row:
@@ -235,10 +238,12 @@ def prepare(args: argparse.Namespace) -> dict[str, Any]:
     check_aux_layer_ids(aux, verifier["num_hidden_layers"])
     engine_options = engine_options_of(args)
     bad = BadSamples(args.on_bad_sample)
-    rows = read_rows(args.data, args.max_len, verifier["vocab_size"], bad, tokenize_chat, args.format)
+    rows = read_rows(args.data, args.max_len, verifier["vocab_size"], bad, tokenize_chat, args.format,
+                     max_records=args.max_records)
     log.info("%s: %d %s rows (%d truncated to %d tokens, %d skipped%s)", args.data, len(rows), rows.format.value,
              bad.truncated, args.max_len, sum(bad.skipped.values()), f": {dict(bad.skipped)}" if bad.skipped else "")
     notes = {"source": str(args.data), "max_len": args.max_len, "on_bad_sample": args.on_bad_sample,
+             **({"max_records": args.max_records} if args.max_records is not None else {}),
              **rows.record(), **bad.as_dict()}
     dtype = getattr(torch, args.dtype)
     if engine_options is not None:

@@ -65,9 +65,10 @@ PROMPT_ONLY_RULE = "A prompt-only row has one placeholder token of mask 1 at the
 
 
 def read_prompts(path: Path, verifier_dir: Path, vocab_size: int, bad: BadSamples,
-                 row_format: RowFormat | str = RowFormat.auto) -> tuple[list[list[int]], dict[str, str]]:
-    """Every prompt of the prompt set at `path` (any rows file eagle3.data.jsonl reads), in file order, and what
-    the record says of the format its rows were read in."""
+                 row_format: RowFormat | str = RowFormat.auto,
+                 max_records: int | None = None) -> tuple[list[list[int]], dict[str, str]]:
+    """Every prompt of the prompt set at `path` (any rows file eagle3.data.jsonl reads; its first `max_records`
+    records), in file order, and what the record says of the format its rows were read in."""
     chat: list[ChatTokenizer] = []  # built on the first messages row: input_ids rows need no tokenizer
 
     def tokenize_chat(messages: list[dict[str, Any]]) -> Row:
@@ -85,7 +86,7 @@ def read_prompts(path: Path, verifier_dir: Path, vocab_size: int, bad: BadSample
 
     rule = (f"data=regenerate regenerates each run of loss-mask 1, and \"{PROMPT_ONLY_RULE}\" (docs/regenerate.md): "
             f"append any token id to input_ids and a 1 to loss_mask")
-    rows = read_rows(path, sys.maxsize, vocab_size, bad, tokenize_chat, row_format, rule)
+    rows = read_rows(path, sys.maxsize, vocab_size, bad, tokenize_chat, row_format, rule, max_records)
     return [prompt for row in rows for prompt in prompt_spans(row)], rows.record()
 
 
@@ -222,9 +223,10 @@ def weights_stamp(verifier_dir: Path) -> list[tuple[str, int, int]]:
 
 def regenerated_rows_dir(path: Path, verifier_dir: Path, settings: Regeneration, cache_dir: str,
                          on_bad_sample: str = "error", device: str | torch.device = "cpu",
-                         row_format: RowFormat = RowFormat.auto) -> Path:
+                         row_format: RowFormat = RowFormat.auto, max_records: int | None = None) -> Path:
     """The dir of Arrow rows (prompt ids mask 0, the verifier's response mask 1) and token_freq.pt regenerated
-    from the prompt set at `path`, built into the cache on first use (data=online's token rows format)."""
+    from the prompt set at `path` (its first `max_records` records), built into the cache on first use
+    (data=online's token rows format)."""
     from eagle3.data.online import verifier_positions
     from eagle3.data.record import verifier_fingerprint
     from eagle3.data.row_files import source_sha256
@@ -240,7 +242,8 @@ def regenerated_rows_dir(path: Path, verifier_dir: Path, settings: Regeneration,
               "tokenizer": tokenizer_hash(verifier_dir), "regenerate": asdict(settings),
               "on_bad_sample": on_bad_sample, "device": "vllm" if vllm else torch.device(device).type,
               "dtype": engine_dtype() if vllm else str(dtype),
-              **({"format": row_format.value} if row_format != RowFormat.auto else {})}
+              **({"format": row_format.value} if row_format != RowFormat.auto else {}),
+              **({"max_records": max_records} if max_records is not None else {})}
     target = Path(cache_dir) / "datasets" / f"regen-{cache_key(params)}"
     chunks_dir = target.with_name(f"{target.name}.chunks")
 
@@ -249,7 +252,8 @@ def regenerated_rows_dir(path: Path, verifier_dir: Path, settings: Regeneration,
 
         bad = BadSamples(on_bad_sample)
         positions, eos = verifier_positions(verifier_dir), eos_ids(verifier_dir)
-        prompts, row_format_record = read_prompts(path, verifier_dir, verifier["vocab_size"], bad, row_format)
+        prompts, row_format_record = read_prompts(path, verifier_dir, verifier["vocab_size"], bad, row_format,
+                                                 max_records)
         prompts = _with_room(prompts, positions, path, bad)
         if vllm:
             from eagle3.data.regenerate_vllm import served

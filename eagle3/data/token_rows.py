@@ -45,6 +45,10 @@ def token_rows_dir(data: OnlineDataConfig, verifier_dir: Path, cache_dir: str) -
     from eagle3.data.record import verifier_fingerprint
 
     if data.path is not None and Path(data.path).is_dir() and speculators_rows(Path(data.path), data.format):
+        if data.max_records is not None:
+            raise DataError(f"data.max_records: {data.path} is a speculators-format dataset dir, whose rows are read "
+                            f"as they are, all of them; drop data.max_records (it bounds the records read from a "
+                            f"rows file)")
         return rows_with_counts(Path(data.path))
     verifier = verifier_fingerprint(verifier_dir)
     if data.path is None:
@@ -64,7 +68,8 @@ def token_rows_dir(data: OnlineDataConfig, verifier_dir: Path, cache_dir: str) -
     policy = data.on_bad_sample.value
     params = {"jsonl_sha256": source_sha256(jsonl), "verifier": verifier["config_hash"],
               "tokenizer": tokenizer_hash(verifier_dir), "on_bad_sample": policy,
-              **({"format": data.format.value} if data.format != RowFormat.auto else {})}
+              **({"format": data.format.value} if data.format != RowFormat.auto else {}),
+              **({"max_records": data.max_records} if data.max_records is not None else {})}
 
     def read(out: Path) -> None:
         from eagle3.data.jsonl import BadSamples, ChatTokenizer, read_rows
@@ -78,7 +83,8 @@ def token_rows_dir(data: OnlineDataConfig, verifier_dir: Path, cache_dir: str) -
 
         bad = BadSamples(policy)
         # No truncation here: rows longer than the verifier's positions are the start-up check's to report.
-        rows = read_rows(jsonl, sys.maxsize, verifier["vocab_size"], bad, tokenize_chat, data.format)
+        rows = read_rows(jsonl, sys.maxsize, verifier["vocab_size"], bad, tokenize_chat, data.format,
+                         max_records=data.max_records)
         # The lines skipped are in the record: launch.check_data reports them at every run on these rows.
         save_rows(rows, out)
         _write_record(out, {"source": str(jsonl.resolve()), **params, **rows.record(), **bad.as_dict()})

@@ -55,8 +55,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--k", type=int, nargs="+", help="speculative tokens; several: one report each, one server "
                                                     "each (default: the checkpoint's speculative_tokens; as "
                                                     "eval.serve.k)")
-    p.add_argument("--prompts", help="JSONL of {\"input_ids\": [...]} or {\"messages\": [...]} rows (default: the "
-                                     "prompts of the run's val split)")
+    p.add_argument("--prompts", help="prompts in any format of docs/data.md's Data formats (input_ids rows, messages "
+                                     "or ShareGPT conversations; JSONL, JSON array, Parquet, datasets dir), as "
+                                     "eval.accept's --prompts (default: the prompts of the run's val split)")
     # as python -m eagle3.eval.accept, so that both measure the same prompts
     add_fields(p, AcceptEvalConfig, SCHEMA_FLAGS, "eval.accept")
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"],

@@ -43,9 +43,14 @@ class TokenRows(DataConfig):
     # "loss_mask"}) | messages ({"messages": [{"role", "content"}]}) | sharegpt ({"conversations": [{"from",
     # "value"}]}); a row of another format is a bad row
     format: RowFormat = RowFormat.auto
+    # Only the first records of data.path are read (bad ones counted among them), the rest of the file never is:
+    # the head of a large file such as ShareGPT's 125 MB JSON array. null: every record
+    max_records: int | None = None
 
     def check(self, run: TrainConfig, dataset_required: bool = True) -> None:
         super().check(run, dataset_required)
+        _require(self.max_records is None or self.max_records >= 1, "data.max_records",
+                 f"must be null (every record) or at least 1, got {self.max_records}")
         _require(not (self.shard_verifier and run.eval.accept.enabled), "eval.accept.enabled",
                  "measures on rank 0 with the whole verifier, and data.shard_verifier=true shards it across the "
                  "ranks; measure the saved checkpoint afterwards with python -m eagle3.eval.accept --run <run dir>")
@@ -119,6 +124,9 @@ class OnlineDataConfig(TokenRows):
             _require(self.format == RowFormat.auto, "data.format",
                      f"describes data.path's rows, and there is no data.path (rows are sampled from the verifier): "
                      f"drop data.format={self.format.value}, or give data.path")
+            _require(self.max_records is None, "data.max_records",
+                     "bounds the records read from data.path, and there is no data.path (rows are sampled from the "
+                     "verifier; data.synth.num_samples says how many): drop data.max_records, or give data.path")
             return
         changed = [f"data.synth.{k}" for k, v in vars(self.synth).items() if v != getattr(SynthConfig(), k)]
         _require(not changed, changed[0] if changed else "data.synth",

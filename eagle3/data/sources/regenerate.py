@@ -75,7 +75,8 @@ class RegenerateDataConfig(TokenRows):
         from eagle3.runtime import runtime_of
 
         return regenerated_rows_dir(Path(self.path), verifier_dir, self.regenerate, cfg.cache_dir,
-                                    self.on_bad_sample.value, runtime_of(cfg).device(), self.format)
+                                    self.on_bad_sample.value, runtime_of(cfg).device(), self.format,
+                                    self.max_records)
 
     def plan_stats(self, draft: DraftConfig) -> DataStats | None:
         return None
