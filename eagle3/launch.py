@@ -27,6 +27,7 @@ from eagle3.errors import ConfigError, Interrupted, StoppedBeforeTraining, UserE
 from eagle3.fit import check_devices, check_new_job, refuse_if_it_cannot_fit, run_plan
 from eagle3.job_outcome import JobOutcome
 from eagle3.objective import objective_value
+from eagle3.progress import job_clock, start_job
 from eagle3.rank_errors import RankFailed
 from eagle3.rundir import (
     CHECKPOINTS,
@@ -59,6 +60,7 @@ def launch(cfg: DictConfig) -> float | None:
 def run_one_job(cfg: DictConfig, hydra) -> float | None:
     run_dir = Path(cfg.resume if cfg.resume else hydra.runtime.output_dir).resolve()
     start = time.perf_counter()
+    start_job()
     job = JobOutcome.of(hydra, run_dir, resume=bool(cfg.resume))
     try:
         if cfg.plan:  # print the memory/time plan and stop; no run dir, nothing built
@@ -117,7 +119,7 @@ def run_with_inputs(run_cfg: RunConfig) -> RunSummary | None:
     if run_cfg.distributed.node_rank == 0:  # wandb logs, and eval.serve serves, from global rank 0 on node 0
         check_wandb(run_cfg.logger)  # an account and a network, before any data is built
         check_engine(run_cfg.eval)
-    with stop_before_training("building and checking the run's verifier and data"):
+    with stop_before_training("building and checking the run's verifier and data"), job_clock().phase("data build"):
         verifier_dir, data_dir = materialize_inputs(run_cfg)
         rows = check_data(run_cfg, verifier_dir, data_dir)
         refuse_zero_steps(run_cfg, data_dir, rows)
@@ -199,7 +201,7 @@ def show_plan(cfg: DictConfig, hydra, run_dir: Path) -> None:
             run_cfg = run_config(read_run_config(Path(cfg.resume)), dataset_required=False)
         else:
             run_cfg = run_config(resolve(cfg, hydra, run_dir), dataset_required=False)
-        plan = run_plan(run_cfg)
+        plan = run_plan(run_cfg, measure=True)
         print(format_plan(plan), flush=True)
         try:
             check_fits(plan)
