@@ -21,6 +21,7 @@ if TYPE_CHECKING:
 
 
 class RegenerationEngine(str, Enum):
+    auto = "auto"                   # vllm when its engine environment is there, else transformers (the log says which)
     transformers = "transformers"   # the verifier in this process: transformers' batched, KV-cached generate
     vllm = "vllm"                   # the verifier served by vLLM (python -m eagle3.serve --install builds its venv)
 
@@ -33,7 +34,7 @@ class Regeneration:
     max_new_tokens: int = 256    # tokens per response at most (fewer where the verifier's positions end)
     seed: int = 0                # with the prompt's index, seeds each prompt's draws (temperature > 0)
     batch_size: int = 16         # prompts per batched generation, and per chunk saved (a stopped run resumes there)
-    engine: RegenerationEngine = RegenerationEngine.transformers
+    engine: RegenerationEngine = RegenerationEngine.auto
 
     def check(self) -> None:
         for key in ("max_new_tokens", "batch_size"):
