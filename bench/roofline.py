@@ -60,8 +60,7 @@ def main() -> None:
     mm_shapes = [s for s in shapes if s[0] == "mm"]
     bf16 = measure(mm_shapes, dtype="bfloat16", seconds=args.seconds) if bf16_probe > 0.5 * fp32_probe else {}
     cache = Rates.load(cfg.cache_dir, key)
-    cache.rates.update(fp32)
-    cache.measured_at = time.strftime("%Y-%m-%d %H:%M", time.gmtime()) + " UTC"
+    cache.merge(fp32)
     cache.save()
     print(f"{'kernel':<24} {'fp32 GFLOP/s':>12} {'bf16 GFLOP/s':>12}  used by  (loss: G logits/s)")
     for shape in shapes:

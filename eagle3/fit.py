@@ -33,12 +33,14 @@ def run_plan(cfg: TrainConfig, measure: bool = False) -> Plan:
         loaded = Term(ROLLOUT_VERIFIER if cfg.train.on_policy.enabled else ACCEPT_VERIFIER,
                       *verifier_size(cfg.model.verifier))
     train_lm_head = isinstance(cfg.init, PretrainedInitConfig) and cfg.init.train_lm_head
-    return make_plan(draft, cfg.data, cfg.optim, dist, device_type=kind, device_memory=memory,
+    plan = make_plan(draft, cfg.data, cfg.optim, dist, device_type=kind, device_memory=memory,
                      device_memory_source=source, train_lm_head=train_lm_head,
                      data_stats=cfg.data.plan_stats(draft), no_rows_reason=cfg.data.no_rows_reason(),
                      loaded_verifier=loaded,
                      online_verifier=verifier_shape(cfg.model.verifier) if online else None,
                      matmul_rates=matmul_rates(cfg, kind, measure))
+    plan.data_notes += cfg.data.plan_notes(cfg)
+    return plan
 
 
 def matmul_rates(cfg: TrainConfig, device_type: str, measure: bool):

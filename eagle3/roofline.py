@@ -141,6 +141,13 @@ class Rates:
         except (OSError, ValueError, KeyError, TypeError, AttributeError):
             return cls(key, {}, "", file)
 
+    def merge(self, measured: dict[str, float]) -> None:
+        """Adds newly measured rates, keeping the higher of an old and a new one: on a shared machine a measurement
+        is only ever slowed by others' work, so the best seen is the closest to what the machine does alone."""
+        for key, rate in measured.items():
+            self.rates[key] = max(rate, self.rates.get(key, 0.0))
+        self.measured_at = time.strftime("%Y-%m-%d %H:%M", time.gmtime()) + " UTC"
+
     def save(self) -> None:
         """Written whole (a temporary file renamed over it); a cache that cannot be written is only not kept."""
         assert self.file is not None
@@ -190,8 +197,7 @@ def rates_for(shapes: Iterable[Shape], cache_dir: Path, device_type: str, *, mea
     missing = [s for s in wanted if shape_key(s) not in cached.rates]
     measured_now = bool(missing and measure_missing)
     if measured_now:
-        cached.rates.update(measure(missing, device_type, seconds=seconds))
-        cached.measured_at = time.strftime("%Y-%m-%d %H:%M", time.gmtime()) + " UTC"
+        cached.merge(measure(missing, device_type, seconds=seconds))
         cached.save()
     rates = {s: cached.rates[shape_key(s)] for s in wanted if shape_key(s) in cached.rates}
     where = f"{key}, cached in {cached.file}"
@@ -200,3 +206,21 @@ def rates_for(shapes: Iterable[Shape], cache_dir: Path, device_type: str, *, mea
     else:
         source = f"measured {cached.measured_at or 'earlier'} ({where})"
     return rates, source
+
+
+def regeneration_key(engine: str, verifier_hash: str) -> str:
+    """The cache's entry for regeneration's measured tokens/s with `engine` on the verifier of `verifier_hash`."""
+    return f"regenerate:{engine}:{verifier_hash}"
+
+
+def record_rate(cache_dir: Path, device_type: str, key: str, rate: float) -> None:
+    """Adds one measured rate (a regeneration's tokens/s) to this machine's cache."""
+    rates = Rates.load(cache_dir, machine_key(device_type))
+    rates.rates[key] = rate  # the latest: a regeneration's rate depends on its prompts and budget too
+    rates.save()
+
+
+def cached_rate(cache_dir: Path, device_type: str, key: str) -> tuple[float | None, str]:
+    """A rate from this machine's cache, and the file it is in (None when not measured yet)."""
+    rates = Rates.load(cache_dir, machine_key(device_type))
+    return rates.rates.get(key), str(rates.file)

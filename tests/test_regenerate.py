@@ -266,6 +266,26 @@ def test_engine_auto_generates_with_vllm_where_its_environment_is_and_says_so(mo
     assert with_engine(Regeneration(engine=HF)).engine == HF  # an explicit engine is kept
 
 
+def test_the_plan_expects_the_regeneration_time_at_the_rate_measured_here(verifier, tmp_path, monkeypatch):
+    from conftest import tiny_run_config
+    from eagle3.data.record import verifier_fingerprint
+    from eagle3.roofline import record_rate, regeneration_key
+    from eagle3.serve import engine as engines
+
+    monkeypatch.setattr(engines, "has_cuda", lambda: False)
+    prompts = write_jsonl(tmp_path / "prompts.jsonl", id_prompts(30))
+    cfg = tiny_run_config(["data=regenerate", f"data.path={prompts}", "data.regenerate.engine=transformers",
+                           "data.regenerate.max_new_tokens=100", "model=auto", "model.draft.aux_layer_ids=[1,2,3]",
+                           f"model.verifier.path={verifier}",
+                           f"cache_dir={tmp_path / 'cache'}"])
+    [note] = cfg.data.plan_notes(cfg)
+    assert "30 prompt rows x up to 100 new tokens" in note and "no measured rate" in note
+    record_rate(tmp_path / "cache", "cpu", regeneration_key("transformers", verifier_fingerprint(verifier)[
+        "config_hash"]), 50.0)
+    [note] = cfg.data.plan_notes(cfg)
+    assert "at most about 1.0 min at 50.0 tokens/s" in note and "engine transformers" in note
+
+
 @pytest.mark.slow
 def test_launch_trains_on_regenerated_responses(cache_dir, tmp_path):
     """In the session's cache: its tiny verifier is the one every other tiny run uses, built once."""

@@ -23,6 +23,7 @@ import json
 import logging
 import os
 import sys
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, replace
 from functools import partial
@@ -216,16 +217,25 @@ def regenerated_rows_dir(path: Path, verifier_dir: Path, settings: Regeneration,
         bad = BadSamples(on_bad_sample)
         positions, eos = verifier_positions(verifier_dir), eos_ids(verifier_dir)
         prompts = _with_room(read_prompts(path, verifier_dir, verifier["vocab_size"], bad), positions, path, bad)
+        resumed = chunks_dir.is_dir() and any(chunks_dir.glob("chunk-*.json"))  # its rate would count read chunks
         if vllm:
             from eagle3.data.regenerate_vllm import served
 
             chunks_dir.mkdir(parents=True, exist_ok=True)
             with served(verifier_dir, settings, chunks_dir / "vllm.log") as batches:
+                start = time.perf_counter()
                 generations = regenerate(batches, prompts, settings, chunks_dir, positions)
         else:
             model = load_causal_lm(verifier_dir, device, dtype)
+            start = time.perf_counter()
             generations = regenerate(partial(generate, model, eos, settings), prompts, settings, chunks_dir,
                                      positions)
+        took, tokens = time.perf_counter() - start, sum(len(g.ids) for g in generations)
+        if took > 0 and tokens and not resumed:  # the plan's expected regeneration time (eagle3.roofline)
+            from eagle3.roofline import record_rate, regeneration_key
+
+            record_rate(Path(cache_dir), torch.device(device).type,
+                        regeneration_key(settings.engine.value, verifier["config_hash"]), tokens / took)
         save_rows([(p + g.ids, [0] * len(p) + [1] * len(g.ids)) for p, g in zip(prompts, generations)], out)
         record = {"format": 1, "source": str(path.resolve()), **params, **bad.as_dict(),
                   "generation": generation_counts(generations, eos)}

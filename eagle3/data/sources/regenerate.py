@@ -79,3 +79,35 @@ class RegenerateDataConfig(TokenRows):
 
     def no_rows_reason(self) -> str:
         return f"the responses to the prompts of {self.path} are not counted before a run regenerates them"
+
+    def plan_notes(self, run: TrainConfig) -> list[str]:
+        """The expected regeneration time: the prompt rows of data.path x max_new_tokens at the tokens/s the last
+        regeneration with this engine and verifier measured on this machine (eagle3.roofline's cache)."""
+        import os
+
+        from eagle3.serve.engine import PYTHON_ENV, default_dir, has_cuda
+
+        engine = self.regenerate.engine.value
+        if engine == "auto":  # what with_engine will choose, from the environment's presence (no probe here)
+            engine = "vllm" if os.environ.get(PYTHON_ENV) or (default_dir() / "bin" / "python").exists() else \
+                "transformers"
+        try:
+            with open(self.path, "rb") as f:
+                rows = sum(1 for line in f if line.strip())
+        except OSError:
+            return []
+        tokens = rows * self.regenerate.max_new_tokens
+        head = (f"regeneration (data=regenerate, engine {engine}): {rows:,} prompt rows x up to "
+                f"{self.regenerate.max_new_tokens} new tokens = up to {tokens:,} tokens (built once into cache_dir)")
+        rate, where = None, ""
+        if run.model.verifier.path is not None and (Path(run.model.verifier.path) / "config.json").is_file():
+            from eagle3.data.record import verifier_fingerprint
+            from eagle3.roofline import cached_rate, regeneration_key
+
+            key = regeneration_key(engine, verifier_fingerprint(run.model.verifier.path)["config_hash"])
+            rate, where = cached_rate(Path(run.cache_dir), "cuda" if has_cuda() else "cpu", key)
+        if rate is None:
+            return [f"{head}; no measured rate for this engine and verifier on this machine yet (a regeneration "
+                    f"measures it)"]
+        return [f"{head}: at most about {tokens / rate / 60:.1f} min at {rate:,.1f} tokens/s, measured by the last "
+                f"regeneration here ({where})"]
