@@ -377,7 +377,7 @@ def step_matmuls(draft: DraftConfig, seq: int, train_lm_head: bool, checkpointin
            Matmul("draft: decoder MLP x TTT", ("mm", seq, h, inter), seq * steps * per_step * (layers - attn_w)),
            Matmul("draft: lm_head x TTT", ("mm", seq, h, dv), seq * steps * (6 if train_lm_head else 4) * dv * h),
            Matmul("draft: targets' head, once", ("mm", seq, h, dv), seq * 2 * dv * h)]
-    share = 0.5 if attn_impl == "simple_flex_attention" else 1.0  # flex skips the blocks its mask hides
+    share = 0.5 if attn_impl == "simple_flex_attention" else 1.0  # flex skips what its mask hides
     passes = 3 + (1 if checkpointing else 0)  # forward, backward (twice the forward), the recompute
     if draft.kind == DraftKind.peagle:  # one pass over the sampled positions, attending to each other
         s = round(seq * steps)
@@ -387,8 +387,10 @@ def step_matmuls(draft: DraftConfig, seq: int, train_lm_head: bool, checkpointin
         return out
     for t in range(draft.ttt_steps):
         keys = seq * (t + 1)
+        # flex: each query's causal half of the first T keys and the t diagonal ones after it
+        attended = keys if share == 1.0 else seq / 2 + t
         out.append(Matmul(f"draft: attention, TTT step {t}", ("sdpa", seq, heads, hd, keys, 1),
-                          draft.num_layers * passes * 2 * 2 * qd * seq * keys * share))
+                          draft.num_layers * passes * 2 * 2 * qd * seq * attended))
     out.append(Matmul("draft: loss over the draft vocabulary x TTT", ("loss", seq, dv), draft.ttt_steps * seq * dv))
     return out
 
@@ -465,7 +467,7 @@ def make_plan(draft: DraftConfig, data: DataConfig, optim: OptimConfig, dist: Di
     measured = matmul_seconds(matmuls + verifier_mm, rates)
     if measured is not None:
         step_seconds = measured * optim.grad_accum
-        rate_note = f"at this machine's matmul rates at the step's shapes, measured: {rate_source}"
+        rate_note = f"at this machine's kernel rates at the step's shapes, {rate_source}"
     else:
         step_seconds = (flops + forward_flops) / (PEAK_FLOPS[device_type] * UTILIZATION)
         peak_name = "dense bf16 peak of an H100/H200" if device_type == "cuda" else "a rough CPU figure"
