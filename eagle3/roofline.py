@@ -188,7 +188,7 @@ def measure(shapes: Iterable[Shape], device_type: str = "cpu", dtype: str = "flo
 
 
 def rates_for(shapes: Iterable[Shape], cache_dir: Path, device_type: str, *, measure_missing: bool,
-              seconds: float = 0.02) -> tuple[dict[Shape, float], str]:
+              seconds: float = 0.0) -> tuple[dict[Shape, float], str]:
     """The rates of `shapes` on this machine from its cache, the missing ones measured (and cached) when
     `measure_missing`; and where they came from, in words. Shapes neither cached nor measured are left out."""
     key = machine_key(device_type)
@@ -197,7 +197,7 @@ def rates_for(shapes: Iterable[Shape], cache_dir: Path, device_type: str, *, mea
     missing = [s for s in wanted if shape_key(s) not in cached.rates]
     measured_now = bool(missing and measure_missing)
     if measured_now:
-        cached.merge(measure(missing, device_type, seconds=seconds))
+        cached.merge(measure(missing, device_type, seconds=seconds, min_reps=1))  # one call each after a warm-up
         cached.save()
     rates = {s: cached.rates[shape_key(s)] for s in wanted if shape_key(s) in cached.rates}
     where = f"{key}, cached in {cached.file}"
