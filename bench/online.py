@@ -21,11 +21,15 @@ medians, the ratio and share are medians of the per-rep values (one rep's sides 
 drifts of a shared machine cancel). Two more estimates of the same ratio follow it, for a machine that other
 processes share: from each side's fastest rep (the least disturbed), and on CPU in the process's CPU time (which
 they do not take; with several torch threads, a thread that waits spins and is counted).
+
+Then the val split, whose hidden states a run computes once: the second val pass's time over the first's (target
+<= 0.15: a later pass costs the draft's forward), and over a pass that computes them again, taken between.
 """
 
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import statistics
 import time
@@ -73,7 +77,7 @@ def main() -> None:
     verifier = load_online_verifier(verifier_dir, draft.aux_layer_ids, device, world, shard=False)
     torch.manual_seed(cfg.seed)
     attn_impl = runtime.attn_impl
-    loader, _ = build_loaders(rows_dir, micro_batch_len(cfg, runtime),
+    loader, val_loader = build_loaders(rows_dir, micro_batch_len(cfg, runtime),
                               draft.hidden_size, len(draft.aux_layer_ids), cfg.data.train_ratio, cfg.seed,
                               grad_accum=optim.grad_accum, device=device, verifier=verifier,
                               hidden_states_dtype=getattr(torch, cfg.data.hidden_states_dtype.value))
@@ -171,6 +175,31 @@ def main() -> None:
     if not cuda:  # the process's CPU time: what other processes on a shared machine take from it does not count
         print(f"same ratio in process CPU time: {result['ratio_cpu_time']:.3f} "
               f"(reps: {', '.join(f'{r:.3f}' for r in cpu_ratios)})")
+    # Val passes: the first computes the val split's hidden states and keeps them, later ones read them back
+    # (eagle3.data.online.HiddenStore). Between them, a pass of a loader that computes every time, for a reference
+    # taken under the same load.
+    from eagle3.train import run_validation
+
+    def val_pass(val) -> float:
+        sync()
+        start = time.perf_counter()
+        run_validation(model, val, device, autocast, call_kwargs)
+        sync()
+        return time.perf_counter() - start
+
+    uncached = copy.copy(val_loader)
+    uncached.store, uncached.buffer = None, None
+    first = val_pass(val_loader)
+    computed = [val_pass(uncached)]
+    second = val_pass(val_loader)
+    computed.append(val_pass(uncached))
+    result.update({"val_first_s": first, "val_second_s": second, "val_uncached_s": computed,
+                   "val_second_over_first": second / first,
+                   "val_second_over_uncached": second / statistics.mean(computed)})
+    model.train()
+    print(f"val passes over {len(val_loader)} micro-batches: first {first:.2f} s, second {second:.2f} s "
+          f"(uncached passes between: {', '.join(f'{c:.2f}' for c in computed)} s); second / first "
+          f"{second / first:.3f}, second / uncached {result['val_second_over_uncached']:.3f}")
     if args.json:
         args.json.write_text(json.dumps(result, indent=2) + "\n")
 

@@ -382,6 +382,10 @@ class DataConfig:
         """Why plan_stats has no rows to count ("" for the generic reason: no dataset yet)."""
         return ""
 
+    def plan_notes(self, run: TrainConfig) -> list[str]:
+        """More lines for the plan about building this data (data=regenerate: the expected regeneration time)."""
+        return []
+
     def buffer_terms(self, draft: DraftConfig, device_type: str) -> list[Term]:
         """The plan's terms for the hidden states one micro-batch needs (eagle3.plan)."""
         raise NotImplementedError

@@ -134,4 +134,7 @@ def format_result_table(summary: RunSummary, ttt_steps: int) -> str:
             v = row.get(key)
             cells.append(f"{v:>12}" if isinstance(v, int) else f"{v:>12.4f}" if v is not None else f"{'-':>12}")
         lines.append(f"{key:<12}" + "".join(cells))
+    if summary.phases_s and summary.wall_s:
+        lines.append(f"wall time {summary.wall_s:.1f} s: " + ", ".join(
+            f"{name} {s:.1f} s ({s / summary.wall_s:.0%})" for name, s in summary.phases_s.items()))
     return "\n".join(lines)

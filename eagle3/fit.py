@@ -15,8 +15,10 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 
-def run_plan(cfg: TrainConfig) -> Plan:
-    """The plan of this run (eagle3.plan) with what the machine and the disk say (eagle3.plan_inputs)."""
+def run_plan(cfg: TrainConfig, measure: bool = False) -> Plan:
+    """The plan of this run (eagle3.plan) with what the machine and the disk say (eagle3.plan_inputs), its step time
+    from this machine's cached matmul rates (eagle3.roofline); `measure`: the shapes not cached yet are measured now
+    (well under a second), as plan=true does."""
     from eagle3.plan import ACCEPT_VERIFIER, ROLLOUT_VERIFIER, Term, make_plan
     from eagle3.plan_inputs import device_and_memory, verifier_shape, verifier_size
 
@@ -31,11 +33,29 @@ def run_plan(cfg: TrainConfig) -> Plan:
         loaded = Term(ROLLOUT_VERIFIER if cfg.train.on_policy.enabled else ACCEPT_VERIFIER,
                       *verifier_size(cfg.model.verifier))
     train_lm_head = isinstance(cfg.init, PretrainedInitConfig) and cfg.init.train_lm_head
-    return make_plan(draft, cfg.data, cfg.optim, dist, device_type=kind, device_memory=memory,
+    plan = make_plan(draft, cfg.data, cfg.optim, dist, device_type=kind, device_memory=memory,
                      device_memory_source=source, train_lm_head=train_lm_head,
                      data_stats=cfg.data.plan_stats(draft), no_rows_reason=cfg.data.no_rows_reason(),
                      loaded_verifier=loaded,
-                     online_verifier=verifier_shape(cfg.model.verifier) if online else None)
+                     online_verifier=verifier_shape(cfg.model.verifier) if online else None,
+                     matmul_rates=matmul_rates(cfg, kind, measure))
+    plan.data_notes += cfg.data.plan_notes(cfg)
+    return plan
+
+
+def matmul_rates(cfg: TrainConfig, device_type: str, measure: bool):
+    """The plan's source of measured matmul rates on this machine: its cache under cache_dir, the missing shapes
+    measured with `measure`; none for a GPU plan on a machine without one."""
+    from pathlib import Path
+
+    from eagle3.roofline import rates_for
+
+    if device_type == "cuda":
+        from eagle3.serve.engine import has_cuda
+
+        if not has_cuda():  # a GPU plan on a machine without one (torch is not imported to find out)
+            return None
+    return lambda shapes: rates_for(shapes, Path(cfg.cache_dir), device_type, measure_missing=measure)
 
 
 def refuse_if_it_cannot_fit(cfg: TrainConfig) -> None:

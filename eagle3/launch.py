@@ -14,7 +14,6 @@ from __future__ import annotations
 import logging
 import os
 import sys
-import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -27,6 +26,7 @@ from eagle3.errors import ConfigError, Interrupted, StoppedBeforeTraining, UserE
 from eagle3.fit import check_new_job, refuse_if_it_cannot_fit, run_plan
 from eagle3.job_outcome import JobOutcome
 from eagle3.objective import objective_value
+from eagle3.progress import job_clock, start_job
 from eagle3.rank_errors import RankFailed
 from eagle3.resume import AlreadyComplete, load_for_resume
 from eagle3.rundir import RunDir
@@ -51,7 +51,7 @@ def launch(cfg: DictConfig) -> float | None:
 
 def run_one_job(cfg: DictConfig, hydra) -> float | None:
     run_dir = Path(cfg.resume if cfg.resume else hydra.runtime.output_dir).resolve()
-    start = time.perf_counter()
+    clock = start_job()  # where the job's time goes (summary.json's phases_s); from the process's start
     job = JobOutcome.of(hydra, run_dir, resume=bool(cfg.resume))
     try:
         if cfg.plan:  # print the memory/time plan and stop; no run dir, nothing built
@@ -80,7 +80,7 @@ def run_one_job(cfg: DictConfig, hydra) -> float | None:
     if summary is None:  # a node other than node 0 of a multi-node job: node 0 writes the results
         return None
     job.completed(summary, objective)
-    log.info("done in %.1f s", time.perf_counter() - start)
+    log.info("done in %.1f s", clock.wall())
     if run_cfg.eval.serve.enabled:
         serve_at_end(run_dir, run_cfg, job.multirun, hydra.job.num if job.multirun else 0)
     return objective
@@ -114,7 +114,7 @@ def run_with_inputs(run_cfg: RunConfig) -> RunSummary | None:
     if run_cfg.distributed.node_rank == 0:  # wandb logs, and eval.serve serves, from global rank 0 on node 0
         check_wandb(run_cfg.logger)  # an account and a network, before any data is built
         check_engine(run_cfg.eval)
-    with stop_before_training("building and checking the run's verifier and data"):
+    with stop_before_training("building and checking the run's verifier and data"), job_clock().phase("data build"):
         verifier_dir, data_dir = materialize_inputs(run_cfg)
         rows = check_data(run_cfg, verifier_dir, data_dir)
         refuse_zero_steps(run_cfg, data_dir, rows)
@@ -196,7 +196,7 @@ def show_plan(cfg: DictConfig, hydra, run_dir: Path) -> None:
             run_cfg = RunDir(cfg.resume).typed_config(dataset_required=False)
         else:
             run_cfg = run_config(resolve(cfg, hydra, run_dir), dataset_required=False)
-        plan = run_plan(run_cfg)
+        plan = run_plan(run_cfg, measure=True)
         print(format_plan(plan), flush=True)
         try:
             check_fits(plan)

@@ -18,10 +18,11 @@ follow the same derivation with the compute dtype's sizes; they were not measure
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from eagle3.config import DataConfig, DistributedConfig, DraftConfig, OptimConfig
-from eagle3.draft_arch import DraftKind, layer_step_elements, layer_weights, parameter_counts, sampled_share
+from eagle3.draft_arch import DraftKind, layer_step_elements, parameter_counts, sampled_share
 from eagle3.errors import ConfigError
 from eagle3.runtime import attn_impl_on
 
@@ -95,6 +96,7 @@ class Plan:
     verifier_bytes: int = 0                  # its weights' share of the peak on each rank (all-gathered parts too)
     verifier_if_sharded: int | None = None   # what that would be with data.shard_verifier=true (ranks > 1)
     verifier_flops_per_step: float = 0.0
+    rate_note: str = ""  # what rate the step time assumes, and where it came from
 
     def phase_bytes(self) -> dict[str, int]:
         phases: dict[str, int] = {}
@@ -320,39 +322,104 @@ def verifier_terms(verifier: VerifierShape, draft: DraftConfig, data: DataConfig
     return terms
 
 
+Shape = tuple  # a kernel eagle3.roofline times: ("mm", m, k, n), ("sdpa", T, heads, head_dim, keys, backward),
+# ("loss", T, vocab)
+
+
+@dataclass
+class Matmul:
+    """A group of a step's kernels of one shape, and their work (FLOPs; the loss: logits) as eagle3.roofline counts
+    it for that shape (nominal_flops): what its measured rate turns into seconds."""
+
+    name: str
+    shape: Shape
+    flops: float
+
+
+def verifier_matmuls(verifier: VerifierShape, seq: int) -> list[Matmul]:
+    """The verifier's forward over one micro-batch: 2 x the weights a token goes through (its attention projections
+    at their shapes, the rest at the MLP's), and attention in every layer (scores and values over the whole T x T,
+    as the CPU kernels compute them under a mask). No lm_head: it is never run."""
+    h, layers = verifier.hidden_size, verifier.num_layers
+    projections = layers * (2 * h * verifier.q_dim + h * verifier.kv_dim)
+    mlp = max(0, verifier.active_params - projections)
+    head_dim = min(64, verifier.q_dim)  # the config's head count is not in its shape: a common head width
+    heads = max(1, verifier.q_dim // head_dim)
+    return [Matmul("verifier: attention projections", ("mm", seq, h, verifier.q_dim), seq * 2 * projections),
+            Matmul("verifier: MLP", ("mm", seq, h, verifier.mlp_width), seq * 2 * mlp),
+            Matmul("verifier: attention", ("sdpa", seq, heads, head_dim, seq, 0),
+                   layers * 2 * 2 * heads * head_dim * seq * seq)]
+
+
 def verifier_flops(verifier: VerifierShape, seq: int) -> float:
-    """Matrix-multiply FLOPs of the verifier's forward over one micro-batch: 2 x the weights a token goes through,
-    and attention (QK^T and AV over the causal half) in every layer. No lm_head: it is never run."""
-    return seq * 2 * verifier.active_params + verifier.num_layers * 2 * 2 * verifier.q_dim * seq * seq / 2
+    return sum(m.flops for m in verifier_matmuls(verifier, seq))
 
 
-def step_flops(draft: DraftConfig, seq: int, train_lm_head: bool, checkpointing: bool) -> float:
-    """Matrix-multiply FLOPs of one micro-batch: 6x trainable weights (forward, backward to inputs and weights),
-    4x the frozen lm_head, 2x the targets' head once, and attention (QK^T and AV, causal half) per TTT step."""
+def step_matmuls(draft: DraftConfig, seq: int, train_lm_head: bool, checkpointing: bool,
+                 attn_impl: str = "sdpa") -> list[Matmul]:
+    """The kernels of one micro-batch. Trainable weights 6x per token (forward, backward to inputs and to
+    weights) in each of the TTT steps: the decoder layers, and the lm_head when trained (frozen: 4x, forward and
+    backward to its input); fc once, before the steps (4x: its input, the verifier's hidden states, needs no
+    gradient); the targets' head once (2x, forward only); attention per TTT step t over T x T(t+1) scores (sdpa
+    and eager compute every score their mask hides; flex attention only the causal half); the loss over the draft
+    vocabulary per TTT step."""
     counts = parameter_counts(draft, train_lm_head)
-    # P-EAGLE: one pass over its sampled positions; EAGLE-3: ttt_steps passes over all of them.
-    h, steps = draft.hidden_size, sampled_share(draft)
-    trainable = sum(n for name, (n, tr) in counts.items() if tr and name != "norms")
-    head = draft.draft_vocab_size * h
-    per_token = steps * (6 * trainable + (0 if train_lm_head else 4 * head)) + 2 * head
-    if checkpointing:  # every layer's forward once more
-        per_token += steps * 2 * layer_weights(draft)
-    qd = draft.num_attention_heads * draft.head_dim
-    # keys: the causal half + diagonals, in every layer
-    if draft.kind == DraftKind.peagle:  # the sampled positions attend to (about) half of them
-        return seq * per_token + draft.num_layers * 3 * 2 * 2 * qd * (seq * steps) ** 2 / 2
-    attention = draft.num_layers * sum(3 * 2 * 2 * qd * (seq / 2 + t * 1) for t in range(draft.ttt_steps))
-    return seq * (per_token + attention)
+    h, steps, dv = draft.hidden_size, sampled_share(draft), draft.draft_vocab_size
+    n_aux, inter = len(draft.aux_layer_ids), draft.intermediate_size
+    heads, hd = draft.num_attention_heads, draft.head_dim
+    qd = heads * hd
+    layers = counts["decoder layers: attention"][0] + counts["decoder layers: MLP"][0]
+    attn_w = counts["decoder layers: attention"][0]
+    per_step = 6 + (2 if checkpointing else 0)  # checkpointing: every layer's forward once more
+    out = [Matmul("draft: fc (aux states -> H), once", ("mm", seq, n_aux * h, h), seq * 4 * n_aux * h * h),
+           Matmul("draft: decoder attention projections x TTT", ("mm", seq, 2 * h, qd),
+                  seq * steps * per_step * attn_w),
+           Matmul("draft: decoder MLP x TTT", ("mm", seq, h, inter), seq * steps * per_step * (layers - attn_w)),
+           Matmul("draft: lm_head x TTT", ("mm", seq, h, dv), seq * steps * (6 if train_lm_head else 4) * dv * h),
+           Matmul("draft: targets' head, once", ("mm", seq, h, dv), seq * 2 * dv * h)]
+    share = 0.5 if attn_impl == "simple_flex_attention" else 1.0  # flex skips what its mask hides
+    passes = 3 + (1 if checkpointing else 0)  # forward, backward (twice the forward), the recompute
+    if draft.kind == DraftKind.peagle:  # one pass over the sampled positions, attending to each other
+        s = round(seq * steps)
+        out.append(Matmul("draft: attention", ("sdpa", s, heads, hd, s, 1),
+                          draft.num_layers * passes * 2 * 2 * qd * s * s * share))
+        out.append(Matmul("draft: loss over the draft vocabulary", ("loss", s, dv), s * dv))
+        return out
+    for t in range(draft.ttt_steps):
+        keys = seq * (t + 1)
+        # flex: each query's causal half of the first T keys and the t diagonal ones after it
+        attended = keys if share == 1.0 else seq / 2 + t
+        out.append(Matmul(f"draft: attention, TTT step {t}", ("sdpa", seq, heads, hd, keys, 1),
+                          draft.num_layers * passes * 2 * 2 * qd * seq * attended))
+    out.append(Matmul("draft: loss over the draft vocabulary x TTT", ("loss", seq, dv), draft.ttt_steps * seq * dv))
+    return out
+
+
+def step_flops(draft: DraftConfig, seq: int, train_lm_head: bool, checkpointing: bool,
+               attn_impl: str = "sdpa") -> float:
+    """Matrix-multiply FLOPs of one micro-batch (step_matmuls; the loss's logits are no FLOPs)."""
+    return sum(m.flops for m in step_matmuls(draft, seq, train_lm_head, checkpointing, attn_impl)
+               if m.shape[0] != "loss")
+
+
+def matmul_seconds(matmuls: list[Matmul], rates: dict[Shape, float]) -> float | None:
+    """Seconds of `matmuls` at the measured `rates` of their shapes; None when a shape has no rate."""
+    if not all(m.shape in rates for m in matmuls if m.flops):
+        return None
+    return sum(m.flops / rates[m.shape] for m in matmuls if m.flops)
 
 
 def make_plan(draft: DraftConfig, data: DataConfig, optim: OptimConfig, dist: DistributedConfig, *,
               device_type: str, device_memory: int | None, device_memory_source: str, train_lm_head: bool = False,
               data_stats: DataStats | None = None, no_rows_reason: str = "", loaded_verifier: Term | None = None,
-              online_verifier: VerifierShape | None = None) -> Plan:
+              online_verifier: VerifierShape | None = None,
+              matmul_rates: Callable[[list[Shape]], tuple[dict[Shape, float], str]] | None = None) -> Plan:
     """The per-rank memory terms and the time per optimizer step of a run with these config parts.
     `loaded_verifier`: the term of the verifier the training process loads with offline data (ACCEPT_VERIFIER or
     ROLLOUT_VERIFIER); `online_verifier`: the one data=online runs in every rank (eval.accept and the rollouts then
-    reuse it: counted once)."""
+    reuse it: counted once). `matmul_rates`: this machine's measured matrix-multiply rates (FLOP/s) at
+    the step's shapes, and where they came from (eagle3.roofline.rates_for); without them, or for a shape it has
+    no rate of, the step time assumes a share of the device's peak."""
     world, strategy, gradient_checkpointing = dist.world_size, dist.strategy.value, draft.gradient_checkpointing
     fsdp = strategy == "fsdp" and world > 1
     attn = attn_impl_on(draft.attn_impl, device_type)
@@ -392,15 +459,26 @@ def make_plan(draft: DraftConfig, data: DataConfig, optim: OptimConfig, dist: Di
         terms.append(loaded_verifier)
 
     tokens_per_step = data.total_seq_len * optim.grad_accum * world
-    flops = step_flops(draft, data.total_seq_len, train_lm_head, gradient_checkpointing) * optim.grad_accum
-    forward_flops = verifier_flops(online, data.total_seq_len) * optim.grad_accum if online is not None else 0.0
-    step_seconds = (flops + forward_flops) / (PEAK_FLOPS[device_type] * UTILIZATION)
+    matmuls = step_matmuls(draft, data.total_seq_len, train_lm_head, gradient_checkpointing, attn)
+    verifier_mm = verifier_matmuls(online, data.total_seq_len) if online is not None else []
+    flops = sum(m.flops for m in matmuls if m.shape[0] != "loss") * optim.grad_accum
+    forward_flops = sum(m.flops for m in verifier_mm) * optim.grad_accum
+    rates, rate_source = matmul_rates([m.shape for m in matmuls + verifier_mm]) if matmul_rates else ({}, "")
+    measured = matmul_seconds(matmuls + verifier_mm, rates)
+    if measured is not None:
+        step_seconds = measured * optim.grad_accum
+        rate_note = f"at this machine's kernel rates at the step's shapes, {rate_source}"
+    else:
+        step_seconds = (flops + forward_flops) / (PEAK_FLOPS[device_type] * UTILIZATION)
+        peak_name = "dense bf16 peak of an H100/H200" if device_type == "cuda" else "a rough CPU figure"
+        rate_note = (f"at an assumed {UTILIZATION:.0%} of {PEAK_FLOPS[device_type] / 1e12:g} TFLOP/s, {peak_name}; "
+                     f"{rate_source or 'no measured rate'}")
     plan = Plan(device_type=device_type, world_size=world, strategy=strategy if world > 1 else "single",
                 attn_impl=attn, gradient_checkpointing=gradient_checkpointing, terms=terms,
                 trainable_params=trainable, frozen_params=frozen,
                 tokens_per_step=tokens_per_step, flops_per_step=flops + forward_flops, step_seconds=step_seconds,
                 device_memory=device_memory, device_memory_source=device_memory_source,
-                verifier_flops_per_step=forward_flops)
+                verifier_flops_per_step=forward_flops, rate_note=rate_note)
     if online is not None:
         plan.online_verifier = "sharded" if sharded else "full"
         plan.verifier_bytes = _verifier_weight_bytes(terms)
@@ -535,10 +613,8 @@ def format_plan(plan: Plan) -> str:
         lines.append(f"  device memory: {human(plan.device_memory)} ({plan.device_memory_source}): "
                      f"{share:.0%} used, {verdict}")
     lines.append(f"  tokens per optimizer step: {plan.tokens_per_step:,} (total_seq_len x grad_accum x ranks)")
-    peak_name = "dense bf16 peak of an H100/H200" if plan.device_type == "cuda" else "a rough CPU figure"
-    lines.append(f"  step time: about {plan.step_seconds:.2f} s ({plan.flops_per_step / 1e12:.3g} TFLOP per rank "
-                 f"at an assumed {UTILIZATION:.0%} of {PEAK_FLOPS[plan.device_type] / 1e12:g} TFLOP/s, "
-                 f"{peak_name})")
+    lines.append(f"  step time: about {plan.step_seconds:.2f} s ({plan.flops_per_step / 1e12:.3g} TFLOP per rank, "
+                 f"{plan.flops_per_step / plan.step_seconds / 1e12:.3g} TFLOP/s, {plan.rate_note})")
     if plan.verifier_flops_per_step:
         lines.append(f"    of which the verifier's forward (data=online): "
                      f"{plan.verifier_flops_per_step / 1e12:.3g} TFLOP")

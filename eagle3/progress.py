@@ -7,6 +7,9 @@ loads with `torch.load(weights_only=True)` and summary.json keeps its keys for e
 
 from __future__ import annotations
 
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
@@ -63,15 +66,21 @@ class RunSummary:
     world_size: int
     # git commit and library versions of the run, the best checkpoint's sha256 (eagle3/provenance.py)
     provenance: dict[str, Any] | None = None
+    # This job's wall time (rank 0's process, from its start; a resumed run: the resuming job's) and its seconds by
+    # phase (JobClock.PHASES and "other", what none of them covers); None in a summary written before they were kept
+    wall_s: float | None = None
+    phases_s: dict[str, float] | None = None
 
     @classmethod
     def of(cls, progress: Progress, verifier_dir: Path, data_dir: Path, device: str, world_size: int) -> RunSummary:
         wall = progress.train_wall_s
+        clock = job_clock()
         return cls(steps=progress.step, tokens=progress.tokens,
                    tokens_per_s=progress.tokens / wall if wall > 0 else None, train_wall_s=wall,
                    step0=progress.step0, final=progress.final, best=progress.best,
                    checkpoints=relative_checkpoints(),
-                   verifier_dir=str(verifier_dir), data_dir=str(data_dir), device=device, world_size=world_size)
+                   verifier_dir=str(verifier_dir), data_dir=str(data_dir), device=device, world_size=world_size,
+                   wall_s=round(clock.wall(), 3), phases_s=clock.by_phase())
 
     @classmethod
     def from_dict(cls, plain: Any) -> RunSummary:
@@ -80,3 +89,72 @@ class RunSummary:
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+
+def process_start() -> float:
+    """When this process started (time.time()'s clock; /proc/self/stat's start time), or now where that is unknown:
+    the interpreter's and the libraries' imports are part of a job's start-up."""
+    try:
+        import os
+
+        ticks = int(Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()[19])
+        uptime = float(Path("/proc/uptime").read_text().split()[0])
+        return time.time() - uptime + ticks / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError):
+        return time.time()
+
+
+class JobClock:
+    """Where a job's wall time went, by phase: start-up (the process and its imports, the config, the verifier and
+    the draft built, up to the loop), data build (the verifier's and the data's inputs built and checked, the
+    loaders), val passes, training steps and saves. The launcher and the loop time theirs (`phase`); `by_phase`
+    adds "other", the wall time none of them covers (end-of-run logging, the tracker)."""
+
+    PHASES = ("start-up", "data build", "val passes", "training steps", "saves")
+
+    def __init__(self, start: float):
+        self.start = start
+        self.seconds: dict[str, float] = {}
+        self.in_phase = False
+
+    @contextmanager
+    def phase(self, name: str) -> Iterator[None]:
+        """Times the block into `name`; a phase inside another (a save inside a val pass) counts once, in the outer."""
+        if self.in_phase:
+            yield
+            return
+        started, self.in_phase = time.time(), True
+        try:
+            yield
+        finally:
+            self.in_phase = False
+            self.seconds[name] = self.seconds.get(name, 0.0) + time.time() - started
+
+    def loop_starts(self) -> None:
+        """The training loop begins: the job's time so far that no phase covered was its start-up."""
+        if "start-up" not in self.seconds:
+            self.seconds["start-up"] = max(0.0, self.wall() - sum(self.seconds.values()))
+
+    def wall(self) -> float:
+        return time.time() - self.start
+
+    def by_phase(self) -> dict[str, float]:
+        out = {name: round(self.seconds.get(name, 0.0), 3) for name in self.PHASES}
+        out["other"] = round(max(0.0, self.wall() - sum(out.values())), 3)
+        return out
+
+
+_clock = JobClock(process_start())
+_jobs = 0
+
+
+def start_job() -> JobClock:
+    """A new job's clock: from the process's start for its first job, from now for a sweep's later ones."""
+    global _clock, _jobs
+    _clock = JobClock(process_start() if _jobs == 0 else time.time())
+    _jobs += 1
+    return _clock
+
+
+def job_clock() -> JobClock:
+    return _clock

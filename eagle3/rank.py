@@ -18,7 +18,7 @@ from eagle3.console import format_result_table, log_file, quiet_libraries, setup
 from eagle3.distributed import World, close_world, init_world, wrap_model
 from eagle3.errors import UserError
 from eagle3.init import InitContext, build_draft
-from eagle3.progress import RunSummary
+from eagle3.progress import RunSummary, job_clock
 from eagle3.rank_errors import write_rank_error
 from eagle3.recompute import recompute_decoder_layers
 from eagle3.rundir import InitReport, RunDir, checkpoint_dir
@@ -113,18 +113,19 @@ def _train_on(world: World, runtime: Runtime, device: torch.device, cfg: RunConf
         verifier = load_online_verifier(verifier_dir, draft.aux_layer_ids, device, world, in_rank == "sharded")
     torch.manual_seed(cfg.seed)
     attn_impl = runtime.attn_impl
-    train_loader, val_loader = cfg.data.loaders(
-        data_dir, verifier,
-        total_seq_len=micro_batch_len(cfg, runtime),
-        hidden_size=draft.hidden_size,
-        num_aux_layers=len(draft.aux_layer_ids),
-        seed=cfg.seed,
-        world_size=world.size,
-        rank=world.rank,
-        grad_accum=cfg.optim.grad_accum,
-        rows=rows,
-        device=device,
-    )
+    with job_clock().phase("data build"):
+        train_loader, val_loader = cfg.data.loaders(
+            data_dir, verifier,
+            total_seq_len=micro_batch_len(cfg, runtime),
+            hidden_size=draft.hidden_size,
+            num_aux_layers=len(draft.aux_layer_ids),
+            seed=cfg.seed,
+            world_size=world.size,
+            rank=world.rank,
+            grad_accum=cfg.optim.grad_accum,
+            rows=rows,
+            device=device,
+        )
     last = checkpoint_dir(run_dir, "last")
     resume_state = None
     if cfg.resume:

@@ -33,7 +33,7 @@ from eagle3.distributed import (
     unwrap,
 )
 from eagle3.errors import RunStopped
-from eagle3.progress import Progress, Row
+from eagle3.progress import Progress, Row, job_clock
 from eagle3.rundir import CHECKPOINTS, trained_config
 from eagle3.runtime import compute_dtype_on, loss_impl_on
 from eagle3.stop import StopRequest
@@ -66,6 +66,8 @@ def train(model: torch.nn.Module, train_loader: Loader, val_loader: Loader, draf
                          optim.checkpoint_every, optim.max_skipped_steps)
     run = Run(model, val_loader, draft, optim, cadence, device, world, tracker, run_dir, at_val, on_bad_sample,
               config, on_policy)
+    clock = job_clock()
+    clock.loop_starts()
     progress = run.begin(resume_state)
     steps = StepLog(tracker, world, run.scheduler, cadence.total_steps, progress)
     stop, micro_batches, stepped, skipped_in_a_row = StopRequest(), None, False, 0
@@ -93,7 +95,8 @@ def train(model: torch.nn.Module, train_loader: Loader, val_loader: Loader, draf
             if micro_batches is None:
                 sampler.set_epoch(progress.epoch, skip_steps=progress.step_in_epoch)
                 micro_batches = iter(train_loader)
-            grad_norm = run.step(micro_batches, steps.window, progress.step)
+            with clock.phase("training steps"):
+                grad_norm = run.step(micro_batches, steps.window, progress.step)
             skipped_in_a_row = count_step(progress, grad_norm, skipped_in_a_row, optim.max_skipped_steps, world)
             steps.count(grad_norm)
             stepped = True
@@ -163,6 +166,10 @@ class Run:
                           self.world, window, rollouts)
 
     def evaluate(self, step: int, epoch: int) -> Row:
+        with job_clock().phase("val passes"):
+            return self._evaluate(step, epoch)
+
+    def _evaluate(self, step: int, epoch: int) -> Row:
         metrics = run_validation(self.model, self.val_loader, self.device, self.autocast, self.call_kwargs,
                                  self.world, on_bad_sample=self.on_bad_sample, where=f"the val pass at step {step}")
         row: Row = {"step": step, "split": "val", "epoch": epoch, **metrics}
@@ -181,6 +188,10 @@ class Run:
 
     def save(self, which: str, progress: Progress | None = None) -> None:
         """Every rank joins (gathering shards is a collective); rank 0 writes."""
+        with job_clock().phase("saves"):
+            self._save(which, progress)
+
+    def _save(self, which: str, progress: Progress | None = None) -> None:
         model, world = self.model, self.world
         state = full_model_state(model, world)
         trainer_state = None

@@ -124,6 +124,35 @@ def test_online_micro_batches_are_the_offline_ones_in_fp32(datasets, online_veri
     assert online_verifier.forward_s > 0
 
 
+def test_a_val_pass_after_the_first_reads_its_hidden_states_back_without_the_verifier(verifier, rows, tmp_path):
+    """The val split's hidden states are computed once per run: the second val pass calls the verifier 0 times and
+    gives the micro-batches (so the metrics) of a loader that computes every pass, bit for bit."""
+    from eagle3.data.online import OnlineVerifier
+    from eagle3.data.token_rows import save_rows
+    from eagle3.data.verifier_forward import load_causal_lm
+
+    class Counted(OnlineVerifier):
+        calls = 0
+
+        def __call__(self, seqs):
+            Counted.calls += 1
+            return super().__call__(seqs)
+
+    save_rows(rows, tmp_path / "rows")
+    counted = Counted(load_causal_lm(verifier), AUX)
+    _, val = loaders(tmp_path / "rows", 1, 0, 1, verifier=counted, hidden_states_dtype=torch.float32)
+    _, uncached = loaders(tmp_path / "rows", 1, 0, 1, verifier=OnlineVerifier(counted.model, AUX),
+                          hidden_states_dtype=torch.float32)
+    assert val.store is not None and uncached.store is not None
+    uncached.store = None  # computes every pass
+    first = [{k: v.clone() for k, v in b.items()} for b in val]
+    calls_first, Counted.calls = Counted.calls, 0
+    second = [{k: v.clone() for k, v in b.items()} for b in val]
+    assert calls_first == len(first) >= 2 and Counted.calls == 0
+    for a, b, c in zip(first, second, uncached, strict=True):
+        assert all(torch.equal(a[k], b[k]) and torch.equal(b[k], c[k]) for k in a)
+
+
 @pytest.mark.slow  # prepares the offline datasets it compares with (the module's `datasets`): ~20 s on 2 cores
 def test_online_bf16_rounds_the_hidden_states_as_bf16_files_store_them(datasets, online_verifier):
     """hidden_states_dtype=bfloat16: the verifier's fp32 values rounded to bf16 as prepare rounds them into its

