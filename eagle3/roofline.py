@@ -15,13 +15,13 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import re
-import tempfile
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
+
+from eagle3.safe_write import make_dirs, write_text
 
 # A kernel the plan times (eagle3.plan.Shape): ("mm", m, k, n) [m x k] @ [k x n]; ("sdpa", T, heads, head_dim, keys,
 # backward) torch's scaled_dot_product_attention with a boolean mask over the T x keys scores, forward (and backward
@@ -151,12 +151,11 @@ class Rates:
     def save(self) -> None:
         """Written whole (a temporary file renamed over it); a cache that cannot be written is only not kept."""
         assert self.file is not None
+        base = self.file.parent.parent  # the cache dir: nothing under it is written through a link
         try:
-            self.file.parent.mkdir(parents=True, exist_ok=True)
-            fd, tmp = tempfile.mkstemp(dir=self.file.parent, prefix=".roofline-", suffix=".tmp")
-            with os.fdopen(fd, "w") as f:
-                json.dump({"key": self.key, "measured_at": self.measured_at, "rates": self.rates}, f, indent=1)
-            os.replace(tmp, self.file)
+            make_dirs(base, self.file.parent)
+            write_text(base, self.file, json.dumps({"key": self.key, "measured_at": self.measured_at,
+                                                    "rates": self.rates}, indent=1))
         except OSError:
             pass
 
