@@ -38,6 +38,7 @@ def raise_if_complete(room: RunDir) -> None:
     summary = room.read_summary()
     step = load_trainer_state(resumable_last(room.file(CHECKPOINTS)), mmap=True)["progress"]["step"]
     if summary.steps == step:
+        room.clear_failure()  # a record left by an earlier attempt: the run completed since (README's contract)
         best = summary.best
         raise AlreadyComplete(f"{room.path} is already complete: it trained all its {step} steps (summary.json; best "
                               f"val tau_sim {best.get('tau_sim', float('nan')):.4f} at step {best.get('step')}); "

@@ -461,11 +461,15 @@ def read_rows(run_dir: Path) -> list[dict]:
     return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
 
 
+# Where `python -m eagle3.reference --install` (run by .ci/run) builds the real verifier and data, once:
+# <$EAGLE3_CACHE or ~/.cache/eagle3>/reference, read as conftest is imported, before any test points EAGLE3_CACHE
+# at a small cache of its own (a test that sets it in the process for a CLI it calls in process would move it).
+REFERENCE_DIR = Path(os.environ.get("EAGLE3_CACHE") or Path.home() / ".cache" / "eagle3") / "reference"
+
+
 def reference_dir() -> Path:
-    """Where `python -m eagle3.reference --install` (run by .ci/run) builds the real verifier and data, once:
-    <$EAGLE3_CACHE or ~/.cache/eagle3>/reference. Read at collection, before any test points EAGLE3_CACHE at its
-    own small cache."""
-    return Path(os.environ.get("EAGLE3_CACHE") or Path.home() / ".cache" / "eagle3") / "reference"
+    """REFERENCE_DIR: the reference assets' dir, as .ci/run built it."""
+    return REFERENCE_DIR
 
 
 def reference_asset(path: Path) -> Path:

@@ -191,4 +191,5 @@ def test_confirm_measures_the_two_best_and_prints_both_rankings(study_sweep, tmp
 
     # Again: nothing left to measure among the two best; --confirm 0 only ranks.
     proc = run_in_process(["python", "-m", "eagle3.compare", str(study_sweep), "--confirm", "2"])
-    assert proc.returncode == 0 and "measuring" not in proc.stderr, proc.stderr
+    assert proc.returncode == 0 and "measuring acceptance" not in proc.stderr, proc.stderr
+    assert "not measuring" in proc.stderr and "they have a measurement already" in proc.stderr
