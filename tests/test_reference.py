@@ -121,10 +121,11 @@ def test_smollm2_online_and_regenerated_chat_rows_train_a_draft(smollm2_dir, cha
     assert online.returncode == 0, online.stderr[-3000:]
     assert_trained(tmp_path / "online", smollm2_dir, 3)
 
+    # in process: vLLM regenerates in test_regenerate
     regenerated = launch([f"hydra.run.dir={tmp_path / 'regen'}", f"model.verifier.path={smollm2_dir}", *TRAIN,
                           "optim.max_steps=2", "data=regenerate", f"data.path={chat_rows}",
                           "data.regenerate.max_new_tokens=24", "data.regenerate.batch_size=6",
-                          "data.regenerate.engine=transformers"], tmp_path / "cache")  # vLLM regenerates in test_regenerate
+                          "data.regenerate.engine=transformers"], tmp_path / "cache")
     assert regenerated.returncode == 0, regenerated.stderr[-3000:]
     assert_trained(tmp_path / "regen", smollm2_dir, 2)
     (rows_dir,) = (tmp_path / "cache" / "datasets").glob("regen-*[0-9a-f]")
