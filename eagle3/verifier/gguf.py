@@ -56,6 +56,7 @@ def from_gguf(file: Path, out: Path, say=None) -> Path:
         os.rename(tmp, out)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+    say(f"done: {out}")  # the dir's own name, once it is whole (convert wrote the temporary one)
     return out
 
 
@@ -92,4 +93,3 @@ def convert(file: Path, out: Path, say) -> None:
     tokenizer.save_pretrained(out)
     if not tokenizer.chat_template:
         step("note: the GGUF file has no chat template; messages rows cannot be rendered with this verifier")
-    step(f"done: {out}")
