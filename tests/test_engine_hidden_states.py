@@ -172,10 +172,14 @@ def tiny_rows(tmp_path_factory) -> Path:
 @pytest.fixture(scope="module")
 def tiny_datasets(verifier, tiny_rows, tmp_path_factory, engine_python) -> tuple[Path, Path]:  # noqa: F811
     """The tiny verifier's hidden states of 24 rows by vLLM (one engine start) and by transformers."""
-    tmp = tmp_path_factory.mktemp("tiny")
+    return by_both_engines(verifier, tiny_rows, tmp_path_factory.mktemp("tiny"), engine_python, "--aux-layer-ids",
+                           *AUX, "--batch-tokens", 256)
+
+
+def by_both_engines(verifier: Path, rows: Path, tmp: Path, python: Path, *extra) -> tuple[Path, Path]:
+    """`rows` prepared by vLLM (one engine start, in `python`) and by transformers, with the same options."""
     for engine in ("vllm", "transformers"):
-        proc = prepare(verifier, tiny_rows, tmp / engine, "--engine", engine, "--aux-layer-ids", *AUX,
-                       "--batch-tokens", 256, python=engine_python)
+        proc = prepare(verifier, rows, tmp / engine, "--engine", engine, *extra, python=python)
         assert proc.returncode == 0, proc.stderr[-3000:]
     return tmp / "vllm", tmp / "transformers"
 
@@ -250,10 +254,7 @@ def smollm2_datasets(smollm2_dir, tmp_path_factory, engine_python) -> tuple[Path
     """SmolLM2-135M's hidden states (aux ids [2, 15, 27], the default) of 6 short rows by vLLM and transformers."""
     tmp = tmp_path_factory.mktemp("smollm2")
     rows = write_jsonl(tmp / "rows.jsonl", token_rows(6, 49152, 8, 40, seed=1))
-    for engine in ("vllm", "transformers"):
-        proc = prepare(smollm2_dir, rows, tmp / engine, "--engine", engine, python=engine_python)
-        assert proc.returncode == 0, proc.stderr[-3000:]
-    return tmp / "vllm", tmp / "transformers"
+    return by_both_engines(smollm2_dir, rows, tmp, engine_python)
 
 
 @pytest.mark.slow
