@@ -1,14 +1,26 @@
 #!/bin/bash
-# docs/real_model.md's experiment: an EAGLE-3 drafter for SmolLM2-135M-Instruct trained on ShareGPT's own responses
-# and on SmolLM2's regenerated ones, measured on held-out ShareGPT prompts (never trained on) in the harness
-# (eval.accept) and in vLLM (eagle3.serve) at T=0 and T=0.7, beside vLLM without speculation.
-#   bash docs/real_model.sh [OUT_DIR]            SEEDS="0 1 2" by default; SEEDS=0 for one seed per arm
+# docs/real_model.md's experiment: EAGLE-3 drafters for SmolLM2-135M-Instruct trained on SmolLM2's regenerated
+# responses to ShareGPT prompts (the recipe, SEEDS) and on ShareGPT's own responses (SHAREGPT_SEEDS), measured on
+# held-out ShareGPT prompts (never trained on) in vLLM beside vLLM's n-gram speculation and plain decoding, and in
+# the harness, at T=0 and T=0.7.
+#   bash docs/real_model.sh [OUT_DIR]
+# Its budget, sized for about two hours of a 2-core CPU (a smaller one for a look: STEPS=4 NUM_PROMPTS=4):
+#   SEEDS="0 1 2"        seeds of the regenerated arm (the spread over seeds is what a result must beat)
+#   SHAREGPT_SEEDS="0"   seeds of the ShareGPT-responses arm
+#   STEPS=20             optimizer steps per run (3,072 tokens each; experiment=smollm2_sharegpt's own is 80)
+#   NUM_PROMPTS=32 MAX_NEW_TOKENS=64   held-out prompts measured, tokens generated per prompt
 set -euo pipefail
 cd "$(dirname "$0")/.."
 E=$(realpath -m "${1:-outputs/real_model}")
 SEEDS=${SEEDS:-0 1 2}
+SHAREGPT_SEEDS=${SHAREGPT_SEEDS:-0}
+[ -n "${SEEDS// /}" ] && [ -n "${SHAREGPT_SEEDS// /}" ] || { echo "SEEDS and SHAREGPT_SEEDS need a seed each" >&2; exit 2; }
+STEPS=${STEPS:-20}
+NUM_PROMPTS=${NUM_PROMPTS:-32}
+MAX_NEW_TOKENS=${MAX_NEW_TOKENS:-64}
 mkdir -p "$E"
 stamp() { echo "$(date -u +%FT%TZ) $*" | tee -a "$E/times.txt"; }
+stamp "commit $(git rev-parse --short HEAD 2>/dev/null || echo unknown)"
 
 stamp "reference assets"
 python -m eagle3.reference --install > "$E/reference.txt"      # SmolLM2 (from its GGUF) and ShareGPT, built once
@@ -43,55 +55,79 @@ def write(name, records):
     print(f"{name}: {len(records)} conversations")
 
 head, tail = rows[:len(rows) // 2], rows[-2000:]
-train = [r for r in (exchange(r, 4000) for r in head) if r][:800]
+train = [r for r in (exchange(r, 4000) for r in head) if r][:400]
 first_turn = lambda r: {**r, "conversations": r["conversations"][:1]}
 write("train", train)                                                          # ShareGPT's own responses
-write("regen_prompts", [first_turn(r) for r in train])                         # first user turns, to regenerate
+write("regen_prompts", [first_turn(r) for r in train[:200]])                    # first user turns, to regenerate
 write("held_out", [first_turn(r) for r in (exchange(r, 2000) for r in tail) if r][:64])  # never trained on
 PY
 
 ENGINE=vllm   # regeneration by vLLM (python -m eagle3.serve --install above); transformers works too, slower
 REGEN="data.regenerate.engine=$ENGINE data.regenerate.temperature=0 data.regenerate.max_new_tokens=256"
+REGEN="$REGEN data.regenerate.batch_size=32"
+BUDGET="optim.max_steps=$STEPS optim.eval_every=10 optim.checkpoint_every=10 logger.mode=disabled"
+# data.max_records=null: the slice is the selection (the experiment's default reads the file's first 200 records).
+# The regenerated rows are built once (cached by the prompts, the verifier and data.regenerate) for every seed.
 for seed in $SEEDS; do
-  stamp "train sharegpt_$seed"
-  # data.max_records=null: the slice is the selection (the experiment's default reads the file's first 200 records)
-  python launch.py experiment=smollm2_sharegpt data.path="$E/train.json" data.max_records=null seed=$seed \
-    logger.mode=disabled hydra.run.dir="$E/sharegpt_$seed"
   stamp "train regen_$seed"
   python launch.py experiment=smollm2_sharegpt data=regenerate data.path="$E/regen_prompts.json" \
-    data.max_records=null $REGEN seed=$seed logger.mode=disabled hydra.run.dir="$E/regen_$seed"
+    data.max_records=null $REGEN $BUDGET seed=$seed hydra.run.dir="$E/regen_$seed"
+done
+for seed in $SHAREGPT_SEEDS; do
+  stamp "train sharegpt_$seed"
+  python launch.py experiment=smollm2_sharegpt data.path="$E/train.json" data.max_records=null $BUDGET \
+    seed=$seed hydra.run.dir="$E/sharegpt_$seed"
 done
 
-RUNS=$(for seed in $SEEDS; do echo "$E/sharegpt_$seed" "$E/regen_$seed"; done)
+# vLLM (and the harness in the same command: eagle3.serve decodes every run in the harness too, at the same T
+# and seed). One command per T for the first seed of each arm, beside one plain server and vLLM's n-gram
+# speculation (prompt lookup, k=3); the other seeds without n-gram, whose tokens at T=0 are plain's (no second
+# measurement of the same baseline). At T=0 in fp32 it exits 1 when the engine's tokens differ from the harness's
+# beyond a near-tie; the reports are written first, so the table still reads them.
+set -- $SEEDS; FIRST_RUNS="$E/regen_$1"; shift; MORE_RUNS=$(for s in "$@"; do echo "$E/regen_$s"; done)
+set -- $SHAREGPT_SEEDS; FIRST_RUNS="$FIRST_RUNS $E/sharegpt_$1"; shift
+MORE_RUNS="$MORE_RUNS $(for s in "$@"; do echo "$E/sharegpt_$s"; done)"
+SERVE="--prompts $E/held_out.json --num-prompts $NUM_PROMPTS --max-new-tokens $MAX_NEW_TOKENS --k 3"
 for t in 0 0.7; do
-  for run in $RUNS; do
-    stamp "harness $(basename "$run") T=$t"
-    python -m eagle3.eval.accept --run "$run" --prompts "$E/held_out.json" --num-prompts 32 --max-new-tokens 96 \
-      --temperature $t --out "$run/accept_t$t.json"
-  done
-  stamp "vLLM T=$t"
-  # One plain server for all runs; each run's report serve_vllm_k3_t<T>.json beside it. At T=0 in fp32 it exits 1
-  # when the engine's tokens differ from the harness's; the reports are written first, so the table still reads them.
-  python -m eagle3.serve $RUNS --prompts "$E/held_out.json" --num-prompts 32 --max-new-tokens 96 \
-    --temperature $t --k 3 || echo "eagle3.serve exited $? at T=$t (see its reports)" | tee -a "$E/times.txt"
+  stamp "vLLM and harness T=$t"
+  python -m eagle3.serve $FIRST_RUNS $SERVE --temperature $t \
+    || echo "eagle3.serve exited $? at T=$t (see its reports)" | tee -a "$E/times.txt"
+  if [ -n "${MORE_RUNS// /}" ]; then
+    stamp "vLLM and harness T=$t, the other seeds"
+    python -m eagle3.serve $MORE_RUNS $SERVE --temperature $t --no-ngram \
+      || echo "eagle3.serve exited $? at T=$t (see its reports)" | tee -a "$E/times.txt"
+  fi
 done
-# N-GRAM BASELINE (pending): vLLM's n-gram (prompt lookup) speculation of the same verifier on the same held-out
-# prompts, k and T, once eagle3.serve serves it; its report's keys are not final, so it is not run here yet.
 stamp "done"
 
-python - "$E" $RUNS <<'PY'
-import json, sys
+python - "$E" $FIRST_RUNS $MORE_RUNS <<'PY' | tee "$E/table.md"
+import json, statistics, sys
 from pathlib import Path
-print(f"{'run':<12}{'T':>5}{'harness accept_len':>20}{'per position':>24}{'vLLM accept_len':>17}{'per position':>24}"
-      f"{'tok/s spec':>12}{'tok/s plain':>13}{'speedup':>9}")
+rows = ["| arm | seed | T | harness accept_len | vLLM accept_len | accepted per position (vLLM) | tokens/s | "
+        "tokens/s plain | speedup |", "|---|---|---|---|---|---|---|---|---|"]
+def cells(r):
+    rates = [round(a, 3) for a in r["accept_rate"]] if r["accept_rate"][0] is not None else "-"
+    return f"{r['accept_len']:.4f} | {rates} | {r['tokens_per_s']:.1f}"
 for t in ("0", "0.7"):
+    by_arm = {}
     for run in map(Path, sys.argv[2:]):
-        h = json.loads((run / f"accept_t{t}.json").read_text())
         report = run / f"serve_vllm_k3_t{t}.json"   # exactly: a glob t0* would also take t0.7's
-        v = json.loads(report.read_text()) if report.is_file() else None
-        rates = str([round(a / v["drafts"], 3) for a in v["accepted_per_position"]]) if v else "-"
-        cells = (f"{v['accept_len']:>17.4f}{rates:>24}{v['tokens_per_s']:>12.1f}{v['plain_tokens_per_s']:>13.1f}"
-                 f"{v['speedup']:>9.3f}" if v else f"{'-':>17}{'-':>24}{'-':>12}{'-':>13}{'-':>9}")
-        print(f"{run.name:<12}{t:>5}{h['accept_len']:>20.4f}{str([round(r, 3) for r in h['accept_rate']]):>24}{cells}")
-    # N-GRAM BASELINE (pending): one row per T from the n-gram report, once eagle3.serve writes it (keys not final).
+        if not report.is_file():
+            rows.append(f"| {run.name} | | {t} | no report | | | | | |")
+            continue
+        r = json.loads(report.read_text())
+        arm, seed = run.name.rsplit("_", 1)
+        by_arm.setdefault(arm, []).append(r["accept_len"])
+        flag = " (implausible: " + "; ".join(r["implausible"]) + ")" if r["implausible"] else ""
+        rows.append(f"| {arm} | {seed} | {t} | {r['harness']['accept_len']:.4f} | {cells(r)} | "
+                    f"{r['plain_tokens_per_s']:.1f} | {r['speedup']:.3f}{flag} |")
+        if "ngram" in r:
+            n = r["ngram"]
+            rows.append(f"| n-gram (prompt lookup {n['prompt_lookup_min']}-{n['prompt_lookup_max']}, beside "
+                        f"{run.name}) | - | {t} | - | {cells(n)} | {r['plain_tokens_per_s']:.1f} | {n['speedup']:.3f} |")
+    for arm, lens in by_arm.items():
+        if len(lens) > 1:
+            rows.append(f"| {arm}: mean over {len(lens)} seeds | | {t} | | {statistics.mean(lens):.4f} "
+                        f"(min {min(lens):.4f}, max {max(lens):.4f}) | | | | |")
+print("\n".join(rows))
 PY
