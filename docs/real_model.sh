@@ -1,20 +1,22 @@
 #!/bin/bash
-# docs/real_model.md's experiment: EAGLE-3 drafters for SmolLM2-135M-Instruct trained on SmolLM2's regenerated
-# responses to ShareGPT prompts (the recipe, SEEDS) and on ShareGPT's own responses (SHAREGPT_SEEDS), measured on
-# held-out ShareGPT prompts (never trained on) in vLLM beside vLLM's n-gram speculation and plain decoding, and in
-# the harness, at T=0 and T=0.7.
+# docs/real_model.md's experiment: EAGLE-3 drafters for SmolLM2-135M-Instruct trained on ShareGPT's own responses
+# (experiment=smollm2_sharegpt's recipe, SEEDS) and on SmolLM2's regenerated responses to ShareGPT prompts
+# (REGEN_SEEDS), measured on held-out ShareGPT prompts (never trained on) in vLLM beside vLLM's n-gram speculation
+# and plain decoding, and in the harness, at T=0 and T=0.7.
 #   bash docs/real_model.sh [OUT_DIR]
 # Its budget, sized for about two hours of a 2-core CPU (a smaller one for a look: STEPS=4 NUM_PROMPTS=4):
-#   SEEDS="0 1 2"        seeds of the regenerated arm (the spread over seeds is what a result must beat)
-#   SHAREGPT_SEEDS="0"   seeds of the ShareGPT-responses arm
+#   SEEDS="0 1 2"        seeds of the ShareGPT-responses arm (the spread over seeds is what a result must beat)
+#   REGEN_SEEDS="0"      seeds of the regenerated arm
+#   REGEN_PROMPTS=64     prompts whose responses SmolLM2 regenerates (vLLM, up to 256 tokens each)
 #   STEPS=20             optimizer steps per run (3,072 tokens each; experiment=smollm2_sharegpt's own is 80)
 #   NUM_PROMPTS=32 MAX_NEW_TOKENS=64   held-out prompts measured, tokens generated per prompt
 set -euo pipefail
 cd "$(dirname "$0")/.."
 E=$(realpath -m "${1:-outputs/real_model}")
 SEEDS=${SEEDS:-0 1 2}
-SHAREGPT_SEEDS=${SHAREGPT_SEEDS:-0}
-[ -n "${SEEDS// /}" ] && [ -n "${SHAREGPT_SEEDS// /}" ] || { echo "SEEDS and SHAREGPT_SEEDS need a seed each" >&2; exit 2; }
+REGEN_SEEDS=${REGEN_SEEDS:-0}
+REGEN_PROMPTS=${REGEN_PROMPTS:-64}
+[ -n "${SEEDS// /}" ] && [ -n "${REGEN_SEEDS// /}" ] || { echo "SEEDS and REGEN_SEEDS need a seed each" >&2; exit 2; }
 STEPS=${STEPS:-20}
 NUM_PROMPTS=${NUM_PROMPTS:-32}
 MAX_NEW_TOKENS=${MAX_NEW_TOKENS:-64}
@@ -31,7 +33,7 @@ stamp "split"
 # Slices of the ShareGPT file in its own format (a JSON array of {"id", "conversations"} records), read with the
 # project's reader: training conversations from the head of the file, held-out prompts from its tail, never trained
 # on. (The bare `python launch.py experiment=smollm2_sharegpt` trains on the file's first 200 records: also head.)
-python - "$SHAREGPT" "$E" <<'PY'
+python - "$SHAREGPT" "$E" "$REGEN_PROMPTS" <<'PY'
 import json, sys
 from pathlib import Path
 from eagle3.data.jsonl import SHAREGPT_ROLES
@@ -58,25 +60,25 @@ head, tail = rows[:len(rows) // 2], rows[-2000:]
 train = [r for r in (exchange(r, 4000) for r in head) if r][:400]
 first_turn = lambda r: {**r, "conversations": r["conversations"][:1]}
 write("train", train)                                                          # ShareGPT's own responses
-write("regen_prompts", [first_turn(r) for r in train[:200]])                    # first user turns, to regenerate
+write("regen_prompts", [first_turn(r) for r in train[:int(sys.argv[3])]])      # first user turns, to regenerate
 write("held_out", [first_turn(r) for r in (exchange(r, 2000) for r in tail) if r][:64])  # never trained on
 PY
 
 ENGINE=vllm   # regeneration by vLLM (python -m eagle3.serve --install above); transformers works too, slower
 REGEN="data.regenerate.engine=$ENGINE data.regenerate.temperature=0 data.regenerate.max_new_tokens=256"
 REGEN="$REGEN data.regenerate.batch_size=32"
-BUDGET="optim.max_steps=$STEPS optim.eval_every=10 optim.checkpoint_every=10 logger.mode=disabled"
+BUDGET="optim.max_steps=$STEPS optim.eval_every=10 optim.checkpoint_every=10 data.train_ratio=0.98 logger.mode=disabled"
 # data.max_records=null: the slice is the selection (the experiment's default reads the file's first 200 records).
 # The regenerated rows are built once (cached by the prompts, the verifier and data.regenerate) for every seed.
 for seed in $SEEDS; do
-  stamp "train regen_$seed"
-  python launch.py experiment=smollm2_sharegpt data=regenerate data.path="$E/regen_prompts.json" \
-    data.max_records=null $REGEN $BUDGET seed=$seed hydra.run.dir="$E/regen_$seed"
-done
-for seed in $SHAREGPT_SEEDS; do
   stamp "train sharegpt_$seed"
   python launch.py experiment=smollm2_sharegpt data.path="$E/train.json" data.max_records=null $BUDGET \
     seed=$seed hydra.run.dir="$E/sharegpt_$seed"
+done
+for seed in $REGEN_SEEDS; do
+  stamp "train regen_$seed"
+  python launch.py experiment=smollm2_sharegpt data=regenerate data.path="$E/regen_prompts.json" \
+    data.max_records=null $REGEN $BUDGET seed=$seed hydra.run.dir="$E/regen_$seed"
 done
 
 # vLLM (and the harness in the same command: eagle3.serve decodes every run in the harness too, at the same T
@@ -84,9 +86,9 @@ done
 # speculation (prompt lookup, k=3); the other seeds without n-gram, whose tokens at T=0 are plain's (no second
 # measurement of the same baseline). At T=0 in fp32 it exits 1 when the engine's tokens differ from the harness's
 # beyond a near-tie; the reports are written first, so the table still reads them.
-set -- $SEEDS; FIRST_RUNS="$E/regen_$1"; shift; MORE_RUNS=$(for s in "$@"; do echo "$E/regen_$s"; done)
-set -- $SHAREGPT_SEEDS; FIRST_RUNS="$FIRST_RUNS $E/sharegpt_$1"; shift
-MORE_RUNS="$MORE_RUNS $(for s in "$@"; do echo "$E/sharegpt_$s"; done)"
+set -- $SEEDS; FIRST_RUNS="$E/sharegpt_$1"; shift; MORE_RUNS=$(for s in "$@"; do echo "$E/sharegpt_$s"; done)
+set -- $REGEN_SEEDS; FIRST_RUNS="$FIRST_RUNS $E/regen_$1"; shift
+MORE_RUNS="$MORE_RUNS $(for s in "$@"; do echo "$E/regen_$s"; done)"
 SERVE="--prompts $E/held_out.json --num-prompts $NUM_PROMPTS --max-new-tokens $MAX_NEW_TOKENS --k 3"
 for t in 0 0.7; do
   stamp "vLLM and harness T=$t"
