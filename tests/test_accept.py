@@ -12,15 +12,17 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
-from conftest import (
+from commands import launch, run_in_process
+from eagle3.config import validate
+from eagle3.errors import ConfigError
+from factories import (
     SMALL_DATA,
     assert_chain_equals_speculators_forward,
+    chat_tokenizer,
     compose_cfg,
-    launch,
     read_rows,
-    run_in_process,
+    verifier_model,
 )
-from eagle3.config import ConfigError, validate
 
 # A draft trained long enough to accept clearly more than an untrained one. The shared `trained_run` (30 steps)
 # measures accept_len about 1.04, too close to an untrained draft's 1.01; smaller batches over the same small
@@ -307,20 +309,16 @@ def test_cli_run_and_prompt_files(strong_run, inputs, tmp_path):
 
 
 def test_cli_messages_with_a_chat_template(strong_run, inputs, tmp_path):
-    from tokenizers import Tokenizer, models, pre_tokenizers
-    from transformers import AutoTokenizer, PreTrainedTokenizerFast
+    from transformers import AutoTokenizer
 
     from eagle3.eval.accept import main
 
     verifier = tmp_path / "verifier"
     shutil.copytree(inputs["summary"]["verifier_dir"], verifier)
-    vocab = {w: i for i, w in enumerate(["[UNK]", "<|user|>", "<|assistant|>", *[f"w{i}" for i in range(500)]])}
-    backend = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
-    backend.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    words = ["[UNK]", "<|user|>", "<|assistant|>", *[f"w{i}" for i in range(500)]]  # no <|end|>
     template = ("{% for m in messages %}<|{{ m['role'] }}|> {{ m['content'] }} {% endfor %}"
                 "{% if add_generation_prompt %}<|assistant|>{% endif %}")
-    tokenizer = PreTrainedTokenizerFast(tokenizer_object=backend, unk_token="[UNK]", chat_template=template)
-    tokenizer.save_pretrained(verifier)
+    chat_tokenizer(words, template).save_pretrained(verifier)
     messages = [{"role": "user", "content": "w1 w2 w3 w40"}]
     prompts = tmp_path / "messages.jsonl"
     prompts.write_text(json.dumps({"messages": messages}) + "\n")
@@ -516,3 +514,27 @@ def test_a_decoding_pass_shows_prompts_done_tokens_per_second_and_time_left_on_s
     assert not out and "decoding: 100%" in err and "2/2" in err and "tokens/s" in err and "<00:00" in err
     assert mapped_with_progress(str, [1], "quiet", len, shown=False) == ["1"]
     assert not capsys.readouterr().err
+
+
+def test_a_k_and_max_new_tokens_beyond_the_verifiers_positions_are_one_message():
+    from eagle3.eval.measure import AcceptanceProbe
+
+    verifier = verifier_model(None, vocab_size=64, hidden_size=16, intermediate_size=32, num_hidden_layers=2,
+                              num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=64)
+    with pytest.raises(ConfigError, match=r"k=1000 draft tokens and max_new_tokens=4 leave no room for a prompt .*"
+                                          r"max_position_embeddings \(64\)") as refused:
+        AcceptanceProbe(verifier, [[1, 2]], k=1000, max_new_tokens=4)
+    assert "-" not in str(refused.value).split("(64)")[0].split("prompt")[-1]  # no negative token count
+    AcceptanceProbe(verifier, [[1, 2]], k=3, max_new_tokens=4)  # room left: accepted
+
+
+def test_accept_refuses_an_out_path_it_cannot_write_before_measuring(tmp_path):
+    """--out <a directory> measured the whole acceptance, then died with IsADirectoryError; --out under a file
+    likewise (NotADirectoryError)."""
+    from eagle3.eval.accept import main as accept_main
+
+    (tmp_path / "file").write_text("")
+    under_a_file = tmp_path / "file" / "r.json"
+    for out, problem in ((tmp_path, f"{tmp_path} is a directory"), (under_a_file, "file is an existing file")):
+        with pytest.raises(SystemExit, match=rf"^error: --out: .*{problem}.*; give the path of the JSON report"):
+            accept_main(["--run", str(tmp_path / "no-run"), "--out", str(out)])

@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from conftest import run_in_process
+from commands import run_in_process
 
 
 @pytest.mark.slow

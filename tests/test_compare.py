@@ -6,9 +6,8 @@ import json
 import struct
 from pathlib import Path
 
-from test_rundir import summary_json
-
-from conftest import run_in_process
+from commands import run_in_process
+from factories import summary_json
 
 
 def complete_records(run_file: Path, timeout_s: float = 60.0) -> list:
@@ -166,3 +165,46 @@ def test_confirm_says_why_the_runs_it_does_not_measure_are_not_measured(tmp_path
     assert "--confirm 5: not measuring #2 (failed): they did not complete" in err
     assert "--confirm 5: only 2 of the 3 runs completed" in err
     assert "measuring acceptance of" not in err
+
+
+def test_compare_shows_step0_and_best_of_an_incomplete_run(tmp_path):
+    from eagle3.compare import find_runs, table
+
+    run = tmp_path / "0_optim.lr=0.001"
+    run.mkdir()
+    (run / "resolved_config.yaml").write_text("optim:\n  lr: 0.001\n")
+    rows = [{"step": 0, "split": "val", "loss": 73.5, "tau_sim": 1.02},
+            {"step": 5, "split": "train", "loss": 40.0},
+            {"step": 10, "split": "val", "loss": 30.25, "tau_sim": 1.5}]
+    (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    header, body = table(find_runs([tmp_path]))  # no summary.json: killed before it finished
+    cells = dict(zip(header, body[0]))
+    assert cells["status"] == "incomplete"
+    got = (cells["tau_sim@0"], cells["loss@0"], cells["best tau_sim"], cells["best step"])
+    assert got == ("1.02", "73.5", "1.5", "10")
+    assert cells["final tau_sim"] == cells["final loss"] == "-"  # it has no final values
+
+
+def test_compare_shows_the_readable_runs_and_names_a_cut_file(tmp_path, capsys):
+    from eagle3.compare import main
+
+    row = {"step": 0, "split": "val", "loss": 2.0, "tau_sim": 1.0}
+    for n, lr in enumerate((0.001, 0.002, 0.003)):
+        run = tmp_path / f"{n}_optim.lr={lr}"
+        run.mkdir()
+        (run / "resolved_config.yaml").write_text(f"optim:\n  lr: {lr}\n")
+        (run / "metrics.jsonl").write_text(json.dumps(row) + "\n")
+        (run / "summary.json").write_text(summary_json(row, row, row))
+    with open(tmp_path / "1_optim.lr=0.002" / "metrics.jsonl", "a") as f:
+        f.write('{"step": 4, "split": "tr')  # the last line, cut by a kill: a warning, the run is still whole
+    assert main([str(tmp_path)]) == 0
+    out, err = capsys.readouterr()
+    assert [line.split()[:2] for line in out.splitlines()[-3:]] == [["#0", "completed"], ["#1", "completed"],
+                                                                    ["#2", "completed"]]
+    assert "1_optim.lr=0.002/metrics.jsonl line 2 is not a whole metrics row" in err
+    (tmp_path / "2_optim.lr=0.003" / "summary.json").write_text('{"step0": {"step": 0, "split": "val", "lo')
+    assert main([str(tmp_path)]) == 1
+    out, err = capsys.readouterr()
+    assert [line.split()[:2] for line in out.splitlines()[-3:]] == [["#0", "completed"], ["#1", "completed"],
+                                                                    ["#2", "unreadable"]]
+    assert "error: run #2: " in err and "2_optim.lr=0.003/summary.json: cannot be read" in err

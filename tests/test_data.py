@@ -13,6 +13,8 @@ from eagle3.data.prepare import write_dataset
 from eagle3.data.synthetic import sample_rows, synthetic_dataset_dir
 from eagle3.data.verifier import tiny_verifier_dir
 from eagle3.data.verifier_forward import load_causal_lm
+from eagle3.errors import ConfigError, DataError
+from factories import disk_free, disk_full_after
 
 TINY = TinyVerifierConfig(hidden_size=64, num_layers=4, num_heads=4, intermediate_size=128, vocab_size=256,
             max_position_embeddings=128, init_std=0.02, logit_scale=40.0, seed=0, perturb_std=0.0, token_shift=0.0,
@@ -146,3 +148,19 @@ def test_check_says_what_a_token_row_dataset_is(tmp_path, capsys):
     assert f"{tmp_path / 'rows'} is a token-row dataset: Arrow rows without hidden states, by design" in out, out
     assert f"data=online data.path={tmp_path / 'rows'}; data=offline needs hidden_states" in out
     assert "2 rows, all good (token ids and loss masks)" in out and "missing_file" not in out
+
+
+def test_a_full_disk_while_caching_the_synthetic_data_is_one_error_and_leaves_no_entry(tmp_path, monkeypatch):
+    verifier_dir = tiny_verifier_dir(TINY, str(tmp_path))
+    disk_full_after(2, monkeypatch)
+    with pytest.raises(DataError, match="no space left .* synthetic dataset; nothing half-built is kept.*cache_dir"):
+        synthetic_dataset_dir(verifier_dir, SYNTH, [1, 2, 3], str(tmp_path))
+    assert list((tmp_path / "datasets").iterdir()) == []
+
+
+def test_the_cache_is_refused_when_its_disk_cannot_hold_the_hidden_states(tmp_path, monkeypatch):
+    verifier_dir = tiny_verifier_dir(TINY, str(tmp_path))
+    disk_free(4096, monkeypatch)
+    with pytest.raises(ConfigError, match="GiB free, but the hidden states of these rows need .*cache_dir"):
+        synthetic_dataset_dir(verifier_dir, SYNTH, [1, 2, 3], str(tmp_path))
+    assert list((tmp_path / "datasets").iterdir()) == []

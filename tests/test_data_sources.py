@@ -13,9 +13,10 @@ import pytest
 from hydra.errors import ConfigCompositionException
 from omegaconf import OmegaConf
 
-from conftest import CONF, compose_cfg, launch, read_rows
+from commands import launch
 from eagle3.config import validate
 from eagle3.errors import ConfigError
+from factories import CONF, compose_cfg, read_rows
 from hydra_plugins.eagle3_basic_sweeper.sweeper import job_config_problem
 
 

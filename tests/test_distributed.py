@@ -13,7 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from conftest import ROOT, SMALL_DATA, compose_cfg, launch, read_rows
+from commands import launch
+from factories import ROOT, SMALL_DATA, compose_cfg, read_rows
 
 SHORT = ["logger.mode=disabled", "logger.log_every=1", *SMALL_DATA]
 QUICK = [*SHORT, "optim.max_steps=12"]  # 2 epochs of SMALL_DATA: 3 val passes

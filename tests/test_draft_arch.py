@@ -10,19 +10,19 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
-from conftest import (
+from commands import reference_and_resumed, run_in_process
+from eagle3.config import DraftConfig
+from eagle3.draft_arch import EAGLE31_FLAGS, SPECULATORS_FLAGS, LayerType, resolved_flags
+from eagle3.errors import ConfigError
+from eagle3.plan import parameter_counts
+from factories import (
     ROOT,
     SMALL_DATA,
     assert_chain_equals_speculators_forward,
     compose_cfg,
     parameter_groups,
-    reference_and_resumed,
-    run_in_process,
+    verifier_model,
 )
-from eagle3.config import DraftConfig
-from eagle3.draft_arch import EAGLE31_FLAGS, SPECULATORS_FLAGS, LayerType, resolved_flags
-from eagle3.errors import ConfigError
-from eagle3.plan import parameter_counts
 
 ARCHS = [(LayerType.llama, 1), (LayerType.llama, 2), (LayerType.qwen3, 1), (LayerType.qwen3, 3)]
 
@@ -72,16 +72,14 @@ def test_eagle31_sets_its_flags_and_refuses_contradictions():
 def test_the_harness_chain_equals_speculators_forward_with_two_layers(layer_type):
     """Each step of the harness's chain with a 2-layer draft equals speculators' TTT step on the sequence whose
     teacher-forced tokens are the draft's own proposals (as tests/test_accept.py checks the 1-layer draft)."""
-    from transformers import LlamaConfig, LlamaForCausalLM
-
     from eagle3.eval.drafting import DraftChain, verifier_pass
     from eagle3.init.build import bare_draft
 
     torch.manual_seed(0)
     draft_cfg = tiny_draft(layer_type=layer_type, num_layers=2)
-    verifier = LlamaForCausalLM(LlamaConfig(vocab_size=draft_cfg.vocab_size, hidden_size=draft_cfg.hidden_size,
-                                            intermediate_size=256, num_hidden_layers=4, num_attention_heads=4,
-                                            num_key_value_heads=4, max_position_embeddings=512)).eval()
+    verifier = verifier_model(None, vocab_size=draft_cfg.vocab_size, hidden_size=draft_cfg.hidden_size,
+                              intermediate_size=256, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=4,
+                              max_position_embeddings=512).eval()
     draft = bare_draft(draft_cfg, SPECULATORS_FLAGS, "cpu").eval()
     with torch.no_grad():
         for p in (draft.embed_tokens.weight, draft.lm_head.weight):

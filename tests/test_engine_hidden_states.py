@@ -27,9 +27,10 @@ from test_serve import (
     signals_as_a_shell_leaves_them,
 )
 
-from conftest import ROOT, compose_cfg, run_in_process
+from commands import run_in_process
 from eagle3.data.verifier import tiny_verifier_dir
 from eagle3.data.verifier_forward import load_causal_lm
+from factories import ROOT, compose_cfg
 
 TOLERANCE = 1e-5  # relative, per position: fp32 on a CPU in two implementations
 AUX = [3, 1, 2]   # not ascending: vLLM returns layers in ascending order, the file holds them in this one

@@ -12,6 +12,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from eagle3.export import main
+from factories import verifier_config_dir, verifier_dir
 
 LLAMA3 = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
           "original_max_position_embeddings": 64}
@@ -20,15 +21,9 @@ LLAMA3 = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_fr
 @pytest.fixture(scope="module")
 def verifier(tmp_path_factory):
     """A tiny Llama verifier (6 layers, hidden 32, vocab 64, llama3 RoPE scaling), saved with its weights."""
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    torch.manual_seed(0)
-    config = LlamaConfig(hidden_size=32, num_hidden_layers=6, num_attention_heads=2, num_key_value_heads=2,
-                         head_dim=16, intermediate_size=64, vocab_size=64, max_position_embeddings=128,
-                         rope_parameters={"rope_theta": 500000.0, **LLAMA3})
-    path = tmp_path_factory.mktemp("verifier") / "llama"
-    LlamaForCausalLM(config).save_pretrained(str(path))
-    return path
+    return verifier_dir(tmp_path_factory.mktemp("verifier") / "llama", hidden_size=32, num_hidden_layers=6,
+                        num_attention_heads=2, num_key_value_heads=2, head_dim=16, intermediate_size=64, vocab_size=64,
+                        max_position_embeddings=128, rope_parameters={"rope_theta": 500000.0, **LLAMA3})
 
 
 @pytest.fixture(scope="module")
@@ -128,10 +123,8 @@ def test_tied_embeddings_are_written_untied(good, tmp_path, capsys):
 def test_sglang_aux_offset_follows_the_target_and_refuses_what_it_cannot_express(good, tmp_path, capsys):
     """A Kimi/DeepSeek target: SGLang adds 1 only when the first id is 1, so trained [1, 2, 3] has no
     SpecForge spelling, and trained [2, 3, 4] is written [1, 2, 3]."""
-    deepseek = tmp_path / "deepseek"
-    deepseek.mkdir()
-    (deepseek / "config.json").write_text(json.dumps({"model_type": "deepseek_v3", "vocab_size": 64,
-                                                      "max_position_embeddings": 128}))
+    deepseek = verifier_config_dir(tmp_path / "deepseek", model_type="deepseek_v3", vocab_size=64,
+                                   max_position_embeddings=128)
     code, err, _ = run(good, tmp_path / "a", capsys, "--format", "specforge", "--verifier", str(deepseek))
     assert code == 2 and "sglang, aux layers: eagle_config ids [0, 1, 2]: SGLang captures [0, 1, 2]" in err, err
     ckpt = broken(good, tmp_path, config=lambda c: c.update(eagle_aux_hidden_state_layer_ids=[2, 3, 4]))
@@ -169,19 +162,14 @@ def test_a_bad_d2t_is_refused_by_both_engines(good, tmp_path, capsys, d2t, says)
 
 
 def test_another_vocabulary_than_the_verifiers_is_refused(good, tmp_path, capsys):
-    other = tmp_path / "other"
-    other.mkdir()
-    (other / "config.json").write_text(json.dumps({"model_type": "llama", "vocab_size": 80,
-                                                   "max_position_embeddings": 128}))
+    other = verifier_config_dir(tmp_path / "other", model_type="llama", vocab_size=80, max_position_embeddings=128)
     code, err, _ = run(good, tmp_path, capsys, "--verifier", str(other))
     assert code == 2 and "vocab_size=64, the verifier's 80" in err, err
 
 
 def test_rope_and_positions_other_than_the_verifiers_are_warned(good, tmp_path, capsys):
-    longer = tmp_path / "longer"
-    longer.mkdir()
-    (longer / "config.json").write_text(json.dumps({"model_type": "llama", "vocab_size": 64, "rope_theta": 1e6,
-                                                    "max_position_embeddings": 4096}))
+    longer = verifier_config_dir(tmp_path / "longer", model_type="llama", vocab_size=64, rope_theta=1e6,
+                                 max_position_embeddings=4096)
     code, err, _ = run(good, tmp_path, capsys, "--verifier", str(longer))
     assert code == 0 and "vllm, rope: the draft was trained with rope_theta=500000" in err, err
     assert "max_position_embeddings=128 < the verifier's 4096: raises it to the verifier's" in err

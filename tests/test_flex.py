@@ -8,7 +8,9 @@ import pytest
 import torch
 
 from bench.gpu import SHAPES, build
+from eagle3.errors import ConfigError
 from eagle3.rank import packed_len
+from factories import checked_config
 
 pytestmark = pytest.mark.filterwarnings("ignore:flex_attention called without torch.compile")
 
@@ -47,3 +49,15 @@ def test_flex_ttt_steps_need_whole_blocks_and_the_packed_length_has_them():
     # Nothing changes where nothing fails: other attention, one TTT step, whole blocks already.
     assert packed_len(configured, "sdpa", 3) == packed_len(configured, "simple_flex_attention", 1) == configured
     assert packed_len(512, "simple_flex_attention", 3) == 512
+
+
+def test_flex_attention_on_the_cpu_is_refused_before_anything_is_built():
+    """attn_impl=simple_flex_attention with device=cpu ran into torch's "FlexAttention does not support backward on
+    CPU" traceback at the first step, leaving a failed run dir; the launcher's and the sweeper's device check
+    (eagle3.fit.check_devices) refuse it first."""
+    from eagle3.fit import check_devices
+
+    cfg = checked_config(["model.draft.attn_impl=simple_flex_attention", "device=cpu"])
+    with pytest.raises(ConfigError, match=r"^model.draft.attn_impl: simple_flex_attention has no backward on CPU"):
+        check_devices(cfg)
+    check_devices(checked_config(["model.draft.attn_impl=auto", "device=cpu"]))

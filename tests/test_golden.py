@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from conftest import launch, read_rows
+from commands import launch
+from factories import read_rows
 
 # step -> (val loss, val tau_sim) of `python launch.py` with no overrides (3 epochs of 58 steps).
 # Recorded on torch 2.14.1 (CPU), speculators 0.9.0, from a default run after the val loss became token-weighted

@@ -25,8 +25,9 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
-from conftest import SMALL_DATA, compose_cfg, launch, read_rows
+from commands import launch
 from eagle3.config import RunConfig, run_config
+from factories import SMALL_DATA, compose_cfg, read_rows
 
 pytestmark = [pytest.mark.gpu,
               pytest.mark.filterwarnings("ignore:flex_attention called without torch.compile")]

@@ -9,7 +9,7 @@ import signal
 
 import pytest
 
-from conftest import launch, launch_process, run_in_process
+from commands import launch, launch_process, run_in_process
 
 
 @pytest.mark.slow  # starts launch.py as a process, twice

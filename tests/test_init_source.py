@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from conftest import launch
+from commands import launch
 
 MESSAGE = "init.path: {} does not exist; expected a draft checkpoint dir with config.json"
 

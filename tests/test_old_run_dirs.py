@@ -10,10 +10,11 @@ import pytest
 import yaml
 from omegaconf import OmegaConf
 
-from conftest import ROOT, SMALL_DATA, compose_cfg, launch, sigterm_in_process_after_step_1
+from commands import launch, sigterm_in_process_after_step_1
 from eagle3.config import plain_config, run_config, validate
 from eagle3.errors import ConfigError
 from eagle3.rundir import RESOLVED_CONFIG, read_run_config, trained_config
+from factories import ROOT, SMALL_DATA, compose_cfg
 
 OLD = ROOT / "tests" / "old_run_dirs"
 

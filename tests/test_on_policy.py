@@ -156,8 +156,8 @@ def test_loss_is_finite_reaches_every_step_and_vanishes_at_the_targets(verifier,
 def test_on_policy_options_are_checked(override, message):
     from omegaconf import OmegaConf
 
-    from conftest import compose_cfg
     from eagle3.config import ConfigError, validate
+    from factories import compose_cfg
 
     plain = OmegaConf.to_container(compose_cfg([override]), resolve=True)
     with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace("]", r"\]")):
@@ -167,9 +167,9 @@ def test_on_policy_options_are_checked(override, message):
 def test_on_policy_is_off_by_default_and_refuses_fsdp_and_flex_attention(verifier_dir):
     from omegaconf import OmegaConf
 
-    from conftest import compose_cfg
     from eagle3.config import ConfigError, validate
     from eagle3.on_policy import check_attention
+    from factories import compose_cfg
 
     plain = OmegaConf.to_container(compose_cfg(), resolve=True)
     assert validate(plain, dataset_required=False).train.on_policy.enabled is False
@@ -189,7 +189,8 @@ def test_on_policy_is_off_by_default_and_refuses_fsdp_and_flex_attention(verifie
 def test_on_policy_run_stopped_and_resumed_equals_the_uninterrupted_run(cache_dir, tmp_path):
     import json
 
-    from conftest import SMALL_DATA, read_rows, reference_and_resumed
+    from commands import reference_and_resumed
+    from factories import SMALL_DATA, read_rows
 
     args = ["optim.max_steps=6", "logger.log_every=1", "logger.mode=disabled", *SMALL_DATA,
             "train.on_policy.enabled=true", "train.on_policy.start_step=1", "train.on_policy.every=2",
@@ -217,7 +218,8 @@ def test_eval_accept_measures_with_the_rollouts_verifier_instead_of_loading_a_se
 
     import eagle3.eval.at_val as at_val
     import eagle3.rollouts as rollouts
-    from conftest import SMALL_DATA, launch, read_rows
+    from commands import launch
+    from factories import SMALL_DATA, read_rows
 
     held: dict[str, object] = {}
 

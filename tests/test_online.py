@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import SMALL_DATA, launch, read_rows, sigterm_in_process_after_step_1
+from commands import launch, sigterm_in_process_after_step_1
+from factories import SMALL_DATA, read_rows, verifier_dir
 
 # The sampler warns about the rows longer than a micro-batch on purpose.
 pytestmark = pytest.mark.filterwarnings("ignore:Found .* samples longer than batch_max_length")
@@ -26,15 +27,9 @@ RATIO = 0.8
 @pytest.fixture(scope="module")
 def verifier(tmp_path_factory) -> Path:
     """A small Llama verifier saved as a Hugging Face model dir (config.json + safetensors): model=auto reads it."""
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    torch.manual_seed(0)
-    config = LlamaConfig(vocab_size=VOCAB, hidden_size=HIDDEN, intermediate_size=128, num_hidden_layers=LAYERS,
-                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
-                         tie_word_embeddings=False)
-    path = tmp_path_factory.mktemp("online") / "verifier"
-    LlamaForCausalLM(config).save_pretrained(str(path))
-    return path
+    return verifier_dir(tmp_path_factory.mktemp("online") / "verifier", vocab_size=VOCAB, hidden_size=HIDDEN,
+                        intermediate_size=128, num_hidden_layers=LAYERS, num_attention_heads=4, num_key_value_heads=2,
+                        max_position_embeddings=512, tie_word_embeddings=False)
 
 
 @pytest.fixture(scope="module")

@@ -18,33 +18,20 @@ from pathlib import Path
 
 import pytest
 
-from conftest import launch, read_rows
+from commands import launch
+from factories import chat_tokenizer, chat_words, read_rows, verifier_config_dir, verifier_dir
 
 VOCAB, POSITIONS, LAYERS = 256, 64, 7
-WORDS = ["[UNK]", "<|user|>", "<|assistant|>", "<|end|>"] + [f"w{i}" for i in range(200)]
-CHAT_TEMPLATE = ("{% for m in messages %}<|{{ m['role'] }}|> {{ m['content'] }} <|end|> {% endfor %}"
-                 "{% if add_generation_prompt %}<|assistant|> {% endif %}")
+WORDS = chat_words(200)
 
 
 @pytest.fixture(scope="module")
 def verifier(tmp_path_factory) -> Path:
     """The verifier dir: config.json, model.safetensors, and a tokenizer with a chat template."""
-    import torch
-    from tokenizers import Tokenizer, models, pre_tokenizers
-    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
-
-    path = tmp_path_factory.mktemp("online_inputs") / "verifier"
-    torch.manual_seed(0)
-    config = LlamaConfig(hidden_size=64, num_hidden_layers=LAYERS, num_attention_heads=4, num_key_value_heads=2,
-                         intermediate_size=128, vocab_size=VOCAB, max_position_embeddings=POSITIONS,
-                         rope_theta=10000.0, rms_norm_eps=1e-5, initializer_range=0.25)
-    LlamaForCausalLM(config).save_pretrained(str(path))
-    tokenizer = Tokenizer(models.WordLevel({w: i for i, w in enumerate(WORDS)}, unk_token="[UNK]"))
-    tokenizer.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    fast = PreTrainedTokenizerFast(tokenizer_object=tokenizer, unk_token="[UNK]")
-    fast.chat_template = CHAT_TEMPLATE
-    fast.save_pretrained(str(path))
-    return path
+    return verifier_dir(tmp_path_factory.mktemp("online_inputs") / "verifier", tokenizer=chat_tokenizer(WORDS),
+                        hidden_size=64, num_hidden_layers=LAYERS, num_attention_heads=4, num_key_value_heads=2,
+                        intermediate_size=128, vocab_size=VOCAB, max_position_embeddings=POSITIONS,
+                        rope_theta=10000.0, rms_norm_eps=1e-5, initializer_range=0.25)
 
 
 def id_rows(n: int, seed: int = 0) -> list[dict]:
@@ -322,10 +309,10 @@ def train_in_process(overrides: list[str], run_dir: Path, cache: Path) -> None:
     """One rank in this process, as the launcher runs it (materialize the inputs, check the data, run the rank)."""
     from omegaconf import OmegaConf
 
-    from conftest import compose_cfg
     from eagle3.config import run_config
     from eagle3.inputs import check_data, materialize_inputs
     from eagle3.rank import run_rank
+    from factories import compose_cfg
 
     plain = OmegaConf.to_container(compose_cfg([f"cache_dir={cache}", *overrides]), resolve=True, enum_to_str=True)
     plain["run"] = {"dir": str(run_dir), "name": run_dir.name, "group": run_dir.name, "choices": {}, "overrides": []}
@@ -383,14 +370,14 @@ def test_a_draft_shaped_for_another_verifier_is_refused_before_any_rank_starts(t
 
     config = {"model_type": "llama", "hidden_size": 64, "vocab_size": 256, "num_hidden_layers": 4,
               "max_position_embeddings": 128, key: value}
-    (tmp_path / "config.json").write_text(json.dumps(config))
+    verifier_config_dir(tmp_path, **config)
     save_file({"w": torch.zeros(2)}, str(tmp_path / "model.safetensors"))
     draft = DraftConfig(hidden_size=64, intermediate_size=128, num_attention_heads=4, num_key_value_heads=4,
                         head_dim=16, vocab_size=256, draft_vocab_size=128, aux_layer_ids=[0, 1, 2])
     with pytest.raises(ConfigError, match=message):
         check_online_verifier(tmp_path, draft)
     config[key] = 64 if key == "hidden_size" else 256
-    (tmp_path / "config.json").write_text(json.dumps(config))
+    verifier_config_dir(tmp_path, **config)
     assert check_online_verifier(tmp_path, draft) == 128  # the verifier's positions bound a row's length
 
 
@@ -415,8 +402,8 @@ def test_every_path_to_the_typed_config_takes_online_rows(tmp_path):
     must pass there as it does in a run (the default synth part describes no rows then, and is no override)."""
     from omegaconf import OmegaConf
 
-    from conftest import compose_cfg
     from eagle3.config import validate
+    from factories import compose_cfg
 
     rows = tmp_path / "rows.jsonl"
     rows.write_text(json.dumps({"input_ids": [1, 2, 3], "loss_mask": [0, 1, 1]}) + "\n")
@@ -428,9 +415,9 @@ def test_every_path_to_the_typed_config_takes_online_rows(tmp_path):
 def test_a_bad_first_line_rejects_the_file_only_when_bad_rows_are_errors(tmp_path):
     from omegaconf import OmegaConf
 
-    from conftest import compose_cfg
     from eagle3.config import validate
     from eagle3.errors import ConfigError
+    from factories import compose_cfg
 
     rows = tmp_path / "rows.jsonl"
     rows.write_text("not json\n" + json.dumps({"input_ids": [1, 2, 3], "loss_mask": [0, 1, 1]}) + "\n")
@@ -448,7 +435,7 @@ def test_a_pickled_verifier_is_refused_before_any_rank_starts(tmp_path):
     from eagle3.data.online import check_verifier_weights
     from eagle3.errors import ConfigError
 
-    (tmp_path / "config.json").write_text("{}")
+    verifier_config_dir(tmp_path)
     (tmp_path / "pytorch_model.bin").write_bytes(b"not even a pickle")
     with pytest.raises(ConfigError, match="no safetensors weights .*pickle files are never loaded"):
         check_verifier_weights(tmp_path)
@@ -460,8 +447,7 @@ def test_arrow_rows_prepared_for_another_verifier_are_refused(tmp_path):
 
     ours, theirs, rows = tmp_path / "ours", tmp_path / "theirs", tmp_path / "rows"
     for d, vocab in ((ours, 256), (theirs, 300)):
-        d.mkdir()
-        (d / "config.json").write_text(json.dumps({"model_type": "llama", "vocab_size": vocab}))
+        verifier_config_dir(d, model_type="llama", vocab_size=vocab)
     rows.mkdir()
     write_record(rows, {"verifier": verifier_fingerprint(theirs)})
     with pytest.raises(DataError, match="were prepared for another verifier"):

@@ -10,10 +10,11 @@ import pytest
 import torch
 from test_draft_arch import tiny_draft
 
-from conftest import ROOT, SMALL_DATA, compose_cfg, parameter_groups, reference_and_resumed, run_in_process
+from commands import reference_and_resumed, run_in_process
 from eagle3.draft_arch import SPECULATORS_FLAGS, DraftKind, LayerType, resolved_flags
 from eagle3.errors import ConfigError
 from eagle3.plan import parameter_counts
+from factories import ROOT, SMALL_DATA, compose_cfg, parameter_groups, verifier_model
 
 
 @pytest.mark.parametrize("layer_type,num_layers", [(LayerType.llama, 1), (LayerType.qwen3, 2)],
@@ -65,15 +66,14 @@ def test_the_one_forward_proposal_equals_speculators_peagle_forward(layer_type, 
     predicts at that anchor's depths 0..k-1 (the mask token and mask_hidden in the masked slots); the cached
     chain decides the same as the uncached one."""
     from speculators.losses import resolve_loss_config
-    from transformers import LlamaConfig, LlamaForCausalLM
 
     from eagle3.eval.drafting import DraftChain, propose, verifier_pass
 
     k = 4
     draft_cfg, draft = small_peagle(k, layer_type=layer_type, num_layers=2)
-    verifier = LlamaForCausalLM(LlamaConfig(vocab_size=draft_cfg.vocab_size, hidden_size=draft_cfg.hidden_size,
-                                            intermediate_size=256, num_hidden_layers=4, num_attention_heads=4,
-                                            num_key_value_heads=4, max_position_embeddings=512)).eval()
+    verifier = verifier_model(None, vocab_size=draft_cfg.vocab_size, hidden_size=draft_cfg.hidden_size,
+                              intermediate_size=256, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=4,
+                              max_position_embeddings=512).eval()
     aux_ids = list(draft_cfg.aux_layer_ids)
     ids = torch.randint(0, draft_cfg.vocab_size, (30,)).tolist()
     m = len(ids) - 1

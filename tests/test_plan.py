@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from conftest import ROOT, launch, parameter_groups
+from commands import launch
+from factories import ROOT, parameter_groups, tiny_run_config, verifier_config_dir, verifier_model
 
 sys.path.insert(0, str(ROOT / "bench"))
 
@@ -84,7 +85,7 @@ def test_gradient_checkpointing_gives_the_same_loss_and_gradients_with_less_memo
 
 
 def _resolved(overrides: list[str]):
-    from conftest import tiny_run_config
+    from factories import tiny_run_config
 
     return tiny_run_config(overrides)
 
@@ -106,8 +107,8 @@ def test_a_config_that_fits_is_not_refused_and_one_that_does_not_is():
 def test_a_plan_needs_data_path_to_be_a_directory_but_not_to_hold_a_dataset_yet(tmp_path):
     from omegaconf import OmegaConf
 
-    from conftest import compose_cfg
     from eagle3.config import run_config
+    from factories import compose_cfg
 
     empty = tmp_path / "data"
     empty.mkdir()
@@ -139,10 +140,8 @@ def test_fsdp_shards_the_states_and_checkpointing_shrinks_activations():
 
 @pytest.fixture
 def kimi_dirs(tmp_path) -> tuple[Path, Path]:
-    verifier, data = tmp_path / "kimi-k25", tmp_path / "data"
-    verifier.mkdir()
+    verifier, data = verifier_config_dir(tmp_path / "kimi-k25", **KIMI_CONFIG), tmp_path / "data"
     data.mkdir()
-    (verifier / "config.json").write_text(json.dumps(KIMI_CONFIG))
     return verifier, data
 
 
@@ -247,18 +246,15 @@ EIGHT_H200 = ["distributed=ddp", "distributed.nproc_per_node=8", "distributed.de
 
 
 def _verifier_dir(tmp_path: Path, name: str, config: dict) -> Path:
-    path = tmp_path / name
-    path.mkdir()
-    (path / "config.json").write_text(json.dumps(config))
-    return path
+    return verifier_config_dir(tmp_path / name, **config)
 
 
 def _planned_config(overrides: list[str]):
     """The typed config as plan=true types it (launch.show_plan): data.path need not hold rows yet."""
     from omegaconf import OmegaConf
 
-    from conftest import compose_cfg
     from eagle3.config import run_config
+    from factories import compose_cfg
 
     plain = OmegaConf.to_container(compose_cfg(["logger.mode=disabled", *overrides]), resolve=True, enum_to_str=True)
     plain["run"] = {"dir": "", "name": "plan", "group": "plan", "choices": {}, "overrides": []}
@@ -459,10 +455,10 @@ def test_the_verifier_shape_reads_safetensors_headers_unless_quantized(tmp_path)
     save_file({"c": torch.zeros(2, 2, 2, dtype=torch.bfloat16)}, str(verifier / "model-00002.safetensors"))
     shape = verifier_shape(VerifierConfig(path=str(verifier)))
     assert shape.params == 70 + 3 + 8 and "safetensors headers" in shape.source
-    (verifier / "config.json").write_text(json.dumps({**gqa, "quantization_config": {"quant_method": "fp8"}}))
+    verifier_config_dir(verifier, **gqa, quantization_config={"quant_method": "fp8"})
     shape = verifier_shape(VerifierConfig(path=str(verifier)))
     assert shape.params > 70 + 3 + 8 and "quantized" in shape.source  # counted from config.json instead
-    (verifier / "config.json").write_text(json.dumps({"model_type": "gpt2", "n_embd": 64, "n_layer": 2}))
+    verifier_config_dir(verifier, model_type="gpt2", n_embd=64, n_layer=2)
     with pytest.raises(ConfigError, match=r"config\.json has no 'hidden_size'"):
         verifier_shape(VerifierConfig(path=str(verifier)))
 
@@ -472,7 +468,6 @@ def test_the_verifiers_planned_forward_is_within_25_percent_of_the_measured_one(
     """The online verifier's forward over one micro-batch (T = 1024) on CPU, measured as bench/plan_memory.py measures
     the draft's step (the bytes of live tensor storages), against the plan's verifier-forward phase."""
     import torch
-    from transformers import LlamaConfig, LlamaForCausalLM
 
     from eagle3.data.online import OnlineVerifier
     from eagle3.data.sources.online import OnlineDataConfig
@@ -481,8 +476,7 @@ def test_the_verifiers_planned_forward_is_within_25_percent_of_the_measured_one(
 
     config = dict(hidden_size=256, intermediate_size=896, num_hidden_layers=4, num_attention_heads=8,
                   num_key_value_heads=2, head_dim=32, vocab_size=1000, tie_word_embeddings=False)
-    torch.manual_seed(0)
-    model = LlamaForCausalLM(LlamaConfig(**config, attn_implementation="sdpa")).eval().requires_grad_(False)
+    model = verifier_model(0, **config, attn_implementation="sdpa").eval().requires_grad_(False)
     verifier = OnlineVerifier(model, [1, 2, 3])
     rows = [torch.randint(0, 1000, (n,)).tolist() for n in docs]
     verifier(rows)  # a first forward, as the measured draft step follows one
@@ -506,10 +500,10 @@ def test_the_verifiers_planned_forward_is_within_25_percent_of_the_measured_one(
 def test_the_plan_times_a_step_at_this_machines_cached_kernel_rates_and_names_their_source(tmp_path):
     """plan=true's step time comes from the rates cached for this machine (eagle3.roofline), named with where they
     came from; without any, an assumed share of a peak, said so; asked to measure, it measures and caches them."""
-    from conftest import tiny_run_config
     from eagle3.fit import run_plan
     from eagle3.plan import format_plan, step_matmuls
     from eagle3.roofline import Rates, cache_file, machine_key, shape_key
+    from factories import tiny_run_config
 
     cfg = tiny_run_config(["device=cpu", f"cache_dir={tmp_path / 'cache'}"])
     assert "assumed" in run_plan(cfg).rate_note  # nothing cached, nothing measured
@@ -570,3 +564,44 @@ def test_plan_true_online_prints_the_sharded_kimi_verifier_per_rank_and_a_run_is
     assert "data.shard_verifier=true over more ranks" in errors[0] and "offline data" in errors[0]
     assert not (run_dir / "resolved_config.yaml").exists()
 # <<< data=online
+
+
+def test_on_cpu_the_fit_guard_checks_the_hosts_memory():
+    from eagle3.fit import refuse_if_it_cannot_fit, run_plan
+    from eagle3.plan_inputs import device_and_memory
+
+    kind, one, source = device_and_memory("cpu", None)
+    assert kind == "cpu" and one and one > 2 ** 20 and "host memory" in source
+    two = device_and_memory("cpu", None, ranks_per_node=2)[1]
+    assert two and abs(2 * two - one) < 0.05 * one  # two ranks on the node share it
+    assert device_and_memory("cpu", 16.0)[1] == 16 * 10 ** 9  # given by hand, taken as given
+    refuse_if_it_cannot_fit(tiny_run_config(["device=cpu"]))  # the tiny default fits
+    huge = tiny_run_config(["device=cpu", "data.total_seq_len=200000"])  # about 900 GiB of attention masks
+    assert run_plan(huge).device_memory == pytest.approx(one, rel=0.05)
+    with pytest.raises(ConfigError, match="host memory available"):
+        refuse_if_it_cannot_fit(huge)
+
+
+def test_a_plan_that_does_not_fit_says_its_exit_status():
+    from eagle3.fit import run_plan
+    from eagle3.plan import NO_FIT_STATUS, format_plan
+
+    text = format_plan(run_plan(tiny_run_config(["device=cpu", "distributed.device_memory_gb=0.01"])))
+    assert f"DOES NOT FIT (limit 95%; exit status {NO_FIT_STATUS})" in text and NO_FIT_STATUS not in (0, 1)
+
+
+@pytest.mark.slow
+def test_plan_true_exits_3_when_the_plan_does_not_fit_and_0_when_it_does(tmp_path):
+    run_dir = tmp_path / "plan"
+    fits = launch(["plan=true", "device=cpu", "distributed.device_memory_gb=16", f"hydra.run.dir={run_dir}"],
+                  tmp_path / "cache")
+    assert fits.returncode == 0 and "fits" in fits.stdout, fits.stderr[-2000:]
+    too_big = launch(["plan=true", "device=cpu", "distributed.device_memory_gb=0.01", f"hydra.run.dir={run_dir}"],
+                     tmp_path / "cache")
+    assert too_big.returncode == 3 and "DOES NOT FIT" in too_big.stdout, too_big.stderr[-2000:]
+    errors = [line for line in too_big.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and "largest term" in errors[0] and "Traceback" not in too_big.stderr
+    assert not run_dir.exists()
+    helped = launch(["--help"], tmp_path / "cache")
+    assert helped.returncode == 0 and "plan=true exits 0 when the plan fits the device, 3 when it does not" in \
+        " ".join(helped.stdout.split())

@@ -14,9 +14,11 @@ import torch
 from omegaconf import OmegaConf
 from safetensors.torch import load_file, save_file
 
-from conftest import compose_cfg, run_in_process
+from commands import launch, run_in_process
 from eagle3.data.verifier import tiny_verifier_dir
 from eagle3.data.verifier_forward import batch_plan, load_causal_lm
+from eagle3.errors import DataError
+from factories import CHAT_TEMPLATE, chat_tokenizer, chat_words, compose_cfg, disk_free, disk_full_after, own_verifier
 
 AUX = [1, 2, 3]
 
@@ -150,13 +152,8 @@ def test_prepare_refuses_to_overwrite_another_dataset(prepared, verifier, id_row
 
 @pytest.mark.slow
 def test_chat_messages_train_on_the_assistant_turns(verifier, tmp_path):
-    from tokenizers import Tokenizer, models, pre_tokenizers
-    from transformers import PreTrainedTokenizerFast
-
-    words = ["[UNK]", "<|user|>", "<|assistant|>", "<|end|>"] + [f"w{i}" for i in range(50)]
-    tokenizer = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="[UNK]"))
-    tokenizer.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    fast = PreTrainedTokenizerFast(tokenizer_object=tokenizer, unk_token="[UNK]")
+    words = chat_words(50)
+    fast = chat_tokenizer(words, chat_template=None)
     chat_model = tmp_path / "verifier"
     shutil.copytree(verifier, chat_model)
 
@@ -166,8 +163,7 @@ def test_chat_messages_train_on_the_assistant_turns(verifier, tmp_path):
     proc = prepare(chat_model, plain, tmp_path / "none")
     assert proc.returncode == 1 and "has no chat template" in proc.stderr and "Traceback" not in proc.stderr
 
-    fast.chat_template = ("{% for m in messages %}<|{{ m['role'] }}|> {{ m['content'] }} <|end|> {% endfor %}"
-                          "{% if add_generation_prompt %}<|assistant|> {% endif %}")
+    fast.chat_template = CHAT_TEMPLATE
     fast.save_pretrained(chat_model)
     conversation = [{"role": "user", "content": "w1 w2 w3"}, {"role": "assistant", "content": "w4 w5"},
                     {"role": "user", "content": "w6"}, {"role": "assistant", "content": "w7 w8 w9"}]
@@ -226,7 +222,6 @@ def test_batch_plan_depends_only_on_lengths():
 
 
 def train_on(data: Path, cache_dir: Path, tmp_path: Path, *overrides) -> tuple[subprocess.CompletedProcess, Path]:
-    from conftest import launch
 
     run_dir = tmp_path / "run"
     # data=offline packs 8192 tokens a batch: this data's 24 rows in one padded batch that takes a minute a step.
@@ -334,3 +329,121 @@ def test_a_cache_entry_is_never_built_through_a_symlink(tmp_path):
     (entry.parent / f"rows-1.tmp-{os.getpid()}").symlink_to(outside, target_is_directory=True)
     assert build_once(entry, build, "token rows") == entry and (entry / "rows").read_text() == "built"
     assert list(outside.iterdir()) == []
+
+
+@pytest.mark.slow
+def test_readme_own_data_commands_run_as_printed_on_another_verifier(tmp_path, cache_dir):
+    """The README's "Preparing data": prepare, check, then the train command prepare prints, pasted as it is
+    (paths with spaces included), with no draft dimension given by hand."""
+    import random
+    import shlex
+
+    import yaml
+
+    verifier = own_verifier(tmp_path / "my verifier")
+    rng = random.Random(0)
+    rows = []
+    for _ in range(40):
+        n, prompt = rng.randint(20, 60), rng.randint(2, 8)
+        rows.append({"input_ids": [rng.randrange(800) for _ in range(n)],
+                     "loss_mask": [0] * prompt + [1] * (n - prompt)})
+    (tmp_path / "rows.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    data = tmp_path / "my data" / "ds"
+
+    def run(argv):  # each command as printed, in this process
+        return run_in_process(argv, cache_dir, WANDB_MODE="disabled")
+
+    proc = run(["python", "-m", "eagle3.data.prepare", "--model", str(verifier), "--data", str(tmp_path / "rows.jsonl"),
+                "--out", str(data), "--device", "cpu"])
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    printed = proc.stderr.split("train on it with:\n", 1)[1].strip().splitlines()[0]
+    assert printed.startswith("python launch.py model=auto ")
+    proc = run(["python", "-m", "eagle3.data.check", str(data)])
+    assert proc.returncode == 0 and "all good" in proc.stdout, proc.stdout + proc.stderr[-2000:]
+    proc = run(["python", "-m", "eagle3.data.check", str(data), "--quick", "--total-seq-len", "30"])  # item 11
+    assert proc.returncode == 1 and "rows are longer than data.total_seq_len=30" in proc.stderr, proc.stderr[-2000:]
+
+    run_dir = tmp_path / "run"
+    # Two steps, in batches of 512 tokens (the rows are at most 60): the default's 8192 costs its attention masks
+    # most of the run's time on a CPU, and nothing here depends on the batch's size.
+    proc = run([*shlex.split(printed), f"hydra.run.dir={run_dir}", "optim.max_steps=2", "data.total_seq_len=512"])
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    resolved = yaml.safe_load((run_dir / "resolved_config.yaml").read_text())
+    draft = resolved["model"]["draft"]
+    assert (draft["hidden_size"], draft["num_attention_heads"], draft["num_key_value_heads"], draft["head_dim"],
+            draft["vocab_size"], draft["aux_layer_ids"]) == (96, 6, 2, 16, 800, [2, 4, 5])
+    assert resolved["data"]["path"] == str(data) and resolved["model"]["verifier"]["path"] == str(verifier)
+    steps = [json.loads(line)["step"] for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert max(steps) == 2 and (run_dir / "checkpoints" / "last" / "model.safetensors").is_file()
+
+
+def prepare_main(verifier_dir: Path, data: Path, out: Path) -> int:
+    from eagle3.data.prepare import main
+
+    return main(["--model", str(verifier_dir), "--data", str(data), "--out", str(out), "--aux-layer-ids",
+                 *map(str, AUX), "--batch-tokens", "256"])
+
+
+def test_prepare_on_a_full_disk_keeps_whole_files_and_resumes(verifier, id_rows, tmp_path, monkeypatch, capsys):  # noqa: F811
+    data, out = write_jsonl(tmp_path / "rows.jsonl", id_rows), tmp_path / "ds"
+    with monkeypatch.context() as patch:
+        disk_full_after(3, patch)
+        assert prepare_main(verifier, data, out) == 1
+    err = capsys.readouterr().err
+    assert "error: no space left on the disk of" in err and "resumes" in err and "Traceback" not in err, err
+    hidden = [p.name for p in (out / "hidden_states").iterdir()]
+    assert len(hidden) == 3 and all(n.startswith("hs_") for n in hidden), hidden  # no half file beside them
+    assert prepare_main(verifier, data, out) == 0
+    assert len(list((out / "hidden_states").glob("hs_*.safetensors"))) == len(id_rows)
+
+
+def test_prepare_is_refused_when_the_disk_cannot_hold_it(verifier, id_rows, tmp_path, monkeypatch, capsys):  # noqa: F811
+    data, out = write_jsonl(tmp_path / "rows.jsonl", id_rows), tmp_path / "ds"
+    disk_free(4096, monkeypatch)
+    assert prepare_main(verifier, data, out) == 1
+    assert "GiB free, but the hidden states of these rows need" in capsys.readouterr().err
+    assert not out.exists()
+
+
+def test_prepare_removes_half_written_rows_on_a_full_disk(verifier, id_rows, tmp_path, monkeypatch, capsys):  # noqa: F811
+    import errno
+
+    import eagle3.data.prepare as prepare
+
+    def save_rows(rows, out_dir):  # the Arrow file is cut short when the disk fills up
+        (out_dir / "data-00000-of-00001.arrow").write_bytes(b"\0" * 100)
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    data, out = write_jsonl(tmp_path / "rows.jsonl", id_rows), tmp_path / "ds"
+    monkeypatch.setattr(prepare, "save_rows", save_rows)
+    assert prepare_main(verifier, data, out) == 1
+    assert "error: no space left on the disk of" in capsys.readouterr().err
+    assert not list(out.glob("*.arrow"))
+
+
+def test_prepare_refuses_aux_layer_ids_that_name_a_layer_twice(cache_dir, tmp_path, capsys):
+    """A dataset of layers [2, 2] would cost the whole verifier pass and no run could train on it (a run refuses
+    model.draft.aux_layer_ids=[2,2]); refused before a file is written."""
+    from eagle3.config import TinyVerifierConfig
+    from eagle3.data.prepare import main as prepare_main
+    from eagle3.data.verifier import tiny_verifier_dir
+
+    plain = OmegaConf.to_container(compose_cfg(), resolve=True)
+    verifier = tiny_verifier_dir(TinyVerifierConfig(**plain["model"]["verifier"]["tiny"]), str(cache_dir))
+    data = tmp_path / "rows.jsonl"
+    data.write_text(json.dumps({"input_ids": [1, 2, 3, 4], "loss_mask": [0, 1, 1, 1]}) + "\n")
+    out = tmp_path / "out"
+    assert prepare_main(["--model", str(verifier), "--data", str(data), "--out", str(out),
+                         "--aux-layer-ids", "2", "2", "--device", "cpu"]) == 1
+    assert "error: aux layer ids [2, 2] name a layer twice" in capsys.readouterr().err
+    assert not out.exists()
+
+
+def test_a_prepare_data_path_that_is_no_file_says_what_it_is(tmp_path):
+    """--data <a directory> was said not to exist; a directory is now read as a datasets dir."""
+    from eagle3.data.jsonl import BadSamples, read_rows
+
+    with pytest.raises(DataError, match=rf"^{tmp_path} is not a dataset saved with datasets.save_to_disk"):
+        read_rows(tmp_path, 64, 1024, BadSamples("error"))
+    with pytest.raises(DataError, match=r"missing.jsonl does not exist; expected a JSONL file"):
+        read_rows(tmp_path / "missing.jsonl", 64, 1024, BadSamples("error"))

@@ -12,13 +12,14 @@ import torch
 from omegaconf import OmegaConf
 from safetensors.torch import load_file, save_file
 
-from conftest import SMALL_DATA, compose_cfg, launch
+from commands import launch
 from eagle3.config import DraftConfig, PretrainedInitConfig, VocabPolicy, lr_advice, validate
 from eagle3.export import export
 from eagle3.init import InitContext, build_draft, preflight_draft
 from eagle3.init.build import meta_draft
 from eagle3.init.files import CheckpointError
 from eagle3.init.pretrained import SPECFORGE_FLAGS, plan_load
+from factories import SMALL_DATA, compose_cfg
 
 
 @pytest.fixture(scope="module")
@@ -275,3 +276,62 @@ def test_a_checkpoint_of_another_kind_gets_advice_that_holds_when_the_kind_is_se
                          "no other, whatever the command line says; to start from it set model.draft.kind=eagle3, "
                          "or train this architecture with init=scratch"), said
     assert "override the checkpoint" not in said
+
+
+def tiny_draft(**overrides):
+    from eagle3.config import DraftConfig
+
+    plain = OmegaConf.to_container(compose_cfg().model.draft, resolve=True)
+    return DraftConfig(**{**plain, **overrides})
+
+
+@pytest.mark.parametrize("run_kind, checkpoint_kind", [("peagle", "eagle3"), ("eagle3", "peagle")])
+def test_a_pretrained_draft_of_the_other_kind_is_refused_naming_the_kind(tmp_path, run_kind, checkpoint_kind):
+    """init=pretrained from an EAGLE-3 checkpoint into model.draft.kind=peagle (or back) said only that
+    mask_hidden was missing (or unexpected); it names model.draft.kind and both kinds."""
+    from eagle3.config import PretrainedInitConfig
+    from eagle3.draft_arch import SPECULATORS_FLAGS, DraftKind
+    from eagle3.init import InitContext
+    from eagle3.init.build import bare_draft
+    from eagle3.init.files import CheckpointError
+    from eagle3.init.pretrained import preflight
+
+    checkpoint = tmp_path / "ckpt"
+    bare_draft(tiny_draft(kind=DraftKind(checkpoint_kind)), SPECULATORS_FLAGS, "cpu").save_pretrained(str(checkpoint))
+    ctx = InitContext(tiny_draft(kind=DraftKind(run_kind)), PretrainedInitConfig(path=str(checkpoint)), tmp_path,
+                      tmp_path, "sdpa", [])
+    with pytest.raises(CheckpointError, match=f"model.draft.kind: the run says {run_kind}, the checkpoint "
+                                              f"{checkpoint_kind}"):
+        preflight(ctx)
+    preflight(InitContext(tiny_draft(kind=DraftKind(checkpoint_kind)), ctx.init, tmp_path, tmp_path, "sdpa", []))
+
+
+def test_a_peagle_draft_initialized_from_a_peagle_checkpoint_keeps_its_trained_embedding(cache_dir, tmp_path):
+    """P-EAGLE trains embed_tokens; finetuning one from a P-EAGLE checkpoint skipped it as "taken from the
+    verifier, frozen", so the finetune silently started from the verifier's embedding instead of the trained one."""
+    import torch
+
+    from eagle3.config import PretrainedInitConfig, TinyVerifierConfig
+    from eagle3.data.verifier import tiny_verifier_dir
+    from eagle3.draft_arch import SPECULATORS_FLAGS, DraftKind
+    from eagle3.init import InitContext
+    from eagle3.init.build import bare_draft
+    from eagle3.init.pretrained import init_pretrained
+
+    plain = OmegaConf.to_container(compose_cfg(), resolve=True)
+    verifier = tiny_verifier_dir(TinyVerifierConfig(**plain["model"]["verifier"]["tiny"]), str(cache_dir))
+    draft = tiny_draft(kind=DraftKind.peagle)
+    trained = bare_draft(draft, SPECULATORS_FLAGS, "cpu")
+    with torch.no_grad():
+        trained.embed_tokens.weight.fill_(0.25)
+        trained.d2t.zero_()  # draft slot i predicts token i
+        trained.t2d.zero_()
+        trained.t2d[:draft.draft_vocab_size] = True
+    trained.save_pretrained(str(tmp_path / "ckpt"))
+    data = tmp_path / "data"
+    data.mkdir()
+    torch.save({i: 1 + i % 7 for i in range(draft.vocab_size)}, data / "token_freq.pt")
+    init = PretrainedInitConfig(path=str(tmp_path / "ckpt"))
+    model, report = init_pretrained(InitContext(draft, init, verifier, data, "sdpa", []))
+    assert "embed_tokens.weight" in report["keys"]["loaded"]
+    assert torch.equal(model.embed_tokens.weight, torch.full_like(model.embed_tokens.weight, 0.25))

@@ -16,9 +16,10 @@ from pathlib import Path
 import pytest
 from omegaconf import OmegaConf
 
-from conftest import ROOT, SMALL_DATA, compose_cfg, launch, run_in_process
+from commands import launch, run_in_process
 from eagle3.errors import DataError, UserError
 from eagle3.rank_errors import RankError, RankFailed, first_rank_error, write_rank_error
+from factories import ROOT, SMALL_DATA, compose_cfg
 
 QUICK = ["logger.mode=disabled", "logger.log_every=1", *SMALL_DATA]
 

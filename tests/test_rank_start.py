@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from conftest import typed_run_config
 from eagle3 import elastic
 from eagle3.rank_errors import RankFailed
+from factories import typed_run_config
 
 
 def server_pid() -> int | None:

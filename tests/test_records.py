@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import launch
+from commands import launch
 from eagle3.config import LoggerConfig, LoggerMode
 from eagle3.console import hydra_override
 from eagle3.track import Tracker

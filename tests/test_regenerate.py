@@ -21,13 +21,12 @@ from eagle3.data.regenerate import regenerated_rows_dir
 from eagle3.data.sources.regenerate import Regeneration, RegenerationEngine
 from eagle3.data.verifier import tiny_verifier_dir
 from eagle3.errors import ConfigError
+from factories import chat_tokenizer, chat_words
 
 HF = RegenerationEngine.transformers  # in process, whether or not a vLLM environment is on this machine
 
 VOCAB = 1024
-WORDS = ["[UNK]", "<|user|>", "<|assistant|>", "<|end|>"] + [f"w{i}" for i in range(200)]
-CHAT_TEMPLATE = ("{% for m in messages %}<|{{ m['role'] }}|> {{ m['content'] }} <|end|> {% endfor %}"
-                 "{% if add_generation_prompt %}<|assistant|> {% endif %}")
+WORDS = chat_words(200)
 
 
 @pytest.fixture(scope="module")
@@ -41,19 +40,12 @@ def chat_verifier(verifier, tmp_path_factory) -> Path:
     """The tiny verifier with a word-level tokenizer, a chat template, and <|end|> as its end-of-sequence token."""
     import shutil
 
-    from tokenizers import Tokenizer, models, pre_tokenizers
-    from transformers import PreTrainedTokenizerFast
-
     path = tmp_path_factory.mktemp("chat") / "verifier"
     shutil.copytree(verifier, path)
     config = json.loads((path / "config.json").read_text())
     (path / "config.json").write_text(json.dumps({**config, "eos_token_id": WORDS.index("<|end|>")}))
     (path / "generation_config.json").unlink(missing_ok=True)
-    tokenizer = Tokenizer(models.WordLevel({w: i for i, w in enumerate(WORDS)}, unk_token="[UNK]"))
-    tokenizer.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    fast = PreTrainedTokenizerFast(tokenizer_object=tokenizer, unk_token="[UNK]")
-    fast.chat_template = CHAT_TEMPLATE
-    fast.save_pretrained(str(path))
+    chat_tokenizer(WORDS).save_pretrained(str(path))
     return path
 
 
@@ -256,8 +248,8 @@ def test_responses_end_at_the_end_of_sequence_token(verifier, tmp_path):
 def test_bad_options_name_their_key(override, says, tmp_path):
     from omegaconf import OmegaConf
 
-    from conftest import compose_cfg
     from eagle3.config import validate
+    from factories import compose_cfg
 
     prompts = write_jsonl(tmp_path / "prompts.jsonl", id_prompts(2))
     overrides = ["data=regenerate", f"data.path={prompts}", override.replace("MISSING_FILE", str(tmp_path / "no"))]
@@ -284,10 +276,10 @@ def test_engine_auto_generates_with_vllm_where_its_environment_is_and_says_so(mo
 
 
 def test_the_plan_expects_the_regeneration_time_at_the_rate_measured_here(verifier, tmp_path, monkeypatch):
-    from conftest import tiny_run_config
     from eagle3.data.record import verifier_fingerprint
     from eagle3.roofline import record_rate, regeneration_key
     from eagle3.serve import engine as engines
+    from factories import tiny_run_config
 
     monkeypatch.setattr(engines, "has_cuda", lambda: False)
     prompts = write_jsonl(tmp_path / "prompts.jsonl", id_prompts(30))
@@ -306,7 +298,7 @@ def test_the_plan_expects_the_regeneration_time_at_the_rate_measured_here(verifi
 @pytest.mark.slow
 def test_launch_trains_on_regenerated_responses(cache_dir, tmp_path):
     """In the session's cache: its tiny verifier is the one every other tiny run uses, built once."""
-    from conftest import launch
+    from commands import launch
 
     prompts = write_jsonl(tmp_path / "prompts.jsonl", id_prompts(40, seed=7))
     run_dir = tmp_path / "run"

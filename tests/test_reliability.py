@@ -14,7 +14,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import ROOT, SMALL_DATA, launch, read_rows, sigterm_after_first_train_row, typed_run_config
+from commands import launch, sigterm_after_first_train_row
+from factories import ROOT, SMALL_DATA, read_rows, typed_run_config
 
 
 def small_run(cache_dir: Path, run_dir: Path, overrides: list[str]):

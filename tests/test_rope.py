@@ -4,13 +4,11 @@ and SGLang read it."""
 
 from __future__ import annotations
 
-import json
-
 import pytest
 import torch
 from omegaconf import OmegaConf
 
-from conftest import compose_cfg
+from factories import compose_cfg, verifier_config_dir, verifier_dir
 
 LLAMA3 = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
           "original_max_position_embeddings": 64}
@@ -19,14 +17,9 @@ YARN = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 
 
 def scaled_verifier(path, scaling: dict, theta: float = 500000.0):
     """A tiny Llama verifier (8 layers, hidden 64, vocab 256) with RoPE scaling, saved as a Hugging Face dir."""
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    torch.manual_seed(0)
-    config = LlamaConfig(hidden_size=64, num_hidden_layers=8, num_attention_heads=4, num_key_value_heads=2,
-                         intermediate_size=128, vocab_size=256, max_position_embeddings=256, rms_norm_eps=1e-5,
-                         rope_parameters={"rope_theta": theta, **scaling})
-    LlamaForCausalLM(config).save_pretrained(str(path))
-    return path
+    return verifier_dir(path, hidden_size=64, num_hidden_layers=8, num_attention_heads=4, num_key_value_heads=2,
+                        intermediate_size=128, vocab_size=256, max_position_embeddings=256, rms_norm_eps=1e-5,
+                        rope_parameters={"rope_theta": theta, **scaling})
 
 
 def auto_draft(verifier, *overrides):
@@ -61,12 +54,11 @@ def test_model_auto_draft_rotates_as_its_verifier(tmp_path, scaling):
 
 
 def test_llama3_8b_preset_keeps_a_transformers4_configs_scaling(tmp_path):
-    (tmp_path / "v4").mkdir()
-    (tmp_path / "v4" / "config.json").write_text(json.dumps({
-        "hidden_size": 4096, "num_attention_heads": 32, "num_key_value_heads": 8, "intermediate_size": 14336,
-        "vocab_size": 128256, "num_hidden_layers": 32, "max_position_embeddings": 131072, "rope_theta": 500000.0,
-        "rms_norm_eps": 1e-5, "rope_scaling": {"factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-                                               "original_max_position_embeddings": 8192, "rope_type": "llama3"}}))
+    verifier_config_dir(tmp_path / "v4", hidden_size=4096, num_attention_heads=32, num_key_value_heads=8,
+                        intermediate_size=14336, vocab_size=128256, num_hidden_layers=32,
+                        max_position_embeddings=131072, rope_theta=500000.0, rms_norm_eps=1e-5,
+                        rope_scaling={"factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                                      "original_max_position_embeddings": 8192, "rope_type": "llama3"})
     plain = OmegaConf.to_container(compose_cfg(["model=llama3_8b", f"model.verifier.path={tmp_path / 'v4'}"])
                                    .model.draft, resolve=True)
     assert plain["rope_scaling"] == {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
@@ -78,11 +70,9 @@ def test_a_partial_rotary_verifier_is_refused_until_the_draft_rotates_whole_head
     """transformers' Llama layer ignores partial_rotary_factor for default RoPE, vLLM and SGLang do not: a draft
     trained with it would be served with another rotation. The verifier's value is carried, and refused."""
 
-    (tmp_path / "v").mkdir()
-    (tmp_path / "v" / "config.json").write_text(json.dumps({
-        "hidden_size": 64, "num_attention_heads": 4, "num_key_value_heads": 2, "intermediate_size": 128,
-        "vocab_size": 256, "num_hidden_layers": 8, "max_position_embeddings": 256, "rms_norm_eps": 1e-5,
-        "rope_theta": 10000.0, "partial_rotary_factor": 0.5}))
+    verifier_config_dir(tmp_path / "v", hidden_size=64, num_attention_heads=4, num_key_value_heads=2,
+                        intermediate_size=128, vocab_size=256, num_hidden_layers=8, max_position_embeddings=256,
+                        rms_norm_eps=1e-5, rope_theta=10000.0, partial_rotary_factor=0.5)
     with pytest.raises(ValueError, match=r"partial_rotary_factor: is 0.5 .*set model.draft.partial_rotary_factor=1.0"):
         auto_draft(tmp_path / "v").check()
     assert auto_draft(tmp_path / "v", "model.draft.partial_rotary_factor=1.0").partial_rotary_factor == 1.0
@@ -92,9 +82,8 @@ def test_a_rope_per_layer_type_is_one_message(tmp_path):
     from eagle3.errors import ConfigError
     from eagle3.verifier_shape import verifier_config
 
-    (tmp_path / "config.json").write_text(json.dumps({"rope_parameters": {
-        "full_attention": {"rope_type": "default", "rope_theta": 1e6},
-        "sliding_attention": {"rope_type": "default", "rope_theta": 1e4}}}))
+    verifier_config_dir(tmp_path, rope_parameters={"full_attention": {"rope_type": "default", "rope_theta": 1e6},
+                                                   "sliding_attention": {"rope_type": "default", "rope_theta": 1e4}})
     with pytest.raises(ConfigError, match="RoPE per layer type .*set model.draft.rope_theta"):
         verifier_config(tmp_path, "rope_theta")
 
@@ -138,10 +127,9 @@ def test_pretrained_drafter_with_another_rope_is_a_stated_difference(tmp_path, f
 
 def test_cfg_job_resolve_shows_the_verifiers_scaling(tmp_path):
     """`launch.py --cfg job --resolve` resolves the config in place (OmegaConf.resolve): a dict must fit there."""
-    (tmp_path / "config.json").write_text(json.dumps({
-        "hidden_size": 64, "num_attention_heads": 4, "num_key_value_heads": 2, "intermediate_size": 128,
-        "vocab_size": 256, "num_hidden_layers": 8, "max_position_embeddings": 256, "rms_norm_eps": 1e-5,
-        "rope_theta": 500000.0, "rope_scaling": YARN}))
+    verifier_config_dir(tmp_path, hidden_size=64, num_attention_heads=4, num_key_value_heads=2, intermediate_size=128,
+                        vocab_size=256, num_hidden_layers=8, max_position_embeddings=256, rms_norm_eps=1e-5,
+                        rope_theta=500000.0, rope_scaling=YARN)
     cfg = compose_cfg(["model=auto", f"model.verifier.path={tmp_path}"])
     OmegaConf.resolve(cfg)
     assert OmegaConf.to_container(cfg.model.draft.rope_scaling) == YARN and cfg.model.draft.rope_theta == 500000.0

@@ -18,6 +18,7 @@ import pytest
 from eagle3.config import RowFormat
 from eagle3.data.jsonl import BadSamples, ChatTokenizer, read_rows
 from eagle3.errors import DataError
+from factories import chat_tokenizer, verifier_config_dir
 
 WORDS = ["[UNK]", "<|im_start|>", "<|im_end|>", "system", "user", "assistant", "default", "nl"] + \
     [f"w{i}" for i in range(60)]
@@ -44,15 +45,8 @@ TOKENS = [{"input_ids": [1, 2, 3, 4], "loss_mask": [0, 0, 1, 1]}, {"input_ids": 
 @pytest.fixture(scope="module")
 def chat_dir(tmp_path_factory) -> Path:
     """A tokenizer dir (no model): word-level, with the chat template above, eos `<|im_end|>`."""
-    from tokenizers import Tokenizer, models, pre_tokenizers
-    from transformers import PreTrainedTokenizerFast
-
-    tokenizer = Tokenizer(models.WordLevel({w: i for i, w in enumerate(WORDS)}, unk_token="[UNK]"))
-    tokenizer.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    fast = PreTrainedTokenizerFast(tokenizer_object=tokenizer, unk_token="[UNK]", eos_token="<|im_end|>")
-    fast.chat_template = TEMPLATE
     path = tmp_path_factory.mktemp("chat") / "tokenizer"
-    fast.save_pretrained(str(path))
+    chat_tokenizer(WORDS, TEMPLATE, eos_token="<|im_end|>").save_pretrained(str(path))
     return path
 
 
@@ -173,8 +167,8 @@ def test_a_max_records_below_one_or_without_a_data_path_is_refused(overrides, sa
 
     from omegaconf import OmegaConf
 
-    from conftest import compose_cfg
     from eagle3.config import ConfigError, validate
+    from factories import compose_cfg
 
     plain = OmegaConf.to_container(compose_cfg(["data=online", "data.max_records=3", *overrides]), resolve=True,
                                    enum_to_str=True)
@@ -216,8 +210,8 @@ def test_a_format_set_refuses_rows_of_another_and_is_recorded(chat, tmp_path):
 def test_a_mistyped_or_pointless_data_format_is_refused_by_name(tmp_path):
     from omegaconf import OmegaConf
 
-    from conftest import compose_cfg
     from eagle3.config import ConfigError, validate
+    from factories import compose_cfg
     from hydra_plugins.eagle3_basic_sweeper.sweeper import composition_problem
 
     with pytest.raises(Exception) as e:
@@ -299,7 +293,7 @@ def test_chat_rows_read_into_the_cache_record_their_detected_format(chat_dir, tm
 
     verifier = tmp_path / "verifier"
     shutil.copytree(chat_dir, verifier)
-    (verifier / "config.json").write_text(json.dumps({"model_type": "llama", "vocab_size": len(WORDS)}))
+    verifier_config_dir(verifier, model_type="llama", vocab_size=len(WORDS))
     data = write(tmp_path / "ds", SHAREGPT, "dataset")
     rows_dir = token_rows_dir(OnlineDataConfig(path=str(data)), verifier, str(tmp_path / "cache"))
     record = read_rows_record(rows_dir)

@@ -4,21 +4,16 @@ file that is not one (cut short, mistyped) is one message naming it; writes are 
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
 
-from eagle3.errors import ConfigError
+from commands import launch
+from eagle3.errors import ConfigError, UserError
 from eagle3.progress import Progress, RunSummary
 from eagle3.rundir import DataCheck, FailureRecord, IndexEntry, InitReport, RunDir, SweepIndex
-
-
-def summary_json(step0: dict, best: dict, final: dict, **fields) -> str:
-    """A summary.json as a run writes it, with these val rows (tests that build run dirs by hand)."""
-    summary = RunSummary.of(Progress(step=final.get("step", 0), step0=step0, best=best, final=final),
-                            Path("/verifier"), Path("/data"), "cpu", 1)
-    return json.dumps({**summary.to_dict(), **fields})
-
+from factories import summary_json
 
 ROW = {"step": 4, "split": "val", "epoch": 0, "loss": 2.5, "tau_sim": 1.25, "full_acc_0": 0.5}
 
@@ -105,8 +100,8 @@ def test_max_restarts_is_refused_with_the_way_to_resume():
     metrics.jsonl; the option is refused, and resume= named, before anything is written."""
     from omegaconf import OmegaConf
 
-    from conftest import compose_cfg
     from eagle3.config import validate
+    from factories import compose_cfg
 
     plain = OmegaConf.to_container(compose_cfg(["distributed=ddp", "distributed.max_restarts=1"]), resolve=True,
                                    enum_to_str=True)
@@ -239,9 +234,8 @@ WRITERS = {
 @pytest.mark.parametrize("live", [False, True], ids=["dangling", "live"])
 @pytest.mark.parametrize("name", WRITERS)
 def test_no_writer_of_a_run_dir_writes_through_a_symlink_at_any_of_its_names(name, live, tmp_path, monkeypatch):
-    from test_serve import fake_run_dir
-
     from eagle3.errors import UserError
+    from factories import fake_run_dir
 
     monkeypatch.setenv("EAGLE3_CACHE", str(tmp_path / "cache"))
     monkeypatch.setenv("FAKE_ENGINE_MODE", "fail")
@@ -289,7 +283,7 @@ def test_no_writer_of_a_run_dir_writes_through_a_symlink_at_any_of_its_names(nam
 def test_a_resume_through_a_link_leading_out_is_refused_before_any_rank_starts(name, trained_run, tmp_path):
     import shutil
 
-    from conftest import launch
+    from commands import launch
 
     run, outside = tmp_path / "run", tmp_path / "outside"
     shutil.copytree(trained_run, run, symlinks=True)
@@ -322,7 +316,6 @@ def resume_hydra(run_dir: Path):
 def test_a_resume_of_a_run_dir_in_use_names_the_process_holding_it(tmp_path):
     """A resume refused because another process holds the run advised "choose another hydra.run.dir", which a resume
     cannot do: it names the holder's pid, and says to wait for it or stop it."""
-    import os
 
     from eagle3 import safe_write
     from eagle3.resume import load_for_resume
@@ -346,9 +339,9 @@ def test_a_resumed_runs_config_key_this_version_does_not_know_is_refused_naming_
     """The refusal named the key only, as if it came from the command line (which resume= takes no key from)."""
     import yaml
 
-    from conftest import typed_run_config
     from eagle3.config import plain_config
     from eagle3.resume import load_for_resume
+    from factories import typed_run_config
 
     run = tmp_path / "run"
     plain = plain_config(typed_run_config(tmp_path / "cache", run, []))
@@ -366,7 +359,7 @@ def test_a_resume_of_a_completed_run_says_it_is_complete_and_trains_nothing(trai
     summary again and ended without a word of why; it says the run is complete and exits 0 before anything runs."""
     import shutil
 
-    from conftest import launch
+    from commands import launch
 
     run = tmp_path / "run"
     shutil.copytree(trained_run, run, ignore=shutil.ignore_patterns("wandb"))
@@ -379,3 +372,38 @@ def test_a_resume_of_a_completed_run_says_it_is_complete_and_trains_nothing(trai
     assert "nothing to resume, nothing was trained" in proc.stdout and "resuming at step" not in proc.stdout
     assert {p.name: p.read_bytes() for p in (run / "summary.json", run / "metrics.jsonl")} == before
     assert "Traceback" not in proc.stderr
+
+
+def test_a_run_dir_with_symlinks_leading_out_is_refused_and_nothing_is_written_through(tmp_path):
+    from eagle3.rundir import RunDir
+
+    run_dir, outside = tmp_path / "run", tmp_path / "outside"
+    run_dir.mkdir()
+    outside.mkdir()
+    (run_dir / "wandb" / "run-1").mkdir(parents=True)
+    (run_dir / "wandb" / "latest-run").symlink_to("run-1")  # inside the run dir (as wandb links): allowed
+    RunDir(run_dir).refuse_to_overwrite()
+    (run_dir / ".hydra").mkdir()
+    for name in ("resolved_config.yaml", "summary.json", ".hydra/config.yaml"):
+        (run_dir / name).symlink_to(outside / Path(name).name)  # dangling, and leading out
+    with pytest.raises(ConfigError, match="symlinks that lead outside it or nowhere") as refused:
+        RunDir(run_dir).refuse_to_overwrite()
+    message = str(refused.value)
+    assert "summary.json -> " in message and ".hydra/config.yaml -> " in message and "latest-run" not in message
+    (run_dir / ".lock").symlink_to(outside / ".lock")
+    with pytest.raises(UserError, match=r"\.lock is a symlink"):
+        RunDir(run_dir).hold()
+    assert list(outside.iterdir()) == []
+
+
+@pytest.mark.slow
+def test_launch_in_a_dir_of_dangling_symlinks_writes_nothing_outside_it(tmp_path):
+    run_dir, outside = tmp_path / "run", tmp_path / "outside"
+    run_dir.mkdir()
+    outside.mkdir()
+    for name in (".lock", "launch.log", "resolved_config.yaml", "metrics.jsonl", "summary.json", "failure.json"):
+        (run_dir / name).symlink_to(outside / name)
+    proc = launch([f"hydra.run.dir={run_dir}", "optim.max_steps=1"], tmp_path / "cache")
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
+    assert "symlinks that lead outside it or nowhere" in proc.stderr
+    assert list(outside.iterdir()) == [] and not (run_dir / ".hydra").exists()

@@ -10,9 +10,10 @@ from pathlib import Path
 import pytest
 from omegaconf import OmegaConf
 
-from conftest import ROOT, SMALL_DATA, compose_cfg, launch, run_in_process
+from commands import launch, run_in_process
 from eagle3.config import Objective, validate
 from eagle3.errors import ConfigError
+from factories import ROOT, SMALL_DATA, compose_cfg
 
 LR, WARMUP = "optim.lr=tag(log, interval(1e-3, 1e-2))", "optim.warmup_ratio=interval(0, 0.1)"
 # Short trials: a few steps of the small dataset, no wandb.
@@ -193,3 +194,37 @@ def test_confirm_measures_the_two_best_and_prints_both_rankings(study_sweep, tmp
     proc = run_in_process(["python", "-m", "eagle3.compare", str(study_sweep), "--confirm", "2"])
     assert proc.returncode == 0 and "measuring acceptance" not in proc.stderr, proc.stderr
     assert "not measuring" in proc.stderr and "they have a measurement already" in proc.stderr
+
+
+@pytest.mark.parametrize("override, allowed", [
+    ("model.draft.loss=kll", "Error merging override model.draft.loss=kll: Invalid value 'kll', expected one of "
+                             "[kl_div, ce, rkl, jsd, tv, nla, lk_hybrid]"),
+    ("model.draft.kind=peegle", "expected one of [eagle3, peagle]"),
+    ("data.on_bad_sample=maybe", "expected one of [error, skip]"),
+    ("data.prefetch=x", "Value 'x' of type 'str' could not be converted to Integer"),
+    ("data=nonsense", "Could not find 'data/nonsense' (options: offline, online, regenerate, tiny)"),
+    ("experiment=bad", "In 'experiment/bad': ValidationError raised while composing config: Invalid value 'kll', "
+                       "expected one of [kl_div, ce, rkl, jsd, tv, nla, lk_hybrid] (key model.draft.loss)"),
+])
+def test_a_sweep_job_whose_value_does_not_compose_is_refused_saying_what_is_allowed(tmp_path, override, allowed):
+    """The sweeper refuses a sweep with one bad job's value (on the command line or in an option file) in one
+    line per job; that line must say what the key takes, as a single run's message does, not only that the
+    override did not merge."""
+    from hydra_plugins.eagle3_basic_sweeper.sweeper import composition_problem
+
+    (tmp_path / "experiment").mkdir()
+    (tmp_path / "experiment" / "bad.yaml").write_text("# @package _global_\nmodel:\n  draft:\n    loss: kll\n")
+    with pytest.raises(Exception) as e:
+        compose_cfg([f"hydra.searchpath=[file://{tmp_path}]", override])
+    problem = composition_problem(e.value)
+    assert allowed in problem and "\n" not in problem
+
+
+@pytest.mark.slow
+def test_a_sweep_with_one_mistyped_enum_value_starts_no_job(tmp_path):
+    sweep = tmp_path / "sweep"
+    r = launch(["-m", f"hydra.sweep.dir={sweep}", "model.draft.loss=ce,kll", "plan=true"], tmp_path / "cache")
+    assert r.returncode != 0 and "Traceback" not in r.stderr
+    assert "1 of 2 sweep jobs have an invalid config; no job was started" in r.stderr
+    assert "model.draft.loss=kll: Invalid value 'kll', expected one of [kl_div, ce," in r.stderr
+    assert not sweep.exists()

@@ -14,15 +14,16 @@ import time
 from pathlib import Path
 
 import pytest
-import yaml
 from omegaconf import OmegaConf
-from test_rundir import summary_json
 
-from conftest import ROOT, compose_cfg
+from commands import launch
+from eagle3.config import validate
 from eagle3.errors import ConfigError
+from eagle3.eval.speedup import main as speedup_main
 from eagle3.serve import engine as engine_module
 from eagle3.serve.harness import side_by_side
 from eagle3.serve.metrics import SpecCounters, acceptance, spec_counters
+from factories import ROOT, compose_cfg, fake_run_dir, summary_json
 
 # The engine's venv, at the place --install builds it; read before any test points $EAGLE3_CACHE elsewhere, so
 # that it is built once and reused across sessions.
@@ -61,24 +62,6 @@ def live_group_members(pgid: int) -> list[int]:
         if int(group) == pgid and state != "Z":
             pids.append(int(stat.parent.name))
     return pids
-
-
-def fake_run_dir(tmp_path: Path, name: str, verifier: Path) -> Path:
-    """A run dir as eagle3.serve reads it (summary, resolved config, a checkpoint dir that exists) of `verifier`."""
-    run = tmp_path / name
-    ckpt = run / "checkpoints" / "best"
-    for d, files in ((ckpt, ("config.json", "model.safetensors")), (verifier, ("config.json",))):
-        d.mkdir(parents=True, exist_ok=True)
-        for file_name in files:
-            (d / file_name).write_text("{}")
-    (verifier / "config.json").write_text(json.dumps({"vocab_size": 100, "max_position_embeddings": 64}))
-    plain = OmegaConf.to_container(compose_cfg(["logger.mode=disabled"]), resolve=True, enum_to_str=True)
-    plain["run"] = {"dir": str(run), "name": "t", "group": "t", "choices": {}, "overrides": []}
-    (run / "resolved_config.yaml").write_text(yaml.safe_dump(plain))
-    row = {"step": 4, "split": "val", "epoch": 0, "loss": 2.5, "tau_sim": 1.25}
-    (run / "summary.json").write_text(summary_json(row, row, row, verifier_dir=str(verifier),
-                                                   data_dir=str(tmp_path / "data")))
-    return run
 
 
 @pytest.fixture
@@ -357,7 +340,6 @@ def test_speedup_calibrated_on_the_engine_at_k1_predicts_other_k(tmp_path):
     plain step plus a 10 ms draft forward. With rates 0.3, 0.2, 0.1: k=2 makes 1.5 tokens in 30 ms (0.5x),
     k=3 1.6 in 40 ms (0.4x). Checked against the served reports at k=2 (0.5x at accept_len 1.6: predicted
     1.6 / 30 ms = 0.533x there) and k=3 (0.5x at 1.6: predicted 0.4x)."""
-    from eagle3.eval.speedup import main as speedup_main
 
     serve_report(tmp_path, 1, 0.6, [0.2])
     serve_report(tmp_path, 2, 0.5, [0.4, 0.2])
@@ -443,7 +425,6 @@ def test_summary_json_records_its_provenance(trained_run):
 
 
 def test_eval_serve_k_is_checked_where_it_is_declared():
-    from eagle3.config import validate
     from eagle3.errors import ConfigError
 
     plain = OmegaConf.to_container(compose_cfg(["eval.serve.enabled=true", "eval.serve.k=[1,0]"]), resolve=True,
@@ -468,8 +449,9 @@ def test_vllm_counts_what_the_harness_counts_at_the_end_of_a_run(cache_dir, engi
     """launch.py with eval.serve.enabled=true serves checkpoints/best by vLLM on CPU in fp32 at T=0 when the run
     ends: at k = 1 and 3 the engine's drafts and accepted tokens per position equal eagle3.eval.accept's on the
     same prompts, the run's summary stays, and no server process is left."""
-    from conftest import SMALL_DATA, launch
+    from commands import launch
     from eagle3.eval import accept
+    from factories import SMALL_DATA
 
     run_dir = tmp_path / "run"
     proc = launch([f"hydra.run.dir={run_dir}", "optim.epochs=2", "logger.mode=disabled", *SMALL_DATA,
@@ -502,7 +484,6 @@ def test_vllm_counts_what_the_harness_counts_at_the_end_of_a_run(cache_dir, engi
         "serve_vllm_k1_t0.log", "serve_vllm_k3_t0.log", "serve_vllm_plain_t0.log"]
     no_server_left(run_dir)
     # the k=1 report alone calibrates the predictor with that draft forward (eagle3.eval.speedup --engine-costs)
-    from eagle3.eval.speedup import main as speedup_main
 
     out = tmp_path / "predicted.json"
     speedup_main(["--accept", str(run_dir / "serve_vllm_k3_t0.json"), "--engine-costs",
@@ -810,7 +791,7 @@ def test_vllm_against_the_harness_on_smollm2_at_t0_in_fp32_for_a_trained_checkpo
     and transformers' fp32 kernels round differently, so a prompt may leave the harness's tokens where the
     verifier's two best tokens are nearly tied: the comparison passes when every divergence is such a near-tie
     and every other prompt's counts are the harness's."""
-    from conftest import launch
+    from commands import launch
     from eagle3.serve.__main__ import main
     from eagle3.serve.metrics import padded
 
@@ -837,3 +818,26 @@ def test_vllm_against_the_harness_on_smollm2_at_t0_in_fp32_for_a_trained_checkpo
             assert engine["drafts"] == ours["drafts"] and padded(engine["per_position"], 3) == ours["per_position"]
     assert report["verify_steps"] == report["drafts"]
     no_server_left(run)
+
+
+@pytest.mark.parametrize("value", ["inf", "nan", "-1"])
+def test_serve_refuses_a_temperature_no_sampler_has_before_reading_the_run(tmp_path, value):
+    """--temperature inf was served (vLLM samples uniformly) into serve_vllm_k<k>_tinf.json."""
+    from eagle3.serve.__main__ import main as serve_main
+
+    with pytest.raises(SystemExit, match=rf"^error: --temperature \(eval.accept.temperature\): must be >= 0 and "
+                                         rf"finite, got {value}"):
+        serve_main([str(tmp_path / "no-run"), "--temperature", value])
+
+
+@pytest.mark.slow
+def test_serving_at_the_end_without_an_engine_is_refused_before_training(tmp_path):
+    """eval.serve.enabled=true with an interpreter that is not there trained the whole run, then said
+    "--python: ... is not an executable file"; the engine is looked for before any data is built."""
+    cache, run_dir = tmp_path / "cache", tmp_path / "run"
+    r = launch([f"hydra.run.dir={run_dir}", "eval.serve.enabled=true", f"eval.serve.python={tmp_path / 'python'}",
+                "logger.mode=disabled"], cache)
+    assert r.returncode == 1 and "Traceback" not in r.stderr
+    assert f"error: eval.serve.python: {tmp_path / 'python'} is not an executable file" in r.stderr
+    assert not (run_dir / "metrics.jsonl").exists() and not (run_dir / "checkpoints").exists()
+    assert not (cache / "datasets").exists()

@@ -18,7 +18,8 @@ from pathlib import Path
 import pytest
 from test_serve import engine_python, no_server_left  # noqa: F401  (the session's vLLM environment)
 
-from conftest import SMALL_DATA, launch
+from commands import launch
+from factories import SMALL_DATA
 
 ARCHITECTURES = {
     # the three axes the non-parallel drafts differ on, in one draft: the decoder layer, the depth, EAGLE-3.1's norms

@@ -36,10 +36,10 @@ def specforge_draft_class():
 def tiny_default_checkpoint(tmp_path):
     """A checkpoint of the tiny default's draft (its config as launch.py composes it) with SpecForge's norm flags
     (the tiny default's norm_before_residual=true is refused for SGLang's layout), every float tensor random."""
-    from conftest import compose_cfg
     from eagle3.config import DraftConfig
     from eagle3.init.build import bare_draft
     from eagle3.init.pretrained import SPECFORGE_FLAGS
+    from factories import compose_cfg
 
     draft = DraftConfig(**OmegaConf.to_container(compose_cfg().model.draft, resolve=True))
     path = tmp_path / "best"

@@ -8,10 +8,9 @@ import subprocess
 import sys
 
 import pytest
-from test_rundir import summary_json
 
-from conftest import ROOT
 from eagle3.eval.speedup import StepCosts, main, predict
+from factories import ROOT, summary_json
 
 SEED_RATES = [0.5, 0.3, 0.2]  # acceptance length 2.0 at k = 3, as the seed run served
 
@@ -137,3 +136,30 @@ def test_compare_reads_greedy_accept_reports_only(tmp_path):
     assert accept_report(sampled) is None and accept_report(greedy)["accept_rate"] == [0.4, 0.2, 0.1]
     body = table([sampled, greedy], costs={"baseline_ms": 10.0, "verify_ms": 12.0, "draft_ms": 1.0})[1]
     assert {row[0]: row[-1] for row in body} == {"#0": "estimate", "#1": "measured"}
+
+
+def test_speedup_refuses_a_report_with_a_text_temperature_and_a_json_path_under_a_file(tmp_path):
+    from eagle3.eval.speedup import main
+
+    report = tmp_path / "accept_k2.json"
+    report.write_text(json.dumps({"k": 2, "accept_rate": [0.8, 0.6], "temperature": "greedy"}))
+    costs = ["--baseline-ms", "10", "--verify-ms", "12"]
+    with pytest.raises(SystemExit, match="^error: --accept: .*temperature 'greedy', not a number"):
+        main(["--accept", str(report), *costs])
+    report.write_text(json.dumps({"k": 2, "accept_rate": [0.8, 0.6], "temperature": 0.0}))
+    with pytest.raises(SystemExit, match=r"^error: --json: .*accept_k2.json is an existing file, not a directory"):
+        main(["--accept", str(report), *costs, "--json", str(report / "out.json")])
+
+
+@pytest.mark.parametrize("costs", [["--baseline-ms", "inf", "--verify-ms", "30"],
+                                   ["--baseline-ms", "12", "--verify-ms", "inf"],
+                                   ["--baseline-ms", "12", "--verify-ms", "30", "--draft-ms", "inf"]])
+def test_speedup_refuses_infinite_step_costs(costs, capsys):
+    from eagle3.eval.speedup import main
+
+    with pytest.raises(SystemExit) as refused:
+        main(["--accept-rates", "0.5", "0.3", *costs])
+    assert "must be positive, finite milliseconds" in str(refused.value)
+    assert "infx" not in capsys.readouterr().out
+    main(["--accept-rates", "0.5", "0.3", "--baseline-ms", "12", "--verify-ms", "30"])  # finite: predicted
+    assert "x" in capsys.readouterr().out

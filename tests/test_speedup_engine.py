@@ -150,7 +150,7 @@ def test_the_bench_script_gives_predicted_over_measured_per_calibration(tmp_path
     exactly, and so does k=1 alone with the draft forward's 2 ms; the least squares over all k is the model."""
     import sys
 
-    from conftest import ROOT
+    from factories import ROOT
 
     sys.path.insert(0, str(ROOT / "bench"))
     from serve_predict import ratios
@@ -165,3 +165,48 @@ def test_the_bench_script_gives_predicted_over_measured_per_calibration(tmp_path
         assert all(r == pytest.approx(1.0) for r in rows[fitted]["ratio"].values())
     served(tmp_path, 1, draft_forward_ms={"wall": 2.0, "cpu": 2.0})  # timed by eagle3.serve: k=1 alone is a row
     assert [r["fitted"] for r in ratios(tmp_path, 0.0, "wall")][0] == (1,)
+
+
+def edit_report(path: Path, **changes) -> Path:
+    """The report at `path` with `changes` (None: the key dropped)."""
+    report = {**json.loads(path.read_text()), **changes}
+    path.write_text(json.dumps({k: v for k, v in report.items() if v is not None}))
+    return path
+
+
+def refused_prediction(tmp_path: Path, *reports: Path, extra: tuple[str, ...] = ()) -> str:
+    out = tmp_path / "prediction.json"
+    with pytest.raises(SystemExit) as e:
+        speedup_main(["--accept-rates", "0.3", "0.1", "--engine-costs", *map(str, reports), *extra, "--json",
+                      str(out)])
+    assert not out.exists()
+    message = str(e.value)
+    assert message.startswith("error: --engine-costs: ") and "\n" not in message
+    return message
+
+
+@pytest.mark.parametrize("temperature", [None, "zero", -1.0])
+def test_a_serve_report_without_a_usable_temperature_is_one_message(tmp_path, temperature):
+    report = edit_report(served(tmp_path, 1), temperature=temperature)
+    assert "is not an eagle3.serve report" in refused_prediction(tmp_path, report)
+
+
+def test_a_report_beside_the_first_that_is_no_serve_report_is_one_message(tmp_path):
+    first = served(tmp_path, 1)
+    (tmp_path / "serve_vllm_k2_t0.json").write_text('{"k": 2}')
+    assert "serve_vllm_k2_t0.json is not an eagle3.serve report" in refused_prediction(tmp_path, first,
+                                                                                        extra=("--draft-ms", "1"))
+
+
+@pytest.mark.parametrize("key, other", [("checkpoint", "/runs/b/checkpoints/best"), ("verifier", "/models/other"),
+                                        ("temperature", 1.0)])
+def test_reports_of_two_served_runs_are_not_fitted_together(tmp_path, key, other):
+    """A k=1 report of one run and a k=5 report of another (another draft, verifier or temperature: other step
+    costs) would fit a line through two different engines' steps."""
+    (tmp_path / "a").mkdir(), (tmp_path / "b").mkdir()
+    run = {"checkpoint": "/runs/a/checkpoints/best", "verifier": "/models/v", "temperature": 0.0}
+    one = edit_report(served(tmp_path / "a", 1), **run)
+    five = edit_report(served(tmp_path / "b", 5), **{**run, key: other})
+    assert "come from different served runs" in refused_prediction(tmp_path, one, five)
+    edit_report(five, **run)  # the same run's reports still fit
+    speedup_main(["--accept-rates", "0.3", "0.1", "--engine-costs", str(one), str(five)])

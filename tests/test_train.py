@@ -9,7 +9,8 @@ import pytest
 import torch
 import yaml
 
-from conftest import SMALL_DATA, launch, read_rows
+from commands import launch
+from factories import SMALL_DATA, read_rows
 
 
 def test_run_dir_contract(trained_run):

@@ -15,7 +15,8 @@ import torch
 from safetensors.torch import load_file, save_file
 from test_loader import AUX, LENGTHS, RATIO, VOCAB, H, T, tiny_draft
 
-from conftest import SMALL_DATA, launch, read_rows
+from commands import launch
+from factories import SMALL_DATA, read_rows
 
 pytestmark = pytest.mark.filterwarnings("ignore:Found .* samples longer than batch_max_length")
 
@@ -214,7 +215,6 @@ def test_a_val_pass_gone_non_finite_mid_run_keeps_the_last_checkpoint(probe_one_
     the run, `best` keeps step 0, `last` keeps step 2."""
     from omegaconf import OmegaConf
 
-    from conftest import compose_cfg
     from eagle3.checkpoint import load_trainer_state
     from eagle3.config import validate
     from eagle3.data.loader import build_loaders
@@ -222,6 +222,7 @@ def test_a_val_pass_gone_non_finite_mid_run_keeps_the_last_checkpoint(probe_one_
     from eagle3.init import InitContext, build_draft
     from eagle3.track import Tracker
     from eagle3.train import ValNotFinite, train
+    from factories import compose_cfg
 
     source = Path(json.loads((probe_one_process / "summary.json").read_text())["data_dir"])
     data = tmp_path / "data"

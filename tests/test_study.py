@@ -15,7 +15,7 @@ from hydra.core.utils import JobReturn, JobStatus
 from omegaconf import OmegaConf
 from test_search import LR, SHORT, index_jobs, load_study, run_dirs, study_command
 
-from conftest import launch, sigterm_in_process_after_step_1
+from commands import launch, sigterm_in_process_after_step_1
 
 
 def refused(proc, *words: str) -> None:

@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import SMALL_DATA, launch, read_rows, sigterm_in_process_after_step_1, typed_run_config
+from commands import launch, sigterm_in_process_after_step_1
+from factories import SMALL_DATA, read_rows, typed_run_config
 
 STOPPED_ARGS = ["optim.max_steps=3", "logger.log_every=1", "logger.mode=disabled", *SMALL_DATA]
 

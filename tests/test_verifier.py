@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from eagle3.errors import ConfigError
+from factories import chat_tokenizer, chat_words, verifier_dir, verifier_model
 
 # The sampler warns about the rows longer than a micro-batch on purpose.
 pytestmark = pytest.mark.filterwarnings("ignore:Found .* samples longer than batch_max_length")
@@ -30,15 +31,12 @@ def small(**kw) -> dict:
 def save_verifier(kind: str, path: Path) -> Path:
     """`kind`: "mixed", a Qwen2 whose first 2 layers attend fully and the others within a 16-token window;
     "sliding", a Mistral whose every layer has the window."""
-    from transformers import MistralConfig, MistralForCausalLM, Qwen2Config, Qwen2ForCausalLM
-
-    torch.manual_seed(0)
     if kind == "mixed":
-        model = Qwen2ForCausalLM(Qwen2Config(**small(use_sliding_window=True, sliding_window=WINDOW,
-                                                     max_window_layers=2)))
+        model = verifier_model(0, "qwen2", **small(use_sliding_window=True, sliding_window=WINDOW,
+                                                   max_window_layers=2))
         assert model.config.layer_types == ["full_attention"] * 2 + ["sliding_attention"] * 2
     else:
-        model = MistralForCausalLM(MistralConfig(**small(sliding_window=WINDOW)))
+        model = verifier_model(0, "mistral", **small(sliding_window=WINDOW))
     model.save_pretrained(str(path))
     return path
 
@@ -151,19 +149,7 @@ def with_own_code(path: Path, marker: Path, json_file: str, auto_map: dict, **fi
 
 def small_verifier(path: Path) -> Path:
     """A small Llama verifier with a word-level tokenizer that has a chat template."""
-    from tokenizers import Tokenizer, models, pre_tokenizers
-    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
-
-    torch.manual_seed(0)
-    LlamaForCausalLM(LlamaConfig(**small())).save_pretrained(str(path))
-    words = ["[UNK]", "<|user|>", "<|assistant|>", "<|end|>"] + [f"w{i}" for i in range(100)]
-    tokenizer = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="[UNK]"))
-    tokenizer.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    fast = PreTrainedTokenizerFast(tokenizer_object=tokenizer, unk_token="[UNK]")
-    fast.chat_template = ("{% for m in messages %}<|{{ m['role'] }}|> {{ m['content'] }} <|end|> {% endfor %}"
-                          "{% if add_generation_prompt %}<|assistant|> {% endif %}")
-    fast.save_pretrained(str(path))
-    return path
+    return verifier_dir(path, tokenizer=chat_tokenizer(chat_words(100)), **small())
 
 
 def launch_answering_yes(args: list[str], cache_dir: Path):
@@ -172,7 +158,7 @@ def launch_answering_yes(args: list[str], cache_dir: Path):
     import io
     from unittest import mock
 
-    from conftest import launch
+    from commands import launch
 
     with mock.patch("sys.stdin", io.StringIO("y\n" * 20)):
         return launch(args, cache_dir)
