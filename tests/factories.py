@@ -239,6 +239,17 @@ def fake_run_dir(tmp_path: Path, name: str, verifier: Path) -> Path:
     return run
 
 
+# A vLLM stand-in for eagle3.serve: answers the engine's metadata probe, then fails or hangs with a child as
+# $FAKE_ENGINE_MODE says (the pids of its group appended to $FAKE_ENGINE_PGIDS).
+FAKE_ENGINE = """#!/bin/bash
+if [ "$1" = "-c" ]; then echo '{"engine": "vllm", "version": "0.0+fake", "torch": "0"}'; exit 0; fi
+case "$FAKE_ENGINE_MODE" in
+  fail) echo "RuntimeError: the fake engine cannot start"; exit 3 ;;
+  hang) echo $$ >> "$FAKE_ENGINE_PGIDS"; sleep 1000 & sleep 1000 ;;
+esac
+"""
+
+
 # --- a disk that fills up ---------------------------------------------------------------------------------------
 
 def disk_full_after(files: int, monkeypatch) -> None:
@@ -263,6 +274,87 @@ def disk_free(free: int, monkeypatch) -> None:
     """shutil.disk_usage as on a 10 GiB disk with `free` bytes left."""
     usage = namedtuple("usage", "total used free")
     monkeypatch.setattr(shutil, "disk_usage", lambda path: usage(10 * 2**30, 10 * 2**30 - free, free))
+
+
+# --- a hidden-states dataset as prepare writes it, and speculators' own reading of it (the reader's tests) ---------
+
+T, H, AUX, VOCAB = 48, 32, 3, 64
+# Packs of several documents, documents of one token (nothing left after the shift), and two longer than a
+# micro-batch (the sampler packs them alone and CollateFn cuts them at T).
+LENGTHS = [1, 2, 5, 9, 12, 17, 20, 23, 30, 40, 60, 100, 3, 1, 7, 11, 14, 19, 25, 31, 36, 8, 6, 4, 13, 2, 16, 21]
+RATIO = 0.75
+
+
+def write_dataset(out: Path, dtype, seed: int = 0) -> Path:
+    """A dataset dir as prepare writes it (Arrow rows of LENGTHS, hidden states of AUX + 1 layers of width H in
+    `dtype`), random from `seed`."""
+    import torch
+    from datasets import Dataset
+    from safetensors.torch import save_file
+
+    gen = torch.Generator().manual_seed(seed)
+    ids = [torch.randint(0, VOCAB, (n,), generator=gen) for n in LENGTHS]
+    masks = [(torch.rand(n, generator=gen) > 0.3).long() for n in LENGTHS]
+    (out / "hidden_states").mkdir(parents=True)
+    for i, n in enumerate(LENGTHS):
+        save_file({"hidden_states": torch.randn(n, AUX + 1, H, generator=gen).to(dtype), "token_ids": ids[i]},
+                  str(out / "hidden_states" / f"hs_{i}.safetensors"))
+    Dataset.from_dict({"input_ids": [t.tolist() for t in ids], "loss_mask": [m.tolist() for m in masks],
+                       "seq_len": LENGTHS}).with_format("torch").save_to_disk(str(out))
+    return out
+
+
+class Speculators:
+    """speculators' own path: ArrowDataset items through CollateFn(shift_batch), for any rows of the dataset."""
+
+    def __init__(self, data_dir: Path, dtype):
+        from speculators.models.eagle3.data import shift_batch
+        from speculators.train.data import ArrowDataset, CollateFn
+
+        # train_ratio=1: item i is row i of the whole dataset.
+        self.items = ArrowDataset(max_len=T, datapath=str(data_dir), on_missing="raise", train_ratio=1.0,
+                                  split="train", hidden_states_dtype=dtype)
+        self.collate = CollateFn(T, H, num_target_layers=AUX, dtype=dtype, preprocess=shift_batch)
+
+    def batch(self, rows) -> dict:
+        import torch
+
+        out = self.collate([self.items[int(r)] for r in rows])
+        return {k: v for k, v in out.items() if isinstance(v, torch.Tensor)}
+
+
+def passes(loader, epochs=(0, 1)):
+    """(full-dataset rows, micro-batch) over whole passes of `loader`."""
+    for epoch in epochs:
+        loader.batch_sampler.set_epoch(epoch)
+        plan = list(loader.batch_sampler)
+        for docs, batch in zip(plan, loader, strict=True):
+            yield [int(loader.split_rows[i]) for i in docs], batch
+
+
+def draft_for_dataset(flags: dict):
+    """A small draft (speculators' flags updated with `flags`) for write_dataset's rows: hidden H, vocabulary
+    VOCAB (every other token in its draft vocabulary), seeded weights."""
+    import torch
+
+    from eagle3.config import DraftConfig
+    from eagle3.draft_arch import SPECULATORS_FLAGS
+    from eagle3.init.build import bare_draft
+
+    draft = {"vocab_size": VOCAB, "hidden_size": H, "intermediate_size": 64, "num_attention_heads": 2,
+             "num_key_value_heads": 2, "head_dim": 16, "max_position_embeddings": 2 * T, "rope_theta": 10000.0,
+             "rms_norm_eps": 1e-6, "hidden_act": "silu", "draft_vocab_size": 32, "aux_layer_ids": [1, 2, 3],
+             "ttt_steps": 3}
+    torch.manual_seed(0)
+    model = bare_draft(DraftConfig(**draft), {**SPECULATORS_FLAGS, **flags}, "cpu", attn_impl="sdpa")
+    ids = torch.arange(0, VOCAB, 2)
+    t2d = torch.zeros(VOCAB, dtype=torch.bool)
+    t2d[ids] = True
+    model.load_vocab_mappings(t2d, ids - torch.arange(len(ids)))
+    with torch.no_grad():
+        for p in (model.embed_tokens.weight, model.lm_head.weight, model.verifier_lm_head.weight):
+            p.normal_(0, 0.5)
+    return model.eval()
 
 
 # --- a built draft against eagle3.plan's counts and speculators' forward -------------------------------------------

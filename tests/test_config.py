@@ -121,7 +121,7 @@ def test_offline_data_missing_path_names_it(tmp_path):
     assert not (run_dir / "checkpoints").exists()
 
 
-# data=offline without data.path: tests/test_reliability.py test_malformed_override_is_one_message_naming_the_key
+# data=offline without data.path: tests/run/test_reliability.py test_malformed_override_is_one_message_naming_the_key
 # [data=offline] (the same launch, the same and stricter assertions).
 
 
@@ -171,7 +171,7 @@ def test_run_config_is_typed_and_a_run_dirs_config_goes_through_the_same_schema(
     (["modle=auto", "seed=1"], False), (["device=tpu"], True),
 ])
 def test_compose_cfg_is_hydras_composition(overrides, return_hydra_config):
-    """conftest's compose_cfg composes a config once for many tests and applies the keys' overrides after; its
+    """factories' compose_cfg composes a config once for many tests and applies the keys' overrides after; its
     config (its hydra node and flags with it) or its error is Hydra's compose of the whole list."""
     from hydra.errors import HydraException
 

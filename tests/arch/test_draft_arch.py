@@ -71,7 +71,7 @@ def test_eagle31_sets_its_flags_and_refuses_contradictions():
 @pytest.mark.parametrize("layer_type", [LayerType.llama, LayerType.qwen3])
 def test_the_harness_chain_equals_speculators_forward_with_two_layers(layer_type):
     """Each step of the harness's chain with a 2-layer draft equals speculators' TTT step on the sequence whose
-    teacher-forced tokens are the draft's own proposals (as tests/test_accept.py checks the 1-layer draft)."""
+    teacher-forced tokens are the draft's own proposals (as tests/eval/test_accept.py checks the 1-layer draft)."""
     from eagle3.eval.drafting import DraftChain, verifier_pass
     from eagle3.init.build import bare_draft
 

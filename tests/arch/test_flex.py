@@ -1,6 +1,6 @@
 """Flex attention (what CUDA runs train with) needs packed lengths of whole 128-token blocks once a draft runs
 more than one TTT step; the trainer rounds data.total_seq_len up to one (eagle3.rank.packed_len). Flex
-attention's forward also runs, unfused, on CPU, so this is checked here; tests/test_gpu.py trains with it."""
+attention's forward also runs, unfused, on CPU, so this is checked here; tests/device/test_gpu.py trains with it."""
 
 from __future__ import annotations
 

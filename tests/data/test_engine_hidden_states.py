@@ -21,13 +21,8 @@ import torch
 from omegaconf import OmegaConf
 from safetensors.torch import load_file
 from test_prepare import run_module, train_on, write_jsonl
-from test_serve import (
-    engine_python,  # noqa: F401  (the session's vLLM environment, built once)
-    live_group_members,
-    signals_as_a_shell_leaves_them,
-)
 
-from commands import run_in_process
+from commands import live_group_members, run_in_process, signals_as_a_shell_leaves_them
 from eagle3.data.verifier import tiny_verifier_dir
 from eagle3.data.verifier_forward import load_causal_lm
 from factories import ROOT, compose_cfg

@@ -14,30 +14,10 @@ from safetensors.torch import load_file, save_file
 from eagle3.data.hsfiles import DataError
 from eagle3.data.loader import build_loaders
 from eagle3.data.reader import split_hidden, to_device
+from factories import AUX, LENGTHS, RATIO, VOCAB, H, Speculators, T, draft_for_dataset, passes, write_dataset
 
 # The sampler warns about the two long documents on purpose.
 pytestmark = pytest.mark.filterwarnings("ignore:Found .* samples longer than batch_max_length")
-
-T, H, AUX, VOCAB = 48, 32, 3, 64
-# Packs of several documents, documents of one token (nothing left after the shift), and two longer than a
-# micro-batch (the sampler packs them alone and CollateFn cuts them at T).
-LENGTHS = [1, 2, 5, 9, 12, 17, 20, 23, 30, 40, 60, 100, 3, 1, 7, 11, 14, 19, 25, 31, 36, 8, 6, 4, 13, 2, 16, 21]
-RATIO = 0.75
-
-
-def write_dataset(out: Path, dtype: torch.dtype, seed: int = 0) -> Path:
-    from datasets import Dataset
-
-    gen = torch.Generator().manual_seed(seed)
-    ids = [torch.randint(0, VOCAB, (n,), generator=gen) for n in LENGTHS]
-    masks = [(torch.rand(n, generator=gen) > 0.3).long() for n in LENGTHS]
-    (out / "hidden_states").mkdir(parents=True)
-    for i, n in enumerate(LENGTHS):
-        save_file({"hidden_states": torch.randn(n, AUX + 1, H, generator=gen).to(dtype), "token_ids": ids[i]},
-                  str(out / "hidden_states" / f"hs_{i}.safetensors"))
-    Dataset.from_dict({"input_ids": [t.tolist() for t in ids], "loss_mask": [m.tolist() for m in masks],
-                       "seq_len": LENGTHS}).with_format("torch").save_to_disk(str(out))
-    return out
 
 
 @pytest.fixture(scope="module")
@@ -48,32 +28,6 @@ def data_bf16(tmp_path_factory) -> Path:
 @pytest.fixture(scope="module")
 def data_fp32(tmp_path_factory) -> Path:
     return write_dataset(tmp_path_factory.mktemp("data") / "fp32", torch.float32, seed=1)
-
-
-class Speculators:
-    """speculators' own path: ArrowDataset items through CollateFn(shift_batch), for any rows of the dataset."""
-
-    def __init__(self, data_dir: Path, dtype: torch.dtype):
-        from speculators.models.eagle3.data import shift_batch
-        from speculators.train.data import ArrowDataset, CollateFn
-
-        # train_ratio=1: item i is row i of the whole dataset.
-        self.items = ArrowDataset(max_len=T, datapath=str(data_dir), on_missing="raise", train_ratio=1.0,
-                                  split="train", hidden_states_dtype=dtype)
-        self.collate = CollateFn(T, H, num_target_layers=AUX, dtype=dtype, preprocess=shift_batch)
-
-    def batch(self, rows) -> dict:
-        out = self.collate([self.items[int(r)] for r in rows])
-        return {k: v for k, v in out.items() if isinstance(v, torch.Tensor)}
-
-
-def passes(loader, epochs=(0, 1)):
-    """(full-dataset rows, micro-batch) over whole passes of `loader`."""
-    for epoch in epochs:
-        loader.batch_sampler.set_epoch(epoch)
-        plan = list(loader.batch_sampler)
-        for docs, batch in zip(plan, loader, strict=True):
-            yield [int(loader.split_rows[i]) for i in docs], batch
 
 
 def assert_same(ours: dict, ref: dict) -> None:
@@ -100,33 +54,12 @@ def test_micro_batches_equal_speculators_field_by_field(data_bf16, sharding):
     assert all(seen.values()), seen
 
 
-def tiny_draft(flags: dict):
-    from eagle3.config import DraftConfig
-    from eagle3.draft_arch import SPECULATORS_FLAGS
-    from eagle3.init.build import bare_draft
-
-    draft = {"vocab_size": VOCAB, "hidden_size": H, "intermediate_size": 64, "num_attention_heads": 2,
-             "num_key_value_heads": 2, "head_dim": 16, "max_position_embeddings": 2 * T, "rope_theta": 10000.0,
-             "rms_norm_eps": 1e-6, "hidden_act": "silu", "draft_vocab_size": 32, "aux_layer_ids": [1, 2, 3],
-             "ttt_steps": 3}
-    torch.manual_seed(0)
-    model = bare_draft(DraftConfig(**draft), {**SPECULATORS_FLAGS, **flags}, "cpu", attn_impl="sdpa")
-    ids = torch.arange(0, VOCAB, 2)
-    t2d = torch.zeros(VOCAB, dtype=torch.bool)
-    t2d[ids] = True
-    model.load_vocab_mappings(t2d, ids - torch.arange(len(ids)))
-    with torch.no_grad():
-        for p in (model.embed_tokens.weight, model.lm_head.weight, model.verifier_lm_head.weight):
-            p.normal_(0, 0.5)
-    return model.eval()
-
-
 @pytest.mark.slow  # every micro-batch of an epoch through the model, three ways: 6-11 s on 2 cores
 @pytest.mark.parametrize("flags", [{}, {"fc_norm": True, "norm_before_fc": False}], ids=["speculators", "fc_norm"])
 def test_the_model_gives_the_same_loss_and_metrics(data_bf16, data_fp32, flags):
     from speculators.losses import resolve_loss_config
 
-    model = tiny_draft(flags)
+    model = draft_for_dataset(flags)
     kwargs = {"ttt_steps": 3, "loss_config": resolve_loss_config("kl_div", "eager")}
 
     def run(m, inputs):

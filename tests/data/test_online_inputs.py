@@ -106,7 +106,8 @@ def test_skip_counts_bad_lines_rows_of_another_format_and_long_rows(verifier, tm
     """Under data.on_bad_sample=skip: the JSONL's bad lines are left out while reading it (among them the
     {"messages"} rows in a file whose first row is {"input_ids", "loss_mask"}: every row is in the first row's
     format), the row longer than the verifier's positions by the start-up check; both counts reach data_check.json
-    and the log. Chat rows trained on their assistant turns: tests/test_row_files.py and tests/test_prepare.py."""
+    and the log. Chat rows trained on their assistant turns: tests/formats/test_row_files.py and
+    tests/data/test_prepare.py."""
     rng = random.Random(3)
     chats = [{"messages": conversation(rng)} for _ in range(4)]
     long_row = {"input_ids": list(range(POSITIONS + 16)), "loss_mask": [1] * (POSITIONS + 16)}

@@ -13,7 +13,6 @@ from pathlib import Path
 
 import pytest
 import torch
-from test_serve import engine_python  # noqa: F401  (the session's vLLM environment, built once)
 
 from eagle3.config import TinyVerifierConfig
 from eagle3.data import regenerate as regen
@@ -21,7 +20,7 @@ from eagle3.data.regenerate import regenerated_rows_dir
 from eagle3.data.sources.regenerate import Regeneration, RegenerationEngine
 from eagle3.data.verifier import tiny_verifier_dir
 from eagle3.errors import ConfigError
-from factories import chat_tokenizer, chat_words
+from factories import ROOT, chat_tokenizer, chat_words
 
 HF = RegenerationEngine.transformers  # in process, whether or not a vLLM environment is on this machine
 
@@ -204,7 +203,7 @@ def test_a_prompt_only_row_without_its_placeholder_is_refused_quoting_the_rule(v
     from eagle3.data.regenerate import PROMPT_ONLY_RULE
     from eagle3.errors import DataError
 
-    docs = (Path(__file__).parent.parent / "docs" / "regenerate.md").read_text()
+    docs = (ROOT / "docs" / "regenerate.md").read_text()
     assert PROMPT_ONLY_RULE in " ".join(docs.split())
     prompts = write_jsonl(tmp_path / "prompts.jsonl", [{"input_ids": [5, 6, 7], "loss_mask": [0, 0, 0]}])
     with pytest.raises(DataError) as refused:

@@ -170,10 +170,9 @@ def test_pinned_reader_never_overwrites_a_batch_whose_copy_is_still_queued(tmp_p
     """The copy from a page-locked buffer runs when the GPU gets to it. Here the GPU is kept busy before each
     copy is queued and the next batch is asked for at once: the reader must wait for that copy before refilling
     the buffer, so every batch on the GPU still equals speculators' own for its rows."""
-    from test_loader import AUX, RATIO, H, Speculators, T, passes, write_dataset
-
     from eagle3.data.loader import build_loaders
     from eagle3.train import to_device
+    from factories import AUX, RATIO, H, Speculators, T, passes, write_dataset
 
     data = write_dataset(tmp_path / "bf16", torch.bfloat16)
     train, _ = build_loaders(data, T, H, AUX, RATIO, seed=0, prefetch=2, device=CUDA)

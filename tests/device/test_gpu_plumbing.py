@@ -1,8 +1,8 @@
-"""tests/test_gpu.py's plumbing on CPU: its run config, the one-rank process group handed to the real run_rank
+"""tests/device/test_gpu.py's plumbing on CPU: its run config, the one-rank process group handed to the real run_rank
 as a distributed world, the spies on the rank and the reload of a checkpoint by speculators, with the same
 helpers and device=cpu (gloo, the eager loss, no autocast), so that a change that breaks them fails here and not
 on the first GPU run. What only CUDA has (the fused loss, bf16 autocast, page-locked copies, nccl) stays in
-tests/test_gpu.py, marked gpu."""
+tests/device/test_gpu.py, marked gpu."""
 
 from __future__ import annotations
 

@@ -227,7 +227,7 @@ def test_the_plan_counts_an_offline_datasets_steps_and_bytes(trained_run):
     data_dir = Path(summary["data_dir"])
     plan = run_plan(_resolved(["data=offline", f"data.path={data_dir}", "data.total_seq_len=512",
                                "data.train_ratio=0.9", "optim.epochs=2", "device=cpu"]))
-    # The run trained 2 epochs of the same rows at the same total_seq_len (tests/conftest.py SMALL_DATA).
+    # The run trained 2 epochs of the same rows at the same total_seq_len (tests/factories.py SMALL_DATA).
     assert plan.total_steps == summary["steps"]
     hidden = sum(f.stat().st_size for f in (data_dir / "hidden_states").glob("*.safetensors"))
     assert any(f"{hidden / 2**30:.2f} GiB in all" in note for note in plan.data_notes)
@@ -526,7 +526,7 @@ def test_an_online_plan_imports_no_torch(tmp_path):
     import subprocess
 
     verifier = _verifier_dir(tmp_path, "llama-8b", LLAMA_8B_CONFIG)
-    code = ("import sys; sys.path[:0] = ['tests', 'bench']\n"
+    code = ("import sys; sys.path[:0] = ['tests/plan', 'tests', 'bench']\n"
             "from test_plan import _planned_config\n"
             "from eagle3.fit import run_plan\n"
             f"plan = run_plan(_planned_config(['model=llama3_8b', 'model.verifier.path={verifier}', 'data=online', "

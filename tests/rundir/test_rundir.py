@@ -178,9 +178,8 @@ def accept(run: Path) -> None:
 
 def serve(run: Path) -> None:
     """eagle3.serve with an engine that fails as it starts (after its log is opened), as test_serve's fake one."""
-    from test_serve import FAKE_ENGINE
-
     from eagle3.serve.__main__ import main
+    from factories import FAKE_ENGINE
 
     engine = run.parent / "fake-python"
     engine.write_text(FAKE_ENGINE)

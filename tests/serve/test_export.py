@@ -84,7 +84,8 @@ def test_export_refuses_a_bad_checkpoint_and_writes_nothing(small_checkpoint, tm
 def test_export_of_a_good_checkpoint_still_works_and_an_unusable_out_is_refused(small_checkpoint, tmp_path, capsys):
     from eagle3.export import main
 
-    # speculators' flags (norm_before_residual=true): SGLang cannot serve it (tests/test_export_parity.py), vLLM can
+    # speculators' flags (norm_before_residual=true): SGLang cannot serve it (tests/serve/test_export_parity.py),
+    # vLLM can
     assert main([str(small_checkpoint), "--out", str(tmp_path / "ok")]) == 0
     assert (tmp_path / "ok" / "model.safetensors").is_file()
     (tmp_path / "file").write_text("x")

@@ -16,26 +16,18 @@ from pathlib import Path
 import pytest
 from omegaconf import OmegaConf
 
-from commands import launch
+from commands import launch, live_group_members, signals_as_a_shell_leaves_them
 from eagle3.config import validate
 from eagle3.errors import ConfigError
 from eagle3.eval.speedup import main as speedup_main
 from eagle3.serve import engine as engine_module
 from eagle3.serve.harness import side_by_side
 from eagle3.serve.metrics import SpecCounters, acceptance, spec_counters
-from factories import ROOT, compose_cfg, fake_run_dir, summary_json
+from factories import FAKE_ENGINE, ROOT, compose_cfg, fake_run_dir, summary_json
 
 # The engine's venv, at the place --install builds it; read before any test points $EAGLE3_CACHE elsewhere, so
 # that it is built once and reused across sessions.
 ENGINE_DIR = engine_module.default_dir()
-
-FAKE_ENGINE = """#!/bin/bash
-if [ "$1" = "-c" ]; then echo '{"engine": "vllm", "version": "0.0+fake", "torch": "0"}'; exit 0; fi
-case "$FAKE_ENGINE_MODE" in
-  fail) echo "RuntimeError: the fake engine cannot start"; exit 3 ;;
-  hang) echo $$ >> "$FAKE_ENGINE_PGIDS"; sleep 1000 & sleep 1000 ;;
-esac
-"""
 
 METRICS = """# HELP vllm:spec_decode_num_drafts_total Number of spec decoding drafts.
 # TYPE vllm:spec_decode_num_drafts_total counter
@@ -49,19 +41,6 @@ vllm:spec_decode_num_accepted_tokens_per_pos_total{engine="0",model_name="verifi
 vllm:spec_decode_num_accepted_tokens_per_pos_created{engine="0",model_name="verifier",position="0"} 1.79e+09
 vllm:num_requests_running{engine="0",model_name="verifier"} 0.0
 """
-
-
-def live_group_members(pgid: int) -> list[int]:
-    """Pids of the processes of group `pgid` that are not zombies."""
-    pids = []
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            state, _, group = stat.read_text().rsplit(")", 1)[1].split()[:3]
-        except (OSError, ValueError):
-            continue
-        if int(group) == pgid and state != "Z":
-            pids.append(int(stat.parent.name))
-    return pids
 
 
 @pytest.fixture
@@ -281,15 +260,6 @@ def test_the_cpu_engine_runs_its_worker_in_the_engine_core_and_the_cuda_engine_a
     assert cuda_cmd == [c for c in cpu_cmd if c not in ("--distributed-executor-backend", "uni")]
 
 
-def signals_as_a_shell_leaves_them() -> None:
-    """In the child before it runs: SIGINT and SIGTERM neither ignored nor blocked, as a shell starts a command,
-    whatever this pytest worker's earlier tests left in its own signal state (an ignored or blocked SIGINT is
-    inherited through exec, and Python then never raises KeyboardInterrupt)."""
-    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT, signal.SIGTERM})
-    for signum in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(signum, signal.SIG_DFL)
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
 def test_a_signal_stops_the_servers(fake_run, signum):
@@ -317,13 +287,6 @@ def test_a_signal_stops_the_servers(fake_run, signum):
     assert proc.returncode == (128 + signum if signum == signal.SIGTERM else 1), err
     assert "Traceback" not in err
     assert all(not live_group_members(pgid) for pgid in pgids)
-
-
-@pytest.fixture(scope="session")
-def engine_python() -> Path:
-    """The vLLM environment: $EAGLE3_VLLM_PYTHON, or the one --install builds (built once, then reused)."""
-    given = os.environ.get(engine_module.PYTHON_ENV)
-    return Path(given) if given else engine_module.install(ENGINE_DIR).python
 
 
 def serve_report(run: Path, k: int, speedup: float, accept_rate: list[float], temperature: float = 0.0,

@@ -2,12 +2,12 @@
 accepted tokens per position equal the harness's on the same prompts at k=3 (P-EAGLE's through vLLM's parallel
 drafting, all k tokens in one forward).
 
-The default architecture is tests/test_serve.py's (which also checks the harness of eagle3.serve against
+The default architecture is tests/serve/test_serve.py's (which also checks the harness of eagle3.serve against
 eagle3.eval.accept); here the others, one short training each (the counts need only agree, not be good), served
 by one `python -m eagle3.serve RUN RUN ...` beside one plain server of their common verifier and the n-gram
 baseline's server at k=3. The axes of the
 one-forward-per-token drafts (decoder layer, depth, EAGLE-3.1's norms) are in one draft, so that each server
-start (two processes importing vLLM, half a minute on 2 cores) checks all three; tests/test_draft_arch.py trains
+start (two processes importing vLLM, half a minute on 2 cores) checks all three; tests/arch/test_draft_arch.py trains
 and exports each combination on its own."""
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import json
 from pathlib import Path
 
 import pytest
-from test_serve import engine_python, no_server_left  # noqa: F401  (the session's vLLM environment)
+from test_serve import no_server_left
 
 from commands import launch
 from factories import SMALL_DATA

@@ -8,12 +8,12 @@ from pathlib import Path
 import pytest
 import torch
 from safetensors.torch import load_file
-from test_loader import AUX, RATIO, H, T
 from test_val_metrics import NAN_ROW, data_dir, nan_data_dir, validate  # noqa: F401  (the fixtures)
 
 from eagle3.data.loader import build_loaders
 from eagle3.data.online import OnlineVerifier
 from eagle3.train import ValNotFinite
+from factories import AUX, RATIO, H, T
 
 pytestmark = pytest.mark.filterwarnings("ignore:Found .* samples longer than batch_max_length")
 

@@ -13,10 +13,9 @@ from pathlib import Path
 import pytest
 import torch
 from safetensors.torch import load_file, save_file
-from test_loader import AUX, LENGTHS, RATIO, VOCAB, H, T, tiny_draft
 
 from commands import launch
-from factories import SMALL_DATA, read_rows
+from factories import AUX, LENGTHS, RATIO, SMALL_DATA, VOCAB, H, T, draft_for_dataset, read_rows
 
 pytestmark = pytest.mark.filterwarnings("ignore:Found .* samples longer than batch_max_length")
 
@@ -81,7 +80,7 @@ def validate(loader, **kwargs) -> dict[str, float]:
     from eagle3.train import run_validation
 
     call = {"ttt_steps": 3, "ttt_step_loss_decay": 1.0, "loss_config": resolve_loss_config("kl_div", "eager")}
-    return run_validation(tiny_draft({}), loader, torch.device("cpu"), nullcontext(), call, **kwargs)
+    return run_validation(draft_for_dataset({}), loader, torch.device("cpu"), nullcontext(), call, **kwargs)
 
 
 def assert_same_metrics(a: dict[str, float], b: dict[str, float]) -> None:
