@@ -7,7 +7,7 @@ d2t/t2d buffers), gradients and AdamW's two fp32 moments (sharded under FSDP), t
 reader's hidden-state buffers (eagle3/data/reader.py), with data=online the verifier every rank holds and its
 forward (eagle3/data/online.py; `verifier_terms`), and the activations autograd keeps for one
 micro-batch through `ttt_steps` test-time-training steps (derived from speculators' forward; see
-`_activations`), plus the largest transient of the backward. tests/test_plan.py checks the parameter
+`_activations`), plus the largest transient of the backward. tests/plan/test_plan.py checks the parameter
 counts against the real model on the meta device, and the planned peak against the measured one on CPU
 (bench/plan_memory.py prints the ratios).
 

@@ -7,7 +7,7 @@ test-time-training steps attend to the keys and values of all earlier steps thro
 forward must also not write the cache a second time. So each layer call runs under `torch.utils.checkpoint`
 as a pure function of (hidden states, the earlier steps' keys, values): it gets a private cache seeded with
 them, and returns its output with the step's new keys and values, which are then appended to the real cache
-outside the checkpoint. The loss and gradients are those of the plain forward (tests/test_plan.py).
+outside the checkpoint. The loss and gradients are those of the plain forward (tests/plan/test_plan.py).
 """
 
 from __future__ import annotations

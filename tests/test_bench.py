@@ -1,5 +1,5 @@
 """The benchmarks run at small shapes here, so that they cannot rot between the sessions that measure with them;
-each as `python bench/SCRIPT.py ...` in this process (conftest.run_in_process): their numbers are not checked here,
+each as `python bench/SCRIPT.py ...` in this process (commands.run_in_process): their numbers are not checked here,
 only that they run and report."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from conftest import run_in_process
+from commands import run_in_process
 
 
 @pytest.mark.slow

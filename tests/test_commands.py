@@ -11,8 +11,9 @@ import pytest
 import yaml
 from hydra.core.override_parser.overrides_parser import OverridesParser
 
-from conftest import ROOT, launch
+from commands import launch
 from eagle3.console import hydra_override, resume_command, shell_override
+from factories import ROOT
 
 # A sweep job's run dir (Hydra names it from the overrides) and a dir with a space and a quote.
 AWKWARD_NAMES = ["1_optim.epochs=1,optim.lr=0.003", "my runs/it's [v2]"]

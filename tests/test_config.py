@@ -2,15 +2,15 @@
 
 from __future__ import annotations
 
-import json
 import subprocess
 import sys
 
 import pytest
 from omegaconf import OmegaConf
 
-from conftest import CONF, ROOT, compose_cfg, launch
+from commands import launch
 from eagle3.config import ConfigError, validate
+from factories import CONF, ROOT, compose_cfg, verifier_config_dir
 
 GROUPS = ["model", "data", "init", "optim", "distributed", "logger"]
 OPTIONS = [(g, p.stem) for g in GROUPS for p in sorted((CONF / g).glob("*.yaml"))]
@@ -25,14 +25,13 @@ REQUIRED = {("model", "kimi_k25"): ["model.verifier.path"], ("model", "auto"): [
 def user_values(tmp_path, num_layers: int = 36) -> dict:
     """Values a user gives for the REQUIRED keys, each one that validate() accepts (paths that exist); the
     verifier's depth bounds the aux layer ids."""
-    verifier, data = tmp_path / "verifier", tmp_path / "data"
+    data = tmp_path / "data"
     (data / "hidden_states").mkdir(parents=True)
-    verifier.mkdir()
     # model=auto and its presets read the draft's shape from the verifier's config.json
     # (a vocabulary above the presets' pinned draft vocabulary of 32000, as Llama's and Qwen's are)
-    (verifier / "config.json").write_text(json.dumps({
-        "hidden_size": 64, "num_attention_heads": 4, "intermediate_size": 128, "vocab_size": 152064,
-        "num_hidden_layers": num_layers, "max_position_embeddings": 128, "rope_theta": 10000.0, "rms_norm_eps": 1e-6}))
+    verifier = verifier_config_dir(tmp_path / "verifier", hidden_size=64, num_attention_heads=4, intermediate_size=128,
+                                   vocab_size=152064, num_hidden_layers=num_layers, max_position_embeddings=128,
+                                   rope_theta=10000.0, rms_norm_eps=1e-6)
     (tmp_path / "prompts.jsonl").write_text('{"input_ids": [1, 2], "loss_mask": [0, 1]}\n')  # data=regenerate's
     return {"model.verifier.path": str(verifier), "data.path": str(data), "init.path": str(tmp_path),
             "distributed.node_rank": 1, "distributed.rdzv_endpoint": "node0:29500"}
@@ -122,7 +121,7 @@ def test_offline_data_missing_path_names_it(tmp_path):
     assert not (run_dir / "checkpoints").exists()
 
 
-# data=offline without data.path: tests/test_reliability.py test_malformed_override_is_one_message_naming_the_key
+# data=offline without data.path: tests/run/test_reliability.py test_malformed_override_is_one_message_naming_the_key
 # [data=offline] (the same launch, the same and stricter assertions).
 
 
@@ -172,11 +171,11 @@ def test_run_config_is_typed_and_a_run_dirs_config_goes_through_the_same_schema(
     (["modle=auto", "seed=1"], False), (["device=tpu"], True),
 ])
 def test_compose_cfg_is_hydras_composition(overrides, return_hydra_config):
-    """conftest's compose_cfg composes a config once for many tests and applies the keys' overrides after; its
+    """factories' compose_cfg composes a config once for many tests and applies the keys' overrides after; its
     config (its hydra node and flags with it) or its error is Hydra's compose of the whole list."""
     from hydra.errors import HydraException
 
-    from conftest import composed
+    from factories import composed
 
     def outcome(compose):
         try:

@@ -29,7 +29,7 @@ import pytest
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.core.override_parser.types import IntervalSweep
 
-from conftest import ROOT, compose_cfg
+from factories import ROOT, compose_cfg, verifier_config_dir
 from hydra_plugins.eagle3_basic_sweeper.sweeper import job_config_problem
 
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
@@ -98,10 +98,8 @@ def inputs(tmp_path_factory) -> dict[str, str]:
     the presets name there."""
     root = tmp_path_factory.mktemp("docs_inputs")
     verifier, dataset, drafter = root / "verifier", root / "dataset", root / "drafter"
-    verifier.mkdir()
-    (verifier / "config.json").write_text(json.dumps({
-        "hidden_size": 64, "num_attention_heads": 4, "intermediate_size": 128, "vocab_size": 152064,
-        "num_hidden_layers": 61, "max_position_embeddings": 128, "rope_theta": 10000.0, "rms_norm_eps": 1e-6}))
+    verifier_config_dir(verifier, hidden_size=64, num_attention_heads=4, intermediate_size=128, vocab_size=152064,
+                        num_hidden_layers=61, max_position_embeddings=128, rope_theta=10000.0, rms_norm_eps=1e-6)
     (dataset / "hidden_states").mkdir(parents=True)
     (dataset / "data-00000-of-00001.arrow").write_bytes(b"")
     cache = root / "cache"

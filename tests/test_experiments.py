@@ -7,11 +7,12 @@ import json
 import pytest
 from omegaconf import OmegaConf
 
-from conftest import CONF, compose_cfg
+from commands import launch
 from eagle3.config import DraftConfig, validate
 from eagle3.draft_arch import SPECULATORS_FLAGS, resolved_flags
 from eagle3.init.build import meta_draft
 from eagle3.init.pretrained import SPECFORGE_FLAGS
+from factories import CONF, compose_cfg, verifier_config_dir
 
 PATHS = ["model.verifier.path=/models/Kimi-K2.5", "data.path=/data/k25"]
 # SmolLM2-135M-Instruct's shape (its config.json), for experiment=smollm2_sharegpt without the reference assets built
@@ -32,13 +33,10 @@ def test_every_experiment_composes_and_validates(name, tmp_path):
     paths = []
     if name.startswith("kimi"):  # the verifier and data a user points it at
         (tmp_path / "data" / "hidden_states").mkdir(parents=True)
-        (tmp_path / "verifier").mkdir()
-        (tmp_path / "verifier" / "config.json").write_text("{}")
+        verifier_config_dir(tmp_path / "verifier")
         paths = [f"model.verifier.path={tmp_path / 'verifier'}", f"data.path={tmp_path / 'data'}"]
     if name == "smollm2_sharegpt":  # its verifier and data under cache_dir, as python -m eagle3.reference builds them
-        verifier = tmp_path / "reference" / "SmolLM2-135M-Instruct"
-        verifier.mkdir(parents=True)
-        (verifier / "config.json").write_text(json.dumps(SMOLLM2_SHAPE))
+        verifier_config_dir(tmp_path / "reference" / "SmolLM2-135M-Instruct", **SMOLLM2_SHAPE)
         (tmp_path / "reference" / "sharegpt").mkdir()
         (tmp_path / "reference" / "sharegpt" / "ShareGPT_V3_unfiltered_cleaned_split.json").write_text(
             json.dumps([{"id": "a_0", "conversations": [{"from": "human", "value": "Hi"},
@@ -101,3 +99,13 @@ def test_kimi_k25_finetune_k2_preset():
     print(f"\nkimi_k25_finetune_k2 draft (SpecForge layout flags): {count:,} parameters besides embed_tokens "
           "and lm_head")
     assert count == kimi_formula(input_norm=False)
+
+
+@pytest.mark.parametrize("extra", [[], ["--cfg", "job"]])
+def test_unknown_experiment_is_refused_with_the_list(extra, tmp_path):
+    proc = launch(["experiment=kimi_k25_scrach", f"hydra.run.dir={tmp_path / 'run'}", *extra], tmp_path / "cache")
+    assert proc.returncode != 0
+    assert "experiment/kimi_k25_scrach" in proc.stderr
+    assert "kimi_k25_scratch" in proc.stderr and "kimi_k25_finetune_k2" in proc.stderr  # the ones that exist
+    assert "Traceback" not in proc.stderr
+    assert not (tmp_path / "run").exists()  # nothing trained

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import ROOT
+from factories import ROOT
 
 PROBE = "gpu_check_probe"
 

@@ -1,5 +1,5 @@
-"""conftest's in-process runs of `python launch.py` and `python -m MODULE`: the exit status and console a process
-would have, and nothing of the test process left changed."""
+"""tests/commands.py's in-process runs of `python launch.py` and `python -m MODULE`: the exit status and console
+a process would have, and nothing of the test process left changed."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import signal
 
 import pytest
 
-from conftest import launch, launch_process, run_in_process
+from commands import launch, launch_process, run_in_process
 
 
 @pytest.mark.slow  # starts launch.py as a process, twice

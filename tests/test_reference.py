@@ -13,7 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from conftest import compose_cfg, launch, read_rows
+from commands import launch
+from factories import compose_cfg, read_rows
 
 # A slice a real-model test can afford: a few conversations, their turns cut short, so that each row is a few
 # hundred tokens; a small draft vocabulary, short packed batches, a few steps.
@@ -136,7 +137,7 @@ def test_smollm2_online_and_regenerated_chat_rows_train_a_draft(smollm2_dir, cha
 
 
 def test_from_gguf_refuses_a_missing_file_a_file_of_another_kind_and_an_existing_out(tmp_path):
-    from conftest import run_in_process
+    from commands import run_in_process
 
     gguf = tmp_path / "model.gguf"
     gguf.write_bytes(b"GGUF" + bytes(60))

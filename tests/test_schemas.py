@@ -4,14 +4,17 @@ schema and the CLIs take their options from it, and the option files in conf/ st
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
+
 import pytest
 import yaml
 from hydra.errors import ConfigCompositionException
 from omegaconf import OmegaConf
 
-from conftest import compose_cfg
 from eagle3.config import plain_config, run_config, validate
 from eagle3.errors import ConfigError
+from factories import checked_config, compose_cfg, tiny_run_config
 
 
 def typed(overrides: list[str] | None = None):
@@ -157,7 +160,7 @@ def test_a_refused_cli_option_is_one_line_on_the_console(argv, status, tmp_path)
     import subprocess
     import sys
 
-    from conftest import ROOT
+    from factories import ROOT
 
     argv = [a.format(tmp=tmp_path) for a in argv]
     proc = subprocess.run([sys.executable, "-m", *argv], cwd=ROOT, capture_output=True, text=True, timeout=120)
@@ -231,8 +234,8 @@ def test_option_files_hold_only_deltas_from_their_schemas(tmp_path):
     from hydra import initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra
 
-    from conftest import CONF
     from eagle3.config import register_configs
+    from factories import CONF
 
     conf = tmp_path / "conf"
     shutil.copytree(CONF, conf)
@@ -256,3 +259,45 @@ def test_a_signal_raises_in_the_block_and_the_handler_before_it_is_back():
         os.kill(os.getpid(), signal.SIGUSR1)
     assert e.value.signum == signal.SIGUSR1
     assert signal.getsignal(signal.SIGUSR1) is before
+
+
+def test_a_fifo_or_a_device_as_data_path_is_named_for_what_it_is(tmp_path):
+    fifo = tmp_path / "rows.fifo"
+    os.mkfifo(fifo)
+    for option, path, says in (("online", fifo, "is a FIFO (named pipe), not a regular file or a dataset dir"),
+                               ("online", Path("/dev/zero"), "is a character device, not a regular file"),
+                               ("offline", fifo, "is a FIFO (named pipe), not a directory"),
+                               ("offline", Path("/dev/zero"), "is a character device, not a directory")):
+        with pytest.raises(ConfigError, match="data.path") as refused:
+            tiny_run_config([f"data={option}", f"data.path={path}"])
+        assert f"{path} {says}" in str(refused.value) and "does not exist" not in str(refused.value)
+    with pytest.raises(ConfigError, match=r"data\.path: .*missing does not exist"):
+        tiny_run_config(["data=online", f"data.path={tmp_path / 'missing'}"])
+    with pytest.raises(ConfigError, match=r"eval\.accept\.prompts: .* is a FIFO \(named pipe\), not a regular file"):
+        tiny_run_config(["eval.accept.enabled=true", f"eval.accept.prompts={fifo}"])
+
+
+def test_a_mask_token_for_a_draft_without_masked_slots_is_refused():
+    """model.draft.mask_token_id means something to P-EAGLE only; with the default kind=eagle3 it did nothing."""
+    with pytest.raises(ConfigError, match=r"^model.draft.mask_token_id: .* model.draft.kind=eagle3 has none: drop it, "
+                                          r"or set model.draft.kind=peagle$"):
+        checked_config(["model.draft.mask_token_id=5"])
+    assert checked_config(["model.draft.kind=peagle", "model.draft.mask_token_id=5"]).model.draft.mask_token_id == 5
+
+
+def test_an_infinite_accept_temperature_is_refused_in_the_run_and_the_cli():
+    """T=inf divides every logit to 0: a uniform draw, whatever the verifier and the draft say."""
+    from eagle3.eval.accept import main as accept_main
+
+    with pytest.raises(ConfigError, match=r"^eval.accept.temperature: must be >= 0 and finite, got inf$"):
+        checked_config(["eval.accept.temperature=inf"])
+    with pytest.raises(SystemExit, match=r"^error: --temperature \(eval.accept.temperature\): must be >= 0 and "
+                                         r"finite, got inf$"):
+        accept_main(["--temperature", "inf"])
+
+
+@pytest.mark.parametrize("source", ["tiny", "online"])
+def test_an_infinite_synth_temperature_is_refused(source):
+    """Responses drawn at T=inf are uniform noise, not the verifier's: no row would be like its output."""
+    with pytest.raises(ConfigError, match=r"^data.synth.temperature: must be > 0 and finite .*, got inf$"):
+        checked_config([f"data={source}", "data.synth.temperature=inf"])

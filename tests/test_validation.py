@@ -3,16 +3,15 @@ dataset synthesized and no verifier built (the cache stays empty)."""
 
 from __future__ import annotations
 
-import json
-
 import pytest
 import torch
 from omegaconf import OmegaConf
 
-from conftest import compose_cfg, launch
+from commands import launch
 from eagle3.config import MIN_SEQ_LEN, validate
 from eagle3.console import hydra_override
 from eagle3.errors import ConfigError
+from factories import compose_cfg, verifier_config_dir
 
 
 def checked(overrides: list[str]):
@@ -43,9 +42,7 @@ def test_the_shipped_configs_pass():
 
 
 def test_aux_ids_are_checked_against_a_path_verifiers_depth(tmp_path):
-    verifier = tmp_path / "verifier"
-    verifier.mkdir()
-    (verifier / "config.json").write_text(json.dumps({"num_hidden_layers": 32, "hidden_size": 128}))
+    verifier = verifier_config_dir(tmp_path / "verifier", num_hidden_layers=32, hidden_size=128)
     base = ["model.verifier.tiny=null", f"model.verifier.path={verifier}", "model.draft.hidden_size=128",
             "model.draft.vocab_size=1024"]
     checked([*base, "model.draft.aux_layer_ids=[2,16,29]"])

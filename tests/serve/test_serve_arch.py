@@ -1,0 +1,76 @@
+"""The draft architectures of eagle3/draft_arch.py served by vLLM on CPU: in fp32 at T=0 the engine's drafts and
+accepted tokens per position equal the harness's on the same prompts at k=3 (P-EAGLE's through vLLM's parallel
+drafting, all k tokens in one forward).
+
+The default architecture is tests/serve/test_serve.py's (which also checks the harness of eagle3.serve against
+eagle3.eval.accept); here the others, one short training each (the counts need only agree, not be good), served
+by one `python -m eagle3.serve RUN RUN ...` beside one plain server of their common verifier and the n-gram
+baseline's server at k=3. The axes of the
+one-forward-per-token drafts (decoder layer, depth, EAGLE-3.1's norms) are in one draft, so that each server
+start (two processes importing vLLM, half a minute on 2 cores) checks all three; tests/arch/test_draft_arch.py trains
+and exports each combination on its own."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from test_serve import no_server_left
+
+from commands import launch
+from factories import SMALL_DATA
+
+ARCHITECTURES = {
+    # the three axes the non-parallel drafts differ on, in one draft: the decoder layer, the depth, EAGLE-3.1's norms
+    "qwen3_two_layers_eagle31": ["optim.max_steps=6", "model.draft.layer_type=qwen3", "model.draft.num_layers=2",
+                                 "model.draft.eagle31=true"],
+    # trained long enough that vLLM accepts some of its tokens
+    "peagle": ["optim.epochs=3", "optim.lr=3e-3", "model.draft.kind=peagle"],
+}
+ARGS = ["--k", "3", "--num-prompts", "4", "--max-new-tokens", "24"]
+
+
+@pytest.fixture(scope="module")
+def served_runs(cache_dir, tmp_path_factory, engine_python) -> dict[str, Path]:  # noqa: F811
+    """A run dir of each architecture, all served by one eagle3.serve command."""
+    from eagle3.serve.__main__ import main
+
+    runs = {}
+    for name, overrides in ARCHITECTURES.items():
+        runs[name] = tmp_path_factory.mktemp("arch") / name
+        proc = launch([f"hydra.run.dir={runs[name]}", "logger.mode=disabled", *SMALL_DATA, *overrides], cache_dir)
+        assert proc.returncode == 0, proc.stderr[-4000:]
+    main([*map(str, runs.values()), *ARGS, "--python", str(engine_python)])
+    return runs
+
+
+@pytest.mark.slow
+def test_one_plain_server_serves_beside_every_run(served_runs):
+    logs = sorted(str(p.relative_to(p.parent.parent)) for run in served_runs.values()
+                  for p in run.glob("serve_vllm_*.log"))
+    first = next(iter(served_runs))
+    assert logs == sorted([f"{first}/serve_vllm_plain_t0.log", f"{first}/serve_vllm_ngram_k3_t0.log",
+                           *(f"{name}/serve_vllm_k3_t0.log" for name in served_runs)])
+    for run in served_runs.values():
+        no_server_left(run)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("arch", list(ARCHITECTURES))
+def test_vllm_counts_what_the_harness_counts_per_architecture(served_runs, arch):
+    report = json.loads((served_runs[arch] / "serve_vllm_k3_t0.json").read_text())
+    assert report["dtype"] == "float32" and report["k"] == 3 and report["prompts"] == 4
+    assert report["drafts"] == report["harness"]["drafts"] > 0
+    assert report["accepted_per_position"] == report["harness"]["accepted_per_position"]
+    assert report["harness"]["equal"] and report["same_tokens_as_plain"]
+    # the n-gram baseline, served beside each run in the same turns: counted over all its verify steps
+    ngram, plain_steps = report["ngram"], 4 * 24  # a prefill and 23 one-token steps per prompt without a draft
+    assert ngram["k"] == 3 and ngram["prompt_lookup_min"] == 2 and ngram["same_tokens_as_plain"]
+    assert ngram["drafts"] <= ngram["verify_steps"] <= plain_steps - 4
+    assert ngram["accept_len"] == pytest.approx(1 + ngram["accepted"] / ngram["verify_steps"])
+    assert ngram["tokens_per_s"] > 0 and report["plain_tokens_per_s"] > 0
+    assert report["verify_steps"] == report["drafts"]  # a drafter drafts at every verify step
+    if arch == "peagle":
+        assert "parallel_drafting" in (served_runs[arch] / "serve_vllm_k3_t0.log").read_text()
+        assert report["accepted_per_position"][0] > 0  # something to agree on
