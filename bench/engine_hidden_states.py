@@ -43,19 +43,19 @@ def measure(model_dir: Path, args: argparse.Namespace) -> dict:
     import torch
 
     from eagle3.data import vllm_hidden_states as vllm
-    from eagle3.data.record import verifier_fingerprint
-    from eagle3.data.verifier_forward import load_causal_lm, write_hidden_states
+    from eagle3.data.verifier_forward import write_hidden_states
     from eagle3.serve.engine import engine_python
+    from eagle3.verifier.model import Verifier
     from eagle3.verifier_shape import default_aux_layer_ids
 
-    verifier = verifier_fingerprint(model_dir)
+    verifier = Verifier(model_dir).fingerprint()
     layers = verifier["num_hidden_layers"]
     aux = default_aux_layer_ids(layers) if layers > 5 else [1, 2, 3]
     rows = token_rows(args.rows, verifier["vocab_size"], args.min_len, args.max_len)
     tokens = sum(len(ids) for ids, _ in rows)
     with tempfile.TemporaryDirectory(prefix="bench-hs-") as tmp:
         start = time.perf_counter()
-        model = load_causal_lm(model_dir)
+        model = Verifier(model_dir).load()
         load_s = time.perf_counter() - start
         start = time.perf_counter()
         write_hidden_states(model, rows, Path(tmp) / "transformers", aux, args.batch_tokens, torch.float32)

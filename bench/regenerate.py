@@ -34,19 +34,19 @@ def main() -> None:
     import torch
 
     from eagle3.data.jsonl import BadSamples
-    from eagle3.data.regenerate import eos_ids, generate, read_prompts
+    from eagle3.data.regenerate import generate, read_prompts
     from eagle3.data.regenerate_vllm import served
     from eagle3.data.sources.regenerate import Regeneration, RegenerationEngine
-    from eagle3.data.verifier_forward import load_causal_lm
-    from eagle3.verifier_shape import read_verifier_config
+    from eagle3.verifier.model import Verifier
 
-    vocab = read_verifier_config(args.verifier)["vocab_size"]
+    verifier = Verifier(args.verifier)
+    vocab = verifier.config["vocab_size"]
     prompts = read_prompts(args.prompts, args.verifier, vocab, BadSamples("skip"))[: args.n]
     budgets = [args.max_new_tokens] * len(prompts)
     settings = Regeneration(max_new_tokens=args.max_new_tokens, batch_size=len(prompts),
                             engine=RegenerationEngine.transformers)
-    model = load_causal_lm(args.verifier, "cpu", torch.float32)
-    in_process = partial(generate, model, eos_ids(args.verifier), settings)
+    model = verifier.load("cpu", torch.float32)
+    in_process = partial(generate, model, verifier.eos_ids(), settings)
     log = Path(tempfile.mkdtemp(prefix="eagle3-regen-bench-")) / "vllm.log"
     start = time.perf_counter()
     with served(args.verifier, settings, log) as by_vllm:

@@ -9,7 +9,6 @@ that finds the disk full removes its temporary sibling and keeps the previous ch
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import shutil
@@ -169,9 +168,10 @@ def load_draft(path: str | Path, attn_impl: str = "sdpa", device: str | torch.de
 def draft_kind(path: Path) -> str:
     """The checkpoint's draft kind (eagle3.draft_arch.DraftKind) by its config's speculators_model_type."""
     from eagle3.draft_arch import DraftKind
+    from eagle3.init.files import read_config
 
     try:
-        kind = json.loads((path / "config.json").read_text()).get("speculators_model_type", "eagle3")
-    except (OSError, ValueError, AttributeError):
+        kind = read_config(path).get("speculators_model_type", "eagle3")
+    except (CheckpointError, AttributeError):
         return DraftKind.eagle3.value  # the config class's own reading says what is wrong with it
     return DraftKind.peagle.value if kind == DraftKind.peagle.value else DraftKind.eagle3.value

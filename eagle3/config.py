@@ -26,7 +26,7 @@ from omegaconf.errors import OmegaConfBaseException
 
 from eagle3.draft_arch import DraftKind, LayerType, asked_flags, flag_conflicts, kind_flag_problem
 from eagle3.errors import ConfigError
-from eagle3.verifier_shape import read_verifier_config, shape_problems
+from eagle3.verifier.model import Verifier, shape_problems
 
 if TYPE_CHECKING:
     from eagle3.data.check import CheckReport
@@ -159,9 +159,9 @@ class VerifierConfig:
         _require((self.path is None) != (self.tiny is None), "model.verifier",
                  "set exactly one of model.verifier.path (a local Hugging Face model dir) and model.verifier.tiny")
         if self.path is not None:
-            _require_dir(self.path, "model.verifier.path", ["config.json"],
+            _require_dir(self.path, "model.verifier.path", [],
                          "a local Hugging Face model dir with config.json and model.safetensors (or its index)")
-            read_verifier_config(self.path)  # refuses a config no model could have, and LayerNorm verifiers
+            Verifier(self.path).config  # noqa: B018  (refuses no config.json, a config no model could have, LayerNorm)
         if self.tiny is not None:
             t = self.tiny
             problems = "; ".join(shape_problems({
@@ -178,7 +178,7 @@ class VerifierConfig:
             return self.tiny.num_layers
         if self.path is None:
             return None
-        layers = read_verifier_config(self.path).get("num_hidden_layers")
+        layers = Verifier(self.path).config.get("num_hidden_layers")
         return layers if isinstance(layers, int) else None
 
 

@@ -26,12 +26,14 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from eagle3.errors import UserError
 from eagle3.init.files import CheckpointError, checkpoint_files, load_tensors, read_config, read_header, tensor_shapes
 from eagle3.init.pretrained import SKIPPED
 from eagle3.init.pretrained import SPECFORGE_FLAGS as SPECFORGE_DEFAULTS
 from eagle3.rope import Rope, RopeError, engine_keys, read_rope
 from eagle3.serve_parity import FLAGS, Served, check_served, sglang_aux_ids, target_model_type
-from eagle3.verifier_shape import decoder_config
+from eagle3.tensorfile import INDEX
+from eagle3.verifier.model import Verifier
 
 
 def specforge_config(config: dict[str, Any], draft_vocab_size: int, aux_ids: list[int]) -> dict[str, Any]:
@@ -183,14 +185,12 @@ def specforge_name(key: str) -> str:
 
 def local_verifier(name: Any) -> Path | None:
     path = Path(str(name)) if name else None
-    return path if path is not None and (path / "config.json").is_file() else None
+    return path if path is not None and Verifier(path).exists() else None
 
 
 def read_verifier(path: Path | None) -> dict[str, Any] | None:
-    if path is None:
-        return None
-    config = read_config(path)
-    return decoder_config(config)
+    """The decoder's part of the verifier's config.json (its text_config for a multimodal wrapper)."""
+    return None if path is None else Verifier(path, key="--verifier").text
 
 
 def embed_equal(files: list[Path], verifier_dir: Path | None) -> bool | None:
@@ -200,8 +200,8 @@ def embed_equal(files: list[Path], verifier_dir: Path | None) -> bool | None:
     if verifier_dir is None:
         return None
     try:
-        theirs_files = checkpoint_files(verifier_dir, "--verifier")
-    except CheckpointError:
+        theirs_files = Verifier(verifier_dir, key="--verifier").weight_files()
+    except UserError:
         return None
     names = [k for f in theirs_files for k in read_header(f) if k.endswith("embed_tokens.weight")]
     if len(names) != 1:
@@ -215,7 +215,7 @@ def _write(checkpoint: Path, files: list[Path], plan: Served, out: Path, fmt: st
     from safetensors.torch import save_file
 
     if fmt == "speculators":
-        index = [checkpoint / "model.safetensors.index.json"] * (len(files) > 1)
+        index = [checkpoint / INDEX] * (len(files) > 1)
         for file in [*files, *index]:
             shutil.copy2(file, out / file.name)
     else:
@@ -242,7 +242,7 @@ def main(argv: list[str] | None = None) -> int:
                      f"leave the option out to keep the checkpoint's")
     try:
         warnings = export(args.checkpoint, args.out, args.format, args.verifier)
-    except CheckpointError as e:
+    except UserError as e:  # the checkpoint's, or the verifier's config.json
         print(f"error: {e}", file=sys.stderr)
         return 2
     for warning in warnings:

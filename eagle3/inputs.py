@@ -29,10 +29,10 @@ def materialize_inputs(cfg: RunConfig) -> tuple[Path, Path]:
             raise ConfigError(f"cache_dir: {problem}; set cache_dir (or $EAGLE3_CACHE) to a writable dir")
     quiet_libraries()
     if verifier.path is not None:
-        from eagle3.data.verifier_forward import load_config
+        from eagle3.verifier.model import Verifier
 
         verifier_dir = Path(verifier.path)
-        load_config(verifier_dir)  # a model type of transformers' own, not code in the dir (never run)
+        Verifier(verifier_dir).transformers_config()  # a model type of transformers' own, not code in the dir
     else:
         assert verifier.tiny is not None  # VerifierConfig.check: exactly one of them
         verifier_dir = tiny_verifier_dir(verifier.tiny, cfg.cache_dir)

@@ -8,7 +8,6 @@ Reads only headers and sizes: no weights, no hidden states. torch is imported on
 
 from __future__ import annotations
 
-import json
 import math
 import os
 from pathlib import Path
@@ -17,7 +16,7 @@ from typing import Any
 from eagle3.config import SynthConfig, VerifierConfig
 from eagle3.errors import ConfigError
 from eagle3.plan import DataStats, VerifierShape
-from eagle3.verifier_shape import read_verifier_config
+from eagle3.verifier.model import Verifier
 
 GB = 1e9  # distributed.device_memory_gb is in GB (10^9 bytes), as GPU datasheets state it (H200: 141 GB)
 
@@ -112,18 +111,17 @@ def verifier_shape(verifier: VerifierConfig) -> VerifierShape:
                                   "intermediate_size": tiny.intermediate_size, "vocab_size": tiny.vocab_size,
                                   "tie_word_embeddings": False}
         return shape_from_config(config, "the tiny verifier's config")
-    config = read_verifier_config(verifier.path)  # a multimodal wrapper's (Kimi-K2.5) text_config: the decoder's
-    outer = json.loads((Path(verifier.path) / "config.json").read_text())
+    given = Verifier(verifier.path)
+    config = given.config  # a multimodal wrapper's (Kimi-K2.5) text_config: the decoder's
     try:
         shape = shape_from_config(config, f"estimated from {verifier.path}/config.json")
     except KeyError as e:
         raise ConfigError(f"model.verifier.path: {verifier.path}/config.json has no {e}, which the plan needs to size "
                           f"the verifier (a Llama- or DeepSeek-V3-style decoder config has it)") from None
-    quantized = "quantization_config" in outer or "quantization_config" in config
-    counted = safetensors_params(Path(verifier.path)) if not quantized else None
+    counted = safetensors_params(Path(verifier.path)) if not given.quantized else None
     if counted:
         shape.params, shape.source = counted, f"the safetensors headers in {verifier.path} (shape from config.json)"
-    elif quantized:
+    elif given.quantized:
         shape.source += " (its checkpoint is quantized; online loads it at 2 bytes per parameter on CUDA)"
     return shape
 

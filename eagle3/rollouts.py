@@ -91,14 +91,14 @@ def build_on_policy(cfg: OnPolicyConfig, model: torch.nn.Module, verifier: torch
                     k: int, device: torch.device, world: World, seed: int) -> OnPolicy:
     """This rank's OnPolicy for the (unwrapped) draft `model`: the verifier the run holds (data=online) or one
     loaded here, and this rank's share of the train prompts, short enough to leave room for the decoding."""
-    from eagle3.data.verifier_forward import load_causal_lm
     from eagle3.eval.drafting import check_draft
     from eagle3.eval.measure import aux_layer_ids
+    from eagle3.verifier.model import Verifier
 
     check_draft(model)
     check_attention(model)
     if verifier is None:
-        verifier = load_causal_lm(verifier_dir, device)
+        verifier = Verifier(verifier_dir).load(device)
     positions = getattr(verifier.config, "max_position_embeddings", None) or 1 << 30
     prompts = train_split_prompts(data_dir, train_ratio, rows, positions - cfg.max_new_tokens - k - 1)
     log.info("train.on_policy: from step %d, every %d steps, %d of this rank's %d train prompts decoded at T=%g, "

@@ -3,6 +3,9 @@
 A safetensors file is an 8-byte little-endian header size, a JSON header (dtype, shape and data offsets,
 relative to the header's end, of every tensor), then the data. Checkpoints (eagle3/init/files.py) and
 hidden-state files (eagle3/data/hsfiles.py) are both checked through here before any tensor is read.
+
+`weight_files(dir)` is the one reader of a Hugging Face model dir's safetensors index (model.safetensors.index.json),
+for draft checkpoints and verifiers alike.
 """
 
 from __future__ import annotations
@@ -10,6 +13,7 @@ from __future__ import annotations
 import json
 import math
 import os
+from pathlib import Path
 from typing import NamedTuple
 
 MAX_HEADER = 100 * 2**20  # safetensors' own limit
@@ -19,8 +23,44 @@ DTYPE_BITS = {"BOOL": 8, "F4": 4, "F6_E2M3": 6, "F6_E3M2": 6, "U8": 8, "I8": 8, 
               "I32": 32, "U32": 32, "F32": 32, "C64": 64, "F64": 64, "I64": 64, "U64": 64}
 
 
+SINGLE = "model.safetensors"
+INDEX = "model.safetensors.index.json"  # a sharded model's: {"weight_map": {tensor: shard file name}}
+
+
 class HeaderError(ValueError):
     """What is wrong with a file that should be safetensors; the caller adds the file's name."""
+
+
+class WeightFilesError(ValueError):
+    """Why a model dir's safetensors weights cannot be found; the message names the file or dir, the caller adds
+    the option that gave the dir."""
+
+
+def weight_files(directory: Path) -> list[Path]:
+    """The safetensors files of a Hugging Face model dir, as transformers loads them: the shards its index names
+    (each present), else model.safetensors. A WeightFilesError for an index that is not one, a shard it names that
+    is not there, or a dir with neither (pickle files are never loaded: they can run code)."""
+    index = directory / INDEX
+    if index.is_file():
+        try:
+            weight_map = json.loads(index.read_text())["weight_map"]
+            shards = sorted(set(weight_map.values()))
+            if not all(isinstance(s, str) and s and Path(s).name == s for s in shards):
+                raise ValueError("a shard is not a file name in the dir")
+        except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
+            raise WeightFilesError(f"{index}: not a safetensors index ({e!r})") from None
+        missing = [s for s in shards if not (directory / s).is_file()]
+        if missing:
+            raise WeightFilesError(f"{index} names shards that are not there: {', '.join(missing)}")
+        if not shards:
+            raise WeightFilesError(f"{index}: not a safetensors index (its weight_map names no file)")
+        return [directory / s for s in shards]
+    if (directory / SINGLE).is_file():
+        return [directory / SINGLE]
+    pickles = sorted(p.name for p in directory.glob("*.bin")) + sorted(p.name for p in directory.glob("*.pt*"))
+    hint = (f" (found {', '.join(pickles)}: pickle files are never loaded, convert them to safetensors)"
+            if pickles else "")
+    raise WeightFilesError(f"{directory}: no safetensors weights ({SINGLE} or {INDEX}){hint}")
 
 
 class TensorSpec(NamedTuple):

@@ -16,24 +16,18 @@ derived from it where configs differ in how they state it:
                         indexing; SpecForge writes [1, N//2-1, N-4] for the same layers)
 A missing path, an unreadable file or a missing key is a ConfigError naming the key to set by hand.
 
-`read_verifier_config` is the one reader of a verifier's config.json (this resolver, ModelConfig's depth check, the
-plan): it refuses, once, a config no model could have (a size that is not a positive integer, key/value heads
-that do not divide the query heads, a hidden size the heads do not divide) and a verifier whose norms are LayerNorm,
-which the draft cannot mirror (speculators' Eagle3DraftModel computes its targets through the verifier's final
-norm as an RMSNorm).
-Imports only json: `launch.py --cfg job` resolves nothing, and the run config resolves this once.
+The config is read and checked by eagle3.verifier.model.Verifier (a config no model could have, LayerNorm norms),
+the one reader of a verifier's config.json. Imports nothing heavy: `launch.py --cfg job` resolves nothing, and the
+run config resolves this once.
 """
 
 from __future__ import annotations
 
-import json
-import os
-from functools import lru_cache
-from pathlib import Path
 from typing import Any
 
 from eagle3.errors import ConfigError
 from eagle3.rope import Rope, RopeError, read_rope
+from eagle3.verifier.model import Verifier
 
 DRAFT_VOCAB_CAP = 32000  # draft tokens at most: EAGLE-3's and SpecForge's default draft vocabulary
 
@@ -43,8 +37,8 @@ def verifier_config(path: Any, key: str) -> Any:
     if path is None or not str(path).strip():
         raise ConfigError("model=auto reads the draft's shape from the verifier's config.json: set "
                           "model.verifier.path=<a local Hugging Face model dir>")
-    config = read_verifier_config(path, " (model=auto reads the draft's shape from it)")
-    file = Path(str(path)) / "config.json"
+    verifier = Verifier(path, why=" (model=auto reads the draft's shape from it)")
+    config, file = verifier.config, verifier.file
     derive = DERIVED.get(key)
     value = derive(config) if derive else config.get(key)
     if value is None and key not in NULLABLE:
@@ -63,84 +57,6 @@ def default_aux_layer_ids(num_layers: int, how_to_set: str = "set model.draft.au
         raise ConfigError(f"the verifier has {num_layers} layers, too few for the default aux layers "
                           f"[2, N//2, N-3] = {ids}: {how_to_set}")
     return ids
-
-
-def read_verifier_config(path: Any, why: str = "") -> dict[str, Any]:
-    """The decoder's part of `<path>/config.json` (its `text_config` for multimodal configs), checked (see above).
-    `why` follows "has no config.json" in the message for a dir without one."""
-    file = Path(str(path)) / "config.json"
-    try:
-        stamp = os.stat(file).st_mtime_ns
-    except OSError:
-        raise ConfigError(f"model.verifier.path: {path} has no config.json{why}; expected a local Hugging Face "
-                          f"model dir") from None
-    return _read(str(file), stamp)
-
-
-def decoder_config(config: dict[str, Any]) -> dict[str, Any]:
-    """The language model's part of a parsed config.json: a multimodal wrapper's (Kimi-K2.5, Qwen3-VL)
-    `text_config`, else the config itself. Every reader of a verifier's sizes takes them through this."""
-    text = config.get("text_config")
-    return text if isinstance(text, dict) and text else config
-
-
-@lru_cache(maxsize=8)
-def _read(file: str, stamp: int) -> dict[str, Any]:  # keyed by mtime too: a rewritten file is read again
-    try:
-        config = json.loads(Path(file).read_text())
-    except (OSError, ValueError) as e:
-        raise ConfigError(f"model.verifier.path: {file}: cannot read the verifier's config ({e})") from None
-    if not isinstance(config, dict):
-        raise ConfigError(f"model.verifier.path: {file}: not a Hugging Face config (not a JSON object)")
-    config = decoder_config(config)
-    problems = shape_problems(config)
-    if problems:
-        raise ConfigError(f"model.verifier.path: {file} describes a decoder no model could have: "
-                          f"{'; '.join(problems)}")
-    norm = layer_norm_key(config)
-    if norm:
-        raise ConfigError(f"model.verifier.path: {file} describes a verifier with LayerNorm norms ({norm}, "
-                          f"model_type {config.get('model_type')!r}), and the EAGLE-3 draft can mirror only RMSNorm: "
-                          f"speculators computes the draft's targets through the verifier's final norm as an RMSNorm, "
-                          f"so it would train against logits this verifier never gives. Use an RMSNorm verifier "
-                          f"(Llama, Qwen, Mistral, Gemma, DeepSeek-V3 style: config.json has rms_norm_eps)")
-    return config
-
-
-# Sizes a decoder config states (each where stated; a missing one is derived or asked for where it is needed).
-SIZE_KEYS = ("hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads", "head_dim",
-             "intermediate_size", "vocab_size", "max_position_embeddings")
-# The epsilon keys of configs whose norms are LayerNorm (StableLM, GPT-NeoX, Phi: layer_norm_eps; Falcon, GPT-2:
-# layer_norm_epsilon; StarCoder2: norm_epsilon). An RMSNorm decoder states rms_norm_eps.
-LAYER_NORM_KEYS = ("layer_norm_eps", "layer_norm_epsilon", "norm_epsilon")
-
-
-def shape_problems(config: dict[str, Any]) -> list[str]:
-    """What no decoder could have in `config` (HF keys): sizes that are not positive integers, key/value heads that
-    do not divide the query heads, a hidden size the heads do not divide without a head_dim. [] when none."""
-    problems = [f"{key}={config[key]!r} (a size: must be a positive integer)" for key in SIZE_KEYS
-                if config.get(key) is not None
-                and (isinstance(config[key], bool) or not isinstance(config[key], int) or config[key] < 1)]
-    if problems:
-        return problems
-    heads, kv, hidden = config.get("num_attention_heads"), config.get("num_key_value_heads"), config.get("hidden_size")
-    if heads and kv and kv > heads:
-        problems.append(f"num_key_value_heads={kv} > num_attention_heads={heads} (each key/value head serves one "
-                        f"or more query heads)")
-    elif heads and kv and heads % kv:
-        problems.append(f"num_attention_heads={heads} is not a multiple of num_key_value_heads={kv} (grouped-query "
-                        f"attention gives each key/value head the same number of query heads)")
-    if heads and hidden and not config.get("head_dim") and "kv_lora_rank" not in config and hidden % heads:
-        problems.append(f"hidden_size={hidden} is not a multiple of num_attention_heads={heads}, and no head_dim "
-                        f"is given (head_dim = hidden_size / heads)")
-    return problems
-
-
-def layer_norm_key(config: dict[str, Any]) -> str | None:
-    """The LayerNorm epsilon key `config` states (its norms are LayerNorm, not RMSNorm), or None."""
-    if "rms_norm_eps" in config:
-        return None
-    return next((key for key in LAYER_NORM_KEYS if key in config), None)
 
 
 def _head_dim(c: dict[str, Any]) -> int | None:

@@ -61,11 +61,11 @@ def test_smollm2_chat_rows_train_each_assistant_turn_through_its_end_token(smoll
     from transformers import AutoTokenizer
 
     from eagle3.config import RowFormat
-    from eagle3.data.jsonl import ChatTokenizer
     from eagle3.data.jsonl import conversation as as_messages
     from eagle3.data.row_files import records
+    from eagle3.verifier.model import Verifier
 
-    chat = ChatTokenizer(smollm2_dir)
+    chat = Verifier(smollm2_dir).chat_tokenizer()
     tokenizer = AutoTokenizer.from_pretrained(smollm2_dir)
     end = tokenizer.convert_tokens_to_ids("<|im_end|>")
     system = {"role": "system", "content": "Answer in French."}

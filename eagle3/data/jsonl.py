@@ -195,21 +195,11 @@ class ChatTokenizer:
     to the turn with the generation prompt and the prefix including it. What a template adds of its own (a
     default system prompt when there is no system turn, as SmolLM2's and Qwen's insert) is in both renderings,
     so it stays out of the mask, also before a conversation's first turn; what follows a turn's end-of-sequence
-    token (the newline after `<|im_end|>`) is the template's, and stays out too."""
+    token (the newline after `<|im_end|>`) is the template's, and stays out too. Built by
+    eagle3.verifier.model.Verifier.chat_tokenizer from the verifier's tokenizer (`model_dir`: where it is)."""
 
-    def __init__(self, model_dir: Path):
-        from transformers import AutoTokenizer
-
-        from eagle3.data.verifier_forward import load_problem
-
-        try:
-            # Code in the dir (a tokenizer class of its own, named by auto_map) is never run.
-            self.tokenizer = AutoTokenizer.from_pretrained(str(model_dir), trust_remote_code=False)
-        except (OSError, ValueError) as e:
-            has_files = any(p.name.startswith("tokenizer") for p in Path(model_dir).iterdir())
-            reason = load_problem(e) if has_files else "no tokenizer files in the dir"
-            raise DataError(f"{model_dir}: conversations need the model's tokenizer, which did not load ({reason}); "
-                            f"give input_ids rows instead") from None
+    def __init__(self, tokenizer, model_dir: Path):
+        self.tokenizer = tokenizer
         if not self.tokenizer.chat_template:
             raise DataError(f"{model_dir}: its tokenizer has no chat template, so conversations (messages or "
                             f"ShareGPT rows) cannot be rendered; give input_ids rows instead")

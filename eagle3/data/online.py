@@ -15,9 +15,7 @@ sharded across the ranks with FSDP2 (forward only; each rank keeps 1/world of it
 
 from __future__ import annotations
 
-import json
 import logging
-import os
 import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -28,11 +26,11 @@ import torch
 from eagle3.config import DraftConfig
 from eagle3.data.reader import Pack
 from eagle3.data.rows import ArrowRows
-from eagle3.data.verifier_forward import forward_hidden_states, hidden_state_taps, load_causal_lm, packed_batch
+from eagle3.data.verifier_forward import forward_hidden_states, hidden_state_taps, packed_batch
 from eagle3.distributed import World
 from eagle3.errors import ConfigError
 from eagle3.runtime import compute_dtype_on
-from eagle3.verifier_shape import decoder_config
+from eagle3.verifier.model import Verifier
 
 log = logging.getLogger(__name__)
 
@@ -63,7 +61,7 @@ def load_online_verifier(verifier_dir: Path, aux_layer_ids: Sequence[int], devic
     layer and of the rest of the decoder; its lm_head is then dropped, since the hidden states never need it."""
     dtype = getattr(torch, compute_dtype_on(device.type))
     if not (shard and world.distributed):
-        model = load_causal_lm(verifier_dir, device, dtype)
+        model = Verifier(verifier_dir).load(device, dtype)
         model.requires_grad_(False)
         return OnlineVerifier(model, aux_layer_ids)
     from torch.distributed.device_mesh import init_device_mesh
@@ -71,7 +69,7 @@ def load_online_verifier(verifier_dir: Path, aux_layer_ids: Sequence[int], devic
 
     # Loaded into host memory, then sharded layer by layer: fully_shard moves each layer's parameters to the
     # rank's device as it shards them, so a device only ever holds one whole layer.
-    model = load_causal_lm(verifier_dir, "cpu", dtype)
+    model = Verifier(verifier_dir).load("cpu", dtype)
     model.requires_grad_(False)
     model.lm_head = None
     decoder = model.get_decoder()
@@ -92,14 +90,13 @@ def load_online_verifier(verifier_dir: Path, aux_layer_ids: Sequence[int], devic
 def check_online_verifier(verifier_dir: Path, draft: DraftConfig) -> int | None:
     """What online data needs of the verifier, checked before any rank starts from its config.json and file headers
     (no weights loaded): the draft's hidden and vocabulary sizes, attention that packing keeps per document, and
-    whole weights to load. Returns its
-    positions (max_position_embeddings; None when its config does not say), which bound a row's length."""
-    from eagle3.data.record import verifier_fingerprint
-    from eagle3.data.verifier_forward import load_config, packing_problem
+    whole weights to load. Returns its positions (max_position_embeddings; None when its config does not say),
+    which bound a row's length."""
+    from eagle3.data.verifier_forward import packing_problem
 
-    verifier = verifier_fingerprint(verifier_dir)
+    verifier = Verifier(verifier_dir)
     # Aux layer ids within its depth: ModelConfig.check, from the same config.json.
-    hidden, vocab = verifier["hidden_size"], verifier["vocab_size"]
+    hidden, vocab = verifier.size("hidden_size"), verifier.size("vocab_size")
     where = f"the verifier {verifier_dir}"
     if hidden is not None and hidden != draft.hidden_size:
         raise ConfigError(f"model.draft.hidden_size={draft.hidden_size} but {where} has hidden size {hidden}; "
@@ -107,50 +104,11 @@ def check_online_verifier(verifier_dir: Path, draft: DraftConfig) -> int | None:
     if vocab is not None and vocab != draft.vocab_size:
         raise ConfigError(f"model.draft.vocab_size={draft.vocab_size} but {where} has a vocabulary of {vocab}; "
                           f"model=auto reads the draft's shape from its config.json")
-    problem = packing_problem(load_config(verifier_dir))
+    problem = packing_problem(verifier.transformers_config())
     if problem:
         raise ConfigError(f"data=online: {where}: {problem}")
-    check_verifier_weights(Path(verifier_dir))
-    return verifier_positions(Path(verifier_dir))
-
-
-def verifier_positions(verifier_dir: Path) -> int | None:
-    """The verifier's max_position_embeddings from its config.json (None when it does not say): a row's bound."""
-    config = json.loads((verifier_dir / "config.json").read_text())
-    positions = decoder_config(config).get("max_position_embeddings")
-    return positions if isinstance(positions, int) else None
-
-
-def check_verifier_weights(verifier_dir: Path) -> None:
-    """The verifier's weights are there and whole: each safetensors file's header read and checked against the
-    file's size (not safetensors, truncated), and every shard its index names present. Headers only, no weights
-    read, so a bad file stops the run before any rank starts, not in every rank at once."""
-    from eagle3.tensorfile import HeaderError, read_specs
-
-    index = verifier_dir / "model.safetensors.index.json"
-    if index.is_file():
-        try:
-            files = [verifier_dir / name for name in sorted(set(json.loads(index.read_text())["weight_map"].values()))]
-        except (ValueError, KeyError, TypeError, AttributeError) as e:
-            raise ConfigError(f"model.verifier.path: {index} is not a safetensors index ({e!r})") from None
-        missing = [f.name for f in files if not f.is_file()]
-        if missing:
-            raise ConfigError(f"model.verifier.path: {index} names shards that are not there: {', '.join(missing)}")
-    else:
-        files = sorted(verifier_dir.glob("*.safetensors"))
-    if not files:
-        pickled = any(verifier_dir.glob("pytorch_model*.bin"))
-        raise ConfigError(f"model.verifier.path: {verifier_dir} has a config.json but no safetensors weights "
-                          f"(model.safetensors or its index){': pickle files are never loaded' if pickled else ''}; "
-                          f"data=online runs the verifier in every rank")
-    for file in files:
-        fd = os.open(file, os.O_RDONLY)
-        try:
-            read_specs(fd)
-        except HeaderError as e:
-            raise ConfigError(f"model.verifier.path: {file} cannot be loaded: {e}") from None
-        finally:
-            os.close(fd)
+    verifier.check_weights()
+    return verifier.positions
 
 
 class HiddenStore:

@@ -29,14 +29,15 @@ from eagle3.config import DataConfig, Device, HiddenStatesDtype
 from eagle3.console import shell_override
 from eagle3.data.cache import cache_key
 from eagle3.data.jsonl import Row
-from eagle3.data.record import read_record, verifier_fingerprint, write_record
+from eagle3.data.record import read_record, write_record
 from eagle3.data.sources.online import TokenRows
 from eagle3.data.token_rows import save_rows
-from eagle3.data.verifier_forward import load_causal_lm, write_hidden_states
+from eagle3.data.verifier_forward import write_hidden_states
 from eagle3.errors import ConfigError, DataError, UserError
 from eagle3.runtime import compute_dtype_on, resolve_runtime
 from eagle3.safe_write import refuse_links_in
 from eagle3.schema_cli import add_fields
+from eagle3.verifier.model import Verifier
 from eagle3.verifier_shape import default_aux_layer_ids
 
 log = logging.getLogger(__name__)
@@ -59,7 +60,7 @@ def write_prepared(verifier_dir: Path, rows: Sequence[Row], out_dir: Path, aux_l
     """write_dataset with the hidden states written by `write_hidden(hs_dir)` (which returns how many files it
     wrote) by `engine` (transformers or vllm: part of the preparation's identity, so that a resumed dataset's files
     all come from one)."""
-    verifier = verifier_fingerprint(verifier_dir)
+    verifier = Verifier(verifier_dir).fingerprint()
     check_aux_layer_ids(aux_layer_ids, verifier["num_hidden_layers"])
     check_room(out_dir, rows, len(aux_layer_ids) + 1, verifier["hidden_size"], dtype)
     record = {
@@ -220,9 +221,8 @@ def prepare(args: argparse.Namespace) -> dict[str, Any]:
     if args.out.exists() and not args.out.is_dir():
         raise ConfigError(f"--out: {args.out} is an existing file, not a directory")
     refuse_links_in(args.out.parent, args.out, f"--out {args.out}")  # before the verifier loads (again at write)
-    if not (args.model / "config.json").is_file():
-        raise ConfigError(f"--model {args.model}: not a Hugging Face model dir (no config.json)")
-    verifier = verifier_fingerprint(args.model)
+    given = Verifier(args.model, key="--model")
+    verifier = given.fingerprint()  # a dir without config.json: one message
     aux = args.aux_layer_ids or default_aux_layer_ids(verifier["num_hidden_layers"], "give --aux-layer-ids")
     if args.max_len < 2 or args.batch_tokens < 1:
         raise ConfigError("--max-len must be at least 2 and --batch-tokens at least 1")
@@ -232,7 +232,7 @@ def prepare(args: argparse.Namespace) -> dict[str, Any]:
 
     def tokenize_chat(messages: list[dict[str, Any]]) -> Row:
         if not chat:
-            chat.append(ChatTokenizer(args.model))
+            chat.append(given.chat_tokenizer())
         return chat[0](messages)
 
     check_aux_layer_ids(aux, verifier["num_hidden_layers"])
@@ -251,7 +251,7 @@ def prepare(args: argparse.Namespace) -> dict[str, Any]:
     else:
         device = resolve_runtime(args.device).device_type
         # bf16 on a GPU, as the verifier is served; fp32 on a CPU, which has no fast bf16 matmul.
-        model = load_causal_lm(args.model, device, getattr(torch, compute_dtype_on(device)), key="--model")
+        model = given.load(device, getattr(torch, compute_dtype_on(device)))
         record = write_dataset(model, args.model, rows, args.out, aux, args.batch_tokens, dtype, notes)
     tokens = sum(len(ids) for ids, _ in rows)
     log.info("wrote %s: %d rows, %d tokens, %d hidden-state files (%d kept from before)\ntrain on it with:\n  %s",
@@ -289,12 +289,10 @@ def prepare_with_engine(args: argparse.Namespace, rows: Sequence[Row], aux: Sequ
                         options, notes: dict[str, Any]) -> dict[str, Any]:
     """write_dataset's dataset with the hidden states computed by vLLM (eagle3/data/vllm_hidden_states.py): what it
     would refuse is refused before anything is written or started."""
-    import json
-
     from eagle3.data import vllm_hidden_states as vllm
     from eagle3.serve.engine import engine_python
 
-    config = json.loads((args.model / "config.json").read_text())
+    config = Verifier(args.model, key="--model").raw
     max_model_len = vllm.check_rows_fit(rows, config)
     engine = engine_python()
     vllm.check_architecture(config, engine)

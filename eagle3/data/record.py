@@ -1,14 +1,14 @@
 """What a prepared dataset holds, recorded next to it, and the trainer's comparison with the run's model config.
 
-`<data_dir>/eagle3_data.json` says which verifier produced the hidden states (a hash of its config.json),
-which aux layer ids they hold (Hugging Face `output_hidden_states` indexing) and their hidden size. An
-off-by-one in the aux layer ids trains a draft that loads and runs fine and then accepts fewer tokens in
-serving; this is where it is caught. Imports neither torch nor speculators: the launcher runs it first.
+`<data_dir>/eagle3_data.json` says which verifier produced the hidden states (its fingerprint: a hash of its
+config.json, eagle3.verifier.model), which aux layer ids they hold (Hugging Face `output_hidden_states` indexing)
+and their hidden size. An off-by-one in the aux layer ids trains a draft that loads and runs fine and then accepts
+fewer tokens in serving; this is where it is caught. Imports neither torch nor speculators: the launcher runs it
+first.
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 from pathlib import Path
@@ -16,29 +16,11 @@ from typing import Any
 
 from eagle3.config import DraftConfig
 from eagle3.errors import DataError
-from eagle3.verifier_shape import decoder_config
+from eagle3.verifier.model import Verifier
 
 log = logging.getLogger(__name__)
 
 RECORD = "eagle3_data.json"
-# Keys of config.json that differ between copies of the same weights (saved by another transformers version, in
-# another dtype, from another path): the hash must not.
-VOLATILE_KEYS = {"transformers_version", "_name_or_path", "torch_dtype", "dtype", "use_cache"}
-
-
-def verifier_fingerprint(verifier_dir: str | Path) -> dict[str, Any]:
-    """The verifier's identity as recorded with the data: a hash of its config.json and the sizes that matter."""
-    file = Path(verifier_dir) / "config.json"
-    try:
-        config = json.loads(file.read_text())
-    except (OSError, ValueError) as e:
-        raise DataError(f"{file}: cannot read the verifier's config ({e})") from None
-    stable = {k: v for k, v in config.items() if k not in VOLATILE_KEYS}
-    digest = hashlib.sha256(json.dumps(stable, sort_keys=True).encode()).hexdigest()[:16]
-    text = decoder_config(config)
-    return {"path": str(verifier_dir), "config_hash": digest, "model_type": config.get("model_type"),
-            "num_hidden_layers": text.get("num_hidden_layers"), "hidden_size": text.get("hidden_size"),
-            "vocab_size": text.get("vocab_size")}
 
 
 def write_record(data_dir: Path, record: dict[str, Any]) -> None:
@@ -64,7 +46,7 @@ def check_same_verifier(data_dir: Path, verifier_dir: Path) -> None:
     record = read_record(data_dir)
     if record is None or "verifier" not in record:
         return
-    ours, theirs = verifier_fingerprint(verifier_dir), record["verifier"]
+    ours, theirs = Verifier(verifier_dir).fingerprint(), record["verifier"]
     if theirs.get("config_hash") != ours["config_hash"]:
         raise DataError(f"the rows in {data_dir} were prepared for another verifier: {theirs.get('path')} (config "
                         f"hash {theirs.get('config_hash')}), this run's verifier is {verifier_dir} (config hash "
@@ -82,7 +64,7 @@ def check_record(data_dir: Path, verifier_dir: Path, draft: DraftConfig) -> dict
     if not record.get("complete", False):
         raise DataError(f"{data_dir}: its preparation did not finish ({RECORD} says complete: false); run the "
                           f"same python -m eagle3.data.prepare command again, it resumes")
-    ours = verifier_fingerprint(verifier_dir)
+    ours = Verifier(verifier_dir).fingerprint()
     theirs = record["verifier"]
     if theirs["config_hash"] != ours["config_hash"]:
         raise DataError(f"the data's hidden states come from another verifier: {data_dir} was prepared from "

@@ -41,7 +41,7 @@ from eagle3.data.sources.regenerate import Regeneration, RegenerationEngine
 from eagle3.errors import DataError
 from eagle3.eval.drafting import Sampling
 from eagle3.safe_write import refuse_links_in, write_text
-from eagle3.verifier_shape import decoder_config
+from eagle3.verifier.model import Verifier
 
 log = logging.getLogger(__name__)
 
@@ -77,7 +77,7 @@ def read_prompts(path: Path, verifier_dir: Path, vocab_size: int, bad: BadSample
 
     def tokenize_chat(messages: list[dict[str, Any]]) -> Row:
         if not chat:
-            chat.append(ChatTokenizer(verifier_dir))
+            chat.append(Verifier(verifier_dir).chat_tokenizer())
         ids, mask = chat[0](messages)
         if messages and messages[-1].get("role") != "assistant":
             # A last user turn asks for one more response: the generation prompt's tokens follow the conversation,
@@ -125,18 +125,6 @@ class _RowSampler:
         for row, sampling in enumerate(self.samplings):
             chosen[row, sampling.draw(probs[row])] = 0.0
         return chosen
-
-
-def eos_ids(verifier_dir: Path) -> list[int]:
-    """The verifier's end-of-sequence ids, as transformers and vLLM take them: its generation_config.json's, else
-    its config.json's; none for the tiny verifier."""
-    eos = None
-    for name in ("generation_config.json", "config.json"):
-        file = Path(verifier_dir) / name
-        if eos is None and file.is_file():
-            config = json.loads(file.read_text())
-            eos = config.get("eos_token_id", decoder_config(config).get("eos_token_id"))
-    return [] if eos is None else [eos] if isinstance(eos, int) else list(eos)
 
 
 @torch.no_grad()
@@ -231,8 +219,6 @@ def regenerated_rows_dir(path: Path, verifier_dir: Path, settings: Regeneration,
     """The dir of Arrow rows (prompt ids mask 0, the verifier's response mask 1) and token_freq.pt regenerated
     from the prompt set at `path` (its first `max_records` records), built into the cache on first use
     (data=online's token rows format)."""
-    from eagle3.data.online import verifier_positions
-    from eagle3.data.record import verifier_fingerprint
     from eagle3.data.row_files import source_sha256
     from eagle3.data.token_rows import ROWS_RECORD, save_rows, tokenizer_hash
 
@@ -241,8 +227,9 @@ def regenerated_rows_dir(path: Path, verifier_dir: Path, settings: Regeneration,
     vllm = settings.engine == RegenerationEngine.vllm
     if vllm:
         from eagle3.data.regenerate_vllm import engine_dtype
-    verifier = verifier_fingerprint(verifier_dir)
-    params = {"prompts_sha256": source_sha256(path), "verifier": verifier["config_hash"],
+    verifier = Verifier(verifier_dir)
+    fingerprint = verifier.fingerprint()
+    params = {"prompts_sha256": source_sha256(path), "verifier": fingerprint["config_hash"],
               "verifier_dir": str(Path(verifier_dir).resolve()), "weights": weights_stamp(verifier_dir),
               "tokenizer": tokenizer_hash(verifier_dir), "regenerate": asdict(settings),
               "on_bad_sample": on_bad_sample, "device": "vllm" if vllm else torch.device(device).type,
@@ -253,11 +240,9 @@ def regenerated_rows_dir(path: Path, verifier_dir: Path, settings: Regeneration,
     chunks_dir = target.with_name(f"{target.name}.chunks")
 
     def build(out: Path) -> None:
-        from eagle3.data.verifier_forward import load_causal_lm
-
         bad = BadSamples(on_bad_sample)
-        positions, eos = verifier_positions(verifier_dir), eos_ids(verifier_dir)
-        prompts, row_format_record = read_prompts(path, verifier_dir, verifier["vocab_size"], bad, row_format,
+        positions, eos = verifier.positions, verifier.eos_ids()
+        prompts, row_format_record = read_prompts(path, verifier_dir, fingerprint["vocab_size"], bad, row_format,
                                                  max_records)
         prompts = _with_room(prompts, positions, path, bad)
         resumed = chunks_dir.is_dir() and any(chunks_dir.glob("chunk-*.json"))  # its rate would count read chunks
@@ -269,7 +254,7 @@ def regenerated_rows_dir(path: Path, verifier_dir: Path, settings: Regeneration,
                 start = time.perf_counter()
                 generations = regenerate(batches, prompts, settings, chunks_dir, positions)
         else:
-            model = load_causal_lm(verifier_dir, device, dtype)
+            model = verifier.load(device, dtype)
             start = time.perf_counter()
             generations = regenerate(partial(generate, model, eos, settings), prompts, settings, chunks_dir,
                                      positions)
@@ -278,7 +263,7 @@ def regenerated_rows_dir(path: Path, verifier_dir: Path, settings: Regeneration,
             from eagle3.roofline import record_rate, regeneration_key
 
             record_rate(Path(cache_dir), torch.device(device).type,
-                        regeneration_key(settings.engine.value, verifier["config_hash"]), tokens / took)
+                        regeneration_key(settings.engine.value, fingerprint["config_hash"]), tokens / took)
         save_rows([(p + g.ids, [0] * len(p) + [1] * len(g.ids)) for p, g in zip(prompts, generations)], out)
         record = {"format": 1, "source": str(path.resolve()), **params, **row_format_record, **bad.as_dict(),
                   "generation": generation_counts(generations, eos)}

@@ -13,7 +13,7 @@ from eagle3.config import SynthConfig
 from eagle3.data.cache import build_once, cache_key
 from eagle3.data.prepare import write_dataset
 from eagle3.data.sampling import sample_rows
-from eagle3.data.verifier_forward import load_causal_lm
+from eagle3.verifier.model import Verifier
 
 
 def synthetic_dataset_dir(verifier_dir: Path, synth: SynthConfig, aux_layer_ids: Sequence[int],
@@ -24,7 +24,7 @@ def synthetic_dataset_dir(verifier_dir: Path, synth: SynthConfig, aux_layer_ids:
     target = Path(cache_dir) / "datasets" / f"synth-{cache_key(params)}"
 
     def build(tmp: Path) -> None:
-        model = load_causal_lm(verifier_dir)
+        model = Verifier(verifier_dir).load()
         rows = sample_rows(model, synth)
         write_dataset(model, verifier_dir, rows, tmp, aux_layer_ids, dtype=getattr(torch, dtype),
                       batch_tokens=synth.batch_size * (synth.prompt_len + synth.response_len))

@@ -31,6 +31,7 @@ from eagle3.data.jsonl import Row
 from eagle3.data.row_files import source_sha256
 from eagle3.errors import DataError
 from eagle3.safe_write import LinkRefused, fresh_temp, refuse_links, write_text
+from eagle3.verifier.model import Verifier
 
 if TYPE_CHECKING:
     from eagle3.data.sources.online import OnlineDataConfig
@@ -42,24 +43,22 @@ ROWS_RECORD = "eagle3_rows.json"  # where the rows came from, and the JSONL rows
 
 def token_rows_dir(data: OnlineDataConfig, verifier_dir: Path, cache_dir: str) -> Path:
     """The dir of Arrow rows and token_freq.pt this online run reads, built into the cache on first use."""
-    from eagle3.data.record import verifier_fingerprint
-
     if data.path is not None and Path(data.path).is_dir() and speculators_rows(Path(data.path), data.format):
         if data.max_records is not None:
             raise DataError(f"data.max_records: {data.path} is a speculators-format dataset dir, whose rows are read "
                             f"as they are, all of them; drop data.max_records (it bounds the records read from a "
                             f"rows file)")
         return rows_with_counts(Path(data.path))
-    verifier = verifier_fingerprint(verifier_dir)
+    given = Verifier(verifier_dir)
+    verifier = given.fingerprint()
     if data.path is None:
         synth = data.synth
         params = {"verifier": verifier["config_hash"], "verifier_dir": str(verifier_dir), "synth": asdict(synth)}
 
         def sample(out: Path) -> None:
             from eagle3.data.sampling import sample_rows
-            from eagle3.data.verifier_forward import load_causal_lm
 
-            save_rows(sample_rows(load_causal_lm(verifier_dir), synth), out)
+            save_rows(sample_rows(given.load(), synth), out)
             _write_record(out, {"source": "sampled from the verifier", "synth": asdict(synth), "verifier": verifier})
 
         return build_once(Path(cache_dir) / "datasets" / f"rows-{cache_key(params)}", sample, what="token rows")
@@ -78,7 +77,7 @@ def token_rows_dir(data: OnlineDataConfig, verifier_dir: Path, cache_dir: str) -
 
         def tokenize_chat(messages: list[dict[str, Any]]) -> Row:
             if not chat:
-                chat.append(ChatTokenizer(verifier_dir))
+                chat.append(given.chat_tokenizer())
             return chat[0](messages)
 
         bad = BadSamples(policy)

@@ -1,5 +1,5 @@
-"""A verifier's forward for hidden states: loading a local Hugging Face causal LM, and running it over rows to
-write each row's aux-layer hidden states (plus the last layer's, before the final norm) as speculators'
+"""A verifier's forward for hidden states: running a loaded causal LM (eagle3.verifier.model.Verifier.load) over rows
+to write each row's aux-layer hidden states (plus the last layer's, before the final norm) as speculators'
 `hs_<i>.safetensors` files. Used by data preparation, the synthetic data, and acceptance measurement.
 
 The aux slots are Hugging Face `output_hidden_states[i]` (the residual stream entering decoder layer i,
@@ -24,56 +24,6 @@ from eagle3.data.jsonl import Row
 from eagle3.errors import ConfigError
 
 log = logging.getLogger(__name__)
-
-
-def load_config(model_dir: str | Path, key: str = "model.verifier.path"):
-    """The transformers config of the model in `model_dir` (no weights read); one ConfigError naming `key` and the
-    dir when it cannot be loaded. Code in the dir is never run (trust_remote_code=False)."""
-    from transformers import AutoConfig
-
-    try:
-        return AutoConfig.from_pretrained(str(model_dir), trust_remote_code=False)
-    except Exception as e:  # noqa: BLE001  (transformers raises many types for a bad dir)
-        raise ConfigError(f"{key}: {model_dir}'s config.json cannot be loaded ({load_problem(e)})") from None
-
-
-def load_problem(e: BaseException) -> str:
-    """Why transformers could not load a model dir, as one line for a message."""
-    text = str(e).strip()
-    if "trust_remote_code" in text:  # transformers' refusal under trust_remote_code=False
-        return ("it names a model or tokenizer class transformers does not know, defined by code in the dir "
-                "(auto_map), and code from a model dir is never run")
-    return f"{type(e).__name__}: {text.splitlines()[0]}" if text else type(e).__name__
-
-
-def load_causal_lm(model_dir: str | Path, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32,
-                   key: str = "model.verifier.path") -> torch.nn.Module:
-    """The causal LM in `model_dir`, eval mode, on `device`; one ConfigError naming `key` (the option that gave the
-    dir) and the dir when it cannot be loaded."""
-    from transformers import AutoModelForCausalLM
-    from transformers.utils import logging as transformers_logging
-
-    # Its load report (a table of missing and unexpected keys, logged as a warning) is replaced by the one message
-    # below for what matters: missing weights.
-    verbosity = transformers_logging.get_verbosity()
-    transformers_logging.set_verbosity_error()
-    try:
-        # safetensors only: a pickle file is never loaded (it can run code).
-        model, loading = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=dtype, output_loading_info=True,
-                                                              use_safetensors=True, trust_remote_code=False)
-    except Exception as e:  # noqa: BLE001  (transformers and safetensors raise many types for a bad dir)
-        raise ConfigError(f"{key}: {model_dir} cannot be loaded as a Hugging Face causal LM "
-                          f"({load_problem(e)})") from None
-    finally:
-        transformers_logging.set_verbosity(verbosity)
-    # transformers initializes a weight its files lack at random and only warns: a verifier with a layer missing
-    # would give every hidden state from noise. Tied weights (lm_head = embed_tokens) are not reported missing.
-    missing = sorted(loading.get("missing_keys") or [])
-    if missing:
-        raise ConfigError(f"{key}: {model_dir}'s weights lack {len(missing)} of the tensors its "
-                          f"config.json describes ({', '.join(missing[:3])}{', ...' if len(missing) > 3 else ''}): "
-                          f"an incomplete or mismatched checkpoint")
-    return model.to(device).eval()
 
 
 def padded_batch(seqs: Sequence[Sequence[int]]) -> tuple[torch.Tensor, torch.Tensor]:

@@ -65,7 +65,7 @@ class EngineOptions:
 def check_rows_fit(rows: Sequence[Row], config: dict[str, Any], key: str = "--model") -> int:
     """The engine's context length for `rows` (the longest + the one token it generates); a ConfigError naming
     the first row that does not fit in the verifier's positions (vLLM's own limit: the smallest of LENGTH_KEYS)."""
-    from eagle3.verifier_shape import decoder_config
+    from eagle3.verifier.model import decoder_config
 
     text = decoder_config(config)
     limits = {k: text[k] for k in LENGTH_KEYS if isinstance(text.get(k), int)}
@@ -157,11 +157,11 @@ def write_hidden_states(engine: Engine, verifier_dir: Path, rows: Sequence[Row],
                         max_model_len: int, log_file: Path, timings: dict[str, float] | None = None) -> int:
     """`hs_<i>.safetensors` by the engine for every row whose file is missing or unusable; returns how many were
     written (the engine is not started when none is). `timings` gets the engine's start and extraction seconds."""
-    from eagle3.data.record import verifier_fingerprint
     from eagle3.data.verifier_forward import batch_plan, rows_to_write
     from eagle3.serve.server import stop_on_signals
+    from eagle3.verifier.model import Verifier
 
-    verifier = verifier_fingerprint(verifier_dir)
+    verifier = Verifier(verifier_dir).fingerprint()
     todo = rows_to_write(rows, hs_dir, len(aux_layer_ids) + 1, verifier["hidden_size"], dtype)
     if not todo:
         return 0

@@ -102,13 +102,13 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
     from eagle3.checkpoint import load_draft
     from eagle3.console import quiet_libraries
-    from eagle3.data.verifier_forward import load_causal_lm
     from eagle3.eval.measure import AcceptanceProbe, torch_threads
+    from eagle3.verifier.model import Verifier
 
     quiet_libraries()
     device = resolve_runtime(args.device).device_type
     prompts, source = load_prompts(args.prompts, verifier_dir, val_split, args.num_prompts)
-    verifier = load_causal_lm(verifier_dir, device, key="--verifier")
+    verifier = Verifier(verifier_dir, key="--verifier").load(device)
     try:
         draft = load_draft(checkpoint, args.attn_impl, device, verifier_dir=verifier_dir).float()
     except (OSError, ValueError) as e:
@@ -147,6 +147,7 @@ def resolve_inputs(args: argparse.Namespace) -> tuple[Path, Path, tuple[Path, fl
     from eagle3.config import run_config
     from eagle3.errors import ConfigError
     from eagle3.rundir import RESOLVED_CONFIG, SUMMARY, RunDir, checkpoint_dir
+    from eagle3.verifier.model import Verifier
 
     checkpoint, verifier, val_split = args.checkpoint, args.verifier, None
     if args.run:
@@ -164,13 +165,14 @@ def resolve_inputs(args: argparse.Namespace) -> tuple[Path, Path, tuple[Path, fl
     if not args.prompts and val_split is None:
         raise ConfigError("give --prompts (a JSONL file), or --run to take the prompts of the run's val split")
     for what, path, needed in (("checkpoint", checkpoint, ["config.json", "model.safetensors"]),
-                               ("verifier", verifier, ["config.json"])):
+                               ("verifier", verifier, [])):
         p = Path(path)
         if not p.is_dir():
             raise ConfigError(f"{what}: {p} does not exist or is not a directory")
         missing = [n for n in needed if not (p / n).is_file()]
         if missing:
             raise ConfigError(f"{what}: {p} has no {', '.join(missing)}")
+    Verifier(verifier, key="--verifier").raw  # noqa: B018  (no config.json, or one that is not JSON: one message)
     return Path(checkpoint), Path(verifier), val_split
 
 
@@ -188,7 +190,9 @@ def load_prompts(prompts_file: str | None, verifier_dir: Path, val_split: tuple[
 
 def default_k(checkpoint: Path) -> int:
     """The draft length the checkpoint was trained for (speculators saves it as speculative_tokens)."""
-    config = json.loads((checkpoint / "config.json").read_text())
+    from eagle3.init.files import read_config
+
+    config = read_config(checkpoint)
     methods = config.get("speculators_config", {}).get("proposal_methods") or [{}]
     return int(methods[0].get("speculative_tokens", 3))
 

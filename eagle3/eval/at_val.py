@@ -27,8 +27,8 @@ class AcceptanceAtVal:
         """`train_ratio` (data.train_ratio) says where the val split starts, whose prompts are used by default;
         `seed` (the run's seed) seeds the sampling at eval.accept.temperature > 0, the same at every val pass.
         `verifier`: the one the run already holds (data=online, or on-policy rollouts'), not a second copy."""
-        from eagle3.data.verifier_forward import load_causal_lm
         from eagle3.eval.prompts import read_prompts_file, val_split_prompts
+        from eagle3.verifier.model import Verifier
 
         self.every, self.world, self.passes = accept.every, world, 0
         self.threads = 1 if device.type == "cpu" else None  # see torch_threads
@@ -40,7 +40,7 @@ class AcceptanceAtVal:
         else:
             prompts = val_split_prompts(data_dir, train_ratio, accept.num_prompts)
         if verifier is None:
-            verifier = load_causal_lm(verifier_dir, str(device))
+            verifier = Verifier(verifier_dir).load(str(device))
         self.probe = AcceptanceProbe(verifier, prompts, accept.k,
                                      accept.max_new_tokens, accept.temperature, seed)
 

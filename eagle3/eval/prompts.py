@@ -11,6 +11,7 @@ from eagle3.config import RowFormat
 from eagle3.data.jsonl import ChatTokenizer, Formats, RowProblem, conversation
 from eagle3.data.row_files import Unreadable, records
 from eagle3.errors import ConfigError, DataError
+from eagle3.verifier.model import Verifier
 
 
 class Prompt(list[int]):
@@ -59,7 +60,7 @@ def _prompt_ids(item: Any, where: str, formats: Formats, chat: list[ChatTokenize
             return ids
         messages = conversation(item, form)
         if not chat:
-            chat.append(ChatTokenizer(verifier_dir))
+            chat.append(Verifier(verifier_dir).chat_tokenizer())
         return chat[0].prompt(messages)
     except ValueError as e:  # RowProblem, or the chat template's refusal
         raise DataError(f"prompts: {where}: {e}") from None

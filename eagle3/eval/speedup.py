@@ -651,15 +651,15 @@ def load_models(args: argparse.Namespace):
 
     from eagle3.checkpoint import load_draft
     from eagle3.console import quiet_libraries
-    from eagle3.data.verifier_forward import load_causal_lm
     from eagle3.eval.accept import resolve_inputs
+    from eagle3.verifier.model import Verifier
 
     if args.run is None and not (args.checkpoint and args.verifier):
         raise ConfigError("--measure needs the models: --run RUN, or --checkpoint and --verifier")
     checkpoint, verifier_dir, _ = resolve_inputs(accept_args(args))
     quiet_libraries()
     device = "cuda" if args.device == "cuda" or (args.device == "auto" and torch.cuda.is_available()) else "cpu"
-    verifier = load_causal_lm(verifier_dir, device, key="--verifier")
+    verifier = Verifier(verifier_dir, key="--verifier").load(device)
     try:
         draft = load_draft(checkpoint, "sdpa", device, verifier_dir=verifier_dir).float().eval()
     except (OSError, ValueError) as e:

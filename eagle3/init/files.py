@@ -12,34 +12,21 @@ from pathlib import Path
 from typing import Any
 
 from eagle3.errors import CheckpointError
-from eagle3.tensorfile import HeaderError, TensorSpec, read_specs
+from eagle3.tensorfile import HeaderError, TensorSpec, WeightFilesError, read_specs, weight_files
 
 
 def checkpoint_files(path: Path, given_as: str) -> list[Path]:
-    """The safetensors files of a checkpoint dir: model.safetensors, or the shards its index names. `given_as`
+    """The safetensors files of a checkpoint dir (eagle3.tensorfile.weight_files) as CheckpointErrors. `given_as`
     names where the user gave `path` (init.path, a CLI's argument): a message names it, not another tool's key."""
     from eagle3.config import path_kind
 
     if not path.is_dir():
         raise CheckpointError(f"{given_as}: {path} {path_kind(path, 'a directory')}; expected a draft checkpoint "
                               "dir with config.json and model.safetensors (or a sharded index)")
-    index = path / "model.safetensors.index.json"
-    if index.is_file():
-        try:
-            shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
-        except (ValueError, KeyError) as e:
-            raise CheckpointError(f"{index}: not a safetensors index ({e})") from None
-        missing = [s for s in shards if not (path / s).is_file()]
-        if missing:
-            raise CheckpointError(f"{index} names shards that are not there: {', '.join(missing)}")
-        return [path / s for s in shards]
-    single = path / "model.safetensors"
-    if single.is_file():
-        return [single]
-    pickles = sorted(p.name for p in path.glob("*.bin")) + sorted(p.name for p in path.glob("*.pt*"))
-    hint = (f" (found {', '.join(pickles)}: pickle files are never loaded, convert them to safetensors)"
-            if pickles else "")
-    raise CheckpointError(f"{path}: no model.safetensors or model.safetensors.index.json{hint}")
+    try:
+        return weight_files(path)
+    except WeightFilesError as e:
+        raise CheckpointError(str(e)) from None
 
 
 def read_header(file: Path) -> dict[str, TensorSpec]:

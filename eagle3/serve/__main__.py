@@ -227,19 +227,16 @@ def check_served_prompts(served: Served, max_new_tokens: int) -> None:
     """The prompts within the verifier's vocabulary and, with the new tokens and the largest k's draft, within its
     positions, checked before any server starts (the servers would take minutes to start and then refuse them
     with their own errors), as the harness checks them."""
-    from eagle3.data.record import verifier_fingerprint
     from eagle3.errors import ConfigError
     from eagle3.eval.prompts import check_prompts
-    from eagle3.verifier_shape import decoder_config
+    from eagle3.verifier.model import Verifier
 
-    vocab_size = verifier_fingerprint(served.verifier_dir)["vocab_size"]  # a config it cannot read: one message
-    if not isinstance(vocab_size, int):
-        raise ConfigError(f"{served.verifier_dir / 'config.json'} has no vocab_size: not a verifier's config")
+    verifier = Verifier(served.verifier_dir, key="the verifier")
+    vocab_size = verifier.size("vocab_size")  # a config it cannot read: one message
+    if vocab_size is None:
+        raise ConfigError(f"{verifier.file} has no vocab_size: not a verifier's config")
     # vLLM's max model length is the verifier's max_position_embeddings (eagle3.serve passes no other)
-    positions = decoder_config(json.loads((served.verifier_dir / "config.json").read_text())).get(
-        "max_position_embeddings")
-    check_prompts(served.prompts, vocab_size, positions if isinstance(positions, int) else None, max_new_tokens,
-                  max(served.outs))
+    check_prompts(served.prompts, vocab_size, verifier.positions, max_new_tokens, max(served.outs))
 
 
 def resolve_run(run_dir: Path, args: argparse.Namespace) -> Served:

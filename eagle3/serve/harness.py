@@ -35,11 +35,11 @@ class Harness:
 
     def __init__(self, verifier_dir: Path):
         from eagle3.console import quiet_libraries
-        from eagle3.data.verifier_forward import load_causal_lm
+        from eagle3.verifier.model import Verifier
 
         quiet_libraries()
         self.verifier_dir = verifier_dir
-        self.verifier = load_causal_lm(verifier_dir, "cpu", key="--verifier")
+        self.verifier = Verifier(verifier_dir, key="--verifier").load("cpu")
         self.checkpoint: Path | None = None
 
     def load(self, checkpoint: Path) -> Harness:

@@ -12,8 +12,8 @@ from eagle3.config import SynthConfig, TinyVerifierConfig
 from eagle3.data.prepare import write_dataset
 from eagle3.data.synthetic import sample_rows, synthetic_dataset_dir
 from eagle3.data.verifier import tiny_verifier_dir
-from eagle3.data.verifier_forward import load_causal_lm
 from eagle3.errors import ConfigError, DataError
+from eagle3.verifier.model import Verifier
 from factories import disk_free, disk_full_after
 
 TINY = TinyVerifierConfig(hidden_size=64, num_layers=4, num_heads=4, intermediate_size=128, vocab_size=256,
@@ -23,8 +23,8 @@ SYNTH = SynthConfig(num_samples=6, prompt_len=4, response_len=12, temperature=1.
 
 
 def test_tiny_verifier_is_deterministic_and_peaked(tmp_path):
-    a = load_causal_lm(tiny_verifier_dir(TINY, str(tmp_path / "a")))
-    b = load_causal_lm(tiny_verifier_dir(TINY, str(tmp_path / "b")))
+    a = Verifier(tiny_verifier_dir(TINY, str(tmp_path / "a"))).load()
+    b = Verifier(tiny_verifier_dir(TINY, str(tmp_path / "b"))).load()
     for (name, pa), (_, pb) in zip(a.state_dict().items(), b.state_dict().items()):
         assert torch.equal(pa, pb), name
     with torch.no_grad():
@@ -33,7 +33,7 @@ def test_tiny_verifier_is_deterministic_and_peaked(tmp_path):
 
 
 def test_sampling_is_seeded_and_masks_the_prompt(tmp_path):
-    model = load_causal_lm(tiny_verifier_dir(TINY, str(tmp_path)))
+    model = Verifier(tiny_verifier_dir(TINY, str(tmp_path))).load()
     rows = sample_rows(model, SYNTH)
     assert rows == sample_rows(model, SYNTH)
     assert len(rows) == 6
@@ -42,7 +42,7 @@ def test_sampling_is_seeded_and_masks_the_prompt(tmp_path):
 
 
 def test_hidden_states_are_the_configured_layers(tmp_path):
-    model = load_causal_lm(tiny_verifier_dir(TINY, str(tmp_path)))
+    model = Verifier(tiny_verifier_dir(TINY, str(tmp_path))).load()
     rows = [([1, 2, 3, 4, 5, 6, 7], [0, 0, 1, 1, 1, 1, 1]), ([9, 8, 7], [0, 1, 1])]  # uneven: padding must not leak
     out = tmp_path / "data"
     write_dataset(model, tiny_verifier_dir(TINY, str(tmp_path)), rows, out, aux_layer_ids=[1, 2, 3], batch_tokens=14,
@@ -77,8 +77,8 @@ def test_synthetic_dataset_is_cached_by_its_parameters(tmp_path):
 
 
 def test_a_derived_verifier_is_related_but_moves_the_frequent_tokens(tmp_path):
-    base = load_causal_lm(tiny_verifier_dir(TINY, str(tmp_path)))
-    derived = load_causal_lm(tiny_verifier_dir(replace(TINY, perturb_std=0.5, token_shift=0.5), str(tmp_path)))
+    base = Verifier(tiny_verifier_dir(TINY, str(tmp_path))).load()
+    derived = Verifier(tiny_verifier_dir(replace(TINY, perturb_std=0.5, token_shift=0.5), str(tmp_path))).load()
     ids = torch.randint(0, 256, (8, 32), generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
         a, b = base(ids).logits.argmax(-1), derived(ids).logits.argmax(-1)
@@ -100,7 +100,7 @@ def test_sampling_from_a_verifier_with_nan_weights_is_one_data_error(tmp_path):
     """torch.multinomial's own failure was a traceback; a NaN in the verifier stops with one message."""
     from eagle3.errors import DataError
 
-    model = load_causal_lm(tiny_verifier_dir(TINY, str(tmp_path)))
+    model = Verifier(tiny_verifier_dir(TINY, str(tmp_path))).load()
     with torch.no_grad():
         model.model.layers[1].mlp.down_proj.weight[0, 0] = float("nan")
     with pytest.raises(DataError, match="next-token probabilities are not finite"):

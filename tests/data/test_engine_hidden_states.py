@@ -24,7 +24,7 @@ from test_prepare import run_module, train_on, write_jsonl
 
 from commands import live_group_members, run_in_process, signals_as_a_shell_leaves_them
 from eagle3.data.verifier import tiny_verifier_dir
-from eagle3.data.verifier_forward import load_causal_lm
+from eagle3.verifier.model import Verifier
 from factories import ROOT, compose_cfg
 
 TOLERANCE = 1e-5  # relative, per position: fp32 on a CPU in two implementations
@@ -131,7 +131,9 @@ def test_engine_refuses_a_verifier_dir_without_config_json_before_it_starts(no_e
     (tmp_path / "model").mkdir()
     rows = write_jsonl(tmp_path / "rows.jsonl", token_rows(2, 1024, 5, 9))
     proc = prepare(tmp_path / "model", rows, tmp_path / "out", "--engine", "vllm", python=no_engine[0])
-    refused(proc, no_engine, tmp_path / "out", "not a Hugging Face model dir (no config.json)")
+    model = tmp_path / "model"
+    refused(proc, no_engine, tmp_path / "out", f"--model: {model} has no config.json; expected a local Hugging Face "
+            "model dir")
 
 
 @pytest.mark.parametrize("extra, needle", [
@@ -194,7 +196,7 @@ def test_engine_hidden_states_equal_transformers_on_the_tiny_verifier(tiny_datas
 def test_a_final_slot_shifted_by_one_layer_fails_the_comparison(tiny_datasets, verifier):
     """The off-by-one of other trainers (the last slot taken one layer early) is what the comparison catches."""
     engine, reference = tiny_datasets
-    model = load_causal_lm(verifier)
+    model = Verifier(verifier).load()
     ids = load_file(str(engine / "hidden_states" / "hs_0.safetensors"))["token_ids"]
     states = load_file(str(engine / "hidden_states" / "hs_0.safetensors"))["hidden_states"]
     with torch.no_grad():

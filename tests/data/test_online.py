@@ -56,10 +56,10 @@ def datasets(verifier, rows, tmp_path_factory) -> dict[str, Path]:
     """The rows prepared offline in fp32 and in bf16 (eagle3.data.prepare's writer), and as token rows alone."""
     from eagle3.data.prepare import write_dataset
     from eagle3.data.token_rows import save_rows
-    from eagle3.data.verifier_forward import load_causal_lm
+    from eagle3.verifier.model import Verifier
 
     tmp = tmp_path_factory.mktemp("online-data")
-    model = load_causal_lm(verifier)
+    model = Verifier(verifier).load()
     for name, dtype in [("float32", torch.float32), ("bfloat16", torch.bfloat16)]:
         write_dataset(model, verifier, rows, tmp / name, AUX, batch_tokens=512, dtype=dtype)
     save_rows(rows, tmp / "rows")
@@ -70,9 +70,9 @@ def datasets(verifier, rows, tmp_path_factory) -> dict[str, Path]:
 @pytest.fixture(scope="module")
 def online_verifier(verifier):
     from eagle3.data.online import OnlineVerifier
-    from eagle3.data.verifier_forward import load_causal_lm
+    from eagle3.verifier.model import Verifier
 
-    return OnlineVerifier(load_causal_lm(verifier), AUX)
+    return OnlineVerifier(Verifier(verifier).load(), AUX)
 
 
 def loaders(data_dir: Path, world_size: int, rank: int, grad_accum: int, **online):
@@ -124,7 +124,7 @@ def test_a_val_pass_after_the_first_reads_its_hidden_states_back_without_the_ver
     gives the micro-batches (so the metrics) of a loader that computes every pass, bit for bit."""
     from eagle3.data.online import OnlineVerifier
     from eagle3.data.token_rows import save_rows
-    from eagle3.data.verifier_forward import load_causal_lm
+    from eagle3.verifier.model import Verifier
 
     class Counted(OnlineVerifier):
         calls = 0
@@ -134,7 +134,7 @@ def test_a_val_pass_after_the_first_reads_its_hidden_states_back_without_the_ver
             return super().__call__(seqs)
 
     save_rows(rows, tmp_path / "rows")
-    counted = Counted(load_causal_lm(verifier), AUX)
+    counted = Counted(Verifier(verifier).load(), AUX)
     _, val = loaders(tmp_path / "rows", 1, 0, 1, verifier=counted, hidden_states_dtype=torch.float32)
     _, uncached = loaders(tmp_path / "rows", 1, 0, 1, verifier=OnlineVerifier(counted.model, AUX),
                           hidden_states_dtype=torch.float32)

@@ -155,7 +155,7 @@ def missing_tensor(model_dir: Path) -> None:
 
 @pytest.mark.slow
 @pytest.mark.parametrize("damage, says", [
-    (no_weights, "has a config.json but no safetensors weights"),
+    (no_weights, "no safetensors weights (model.safetensors or model.safetensors.index.json)"),
     (truncated_weights, "model.safetensors cannot be loaded: truncated"),
     (not_safetensors, "model.safetensors cannot be loaded: not a safetensors file"),
     (missing_tensor, "weights lack 1 of the tensors its config.json describes (model.layers.3.mlp.up_proj.weight)"),
@@ -327,23 +327,21 @@ def train_in_process(overrides: list[str], run_dir: Path, cache: Path) -> None:
 @pytest.fixture(scope="module")
 def single_run(verifier, arrow_rows, tmp_path_factory) -> tuple[Path, list[Path]]:
     """One process, grad_accum=2 (the global batch of 2 ranks), with measured acceptance at every val pass; the
-    dirs load_causal_lm loaded a model from during the run."""
-    import eagle3.data.online
-    import eagle3.data.verifier_forward
+    dirs a verifier was loaded from during the run (Verifier.load: the one place that loads one)."""
+    from eagle3.verifier.model import Verifier
 
     loads: list[Path] = []
-    load = eagle3.data.verifier_forward.load_causal_lm
+    load = Verifier.load
 
-    def counted(*args, **kwargs):
-        loads.append(args[0])
-        return load(*args, **kwargs)
+    def counted(self, *args, **kwargs):
+        loads.append(self.path)
+        return load(self, *args, **kwargs)
 
     tmp = tmp_path_factory.mktemp("online_inputs")
     run_dir = tmp / "single"
     overrides = [o for o in online(verifier, run_dir, f"data.path={arrow_rows}") if not o.startswith("hydra.")]
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(eagle3.data.verifier_forward, "load_causal_lm", counted)
-        patch.setattr(eagle3.data.online, "load_causal_lm", counted)
+        patch.setattr(Verifier, "load", counted)
         train_in_process([*overrides, "optim.grad_accum=2", "eval.accept.enabled=true", "eval.accept.num_prompts=2",
                           "eval.accept.max_new_tokens=8"], run_dir, tmp / "cache")
     return run_dir, loads
@@ -433,24 +431,25 @@ def test_a_bad_first_line_rejects_the_file_only_when_bad_rows_are_errors(tmp_pat
 
 
 def test_a_pickled_verifier_is_refused_before_any_rank_starts(tmp_path):
-    from eagle3.data.online import check_verifier_weights
     from eagle3.errors import ConfigError
+    from eagle3.verifier.model import Verifier
 
     verifier_config_dir(tmp_path)
     (tmp_path / "pytorch_model.bin").write_bytes(b"not even a pickle")
     with pytest.raises(ConfigError, match="no safetensors weights .*pickle files are never loaded"):
-        check_verifier_weights(tmp_path)
+        Verifier(tmp_path).check_weights()
 
 
 def test_arrow_rows_prepared_for_another_verifier_are_refused(tmp_path):
-    from eagle3.data.record import check_same_verifier, verifier_fingerprint, write_record
+    from eagle3.data.record import check_same_verifier, write_record
     from eagle3.errors import DataError
+    from eagle3.verifier.model import Verifier
 
     ours, theirs, rows = tmp_path / "ours", tmp_path / "theirs", tmp_path / "rows"
     for d, vocab in ((ours, 256), (theirs, 300)):
         verifier_config_dir(d, model_type="llama", vocab_size=vocab)
     rows.mkdir()
-    write_record(rows, {"verifier": verifier_fingerprint(theirs)})
+    write_record(rows, {"verifier": Verifier(theirs).fingerprint()})
     with pytest.raises(DataError, match="were prepared for another verifier"):
         check_same_verifier(rows, ours)
     check_same_verifier(rows, theirs)

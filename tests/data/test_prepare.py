@@ -16,8 +16,9 @@ from safetensors.torch import load_file, save_file
 
 from commands import launch, run_in_process
 from eagle3.data.verifier import tiny_verifier_dir
-from eagle3.data.verifier_forward import batch_plan, load_causal_lm
+from eagle3.data.verifier_forward import batch_plan
 from eagle3.errors import DataError
+from eagle3.verifier.model import Verifier
 from factories import CHAT_TEMPLATE, chat_tokenizer, chat_words, compose_cfg, disk_free, disk_full_after, own_verifier
 
 AUX = [1, 2, 3]
@@ -68,7 +69,7 @@ def prepared(verifier, id_rows, tmp_path_factory) -> Path:
 
 
 def test_prepared_hidden_states_are_the_configured_layers(prepared, verifier, id_rows):
-    model = load_causal_lm(verifier)
+    model = Verifier(verifier).load()
     for i in (0, 5, 23):
         ids = id_rows[i]["input_ids"]
         saved = load_file(str(prepared / "hidden_states" / f"hs_{i}.safetensors"))
@@ -283,7 +284,7 @@ def test_check_flags_out_of_vocabulary_ids_and_empty_loss_masks(verifier, tmp_pa
     from eagle3.data.prepare import write_dataset
 
     rows = [([1, 2, 3, 4], [0, 1, 1, 1]), ([5, 6, 7], [0, 0, 0]), ([8, 900, 9], [0, 1, 1])]
-    write_dataset(load_causal_lm(verifier), verifier, rows, tmp_path / "d", AUX, dtype=torch.float32)
+    write_dataset(Verifier(verifier).load(), verifier, rows, tmp_path / "d", AUX, dtype=torch.float32)
     report = check_dataset(tmp_path / "d", vocab_size=512)
     assert report.good_rows == [0]
     assert report.bad[1][0] == "empty_loss_mask"

@@ -85,12 +85,12 @@ def greedy_by_plain_forwards(model: torch.nn.Module, prompt: list[int], n: int) 
 
 
 def test_greedy_rows_equal_the_verifiers_greedy_continuation(verifier, tmp_path):
-    from eagle3.data.verifier_forward import load_causal_lm
+    from eagle3.verifier.model import Verifier
 
     prompts = write_jsonl(tmp_path / "prompts.jsonl", id_prompts(7))
     settings = Regeneration(engine=HF, temperature=0.0, max_new_tokens=9, batch_size=3)  # 3 batches, the last one short
     rows = read_rows(regenerated_rows_dir(prompts, verifier, settings, str(tmp_path / "cache")))
-    model = load_causal_lm(verifier)
+    model = Verifier(verifier).load()
     expected_prompts = [r["input_ids"][:r["loss_mask"].index(1)] for r in id_prompts(7)]
     assert len(rows) == 7
     for (ids, mask), prompt in zip(rows, expected_prompts):
@@ -103,9 +103,9 @@ def test_greedy_rows_equal_the_verifiers_greedy_continuation(verifier, tmp_path)
 
 
 def test_sampled_rows_reproduce_from_their_seed_whatever_the_batch(verifier, tmp_path):
-    from eagle3.data.verifier_forward import load_causal_lm
+    from eagle3.verifier.model import Verifier
 
-    model = load_causal_lm(verifier)
+    model = Verifier(verifier).load()
     prompts = [r["input_ids"][:r["loss_mask"].index(1)] for r in id_prompts(6, seed=1)]
     def regenerate(settings: Regeneration, chunks: str) -> list[regen.Generation]:
         batches = partial(regen.generate, model, [], settings)
@@ -173,9 +173,9 @@ def test_chat_prompts_render_through_the_chat_template(chat_verifier, tmp_path):
                                                "<|end|>", "<|user|>", "w6", "<|end|>", "<|assistant|>"]
     assert [ids[:mask.index(1)] for ids, mask in rows] == expected
     assert rows[:2] == rows[2:]  # the same prompts, regenerated the same way
-    from eagle3.data.verifier_forward import load_causal_lm
+    from eagle3.verifier.model import Verifier
 
-    model, end = load_causal_lm(chat_verifier), WORDS.index("<|end|>")
+    model, end = Verifier(chat_verifier).load(), WORDS.index("<|end|>")
     record = json.loads((rows_dir / "eagle3_rows.json").read_text())["generation"]
     for ids, mask in rows:
         prompt, response = ids[:mask.index(1)], ids[mask.index(1):]
@@ -219,11 +219,11 @@ def test_responses_end_at_the_end_of_sequence_token(verifier, tmp_path):
     token included, and the record counts it as not truncated."""
     import shutil
 
-    from eagle3.data.verifier_forward import load_causal_lm
+    from eagle3.verifier.model import Verifier
 
     prompt = id_prompts(1, seed=5)[0]
     start = prompt["input_ids"][:prompt["loss_mask"].index(1)]
-    greedy = greedy_by_plain_forwards(load_causal_lm(verifier), start, 12)
+    greedy = greedy_by_plain_forwards(Verifier(verifier).load(), start, 12)
     k = next(i for i in range(3, 12) if greedy[i] not in greedy[:i])
     eos_verifier = tmp_path / "eos-verifier"
     shutil.copytree(verifier, eos_verifier)
@@ -275,9 +275,9 @@ def test_engine_auto_generates_with_vllm_where_its_environment_is_and_says_so(mo
 
 
 def test_the_plan_expects_the_regeneration_time_at_the_rate_measured_here(verifier, tmp_path, monkeypatch):
-    from eagle3.data.record import verifier_fingerprint
     from eagle3.roofline import record_rate, regeneration_key
     from eagle3.serve import engine as engines
+    from eagle3.verifier.model import Verifier
     from factories import tiny_run_config
 
     monkeypatch.setattr(engines, "has_cuda", lambda: False)
@@ -288,7 +288,7 @@ def test_the_plan_expects_the_regeneration_time_at_the_rate_measured_here(verifi
                            f"cache_dir={tmp_path / 'cache'}"])
     [note] = cfg.data.plan_notes(cfg)
     assert "30 prompt rows x up to 100 new tokens" in note and "no measured rate" in note
-    record_rate(tmp_path / "cache", "cpu", regeneration_key("transformers", verifier_fingerprint(verifier)[
+    record_rate(tmp_path / "cache", "cpu", regeneration_key("transformers", Verifier(verifier).fingerprint()[
         "config_hash"]), 50.0)
     [note] = cfg.data.plan_notes(cfg)
     assert "at most about 1.0 min at 50.0 tokens/s" in note and "engine transformers" in note

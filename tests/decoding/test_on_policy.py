@@ -26,9 +26,9 @@ def verifier_dir(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def verifier(verifier_dir):
-    from eagle3.data.verifier_forward import load_causal_lm
+    from eagle3.verifier.model import Verifier
 
-    return load_causal_lm(verifier_dir)
+    return Verifier(verifier_dir).load()
 
 
 def make_draft(verifier_dir, attn_impl="sdpa", num_layers=1, seed=0):

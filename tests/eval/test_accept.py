@@ -53,12 +53,12 @@ def strong_run(cache_dir, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def inputs(strong_run):
-    from eagle3.data.verifier_forward import load_causal_lm
     from eagle3.eval.prompts import val_split_prompts
+    from eagle3.verifier.model import Verifier
 
     summary = json.loads((strong_run / "summary.json").read_text())
     summary["checkpoints"] = {name: str(strong_run / path) for name, path in summary["checkpoints"].items()}
-    verifier = load_causal_lm(summary["verifier_dir"])
+    verifier = Verifier(summary["verifier_dir"]).load()
     # All 13 val prompts: the first 6 alone happen to be harder (trained accept_len 1.13 there, 1.22 on all).
     return {"summary": summary, "verifier": verifier, "prompts": val_split_prompts(summary["data_dir"], 0.9, 16)}
 
@@ -229,11 +229,11 @@ def test_a_bf16_verifier_counts_near_tie_flips_and_still_refuses_a_real_divergen
     """data=online on CUDA measures with its bf16 verifier: the speculative verify and plain decoding, forwards
     over other lengths, flip the argmax at bf16 near-ties (4 of 16 prompts here, on CPU in bf16), which is counted,
     not raised; a divergence where the top two logits are far apart still raises."""
-    from eagle3.data.verifier_forward import load_causal_lm
     from eagle3.eval.measure import AcceptanceProbe, LosslessError, check_lossless, next_token_logits
+    from eagle3.verifier.model import Verifier
 
     summary, prompts = inputs["summary"], inputs["prompts"]
-    verifier = load_causal_lm(summary["verifier_dir"], dtype=torch.bfloat16)
+    verifier = Verifier(summary["verifier_dir"]).load(dtype=torch.bfloat16)
     report = AcceptanceProbe(verifier, prompts, 3, 64).measure(load(summary), teacher_forced=False)
     assert report["lossless"] and report["near_tie_flips"] >= 1 and report["accept_len"] > 1.0
     prompt = list(prompts[0])
@@ -411,9 +411,9 @@ def spread_pair(tmp_path_factory):
 
     from eagle3.config import DraftConfig, TinyVerifierConfig
     from eagle3.data.verifier import tiny_verifier_dir
-    from eagle3.data.verifier_forward import load_causal_lm
     from eagle3.draft_arch import SPECULATORS_FLAGS
     from eagle3.init.build import new_draft
+    from eagle3.verifier.model import Verifier
 
     vocab, draft_vocab, hidden = 48, 24, 32
     tiny = TinyVerifierConfig(vocab_size=vocab, hidden_size=hidden, intermediate_size=64, num_layers=2,
@@ -430,7 +430,7 @@ def spread_pair(tmp_path_factory):
     draft = new_draft(draft_cfg, SPECULATORS_FLAGS, "sdpa", str(verifier_dir), t2d, d2t).float().eval()
     with torch.no_grad():
         draft.lm_head.weight.mul_(0.3)
-    verifier = load_causal_lm(verifier_dir)
+    verifier = Verifier(verifier_dir).load()
     prompt = [3, 7, 1, 12]
     # The reference: plain sampling of the verifier at T, all samples in one batch (no eagle3 code involved).
     gen = torch.Generator().manual_seed(1)

@@ -18,6 +18,7 @@ import pytest
 from eagle3.config import RowFormat
 from eagle3.data.jsonl import BadSamples, ChatTokenizer, read_rows
 from eagle3.errors import DataError
+from eagle3.verifier.model import Verifier
 from factories import chat_tokenizer, verifier_config_dir
 
 WORDS = ["[UNK]", "<|im_start|>", "<|im_end|>", "system", "user", "assistant", "default", "nl"] + \
@@ -52,7 +53,7 @@ def chat_dir(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="module")
 def chat(chat_dir) -> ChatTokenizer:
-    return ChatTokenizer(chat_dir)
+    return Verifier(chat_dir).chat_tokenizer()
 
 
 def words(ids) -> list[str]:
@@ -315,7 +316,7 @@ def test_real_sharegpt_trains_only_smollm2s_assistant_tokens(sharegpt_file, smol
 
     head = list(itertools.islice(records(sharegpt_file), 20))
     path = write(tmp_path / "head.json", [item for _, item in head], "json_array")
-    chat = ChatTokenizer(smollm2_dir)
+    chat = Verifier(smollm2_dir).chat_tokenizer()
     rows, bad = read(path, chat, policy="skip", vocab=49152)
     assert rows.format == RowFormat.sharegpt and bad.skipped == {} and len(rows) == 20
     decode = chat.tokenizer.decode

@@ -57,12 +57,12 @@ def windowed(request, tmp_path_factory) -> dict:
     """A sliding-window verifier, the rows prepared offline in fp32, and the same rows as token rows alone."""
     from eagle3.data.prepare import write_dataset
     from eagle3.data.token_rows import save_rows
-    from eagle3.data.verifier_forward import load_causal_lm
+    from eagle3.verifier.model import Verifier
 
     tmp = tmp_path_factory.mktemp(f"window-{request.param}")
     verifier = save_verifier(request.param, tmp / "verifier")
     rows = windowed_rows()
-    model = load_causal_lm(verifier)
+    model = Verifier(verifier).load()
     write_dataset(model, verifier, rows, tmp / "offline", AUX, batch_tokens=512, dtype=torch.float32)
     save_rows(rows, tmp / "rows")
     return {"verifier": verifier, "model": model, "rows": rows, "offline": tmp / "offline", "token_rows": tmp / "rows"}

@@ -78,10 +78,10 @@ class TokenRows(DataConfig):
     def check_rows(self, cfg: RunConfig, verifier_dir: Path, data_dir: Path) -> CheckReport:
         """No hidden states to check: the token ids, lengths and loss masks (the verifier was checked already)."""
         from eagle3.data.check import check_dataset
-        from eagle3.data.online import verifier_positions
         from eagle3.data.record import check_same_verifier
+        from eagle3.verifier.model import Verifier
 
-        positions = verifier_positions(verifier_dir)
+        positions = Verifier(verifier_dir).positions
         check_same_verifier(data_dir, verifier_dir)  # an Arrow dir prepared for another verifier: its tokenizer
         return check_dataset(data_dir, vocab_size=cfg.model.draft.vocab_size, total_seq_len=self.total_seq_len,
                              hidden_states=False, max_positions=positions)

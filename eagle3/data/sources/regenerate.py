@@ -21,6 +21,7 @@ from eagle3.config import (
 )
 from eagle3.data.sources.online import TokenRows
 from eagle3.data.sources.registry import register
+from eagle3.verifier.model import Verifier
 
 if TYPE_CHECKING:
     from eagle3.config import RunConfig, TrainConfig
@@ -105,11 +106,11 @@ class RegenerateDataConfig(TokenRows):
         head = (f"regeneration (data=regenerate, engine {engine}): {rows:,} prompt rows x up to "
                 f"{self.regenerate.max_new_tokens} new tokens = up to {tokens:,} tokens (built once into cache_dir)")
         rate, where = None, ""
-        if run.model.verifier.path is not None and (Path(run.model.verifier.path) / "config.json").is_file():
-            from eagle3.data.record import verifier_fingerprint
+        verifier = None if run.model.verifier.path is None else Verifier(run.model.verifier.path)
+        if verifier is not None and verifier.exists():
             from eagle3.roofline import cached_rate, regeneration_key
 
-            key = regeneration_key(engine, verifier_fingerprint(run.model.verifier.path)["config_hash"])
+            key = regeneration_key(engine, verifier.fingerprint()["config_hash"])
             rate, where = cached_rate(Path(run.cache_dir), "cuda" if has_cuda() else "cpu", key)
         if rate is None:
             return [f"{head}; no measured rate for this engine and verifier on this machine yet (a regeneration "
