@@ -49,15 +49,13 @@ def poison(model, nan_calls: set[int]):
 
 
 def train_poisoned(cache_dir, run_dir, nan_calls, overrides):
-    from eagle3.distributed import World
     from eagle3.track import Tracker
-    from eagle3.train import train
+    from eagle3.train import Training, train
 
-    cfg, model, (train_loader, val_loader) = small_run(cache_dir, run_dir, ["logger.log_every=1", *overrides])
+    cfg, model, loaders = small_run(cache_dir, run_dir, ["logger.log_every=1", *overrides])
     poison(model, nan_calls)
     with Tracker(run_dir, cfg.logger, cfg.run) as tracker:
-        return train(model, train_loader, val_loader, cfg.model.draft, cfg.optim, cfg.logger.log_every,
-                     torch.device("cpu"), World(), tracker, run_dir)
+        return train(Training(model, loaders, cfg, tracker))
 
 
 @pytest.mark.slow
@@ -203,10 +201,9 @@ def test_a_stop_on_an_eval_every_step_owes_its_val_pass_to_the_resumed_run(cache
     that pass. The resumed run runs it first, so its val rows are an uninterrupted run's."""
     import eagle3.train
     from eagle3.checkpoint import load_draft, load_trainer_state
-    from eagle3.distributed import World
     from eagle3.errors import Interrupted
     from eagle3.track import Tracker
-    from eagle3.train import train
+    from eagle3.train import Training, train
 
     class StopAtStep4(eagle3.train.StopRequest):
         calls = 0
@@ -218,10 +215,9 @@ def test_a_stop_on_an_eval_every_step_owes_its_val_pass_to_the_resumed_run(cache
     overrides = ["optim.max_steps=8", "optim.eval_every=4"]
 
     def run(run_dir, model=None, state=None):
-        cfg, built, (train_loader, val_loader) = small_run(cache_dir, run_dir, overrides) if model is None else held
+        cfg, built, loaders = small_run(cache_dir, run_dir, overrides) if model is None else held
         with Tracker(run_dir, cfg.logger, cfg.run, resume_step=state["progress"]["step"] if state else None) as t:
-            return train(model or built, train_loader, val_loader, cfg.model.draft, cfg.optim, cfg.logger.log_every,
-                         torch.device("cpu"), World(), t, run_dir, state)
+            return train(Training(model or built, loaders, cfg, t, resume_state=state))
 
     held = small_run(cache_dir, tmp_path / "whole", overrides)
     run(tmp_path / "whole", held[1])
