@@ -55,7 +55,7 @@ def main() -> None:
     from speculators.losses import resolve_loss_config
 
     from eagle3.console import quiet_libraries
-    from eagle3.data.loader import build_loaders
+    from eagle3.data.loader import LoaderSpec, build_loaders
     from eagle3.data.online import load_online_verifier
     from eagle3.distributed import World
     from eagle3.init import InitContext, build_draft
@@ -77,10 +77,10 @@ def main() -> None:
     verifier = load_online_verifier(verifier_dir, draft.aux_layer_ids, device, world, shard=False)
     torch.manual_seed(cfg.seed)
     attn_impl = runtime.attn_impl
-    loader, val_loader = build_loaders(rows_dir, micro_batch_len(cfg, runtime),
-                              draft.hidden_size, len(draft.aux_layer_ids), cfg.data.train_ratio, cfg.seed,
-                              grad_accum=optim.grad_accum, device=device, verifier=verifier,
-                              hidden_states_dtype=getattr(torch, cfg.data.hidden_states_dtype.value))
+    spec = LoaderSpec(micro_batch_len(cfg, runtime), draft.hidden_size, len(draft.aux_layer_ids),
+                      cfg.data.train_ratio, cfg.seed, grad_accum=optim.grad_accum, device=device,
+                      hidden_states_dtype=getattr(torch, cfg.data.hidden_states_dtype.value))
+    loader, val_loader = build_loaders(rows_dir, spec, verifier)
     model, _ = build_draft(InitContext(draft, cfg.init, verifier_dir, rows_dir, attn_impl, []))
     model = model.to(device).train()
     trainable = [p for p in model.parameters() if p.requires_grad]

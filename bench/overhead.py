@@ -34,7 +34,7 @@ def main() -> None:
     from speculators.losses import resolve_loss_config
 
     from eagle3.console import quiet_libraries
-    from eagle3.data.loader import build_loaders
+    from eagle3.data.loader import LoaderSpec, build_loaders
     from eagle3.distributed import World
     from eagle3.init import InitContext, build_draft
     from eagle3.inputs import materialize_inputs
@@ -46,8 +46,8 @@ def main() -> None:
     cfg = tiny_run_config()
     verifier_dir, data_dir = materialize_inputs(cfg)
     draft, optim = cfg.model.draft, cfg.optim
-    loader, _ = build_loaders(data_dir, cfg.data.total_seq_len, draft.hidden_size, len(draft.aux_layer_ids),
-                              cfg.data.train_ratio, cfg.seed)
+    loader, _ = build_loaders(data_dir, LoaderSpec(cfg.data.total_seq_len, draft.hidden_size, len(draft.aux_layer_ids),
+                                                   cfg.data.train_ratio, cfg.seed))
     # Copies: the reader reuses its buffers, and these batches are kept for the whole benchmark.
     batches = [{k: v.clone() for k, v in to_device(b, torch.device("cpu")).items()}
                for _, b in zip(range(args.steps), loader)]

@@ -19,7 +19,7 @@ from conftest import ROOT, SMALL_DATA, launch, read_rows, sigterm_after_first_tr
 
 def small_run(cache_dir: Path, run_dir: Path, overrides: list[str]):
     """The pieces of a tiny run, built as the launcher builds them, for driving eagle3.train.train directly."""
-    from eagle3.data.loader import build_loaders
+    from eagle3.data.loader import LoaderSpec, build_loaders
     from eagle3.init import InitContext, build_draft
     from eagle3.inputs import materialize_inputs
 
@@ -27,8 +27,8 @@ def small_run(cache_dir: Path, run_dir: Path, overrides: list[str]):
     run_dir.mkdir(parents=True)
     verifier_dir, data_dir = materialize_inputs(cfg)
     draft = cfg.model.draft
-    loaders = build_loaders(data_dir, cfg.data.total_seq_len, draft.hidden_size, len(draft.aux_layer_ids),
-                            cfg.data.train_ratio, cfg.seed)
+    loaders = build_loaders(data_dir, LoaderSpec(cfg.data.total_seq_len, draft.hidden_size, len(draft.aux_layer_ids),
+                                                 cfg.data.train_ratio, cfg.seed))
     torch.manual_seed(cfg.seed)  # as eagle3/rank.py seeds before the draft is built
     model, _ = build_draft(InitContext(draft, cfg.init, verifier_dir, data_dir, "sdpa", []))
     return cfg, model, loaders

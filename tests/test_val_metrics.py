@@ -69,9 +69,9 @@ def poison_hidden_states(data_dir: Path, row: int) -> None:
 
 
 def val_loader(data_dir: Path, **kwargs):
-    from eagle3.data.loader import build_loaders
+    from eagle3.data.loader import LoaderSpec, build_loaders
 
-    return build_loaders(data_dir, T, H, AUX, RATIO, seed=0, **kwargs)[1]
+    return build_loaders(data_dir, LoaderSpec(T, H, AUX, RATIO, seed=0, **kwargs))[1]
 
 
 def validate(loader, **kwargs) -> dict[str, float]:
@@ -214,7 +214,7 @@ def test_a_val_pass_gone_non_finite_mid_run_keeps_the_last_checkpoint(probe_one_
     the run, `best` keeps step 0, `last` keeps step 2."""
     from conftest import typed_run_config
     from eagle3.checkpoint import load_trainer_state
-    from eagle3.data.loader import build_loaders
+    from eagle3.data.loader import LoaderSpec, build_loaders
     from eagle3.init import InitContext, build_draft
     from eagle3.track import Tracker
     from eagle3.train import Training, ValEntries, ValNotFinite, train
@@ -227,8 +227,8 @@ def test_a_val_pass_gone_non_finite_mid_run_keeps_the_last_checkpoint(probe_one_
     cfg = typed_run_config(cache_dir, run_dir, ["optim.max_steps=4", "optim.checkpoint_every=2", "optim.eval_every=3"])
     verifier_dir = Path(json.loads((probe_one_process / "summary.json").read_text())["verifier_dir"])
     draft = cfg.model.draft
-    train_loader, val = build_loaders(data, cfg.data.total_seq_len, draft.hidden_size, len(draft.aux_layer_ids),
-                                      cfg.data.train_ratio, cfg.seed)
+    train_loader, val = build_loaders(data, LoaderSpec(cfg.data.total_seq_len, draft.hidden_size,
+                                                       len(draft.aux_layer_ids), cfg.data.train_ratio, cfg.seed))
     model, _ = build_draft(InitContext(draft, cfg.init, verifier_dir, data, "sdpa", []))
     val_row = int(val.split_rows[0])
 
