@@ -1,4 +1,5 @@
-"""One rank of a run: device, process group, seed, data, draft model, then the training loop.
+"""One rank of a run: device, process group, seed, data, draft model, the run's optional features as the loop's
+hooks, then the training loop, handed all of it as one `Training`.
 
 `run_rank` runs in the launcher's process for a single-process run; `worker` is what the elastic
 launcher starts in each rank's process.
@@ -126,6 +127,8 @@ class RankSetup:
 
 
 def _train_on(rank: RankSetup) -> RunSummary | None:
+    """The rank's parts in the order that keeps its random draws: the online verifier before the seed, then the
+    loaders, the draft and its hooks; then the loop."""
     cfg, world, device, run_dir = rank.cfg, rank.world, rank.device, rank.run_dir
     verifier = online_verifier(rank)  # before seeding: loading must not move the draft's initialization
     torch.manual_seed(cfg.seed)
