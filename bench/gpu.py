@@ -87,7 +87,7 @@ def time_ours(model, draft, data, steps, warmup, device):
     from eagle3.progress import Progress
     from eagle3.runtime import compute_dtype_on, loss_impl_on
     from eagle3.track import Tracker
-    from eagle3.train import StepLog, count_step, log_train_row, make_scheduler, train_step
+    from eagle3.train import StepLog, StepParts, count_step, log_train_row, make_scheduler, train_step
 
     model = model.to(device)
     if device.type == "cpu":
@@ -103,13 +103,13 @@ def time_ours(model, draft, data, steps, warmup, device):
     tracker = Tracker(run_dir, LoggerConfig(mode=LoggerMode.disabled)).__enter__()
     progress = Progress()
     log = StepLog(tracker, World(), scheduler, warmup + steps, progress)
+    parts = StepParts(model, optimizer, scheduler, params, 1, 1.0, device, autocast, kwargs)
 
     def step(batch):
         if device.type == "cpu":
             batch = {k: (v.float() if hasattr(v, "is_floating_point") and v.is_floating_point() else v)
                      for k, v in batch.items()}
-        grad_norm = train_step(model, iter([batch]), 1, optimizer, scheduler, params, 1.0, device, autocast, kwargs,
-                               World(), log.window)
+        grad_norm = train_step(parts, iter([batch]), log.window)
         count_step(progress, grad_norm, 0, 1, World())  # what the loop does after each step
         log.count(grad_norm)
         if progress.step % 10 == 0:  # a train row every 10 steps, as log_every=10 gives

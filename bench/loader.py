@@ -141,7 +141,7 @@ def main() -> None:
     from speculators.train.data import ArrowDataset, CollateFn
 
     from eagle3.console import quiet_libraries
-    from eagle3.data.loader import build_loaders
+    from eagle3.data.loader import LoaderSpec, build_loaders
 
     quiet_libraries()
     shape = dict(SHAPES["small" if args.small else "real"])
@@ -155,7 +155,8 @@ def main() -> None:
     bytes_per_token = (shape["aux"] + 1) * shape["hidden"] * 2
     # Every training row, and only those, in the training split: int((n + 1) * ratio) == n.
     ratio = (n + 0.5) / (n + 1)
-    loader, _ = build_loaders(data_dir, shape["seq"], shape["hidden"], shape["aux"], ratio, seed=0, device=device)
+    loader, _ = build_loaders(data_dir, LoaderSpec(shape["seq"], shape["hidden"], shape["aux"], ratio, seed=0,
+                                                   device=device))
     items = ArrowDataset(max_len=shape["seq"], datapath=str(data_dir), on_missing="raise", train_ratio=ratio,
                          split="train", hidden_states_dtype=torch.bfloat16)
     collate = CollateFn(shape["seq"], shape["hidden"], num_target_layers=shape["aux"], dtype=torch.bfloat16,

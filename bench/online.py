@@ -55,14 +55,14 @@ def main() -> None:
     from speculators.losses import resolve_loss_config
 
     from eagle3.console import quiet_libraries
-    from eagle3.data.loader import build_loaders
+    from eagle3.data.loader import LoaderSpec, build_loaders
     from eagle3.data.online import load_online_verifier
     from eagle3.distributed import World
     from eagle3.init import InitContext, build_draft
     from eagle3.inputs import materialize_inputs
     from eagle3.rank import micro_batch_len
     from eagle3.runtime import runtime_of
-    from eagle3.train import make_scheduler, train_step
+    from eagle3.train import StepParts, make_scheduler, train_step
 
     quiet_libraries()
     cfg = tiny_run_config(["data=online", *(SMALL if args.small else []), *args.overrides])
@@ -77,10 +77,10 @@ def main() -> None:
     verifier = load_online_verifier(verifier_dir, draft.aux_layer_ids, device, world, shard=False)
     torch.manual_seed(cfg.seed)
     attn_impl = runtime.attn_impl
-    loader, val_loader = build_loaders(rows_dir, micro_batch_len(cfg, runtime),
-                              draft.hidden_size, len(draft.aux_layer_ids), cfg.data.train_ratio, cfg.seed,
-                              grad_accum=optim.grad_accum, device=device, verifier=verifier,
-                              hidden_states_dtype=getattr(torch, cfg.data.hidden_states_dtype.value))
+    spec = LoaderSpec(micro_batch_len(cfg, runtime), draft.hidden_size, len(draft.aux_layer_ids),
+                      cfg.data.train_ratio, cfg.seed, grad_accum=optim.grad_accum, device=device,
+                      hidden_states_dtype=getattr(torch, cfg.data.hidden_states_dtype.value))
+    loader, val_loader = build_loaders(rows_dir, spec, verifier)
     model, _ = build_draft(InitContext(draft, cfg.init, verifier_dir, rows_dir, attn_impl, []))
     model = model.to(device).train()
     trainable = [p for p in model.parameters() if p.requires_grad]
@@ -90,6 +90,8 @@ def main() -> None:
     autocast = torch.autocast("cuda", dtype=runtime.dtype()) if cuda else nullcontext()
     call_kwargs = {"ttt_steps": draft.ttt_steps, "ttt_step_loss_decay": draft.ttt_step_loss_decay,
                    "loss_config": resolve_loss_config(draft.loss, runtime.loss_impl)}
+    parts = StepParts(model, optimizer, scheduler, trainable, optim.grad_accum, optim.grad_clip, device, autocast,
+                      call_kwargs, world)
     window: dict = {}
     micro = args.steps * optim.grad_accum
     if micro > len(loader):
@@ -107,8 +109,7 @@ def main() -> None:
 
     def steps(micro_batches, n: int) -> None:
         for _ in range(n):
-            train_step(model, micro_batches, optim.grad_accum, optimizer, scheduler, trainable, optim.grad_clip,
-                       device, autocast, call_kwargs, world, window)
+            train_step(parts, micro_batches, window)
 
     # The same micro-batches for the train-step side, copied: the loader refills one buffer for every micro-batch.
     stored = [{k: v.clone() for k, v in b.items()} for b in first_micro_batches(micro)]

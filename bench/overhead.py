@@ -34,20 +34,20 @@ def main() -> None:
     from speculators.losses import resolve_loss_config
 
     from eagle3.console import quiet_libraries
-    from eagle3.data.loader import build_loaders
+    from eagle3.data.loader import LoaderSpec, build_loaders
     from eagle3.distributed import World
     from eagle3.init import InitContext, build_draft
     from eagle3.inputs import materialize_inputs
     from eagle3.progress import Progress
     from eagle3.track import Tracker
-    from eagle3.train import StepLog, count_step, log_train_row, make_scheduler, to_device, train_step
+    from eagle3.train import StepLog, StepParts, count_step, log_train_row, make_scheduler, to_device, train_step
 
     quiet_libraries()
     cfg = tiny_run_config()
     verifier_dir, data_dir = materialize_inputs(cfg)
     draft, optim = cfg.model.draft, cfg.optim
-    loader, _ = build_loaders(data_dir, cfg.data.total_seq_len, draft.hidden_size, len(draft.aux_layer_ids),
-                              cfg.data.train_ratio, cfg.seed)
+    loader, _ = build_loaders(data_dir, LoaderSpec(cfg.data.total_seq_len, draft.hidden_size, len(draft.aux_layer_ids),
+                                                   cfg.data.train_ratio, cfg.seed))
     # Copies: the reader reuses its buffers, and these batches are kept for the whole benchmark.
     batches = [{k: v.clone() for k, v in to_device(b, torch.device("cpu")).items()}
                for _, b in zip(range(args.steps), loader)]
@@ -70,6 +70,8 @@ def main() -> None:
     tracker = Tracker(run_dir, cfg.logger).__enter__()
     progress = Progress()
     log = StepLog(tracker, World(), scheduler, 10**9, progress)
+    parts = StepParts(project_model, project_opt, scheduler, project_params, 1, optim.grad_clip, torch.device("cpu"),
+                      nullcontext(), kwargs)
 
     def bare(batch):
         bare_opt.zero_grad(set_to_none=True)
@@ -79,8 +81,7 @@ def main() -> None:
         bare_opt.step()
 
     def project(batch):
-        grad_norm = train_step(project_model, iter([batch]), 1, project_opt, scheduler, project_params,
-                               optim.grad_clip, torch.device("cpu"), nullcontext(), kwargs, World(), log.window)
+        grad_norm = train_step(parts, iter([batch]), log.window)
         count_step(progress, grad_norm, 0, 1, World())  # what the loop does after each step
         log.count(grad_norm)
         if progress.step % cfg.logger.log_every == 0:

@@ -111,7 +111,7 @@ def time_steps(cfg, online: bool, steps: int, plan_now) -> dict[str, list[float]
 
     from bench.common import random_draft
     from eagle3.distributed import World
-    from eagle3.train import make_scheduler, train_step
+    from eagle3.train import StepParts, make_scheduler, train_step
 
     draft, seq, optim = cfg.model.draft, cfg.data.total_seq_len, cfg.optim
     model = random_draft(draft, "sdpa", std=0.05)
@@ -120,6 +120,8 @@ def time_steps(cfg, online: bool, steps: int, plan_now) -> dict[str, list[float]
     scheduler = make_scheduler(optimizer, "constant", 0, 10 ** 9)
     kwargs = {"ttt_steps": draft.ttt_steps, "ttt_step_loss_decay": draft.ttt_step_loss_decay,
               "loss_config": resolve_loss_config(draft.loss, "eager")}
+    parts = StepParts(model, optimizer, scheduler, trainable, optim.grad_accum, optim.grad_clip, torch.device("cpu"),
+                      nullcontext(), kwargs)
     verifier = None
     if online:
         from eagle3.data.online import load_online_verifier
@@ -148,8 +150,7 @@ def time_steps(cfg, online: bool, steps: int, plan_now) -> dict[str, list[float]
         planned = plan_now() if i else 0.0
         start = time.perf_counter()
         batches = [batch() for _ in range(optim.grad_accum)]
-        train_step(model, iter(batches), optim.grad_accum, optimizer, scheduler, trainable, optim.grad_clip,
-                   torch.device("cpu"), nullcontext(), kwargs, World(), {})
+        train_step(parts, iter(batches), {})
         took = time.perf_counter() - start
         if i == 0:
             continue  # warmup

@@ -1,8 +1,8 @@
 """What launch.py does with a composed config: resolve it, type and check it once (eagle3/config.py's
 `run_config`), plan it (eagle3/plan.py: refuse what cannot fit; plan=true prints the plan and stops), write the
 run dir (eagle3/rundir.py), build and check the inputs (eagle3/inputs.py), then run the rank in this process or
-start the ranks (eagle3/elastic.py). How the job ended is recorded by eagle3/job_outcome.py. Past this module the
-run config is a typed `RunConfig`.
+start the ranks (eagle3/elastic.py). How the job ended is recorded by eagle3/job_outcome.py. Past `run_config` the
+run config is a typed `RunConfig`, the one object the run dir's resolved_config.yaml, the ranks and the loop read.
 
 In a multirun each job passes through here in turn (Hydra's basic launcher), so each job gets fresh rank
 processes, its own run dir and its own wandb run, and a failed job is recorded and the sweep goes on.
@@ -21,7 +21,7 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import InterpolationResolutionError, MissingMandatoryValue
 
-from eagle3.config import RunConfig, lr_advice, run_config
+from eagle3.config import RunConfig, lr_advice, plain_config, run_config
 from eagle3.errors import ConfigError, Interrupted, StoppedBeforeTraining, UserError
 from eagle3.fit import check_new_job, refuse_if_it_cannot_fit, run_plan
 from eagle3.job_outcome import JobOutcome
@@ -124,9 +124,9 @@ def run_with_inputs(run_cfg: RunConfig) -> RunSummary | None:
 
 
 def fresh_run(cfg: DictConfig, hydra, run_dir: Path) -> RunConfig:
-    """The typed run config of a new run, checked, and written to the run dir as resolved_config.yaml."""
-    resolved = resolve(cfg, hydra, run_dir)
-    run_cfg = run_config(resolved)
+    """The typed run config of a new run, checked, and written to the run dir as resolved_config.yaml: the plain form
+    of the typed config the ranks are handed (what runs, with the schemas' types), not of the composition."""
+    run_cfg = run_config(resolve(cfg, hydra, run_dir))
     check_new_job(run_cfg)
     refuse_if_it_cannot_fit(run_cfg)  # before anything is written or any rank starts
     advice, outside = lr_advice(run_cfg.optim, run_cfg.init)
@@ -135,7 +135,7 @@ def fresh_run(cfg: DictConfig, hydra, run_dir: Path) -> RunConfig:
         room = RunDir(run_dir)
         room.hold()
         room.refuse_to_overwrite()
-        room.write_config(resolved)
+        room.write_config(plain_config(run_cfg))
     return run_cfg
 
 

@@ -1,4 +1,5 @@
-"""One rank of a run: device, process group, seed, data, draft model, then the training loop.
+"""One rank of a run: device, process group, seed, data, draft model, the run's optional features as the loop's
+hooks, then the training loop, handed all of it as one `Training`.
 
 `run_rank` runs in the launcher's process for a single-process run; `worker` is what the elastic
 launcher starts in each rank's process.
@@ -8,7 +9,9 @@ from __future__ import annotations
 
 import logging
 import os
+from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -24,7 +27,11 @@ from eagle3.recompute import recompute_decoder_layers
 from eagle3.rundir import InitReport, RunDir, checkpoint_dir
 from eagle3.runtime import Runtime, runtime_of
 from eagle3.track import Tracker
-from eagle3.train import train
+from eagle3.train import ExtraLoss, Hook, Run, Training, ValEntries, train
+
+if TYPE_CHECKING:
+    from eagle3.data.online import OnlineVerifier
+    from eagle3.rollouts import OnPolicy
 
 log = logging.getLogger(__name__)
 
@@ -92,81 +99,136 @@ def run_rank(cfg: RunConfig, verifier_dir: Path, data_dir: Path, rows: list[int]
     """Trains one draft as `cfg` (the resolved run config) says, on `rows` of the data (None: all of them);
     rank 0 returns the run summary."""
     quiet_libraries()
-    run_dir = Path(cfg.run.dir)
     runtime = runtime_of(cfg)
     device = runtime.device(int(os.environ.get("LOCAL_RANK", 0)))
     world = init_world(cfg.distributed.strategy.value, runtime.backend, device.type)
     try:
-        return _train_on(world, runtime, device, cfg, run_dir, verifier_dir, data_dir, rows)
+        return _train_on(RankSetup(cfg, runtime, device, world, verifier_dir, data_dir, rows))
     finally:
         close_world(world)
 
 
-def _train_on(world: World, runtime: Runtime, device: torch.device, cfg: RunConfig, run_dir: Path, verifier_dir: Path,
-              data_dir: Path, rows: list[int] | None) -> RunSummary | None:
-    draft = cfg.model.draft
-    verifier = None
-    in_rank = cfg.data.verifier_in_rank()
-    if in_rank:  # before seeding: loading must not move the draft's initialization
-        from eagle3.data.online import load_online_verifier
+@dataclass(frozen=True)
+class RankSetup:
+    """What one rank trains with, resolved once: the typed run config, its runtime, this rank's device and process
+    group, and the inputs the launcher made ready (the verifier and data dirs, the rows to train on)."""
 
-        verifier = load_online_verifier(verifier_dir, draft.aux_layer_ids, device, world, in_rank == "sharded")
+    cfg: RunConfig
+    runtime: Runtime
+    device: torch.device
+    world: World
+    verifier_dir: Path
+    data_dir: Path
+    rows: list[int] | None
+
+    @property
+    def run_dir(self) -> Path:
+        return Path(self.cfg.run.dir)
+
+
+def _train_on(rank: RankSetup) -> RunSummary | None:
+    """The rank's parts in the order that keeps its random draws: the online verifier before the seed, then the
+    loaders, the draft and its hooks; then the loop."""
+    cfg, world, device, run_dir = rank.cfg, rank.world, rank.device, rank.run_dir
+    verifier = online_verifier(rank)  # before seeding: loading must not move the draft's initialization
     torch.manual_seed(cfg.seed)
-    attn_impl = runtime.attn_impl
     with job_clock().phase("data build"):
-        train_loader, val_loader = cfg.data.loaders(
-            data_dir, verifier,
-            total_seq_len=micro_batch_len(cfg, runtime),
-            hidden_size=draft.hidden_size,
-            num_aux_layers=len(draft.aux_layer_ids),
+        loaders = cfg.data.loaders(
+            rank.data_dir, verifier,
+            total_seq_len=micro_batch_len(cfg, rank.runtime),
+            hidden_size=cfg.model.draft.hidden_size,
+            num_aux_layers=len(cfg.model.draft.aux_layer_ids),
             seed=cfg.seed,
             world_size=world.size,
             rank=world.rank,
             grad_accum=cfg.optim.grad_accum,
-            rows=rows,
+            rows=rank.rows,
             device=device,
         )
-    last = checkpoint_dir(run_dir, "last")
-    resume_state = None
-    if cfg.resume:
-        model = load_draft(last, attn_impl, verifier_dir=verifier_dir)
-        resume_state = load_trainer_state(last)
-    else:
-        ctx = InitContext(draft=draft, init=cfg.init, verifier_dir=verifier_dir, data_dir=data_dir,
-                          attn_impl=attn_impl, overrides=cfg.run.overrides)
-        model, init_report = build_draft(ctx)
-        if world.is_main:
-            RunDir(run_dir).write_init_report(InitReport.from_dict(init_report))
-    if draft.gradient_checkpointing:  # a run dir from before the knob reads its schema default (false)
-        recompute_decoder_layers(model)
-    if world.is_main:
-        check_disk(run_dir, model)
-    on_policy = None
-    if cfg.train.on_policy.enabled:
-        from eagle3.rollouts import build_on_policy
-
-        on_policy = build_on_policy(cfg.train.on_policy, model.to(device), verifier.model if verifier else None,
-                                    verifier_dir, data_dir, cfg.data.train_ratio, rows, draft.ttt_steps, device,
-                                    world, cfg.seed)
+    model, resume_state = draft_to_train(rank)
+    hooks = run_hooks(rank, model.to(device), verifier)
     model = wrap_model(model.to(device), world, device)
-
-    at_val = None
-    if cfg.eval.accept.enabled:
-        from eagle3.eval.at_val import AcceptanceAtVal
-
-        held = verifier.model if verifier is not None else on_policy.verifier if on_policy is not None else None
-        at_val = AcceptanceAtVal(cfg.eval.accept, cfg.data.train_ratio, verifier_dir, data_dir, device, world,
-                                 seed=cfg.seed, verifier=held)  # the run's copy where it holds one
     resume_step = resume_state["progress"]["step"] if resume_state else None
     with Tracker(run_dir, cfg.logger, cfg.run, plain_config(cfg), enabled=world.is_main,
                  resume_step=resume_step) as tracker:
-        progress = train(model, train_loader, val_loader, draft, cfg.optim, cfg.logger.log_every, device, world,
-                         tracker, run_dir, resume_state, at_val, cfg.data.on_bad_sample.value, plain_config(cfg),
-                         on_policy)
-        summary = RunSummary.of(progress, verifier_dir, data_dir, str(device), world.size)
+        progress = train(Training(model, loaders, cfg, tracker, device, world, resume_state, hooks))
+        summary = RunSummary.of(progress, rank.verifier_dir, rank.data_dir, str(device), world.size)
         tracker.finish(summary)
     if not world.is_main:
         return None
-    log.info("results (val)\n%s", format_result_table(summary, draft.ttt_steps))
+    log.info("results (val)\n%s", format_result_table(summary, cfg.model.draft.ttt_steps))
     log.info("run dir: %s", run_dir)
     return summary
+
+
+def online_verifier(rank: RankSetup) -> OnlineVerifier | None:
+    """The verifier the rank holds to compute hidden states in the loop (data=online), or None."""
+    in_rank = rank.cfg.data.verifier_in_rank()
+    if not in_rank:
+        return None
+    from eagle3.data.online import load_online_verifier
+
+    return load_online_verifier(rank.verifier_dir, rank.cfg.model.draft.aux_layer_ids, rank.device, rank.world,
+                                in_rank == "sharded")
+
+
+def draft_to_train(rank: RankSetup) -> tuple[torch.nn.Module, dict[str, Any] | None]:
+    """The (unwrapped) draft the loop trains and, for a resumed run, the trainer state of its checkpoints/last: a
+    new run's draft as its initializer builds it (its report into the run dir), a resumed run's from `last`."""
+    cfg, run_dir = rank.cfg, rank.run_dir
+    draft, attn_impl = cfg.model.draft, rank.runtime.attn_impl
+    resume_state = None
+    if cfg.resume:
+        last = checkpoint_dir(run_dir, "last")
+        model = load_draft(last, attn_impl, verifier_dir=rank.verifier_dir)
+        resume_state = load_trainer_state(last)
+    else:
+        ctx = InitContext(draft=draft, init=cfg.init, verifier_dir=rank.verifier_dir, data_dir=rank.data_dir,
+                          attn_impl=attn_impl, overrides=cfg.run.overrides)
+        model, init_report = build_draft(ctx)
+        if rank.world.is_main:
+            RunDir(run_dir).write_init_report(InitReport.from_dict(init_report))
+    if draft.gradient_checkpointing:  # a run dir from before the knob reads its schema default (false)
+        recompute_decoder_layers(model)
+    if rank.world.is_main:
+        check_disk(run_dir, model)
+    return model, resume_state
+
+
+def run_hooks(rank: RankSetup, model: torch.nn.Module, verifier: OnlineVerifier | None) -> list[Hook]:
+    """The run's optional features as the loop's hooks, for the (unwrapped) draft `model`: on-policy rollouts
+    (train.on_policy) and measured acceptance at each val pass (eval.accept). They share the verifier the rank
+    already holds (data=online's, else the rollouts') instead of loading a second copy."""
+    cfg = rank.cfg
+    hooks: list[Hook] = []
+    held = verifier.model if verifier is not None else None
+    if cfg.train.on_policy.enabled:
+        from eagle3.rollouts import build_on_policy
+
+        on_policy = build_on_policy(cfg.train.on_policy, model, held, rank.verifier_dir, rank.data_dir,
+                                    cfg.data.train_ratio, rank.rows, cfg.model.draft.ttt_steps, rank.device,
+                                    rank.world, cfg.seed)
+        hooks.append(OnPolicyRollouts(on_policy))
+        held = on_policy.verifier
+    if cfg.eval.accept.enabled:
+        from eagle3.eval.at_val import AcceptanceAtVal
+
+        hooks.append(ValEntries(AcceptanceAtVal(cfg.eval.accept, cfg.data.train_ratio, rank.verifier_dir,
+                                                rank.data_dir, rank.device, rank.world, seed=cfg.seed,
+                                                verifier=held)))  # the run's copy where it holds one
+    return hooks
+
+
+class OnPolicyRollouts(Hook):
+    """train.on_policy: the steps it says also train on rollouts of the draft (eagle3/rollouts.py), mixed in at
+    train.on_policy.mix."""
+
+    def __init__(self, on_policy: OnPolicy):
+        self.on_policy = on_policy
+
+    def step_loss(self, run: Run, step: int) -> ExtraLoss | None:
+        on_policy, parts = self.on_policy, run.parts
+        if not on_policy.due(step):
+            return None
+        return on_policy.mix, lambda: on_policy.loss(run.model, step, parts.call_kwargs["loss_config"],
+                                                     parts.call_kwargs["ttt_step_loss_decay"], parts.autocast)

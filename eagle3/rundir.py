@@ -420,6 +420,7 @@ class RunDir:
 
     # --- the resolved config ---
     def write_config(self, resolved: dict[str, Any]) -> None:
+        """resolved_config.yaml from `resolved`, a run config's plain form (eagle3.config.plain_config)."""
         from omegaconf import OmegaConf
 
         safe_write.write_text(self.path, self.file(RESOLVED_CONFIG), OmegaConf.to_yaml(resolved))

@@ -9,8 +9,9 @@ import logging
 import math
 import re
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import AbstractContextManager, nullcontext
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -19,7 +20,7 @@ from tqdm import tqdm
 
 from eagle3.cadence import Cadence, Stop
 from eagle3.checkpoint import TRAINER_STATE, SaveFailed, save_checkpoint
-from eagle3.config import DraftConfig, OptimConfig
+from eagle3.config import RunConfig, TrainConfig, plain_config
 from eagle3.console import resume_command
 from eagle3.data.reader import to_device
 from eagle3.distributed import (
@@ -41,38 +42,85 @@ from eagle3.track import Tracker
 
 if TYPE_CHECKING:
     from eagle3.data.loader import Loader
-    from eagle3.rollouts import OnPolicy
 
 log = logging.getLogger(__name__)
 
-__all__ = ["train", "train_step", "make_scheduler", "run_validation", "summarize", "to_device", "RunStopped"]
+__all__ = ["train", "Training", "Hook", "ValEntries", "StepParts", "train_step", "make_scheduler", "run_validation",
+           "summarize", "to_device", "RunStopped"]
+
+ExtraLoss = tuple[float, Callable[[], tuple[torch.Tensor, dict[str, torch.Tensor]]]]
 
 
-def train(model: torch.nn.Module, train_loader: Loader, val_loader: Loader, draft: DraftConfig,
-          optim: OptimConfig, log_every: int, device: torch.device, world: World, tracker: Tracker, run_dir: Path,
-          resume_state: dict[str, Any] | None = None,
-          at_val: Callable[[torch.nn.Module], Row] | None = None, on_bad_sample: str = "error",
-          config: dict[str, Any] | None = None, on_policy: OnPolicy | None = None) -> Progress:
-    """Trains `model` (already wrapped for `world`) as `optim` says, with the draft's TTT settings; logs a train
-    row every `log_every` steps; returns the loop's final progress. `at_val` adds entries to each val row
-    (eval.accept: measured acceptance); every rank calls it. `on_bad_sample` is data.on_bad_sample: what a val
-    pass does with rows whose hidden states are not finite (run_validation). `config`: the plain run config,
-    saved with `last` so that a resume can tell whether its config is still the one trained with. `on_policy`
-    (train.on_policy): the steps that also train on rollouts of the draft, and their loss.
+class Hook:
+    """An optional feature of a run, plugged into the loop at its points (every method's default does nothing), so
+    that a feature adds a hook, not a parameter of `train`. Every rank calls every hook at the same points, so a
+    hook may hold a collective. `progress` is the loop's own (eagle3.progress.Progress): read it, never change it.
+
+    The points, in a run's order: on_val of the step-0 val pass (a new run), on_train_start, then per optimizer step
+    step_loss (before it) and on_step_end (after it, counted), on_val of each later val pass, on_train_end."""
+
+    def on_train_start(self, run: Run, progress: Progress) -> None:
+        """The loop starts (or continues a resumed run) at `progress`."""
+
+    def step_loss(self, run: Run, step: int) -> ExtraLoss | None:
+        """A loss the optimizer step after `step` done ones also trains on: (mix, loss) weights its loss `mix` and
+        the micro-batches' 1 - mix (on-policy rollouts); None: this step trains on the micro-batches alone."""
+        return None
+
+    def on_step_end(self, run: Run, progress: Progress) -> None:
+        """An optimizer step was taken (or skipped) and counted into `progress`."""
+
+    def on_val(self, run: Run, row: Row) -> Row:
+        """Entries to add to the val row `row` (its metrics so far) before it is logged (measured acceptance)."""
+        return {}
+
+    def on_train_end(self, run: Run, progress: Progress) -> None:
+        """The loop completed at `progress` (not called when it stops early or fails)."""
+
+
+class ValEntries(Hook):
+    """A hook that adds `measure(model)`'s entries to each val row (eval.accept's AcceptanceAtVal is one)."""
+
+    def __init__(self, measure: Callable[[torch.nn.Module], Row]):
+        self.measure = measure
+
+    def on_val(self, run: Run, row: Row) -> Row:
+        return self.measure(run.model)
+
+
+@dataclass
+class Training:
+    """What the training loop is handed: the draft (already wrapped for `world`), its train and val loaders, the
+    typed run config that runs (optim, model.draft's TTT settings, logger.log_every, data.on_bad_sample, run.dir;
+    saved with `last` so that a resume can tell whether its config is still the one trained with), the tracker,
+    the device and process group, a resumed run's trainer state, and the run's optional features as hooks."""
+
+    model: torch.nn.Module
+    loaders: tuple[Loader, Loader]
+    cfg: RunConfig
+    tracker: Tracker
+    device: torch.device = field(default_factory=lambda: torch.device("cpu"))
+    world: World = field(default_factory=World)
+    resume_state: dict[str, Any] | None = None
+    hooks: list[Hook] = field(default_factory=list)
+
+
+def train(training: Training) -> Progress:
+    """Trains the draft as `training.cfg` says; returns the loop's final progress.
 
     At the top of each step the loop asks its Cadence what is due (eagle3/cadence.py) and does it."""
+    run = Run(training)
+    train_loader, cadence, world, hooks = training.loaders[0], run.cadence, run.world, training.hooks
     sampler = train_loader.batch_sampler
-    cadence = Cadence.of(optim.epochs, optim.max_steps, sampler.steps, log_every, optim.eval_every,
-                         optim.checkpoint_every, optim.max_skipped_steps)
-    run = Run(model, val_loader, draft, optim, cadence, device, world, tracker, run_dir, at_val, on_bad_sample,
-              config, on_policy)
     clock = job_clock()
     clock.loop_starts()
-    progress = run.begin(resume_state)
-    steps = StepLog(tracker, world, run.scheduler, cadence.total_steps, progress)
+    progress = run.begin(training.resume_state)
+    steps = StepLog(training.tracker, world, run.parts.scheduler, cadence.total_steps, progress)
     stop, micro_batches, stepped, skipped_in_a_row = StopRequest(), None, False, 0
     try:
-        model.train()
+        run.model.train()
+        for hook in hooks:
+            hook.on_train_start(run, progress)
         while True:
             due = cadence.due(progress, stepped, skipped_in_a_row, stepped and stop.requested(world))
             if due.train_row:
@@ -80,7 +128,7 @@ def train(model: torch.nn.Module, train_loader: Loader, val_loader: Loader, draf
             if due.stop is not None:
                 run.save("last", progress)  # skipped steps changed no weight: `last` is the last good state
                 if due.stop is Stop.signal:
-                    stop.exit(run_dir, progress.step)
+                    stop.exit(run.run_dir, progress.step)
                 raise RunStopped(too_many_skipped(skipped_in_a_row, progress.step))
             if due.next_epoch:
                 progress.epoch, progress.step_in_epoch, micro_batches = progress.epoch + 1, 0, None
@@ -97,43 +145,78 @@ def train(model: torch.nn.Module, train_loader: Loader, val_loader: Loader, draf
                 micro_batches = iter(train_loader)
             with clock.phase("training steps"):
                 grad_norm = run.step(micro_batches, steps.window, progress.step)
-            skipped_in_a_row = count_step(progress, grad_norm, skipped_in_a_row, optim.max_skipped_steps, world)
+            skipped_in_a_row = count_step(progress, grad_norm, skipped_in_a_row, run.optim.max_skipped_steps, world)
             steps.count(grad_norm)
             stepped = True
+            for hook in hooks:
+                hook.on_step_end(run, progress)
+        for hook in hooks:
+            hook.on_train_end(run, progress)
     finally:  # also when the run stops with an error: the next job of a sweep gets its handlers back
         steps.close()
         stop.restore()
     return progress
 
 
-class Run:
-    """What the loop acts on: the wrapped model, its optimizer and lr schedule, its val pass and checkpoints."""
+@dataclass
+class StepParts:
+    """What one optimizer step acts on (train_step): the wrapped model, its optimizer and lr schedule over
+    `trainable`, optim.grad_accum micro-batches per step, optim.grad_clip, where it computes (`autocast` on CUDA)
+    and the model's call arguments (the draft's TTT settings and loss)."""
 
-    def __init__(self, model: torch.nn.Module, val_loader: Loader, draft: DraftConfig, optim: OptimConfig,
-                 cadence: Cadence, device: torch.device, world: World, tracker: Tracker, run_dir: Path,
-                 at_val: Callable[[torch.nn.Module], Row] | None, on_bad_sample: str,
-                 config: dict[str, Any] | None, on_policy: OnPolicy | None = None):
+    model: torch.nn.Module
+    optimizer: torch.optim.Optimizer
+    scheduler: Any
+    trainable: list[torch.nn.Parameter]
+    accum: int
+    grad_clip: float
+    device: torch.device
+    autocast: AbstractContextManager[Any]
+    call_kwargs: dict[str, Any]
+    world: World = field(default_factory=World)
+
+    @classmethod
+    def of(cls, model: torch.nn.Module, cfg: TrainConfig, total_steps: int, device: torch.device,
+           world: World) -> StepParts:
+        """AdamW and the lr schedule cfg.optim says over `total_steps`, on the trainable parameters of `model`, with
+        the loss and TTT settings of cfg.model.draft, on `device` in `world`."""
         from speculators.losses import resolve_loss_config
 
-        self.model, self.val_loader, self.optim, self.device, self.world = model, val_loader, optim, device, world
-        self.tracker, self.run_dir, self.at_val, self.on_bad_sample = tracker, run_dir, at_val, on_bad_sample
-        self.config, self.on_policy = config, on_policy
-        self.call_kwargs = {
+        optim, draft = cfg.optim, cfg.model.draft
+        call_kwargs = {
             "ttt_steps": draft.ttt_steps,
             "ttt_step_loss_decay": draft.ttt_step_loss_decay,
             "loss_config": resolve_loss_config(draft.loss, loss_impl_on(device.type)),
         }
         dtype = getattr(torch, compute_dtype_on(device.type))
-        self.autocast: AbstractContextManager[Any] = (torch.autocast("cuda", dtype=dtype)
-                                                      if device.type == "cuda" else nullcontext())
-        self.trainable = [p for p in model.parameters() if p.requires_grad]
-        self.optimizer = torch.optim.AdamW(self.trainable, lr=optim.lr, betas=(optim.betas[0], optim.betas[1]),
-                                           weight_decay=optim.weight_decay)
-        total_steps = cadence.total_steps
-        self.scheduler = make_scheduler(self.optimizer, optim.scheduler.value,
-                                        math.ceil(optim.warmup_ratio * total_steps), total_steps)
-        self.cadence = cadence
-        self.ckpt_dir = run_dir / CHECKPOINTS
+        autocast: AbstractContextManager[Any] = (torch.autocast("cuda", dtype=dtype)
+                                                 if device.type == "cuda" else nullcontext())
+        trainable = [p for p in model.parameters() if p.requires_grad]
+        optimizer = torch.optim.AdamW(trainable, lr=optim.lr, betas=(optim.betas[0], optim.betas[1]),
+                                      weight_decay=optim.weight_decay)
+        scheduler = make_scheduler(optimizer, optim.scheduler.value, math.ceil(optim.warmup_ratio * total_steps),
+                                   total_steps)
+        return cls(model, optimizer, scheduler, trainable, optim.grad_accum, optim.grad_clip, device, autocast,
+                   call_kwargs, world)
+
+
+class Run:
+    """What the loop acts on: the wrapped model, its optimizer and lr schedule, its val pass and checkpoints, and the
+    run's hooks."""
+
+    def __init__(self, training: Training):
+        cfg = training.cfg
+        self.cfg, self.optim, self.model, self.device = cfg, cfg.optim, training.model, training.device
+        self.world, self.tracker, self.hooks = training.world, training.tracker, training.hooks
+        self.val_loader, self.run_dir = training.loaders[1], Path(cfg.run.dir)
+        self.on_bad_sample = cfg.data.on_bad_sample.value
+        optim = cfg.optim
+        self.cadence = Cadence.of(optim.epochs, optim.max_steps, training.loaders[0].batch_sampler.steps,
+                                  cfg.logger.log_every, optim.eval_every, optim.checkpoint_every,
+                                  optim.max_skipped_steps)
+        self.parts = StepParts.of(self.model, cfg, self.cadence.total_steps, self.device, self.world)
+        self.ckpt_dir = self.run_dir / CHECKPOINTS
+        self.trained_config = trained_config(plain_config(cfg))  # saved with `last`: what it was trained with
 
     def begin(self, resume_state: dict[str, Any] | None) -> Progress:
         """A new run's progress after its step-0 val pass (the drafter as initialized, before any update; for a
@@ -144,37 +227,32 @@ class Run:
             self.save("best")
         else:
             progress = Progress.from_dict(resume_state["progress"], self.ckpt_dir / "last")
-            load_optimizer_state(self.model, self.optimizer, resume_state["optimizer"], self.world)
-            self.scheduler.load_state_dict(resume_state["scheduler"])
+            load_optimizer_state(self.model, self.parts.optimizer, resume_state["optimizer"], self.world)
+            self.parts.scheduler.load_state_dict(resume_state["scheduler"])
             torch.set_rng_state(resume_state["rng"])
             log.info("resuming at step %d (epoch %d, step %d of it)", progress.step, progress.epoch,
                      progress.step_in_epoch)
         log.info("training %s parameters for %d steps (%d per epoch, %d micro-batches each on %d ranks), lr %.2g",
-                 f"{sum(p.numel() for p in self.trainable):,}", self.cadence.total_steps,
+                 f"{sum(p.numel() for p in self.parts.trainable):,}", self.cadence.total_steps,
                  self.cadence.steps_per_epoch, self.optim.grad_accum, self.world.size, self.optim.lr)
         return progress
 
     def step(self, micro_batches: Iterator[Any], window: dict[str, Any], step: int = 0) -> torch.Tensor | None:
         """The optimizer step after `step` done ones."""
-        rollouts = None
-        if self.on_policy is not None and self.on_policy.due(step):
-            on_policy = self.on_policy
-            rollouts = (on_policy.mix, lambda: on_policy.loss(self.model, step, self.call_kwargs["loss_config"],
-                                                              self.call_kwargs["ttt_step_loss_decay"], self.autocast))
-        return train_step(self.model, micro_batches, self.optim.grad_accum, self.optimizer, self.scheduler,
-                          self.trainable, self.optim.grad_clip, self.device, self.autocast, self.call_kwargs,
-                          self.world, window, rollouts)
+        extra = [loss for hook in self.hooks if (loss := hook.step_loss(self, step)) is not None]
+        return train_step(self.parts, micro_batches, window, extra)
 
     def evaluate(self, step: int, epoch: int) -> Row:
         with job_clock().phase("val passes"):
             return self._evaluate(step, epoch)
 
     def _evaluate(self, step: int, epoch: int) -> Row:
-        metrics = run_validation(self.model, self.val_loader, self.device, self.autocast, self.call_kwargs,
+        parts = self.parts
+        metrics = run_validation(self.model, self.val_loader, self.device, parts.autocast, parts.call_kwargs,
                                  self.world, on_bad_sample=self.on_bad_sample, where=f"the val pass at step {step}")
         row: Row = {"step": step, "split": "val", "epoch": epoch, **metrics}
-        if self.at_val is not None:
-            row.update(self.at_val(self.model))
+        for hook in self.hooks:
+            row.update(hook.on_val(self, row))
         self.tracker.log(row)
         return row
 
@@ -197,9 +275,9 @@ class Run:
         trainer_state = None
         if progress is not None:
             trainer_state = {"progress": progress.as_dict(),
-                             "optimizer": full_optimizer_state(model, self.optimizer, world),
-                             "scheduler": self.scheduler.state_dict(), "rng": torch.get_rng_state(),
-                             "config": trained_config(self.config) if self.config is not None else None}
+                             "optimizer": full_optimizer_state(model, self.parts.optimizer, world),
+                             "scheduler": self.parts.scheduler.state_dict(), "rng": torch.get_rng_state(),
+                             "config": self.trained_config}
         if world.is_main:
             try:
                 save_checkpoint(unwrap(model), state, self.ckpt_dir / which, trainer_state)
@@ -280,40 +358,39 @@ class StepLog:
         self.bar.close()
 
 
-def train_step(model, micro_batches, accum: int, optimizer, scheduler, trainable, grad_clip: float,
-               device: torch.device, autocast, call_kwargs: dict[str, Any], world: World,
-               window: dict[str, Any], rollouts: tuple[float, Callable[[], Any]] | None = None) -> torch.Tensor | None:
-    """One optimizer step over `accum` micro-batches; adds their counted metrics to `window`; returns the
+def train_step(parts: StepParts, micro_batches: Iterator[Any], window: dict[str, Any],
+               extra: Sequence[ExtraLoss] = ()) -> torch.Tensor | None:
+    """One optimizer step over `parts.accum` micro-batches; adds their counted metrics to `window`; returns the
     gradient norm before clipping, or None when the loss or a gradient was not finite and the step was skipped
-    (nothing applied, nothing counted). `rollouts` (mix, loss): a step that also trains on rollouts of the draft,
-    their loss (eagle3/rollouts.py) weighted `mix` and the micro-batches' 1 - mix; its gradients accumulate
-    locally and are reduced across ranks with the last micro-batch's."""
-    optimizer.zero_grad(set_to_none=True)
+    (nothing applied, nothing counted). `extra` (mix, loss) each: a step that also trains on another loss (a hook's
+    step_loss: rollouts of the draft, eagle3/rollouts.py) weighted `mix`, and on the micro-batches at 1 - the mixes;
+    its gradients accumulate locally and are reduced across ranks with the last micro-batch's."""
+    model, accum, world = parts.model, parts.accum, parts.world
+    parts.optimizer.zero_grad(set_to_none=True)
     step_metrics: dict[str, Any] = {}
     share = 1.0
-    if rollouts is not None:
-        mix, rollout_loss = rollouts
+    for mix, extra_loss in extra:
         with grad_sync(model, world, sync=False):
-            loss, metrics = rollout_loss()
+            loss, metrics = extra_loss()
             (loss * mix).backward()
         accumulate(step_metrics, metrics)
-        share = 1.0 - mix
+        share -= mix
     for i in range(accum):
-        batch = to_device(next(micro_batches), device)
-        with grad_sync(model, world, sync=i == accum - 1), autocast:
-            _, loss, metrics = model(**batch, **call_kwargs)
-            (loss / accum if rollouts is None else loss * share / accum).backward()
+        batch = to_device(next(micro_batches), parts.device)
+        with grad_sync(model, world, sync=i == accum - 1), parts.autocast:
+            _, loss, metrics = model(**batch, **parts.call_kwargs)
+            (loss / accum if not extra else loss * share / accum).backward()
         accumulate(step_metrics, {**metrics, "tokens": (batch["document_ids"] >= 0).sum()})
-    grad_norm = torch.nn.utils.clip_grad_norm_(trainable, grad_clip)
+    grad_norm = torch.nn.utils.clip_grad_norm_(parts.trainable, parts.grad_clip)
     if hasattr(grad_norm, "full_tensor"):  # FSDP2: a DTensor
         grad_norm = grad_norm.full_tensor()
     # The one read of a device value per step: a NaN loss gives a NaN norm, and AdamW would spread it to every
     # weight. The norm is already reduced across ranks, so all ranks decide alike.
     if not torch.isfinite(grad_norm):
-        optimizer.zero_grad(set_to_none=True)
+        parts.optimizer.zero_grad(set_to_none=True)
         return None
-    optimizer.step()
-    scheduler.step()
+    parts.optimizer.step()
+    parts.scheduler.step()
     accumulate(window, step_metrics)
     return grad_norm
 

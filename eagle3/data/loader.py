@@ -15,6 +15,7 @@ buffer broadcast and FSDP's all-gathers are collectives); `ValShardSampler.count
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, TypeAlias
 
@@ -117,20 +118,42 @@ def train_steps(data_dir: str | Path, total_seq_len: int, train_ratio: float, se
     return ShardedBatchSampler(lengths, total_seq_len, world_size, 0, grad_accum, seed).steps
 
 
-def build_loaders(data_dir: str | Path, total_seq_len: int, hidden_size: int, num_aux_layers: int,
-                  train_ratio: float, seed: int, *, world_size: int = 1, rank: int = 0, grad_accum: int = 1,
-                  prefetch: int = 2, rows: Sequence[int] | None = None,
-                  device: torch.device = torch.device("cpu"), verifier: OnlineVerifier | None = None,
-                  hidden_states_dtype: torch.dtype = torch.bfloat16) -> tuple[Loader, Loader]:
-    """Train and val loaders of this rank's packed, EAGLE-3-shifted micro-batches (see eagle3.data.reader).
+@dataclass(frozen=True)
+class LoaderSpec:
+    """How a rank's loaders split, pack, shard and place the rows (build_loaders).
 
     The split is speculators' ArrowDataset's: the first int(len(dataset) * train_ratio) rows train, the rest
-    validate, and row i's hidden states are hidden_states/hs_<i>.safetensors. `rows` (indices into the whole
-    dataset) keeps only those rows in either split, without moving the boundary: a start-up check drops bad
-    rows this way. `prefetch`: micro-batches read ahead; `device`: where they go (CUDA: page-locked buffers).
-    With a `verifier` (data=online), the hidden states come from it instead of files (eagle3.data.online), in
-    `hidden_states_dtype`; data_dir then needs only the Arrow rows.
+    validate. `rows` (indices into the whole dataset) keeps only those rows in either split, without moving the
+    boundary: a start-up check drops bad rows this way. Micro-batches of `total_seq_len` tokens carry
+    `num_aux_layers` aux hidden states of `hidden_size`; `seed` shuffles the train packing; a step takes
+    `grad_accum` micro-batches on each of `world_size` ranks (this one: `rank`). `prefetch`: micro-batches read
+    ahead from files; `device`: where they go (CUDA: page-locked buffers); `hidden_states_dtype`: what hidden
+    states computed in the loop (data=online) are rounded to."""
+
+    total_seq_len: int
+    hidden_size: int
+    num_aux_layers: int
+    train_ratio: float
+    seed: int
+    world_size: int = 1
+    rank: int = 0
+    grad_accum: int = 1
+    prefetch: int = 2
+    rows: Sequence[int] | None = None
+    device: torch.device = field(default_factory=lambda: torch.device("cpu"))
+    hidden_states_dtype: torch.dtype = torch.bfloat16
+
+
+def build_loaders(data_dir: str | Path, spec: LoaderSpec,
+                  verifier: OnlineVerifier | None = None) -> tuple[Loader, Loader]:
+    """Train and val loaders of this rank's packed, EAGLE-3-shifted micro-batches (see eagle3.data.reader), as
+    `spec` says. Row i's hidden states are hidden_states/hs_<i>.safetensors, or with a `verifier` (data=online)
+    computed by it (eagle3.data.online); data_dir then needs only the Arrow rows.
     """
+    total_seq_len, hidden_size, num_aux_layers = spec.total_seq_len, spec.hidden_size, spec.num_aux_layers
+    world_size, rank, grad_accum, seed = spec.world_size, spec.rank, spec.grad_accum, spec.seed
+    prefetch, device, hidden_states_dtype, train_ratio, rows = (spec.prefetch, spec.device, spec.hidden_states_dtype,
+                                                               spec.train_ratio, spec.rows)
     arrow = ArrowRows(data_dir)
     splits, kept = split_rows(arrow, train_ratio, rows, data_dir)
 

@@ -12,7 +12,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from eagle3.data.hsfiles import DataError
-from eagle3.data.loader import build_loaders
+from eagle3.data.loader import LoaderSpec, build_loaders
 from eagle3.data.reader import split_hidden, to_device
 from factories import AUX, LENGTHS, RATIO, VOCAB, H, Speculators, T, draft_for_dataset, passes, write_dataset
 
@@ -39,7 +39,7 @@ def assert_same(ours: dict, ref: dict) -> None:
 
 @pytest.mark.parametrize("sharding", [dict(), dict(world_size=2, rank=1, grad_accum=2)], ids=["1-rank", "rank1-of-2x2"])
 def test_micro_batches_equal_speculators_field_by_field(data_bf16, sharding):
-    loaders = build_loaders(data_bf16, T, H, AUX, RATIO, seed=3, **sharding)
+    loaders = build_loaders(data_bf16, LoaderSpec(T, H, AUX, RATIO, seed=3, **sharding))
     in_files_dtype, trainer_dtype = Speculators(data_bf16, torch.bfloat16), Speculators(data_bf16, torch.float32)
     seen = {"several documents": 0, "padding": 0, "cut at T": 0}
     for loader in loaders:
@@ -75,7 +75,7 @@ def test_the_model_gives_the_same_loss_and_metrics(data_bf16, data_fp32, flags):
 
     # bf16 files: the CPU trainer's float32 inputs; fp32 files: the views themselves (strided) reach the model.
     for data_dir in (data_bf16, data_fp32):
-        train, _ = build_loaders(data_dir, T, H, AUX, RATIO, seed=0)
+        train, _ = build_loaders(data_dir, LoaderSpec(T, H, AUX, RATIO, seed=0))
         ref = Speculators(data_dir, torch.float32)
         for rows, batch in passes(train, epochs=[0]):
             inputs = to_device(batch, torch.device("cpu"))
@@ -84,7 +84,7 @@ def test_the_model_gives_the_same_loss_and_metrics(data_bf16, data_fp32, flags):
             assert_equal(run(model, inputs), run(model, ref.batch(rows)))
     # As on CUDA: bf16 views (strided) into a bf16 model, against speculators' contiguous bf16 batch.
     bf16_model, ref = model.to(torch.bfloat16), Speculators(data_bf16, torch.bfloat16)
-    train, _ = build_loaders(data_bf16, T, H, AUX, RATIO, seed=0)
+    train, _ = build_loaders(data_bf16, LoaderSpec(T, H, AUX, RATIO, seed=0))
     for rows, batch in passes(train, epochs=[0]):
         views = split_hidden(batch["hidden_buffer"])
         assert not views["hidden_states"].is_contiguous()
@@ -96,7 +96,7 @@ def test_rows_leave_out_exactly_those_rows_and_keep_the_split(data_bf16):
     split_idx = int(len(LENGTHS) * RATIO)
     dropped = {0, 4, split_idx - 1, split_idx, len(LENGTHS) - 1}
     kept = [r for r in range(len(LENGTHS)) if r not in dropped]
-    train, val = build_loaders(data_bf16, T, H, AUX, RATIO, seed=0, rows=kept)
+    train, val = build_loaders(data_bf16, LoaderSpec(T, H, AUX, RATIO, seed=0, rows=kept))
     ref = Speculators(data_bf16, torch.bfloat16)
     for loader, expected in ((train, [r for r in kept if r < split_idx]), (val, [r for r in kept if r >= split_idx])):
         read = []
@@ -106,7 +106,7 @@ def test_rows_leave_out_exactly_those_rows_and_keep_the_split(data_bf16):
                          **split_hidden(batch["hidden_buffer"])}, ref.batch(rows))
         assert sorted(read) == expected
     with pytest.raises(ValueError, match="rows"):
-        build_loaders(data_bf16, T, H, AUX, RATIO, seed=0, rows=[len(LENGTHS)])
+        build_loaders(data_bf16, LoaderSpec(T, H, AUX, RATIO, seed=0, rows=[len(LENGTHS)]))
 
 
 @pytest.fixture
@@ -117,7 +117,7 @@ def broken(data_bf16, tmp_path) -> Path:
 
 
 def read_all(data_dir: Path, **kwargs) -> None:
-    for loader in build_loaders(data_dir, T, H, AUX, RATIO, seed=0, **kwargs):
+    for loader in build_loaders(data_dir, LoaderSpec(T, H, AUX, RATIO, seed=0, **kwargs)):
         for _ in loader:
             pass
 
@@ -141,7 +141,7 @@ def test_a_missing_file_stops_the_reader_with_its_path(broken):
 def test_wrong_shapes_dtypes_and_truncated_files_are_refused(broken):
     shape_error = r"hs_0\.safetensors: hidden_states is BF16 \[1, 4, 32\], expected BF16 \[1, 4, 16\]"
     with pytest.raises(DataError, match=shape_error):
-        build_loaders(broken, T, 16, AUX, RATIO, seed=0)  # the first file is checked at once
+        build_loaders(broken, LoaderSpec(T, 16, AUX, RATIO, seed=0))  # the first file is checked at once
     path = broken / "hidden_states" / "hs_3.safetensors"
     tensors = load_file(str(path))
     save_file({**tensors, "hidden_states": tensors["hidden_states"].float()}, str(path))
@@ -155,7 +155,7 @@ def test_wrong_shapes_dtypes_and_truncated_files_are_refused(broken):
 
 @pytest.mark.parametrize("prefetch", [0, 2])
 def test_a_held_batch_is_never_refilled_while_the_reader_runs_ahead(data_bf16, prefetch):
-    train, _ = build_loaders(data_bf16, T, H, AUX, RATIO, seed=0, prefetch=prefetch)
+    train, _ = build_loaders(data_bf16, LoaderSpec(T, H, AUX, RATIO, seed=0, prefetch=prefetch))
     assert len(train.ring) == 0
     ref = Speculators(data_bf16, torch.bfloat16)
     count = 0
@@ -168,7 +168,7 @@ def test_a_held_batch_is_never_refilled_while_the_reader_runs_ahead(data_bf16, p
 
 
 def test_a_new_pass_ends_the_previous_one(data_bf16):
-    train, _ = build_loaders(data_bf16, T, H, AUX, RATIO, seed=0)
+    train, _ = build_loaders(data_bf16, LoaderSpec(T, H, AUX, RATIO, seed=0))
     first = iter(train)
     next(first)
     ref = Speculators(data_bf16, torch.bfloat16)

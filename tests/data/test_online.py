@@ -75,11 +75,11 @@ def online_verifier(verifier):
     return OnlineVerifier(Verifier(verifier).load(), AUX)
 
 
-def loaders(data_dir: Path, world_size: int, rank: int, grad_accum: int, **online):
-    from eagle3.data.loader import build_loaders
+def loaders(data_dir: Path, world_size: int, rank: int, grad_accum: int, verifier=None, **online):
+    from eagle3.data.loader import LoaderSpec, build_loaders
 
-    return build_loaders(data_dir, T, HIDDEN, len(AUX), RATIO, seed=3, world_size=world_size, rank=rank,
-                         grad_accum=grad_accum, **online)
+    return build_loaders(data_dir, LoaderSpec(T, HIDDEN, len(AUX), RATIO, seed=3, world_size=world_size, rank=rank,
+                                              grad_accum=grad_accum, **online), verifier)
 
 
 def micro_batches(loader):

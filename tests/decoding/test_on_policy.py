@@ -248,9 +248,8 @@ def test_a_rollout_step_mixes_the_rollout_loss_and_the_micro_batches_at_mix(veri
 
     from speculators.losses import resolve_loss_config
 
-    from eagle3.distributed import World
     from eagle3.eval.drafting import verifier_pass
-    from eagle3.train import train_step
+    from eagle3.train import StepParts, train_step
 
     draft = make_draft(verifier_dir)
     loss_config = resolve_loss_config("kl_div", "eager")
@@ -274,9 +273,8 @@ def test_a_rollout_step_mixes_the_rollout_loss_and_the_micro_batches_at_mix(veri
     optimizer = torch.optim.SGD(trainable, lr=0.0)  # the step leaves the weights and their gradients as they are
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda _: 1.0)
     window: dict = {}
-    grad_norm = train_step(draft, iter([batch]), 1, optimizer, scheduler, trainable, 1e9, torch.device("cpu"),
-                           nullcontext(), call_kwargs, World(), window,
-                           (0.3, lambda: rollout_loss(draft, data, loss_config, 1.0)))
+    parts = StepParts(draft, optimizer, scheduler, trainable, 1, 1e9, torch.device("cpu"), nullcontext(), call_kwargs)
+    grad_norm = train_step(parts, iter([batch]), window, [(0.3, lambda: rollout_loss(draft, data, loss_config, 1.0))])
     assert grad_norm is not None
     for p, g_off, g_on in zip(trainable, offline, on_policy):
         torch.testing.assert_close(p.grad, 0.3 * g_on + 0.7 * g_off, atol=1e-5, rtol=1e-4)

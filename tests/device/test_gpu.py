@@ -149,7 +149,7 @@ def val_loss_of(checkpoint: Path, cfg: RunConfig, data_dir: Path, total_seq_len:
     from speculators.losses import resolve_loss_config
 
     from eagle3.checkpoint import load_draft
-    from eagle3.data.loader import build_loaders
+    from eagle3.data.loader import LoaderSpec, build_loaders
     from eagle3.runtime import attn_impl_on
     from eagle3.train import run_validation
 
@@ -157,8 +157,9 @@ def val_loss_of(checkpoint: Path, cfg: RunConfig, data_dir: Path, total_seq_len:
     model = load_draft(checkpoint, "simple_flex_attention" if cuda else attn_impl_on(draft.attn_impl, "cpu"),
                        device=device)
     assert next(model.parameters()).device == device
-    _, val = build_loaders(data_dir, total_seq_len or cfg.data.total_seq_len, draft.hidden_size,
-                           len(draft.aux_layer_ids), cfg.data.train_ratio, cfg.seed, device=device)
+    _, val = build_loaders(data_dir, LoaderSpec(total_seq_len or cfg.data.total_seq_len, draft.hidden_size,
+                                                len(draft.aux_layer_ids), cfg.data.train_ratio, cfg.seed,
+                                                device=device))
     kwargs = {"ttt_steps": draft.ttt_steps, "ttt_step_loss_decay": draft.ttt_step_loss_decay,
               "loss_config": resolve_loss_config(draft.loss, "fused" if cuda else "eager")}
     autocast = torch.autocast("cuda", dtype=torch.bfloat16) if cuda else nullcontext()
@@ -170,12 +171,12 @@ def test_pinned_reader_never_overwrites_a_batch_whose_copy_is_still_queued(tmp_p
     """The copy from a page-locked buffer runs when the GPU gets to it. Here the GPU is kept busy before each
     copy is queued and the next batch is asked for at once: the reader must wait for that copy before refilling
     the buffer, so every batch on the GPU still equals speculators' own for its rows."""
-    from eagle3.data.loader import build_loaders
+    from eagle3.data.loader import LoaderSpec, build_loaders
     from eagle3.train import to_device
     from factories import AUX, RATIO, H, Speculators, T, passes, write_dataset
 
     data = write_dataset(tmp_path / "bf16", torch.bfloat16)
-    train, _ = build_loaders(data, T, H, AUX, RATIO, seed=0, prefetch=2, device=CUDA)
+    train, _ = build_loaders(data, LoaderSpec(T, H, AUX, RATIO, seed=0, prefetch=2, device=CUDA))
     ref = Speculators(data, torch.bfloat16)
     on_gpu = []
     for rows, batch in passes(train):
@@ -218,7 +219,7 @@ def test_bf16_autocast_reaches_the_draft(gpu_run):
     """The trainer's forward on CUDA computes in bf16 (fc's output) on fp32 master weights."""
     from speculators.losses import resolve_loss_config
 
-    from eagle3.data.loader import build_loaders
+    from eagle3.data.loader import LoaderSpec, build_loaders
     from eagle3.train import run_validation
 
     _, cfg, _, spy, _, data_dir = gpu_run
@@ -226,8 +227,8 @@ def test_bf16_autocast_reaches_the_draft(gpu_run):
     assert model.fc.weight.dtype == torch.float32 and model.fc.weight.device == CUDA
     dtypes = spy.autocast_dtypes()
     draft = cfg.model.draft
-    _, val = build_loaders(data_dir, 256, draft.hidden_size, len(draft.aux_layer_ids), cfg.data.train_ratio, cfg.seed,
-                           device=CUDA)
+    _, val = build_loaders(data_dir, LoaderSpec(256, draft.hidden_size, len(draft.aux_layer_ids), cfg.data.train_ratio,
+                                                cfg.seed, device=CUDA))
     kwargs = {"ttt_steps": draft.ttt_steps, "ttt_step_loss_decay": draft.ttt_step_loss_decay,
               "loss_config": resolve_loss_config(draft.loss, "fused")}
     metrics = run_validation(model, val, CUDA, torch.autocast("cuda", dtype=torch.bfloat16), kwargs)

@@ -44,14 +44,14 @@ def probe_loss(run_inputs, ctx: InitContext) -> float:
     """The step-0 val loss of an initialized draft, on the trained run's val split."""
     from speculators.losses import resolve_loss_config
 
-    from eagle3.data.loader import build_loaders
+    from eagle3.data.loader import LoaderSpec, build_loaders
     from eagle3.train import run_validation
 
     resolved, _, data_dir = run_inputs
     model, _ = build_draft(ctx)
     draft, data = resolved["model"]["draft"], resolved["data"]
-    _, val = build_loaders(data_dir, data["total_seq_len"], draft["hidden_size"], len(draft["aux_layer_ids"]),
-                           data["train_ratio"], resolved["seed"])
+    _, val = build_loaders(data_dir, LoaderSpec(data["total_seq_len"], draft["hidden_size"],
+                                                len(draft["aux_layer_ids"]), data["train_ratio"], resolved["seed"]))
     kwargs = {"ttt_steps": draft["ttt_steps"], "ttt_step_loss_decay": draft["ttt_step_loss_decay"],
               "loss_config": resolve_loss_config(draft["loss"], "eager")}
     return run_validation(model, val, torch.device("cpu"), nullcontext(), kwargs)["loss"]

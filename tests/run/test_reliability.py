@@ -20,7 +20,7 @@ from factories import ROOT, SMALL_DATA, read_rows, typed_run_config
 
 def small_run(cache_dir: Path, run_dir: Path, overrides: list[str]):
     """The pieces of a tiny run, built as the launcher builds them, for driving eagle3.train.train directly."""
-    from eagle3.data.loader import build_loaders
+    from eagle3.data.loader import LoaderSpec, build_loaders
     from eagle3.init import InitContext, build_draft
     from eagle3.inputs import materialize_inputs
 
@@ -28,8 +28,8 @@ def small_run(cache_dir: Path, run_dir: Path, overrides: list[str]):
     run_dir.mkdir(parents=True)
     verifier_dir, data_dir = materialize_inputs(cfg)
     draft = cfg.model.draft
-    loaders = build_loaders(data_dir, cfg.data.total_seq_len, draft.hidden_size, len(draft.aux_layer_ids),
-                            cfg.data.train_ratio, cfg.seed)
+    loaders = build_loaders(data_dir, LoaderSpec(cfg.data.total_seq_len, draft.hidden_size, len(draft.aux_layer_ids),
+                                                 cfg.data.train_ratio, cfg.seed))
     torch.manual_seed(cfg.seed)  # as eagle3/rank.py seeds before the draft is built
     model, _ = build_draft(InitContext(draft, cfg.init, verifier_dir, data_dir, "sdpa", []))
     return cfg, model, loaders
@@ -50,15 +50,13 @@ def poison(model, nan_calls: set[int]):
 
 
 def train_poisoned(cache_dir, run_dir, nan_calls, overrides):
-    from eagle3.distributed import World
     from eagle3.track import Tracker
-    from eagle3.train import train
+    from eagle3.train import Training, train
 
-    cfg, model, (train_loader, val_loader) = small_run(cache_dir, run_dir, ["logger.log_every=1", *overrides])
+    cfg, model, loaders = small_run(cache_dir, run_dir, ["logger.log_every=1", *overrides])
     poison(model, nan_calls)
     with Tracker(run_dir, cfg.logger, cfg.run) as tracker:
-        return train(model, train_loader, val_loader, cfg.model.draft, cfg.optim, cfg.logger.log_every,
-                     torch.device("cpu"), World(), tracker, run_dir)
+        return train(Training(model, loaders, cfg, tracker))
 
 
 @pytest.mark.slow
@@ -204,10 +202,9 @@ def test_a_stop_on_an_eval_every_step_owes_its_val_pass_to_the_resumed_run(cache
     that pass. The resumed run runs it first, so its val rows are an uninterrupted run's."""
     import eagle3.train
     from eagle3.checkpoint import load_draft, load_trainer_state
-    from eagle3.distributed import World
     from eagle3.errors import Interrupted
     from eagle3.track import Tracker
-    from eagle3.train import train
+    from eagle3.train import Training, train
 
     class StopAtStep4(eagle3.train.StopRequest):
         calls = 0
@@ -219,10 +216,9 @@ def test_a_stop_on_an_eval_every_step_owes_its_val_pass_to_the_resumed_run(cache
     overrides = ["optim.max_steps=8", "optim.eval_every=4"]
 
     def run(run_dir, model=None, state=None):
-        cfg, built, (train_loader, val_loader) = small_run(cache_dir, run_dir, overrides) if model is None else held
+        cfg, built, loaders = small_run(cache_dir, run_dir, overrides) if model is None else held
         with Tracker(run_dir, cfg.logger, cfg.run, resume_step=state["progress"]["step"] if state else None) as t:
-            return train(model or built, train_loader, val_loader, cfg.model.draft, cfg.optim, cfg.logger.log_every,
-                         torch.device("cpu"), World(), t, run_dir, state)
+            return train(Training(model or built, loaders, cfg, t, resume_state=state))
 
     held = small_run(cache_dir, tmp_path / "whole", overrides)
     run(tmp_path / "whole", held[1])

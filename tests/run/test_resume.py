@@ -168,13 +168,11 @@ def test_a_full_disk_during_a_save_keeps_last_and_prints_the_resume_line(cache_d
     from test_reliability import small_run
 
     from eagle3.checkpoint import SaveFailed, load_trainer_state
-    from eagle3.distributed import World
     from eagle3.track import Tracker
-    from eagle3.train import train
+    from eagle3.train import Training, train
 
     run_dir = tmp_path / "run dir"
-    cfg, model, (train_loader, val_loader) = small_run(cache_dir, run_dir, ["optim.max_steps=6",
-                                                                           "optim.checkpoint_every=2"])
+    cfg, model, loaders = small_run(cache_dir, run_dir, ["optim.max_steps=6", "optim.checkpoint_every=2"])
     real_save, saves = torch.save, []
 
     def save_on_a_full_disk(obj, f, *args, **kwargs):
@@ -186,8 +184,7 @@ def test_a_full_disk_during_a_save_keeps_last_and_prints_the_resume_line(cache_d
 
     monkeypatch.setattr(torch, "save", save_on_a_full_disk)
     with Tracker(run_dir, cfg.logger, cfg.run) as tracker, pytest.raises(SaveFailed) as failed:
-        train(model, train_loader, val_loader, cfg.model.draft, cfg.optim, cfg.logger.log_every,
-              torch.device("cpu"), World(), tracker, run_dir)
+        train(Training(model, loaders, cfg, tracker))
     message = str(failed.value)
     assert "no space left" in message and "resume=" in message and str(run_dir) in message, message
     checkpoints = run_dir / "checkpoints"

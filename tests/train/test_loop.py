@@ -1,5 +1,6 @@
 """What the training loop does at the top of each step (eagle3.cadence): which of train row, stop, val pass and
-save of checkpoints/last are due, given where the run is and the optim/logger settings. Pure: no model."""
+save of checkpoints/last are due, given where the run is and the optim/logger settings (pure: no model); and where
+the loop calls the hooks a run registers (eagle3.train.Hook), on a real tiny run."""
 
 from __future__ import annotations
 
@@ -127,3 +128,48 @@ def test_a_run_stopped_at_any_step_and_resumed_validates_as_the_uninterrupted_ru
         assert [e for e in first + rest if e[0] == "val"] == vals, f"stopped at {stop_at}"
         assert set(first + rest) == set(whole) | {("save", stop_at)}, f"stopped at {stop_at}"
         assert resumed_end == end
+
+
+@pytest.mark.slow
+def test_a_registered_hook_is_called_at_each_loop_point_with_the_loops_counters(cache_dir, tmp_path):
+    """A feature plugs in as a hook on the object the loop is handed, not as a parameter of `train`: the loop calls
+    it at the step-0 val pass, its start, before and after each optimizer step, at each val pass and at its end,
+    and the entries its on_val returns land in the val rows."""
+    from test_reliability import small_run
+
+    from factories import read_rows
+    from eagle3.track import Tracker
+    from eagle3.train import Hook, Training, train
+
+    class Recorder(Hook):
+        def __init__(self) -> None:
+            self.calls: list[tuple] = []
+
+        def on_train_start(self, run, progress):
+            self.calls.append(("start", progress.step))
+
+        def step_loss(self, run, step):
+            self.calls.append(("step_loss", step))
+            return None
+
+        def on_step_end(self, run, progress):
+            self.calls.append(("step_end", progress.step, progress.step_in_epoch))
+
+        def on_val(self, run, row):
+            self.calls.append(("val", row["step"]))
+            return {"hooked_at": row["step"]}
+
+        def on_train_end(self, run, progress):
+            self.calls.append(("end", progress.step))
+
+    run_dir = tmp_path / "run"
+    cfg, model, loaders = small_run(cache_dir, run_dir, ["optim.max_steps=4", "optim.eval_every=2"])
+    hooks = [Recorder(), Recorder()]
+    with Tracker(run_dir, cfg.logger, cfg.run) as tracker:
+        progress = train(Training(model, loaders, cfg, tracker, hooks=hooks))
+    assert progress.step == 4
+    assert hooks[0].calls == hooks[1].calls == [
+        ("val", 0), ("start", 0),
+        ("step_loss", 0), ("step_end", 1, 1), ("step_loss", 1), ("step_end", 2, 2), ("val", 2),
+        ("step_loss", 2), ("step_end", 3, 3), ("step_loss", 3), ("step_end", 4, 4), ("val", 4), ("end", 4)]
+    assert [(r["step"], r["hooked_at"]) for r in read_rows(run_dir) if r["split"] == "val"] == [(0, 0), (2, 2), (4, 4)]

@@ -69,7 +69,7 @@ def test_best_checkpoint_loads_with_speculators_and_reproduces_val_loss(trained_
     from speculators.models.eagle3 import Eagle3DraftModel
 
     from eagle3.checkpoint import load_draft
-    from eagle3.data.loader import build_loaders
+    from eagle3.data.loader import LoaderSpec, build_loaders
     from eagle3.train import run_validation
 
     cfg = yaml.safe_load((trained_run / "resolved_config.yaml").read_text())
@@ -77,8 +77,9 @@ def test_best_checkpoint_loads_with_speculators_and_reproduces_val_loss(trained_
     draft = cfg["model"]["draft"]
     model = load_draft(trained_run / "checkpoints" / "best", attn_impl="sdpa")
     assert isinstance(model, Eagle3DraftModel)
-    _, val_loader = build_loaders(summary["data_dir"], cfg["data"]["total_seq_len"], draft["hidden_size"],
-                                  len(draft["aux_layer_ids"]), cfg["data"]["train_ratio"], cfg["seed"])
+    spec = LoaderSpec(cfg["data"]["total_seq_len"], draft["hidden_size"], len(draft["aux_layer_ids"]),
+                      cfg["data"]["train_ratio"], cfg["seed"])
+    _, val_loader = build_loaders(summary["data_dir"], spec)
     kwargs = {"ttt_steps": draft["ttt_steps"], "ttt_step_loss_decay": draft["ttt_step_loss_decay"],
               "loss_config": resolve_loss_config(draft["loss"], "eager")}
     from contextlib import nullcontext

@@ -10,7 +10,7 @@ import torch
 from safetensors.torch import load_file
 from test_val_metrics import NAN_ROW, data_dir, nan_data_dir, validate  # noqa: F401  (the fixtures)
 
-from eagle3.data.loader import build_loaders
+from eagle3.data.loader import LoaderSpec, build_loaders
 from eagle3.data.online import OnlineVerifier
 from eagle3.train import ValNotFinite
 from factories import AUX, RATIO, H, T
@@ -35,8 +35,8 @@ class FileVerifier(OnlineVerifier):
 
 
 def test_nonfinite_hidden_states_from_the_verifier_are_named_as_its(nan_data_dir):  # noqa: F811
-    val = build_loaders(nan_data_dir, T, H, AUX, RATIO, seed=0, verifier=FileVerifier(nan_data_dir),
-                        hidden_states_dtype=torch.float32)[1]
+    val = build_loaders(nan_data_dir, LoaderSpec(T, H, AUX, RATIO, seed=0, hidden_states_dtype=torch.float32),
+                        FileVerifier(nan_data_dir))[1]
     with pytest.raises(ValNotFinite) as e:
         validate(val)
     assert "get non-finite hidden states from the verifier" in str(e.value)
@@ -44,7 +44,7 @@ def test_nonfinite_hidden_states_from_the_verifier_are_named_as_its(nan_data_dir
 
 
 def test_nonfinite_hidden_states_from_files_are_named_as_theirs(nan_data_dir):  # noqa: F811
-    val = build_loaders(nan_data_dir, T, H, AUX, RATIO, seed=0)[1]
+    val = build_loaders(nan_data_dir, LoaderSpec(T, H, AUX, RATIO, seed=0))[1]
     with pytest.raises(ValNotFinite) as e:
         validate(val)
     assert "hold non-finite hidden states" in str(e.value) and f"hs_{NAN_ROW}.safetensors" in str(e.value)

@@ -69,9 +69,9 @@ def poison_hidden_states(data_dir: Path, row: int) -> None:
 
 
 def val_loader(data_dir: Path, **kwargs):
-    from eagle3.data.loader import build_loaders
+    from eagle3.data.loader import LoaderSpec, build_loaders
 
-    return build_loaders(data_dir, T, H, AUX, RATIO, seed=0, **kwargs)[1]
+    return build_loaders(data_dir, LoaderSpec(T, H, AUX, RATIO, seed=0, **kwargs))[1]
 
 
 def validate(loader, **kwargs) -> dict[str, float]:
@@ -212,29 +212,23 @@ def test_a_nan_val_row_is_skipped_and_counted_with_skip(tiny_nan_data, probe_one
 def test_a_val_pass_gone_non_finite_mid_run_keeps_the_last_checkpoint(probe_one_process, cache_dir, tmp_path):
     """The val split turns bad after step 0 (NaN written into a val row's file): the val pass at step 3 stops
     the run, `best` keeps step 0, `last` keeps step 2."""
-    from omegaconf import OmegaConf
-
     from eagle3.checkpoint import load_trainer_state
-    from eagle3.config import validate
-    from eagle3.data.loader import build_loaders
-    from eagle3.distributed import World
+    from eagle3.data.loader import LoaderSpec, build_loaders
     from eagle3.init import InitContext, build_draft
     from eagle3.track import Tracker
-    from eagle3.train import ValNotFinite, train
-    from factories import compose_cfg
+    from eagle3.train import Training, ValEntries, ValNotFinite, train
+    from factories import typed_run_config
 
     source = Path(json.loads((probe_one_process / "summary.json").read_text())["data_dir"])
     data = tmp_path / "data"
     shutil.copytree(source, data)
     run_dir = tmp_path / "run"
     run_dir.mkdir()
-    cfg = validate(OmegaConf.to_container(compose_cfg(["logger.mode=disabled", *SMALL_DATA, "optim.max_steps=4",
-                                                       "optim.checkpoint_every=2", "optim.eval_every=3"]),
-                                          resolve=True, enum_to_str=True))
+    cfg = typed_run_config(cache_dir, run_dir, ["optim.max_steps=4", "optim.checkpoint_every=2", "optim.eval_every=3"])
     verifier_dir = Path(json.loads((probe_one_process / "summary.json").read_text())["verifier_dir"])
     draft = cfg.model.draft
-    train_loader, val = build_loaders(data, cfg.data.total_seq_len, draft.hidden_size, len(draft.aux_layer_ids),
-                                      cfg.data.train_ratio, cfg.seed)
+    train_loader, val = build_loaders(data, LoaderSpec(cfg.data.total_seq_len, draft.hidden_size,
+                                                       len(draft.aux_layer_ids), cfg.data.train_ratio, cfg.seed))
     model, _ = build_draft(InitContext(draft, cfg.init, verifier_dir, data, "sdpa", []))
     val_row = int(val.split_rows[0])
 
@@ -243,8 +237,7 @@ def test_a_val_pass_gone_non_finite_mid_run_keeps_the_last_checkpoint(probe_one_
         return {}
 
     with pytest.raises(ValNotFinite, match="val pass at step 3"), Tracker(run_dir, cfg.logger) as tracker:
-        train(model, train_loader, val, draft, cfg.optim, cfg.logger.log_every, torch.device("cpu"), World(),
-              tracker, run_dir, at_val=corrupt_after_step0)
+        train(Training(model, (train_loader, val), cfg, tracker, hooks=[ValEntries(corrupt_after_step0)]))
     assert load_trainer_state(run_dir / "checkpoints" / "last")["progress"]["step"] == 2
     rows = [r for r in read_rows(run_dir) if r["split"] == "val"]
     assert [r["step"] for r in rows] == [0] and all(math.isfinite(r["loss"]) for r in rows)

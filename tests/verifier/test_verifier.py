@@ -92,12 +92,11 @@ def test_prepare_keeps_the_window_of_each_layer(windowed):
 
 
 def test_online_micro_batches_are_the_offline_ones_for_sliding_window_verifiers(windowed):
-    from eagle3.data.loader import build_loaders
+    from eagle3.data.loader import LoaderSpec, build_loaders
     from eagle3.data.online import OnlineVerifier
 
-    def loaders(data_dir: Path, **online):
-        return build_loaders(data_dir, T, HIDDEN, len(AUX), 0.8, seed=3, world_size=1, rank=0, grad_accum=1,
-                             **online)
+    def loaders(data_dir: Path, verifier=None, **online):
+        return build_loaders(data_dir, LoaderSpec(T, HIDDEN, len(AUX), 0.8, seed=3, **online), verifier)
 
     verifier = OnlineVerifier(windowed["model"], AUX)
     offline = loaders(windowed["offline"])

@@ -133,22 +133,19 @@ def test_a_tiny_verifier_or_a_draft_no_model_could_have_is_refused():
 def test_every_reader_of_a_verifiers_sizes_takes_a_multimodal_wrappers_text_config(tmp_path):
     """Kimi-K2.5 and Qwen3-VL nest the decoder under text_config: the shape reader, the data's fingerprint, the online
     rows' position bound, regeneration's end-of-sequence ids and the export's parity check all read it there."""
-    from eagle3.data.online import verifier_positions
-    from eagle3.data.record import verifier_fingerprint
-    from eagle3.data.regenerate import eos_ids
     from eagle3.export import read_verifier
-    from eagle3.verifier_shape import read_verifier_config
+    from eagle3.verifier.model import Verifier
 
     text = {"model_type": "llama", "hidden_size": 64, "num_hidden_layers": 4, "num_attention_heads": 4,
             "intermediate_size": 128, "vocab_size": 100, "max_position_embeddings": 256, "eos_token_id": 7,
             "rms_norm_eps": 1e-5}
     verifier = verifier_config_dir(tmp_path / "wrapped", model_type="kimi_k25", text_config=text,
                                    vision_config={"hidden_size": 1152})
-    assert read_verifier_config(verifier) == text and read_verifier(verifier) == text
-    fingerprint = verifier_fingerprint(verifier)
+    assert Verifier(verifier).config == text and read_verifier(verifier) == text
+    fingerprint = Verifier(verifier).fingerprint()
     assert (fingerprint["hidden_size"], fingerprint["num_hidden_layers"], fingerprint["model_type"]) == (64, 4,
                                                                                                          "kimi_k25")
-    assert verifier_positions(verifier) == 256 and eos_ids(verifier) == [7]
+    assert Verifier(verifier).positions == 256 and Verifier(verifier).eos_ids() == [7]
 
 
 def test_a_layernorm_verifier_is_refused_naming_the_norm(tmp_path):

@@ -43,9 +43,9 @@ class HiddenStateFiles(DataConfig):
                              vocab_size=draft.vocab_size, total_seq_len=self.total_seq_len)
 
     def loaders(self, data_dir: Path, verifier: OnlineVerifier | None, **common: Any) -> tuple[Loader, Loader]:
-        from eagle3.data.loader import build_loaders
+        from eagle3.data.loader import LoaderSpec, build_loaders
 
-        return build_loaders(data_dir, train_ratio=self.train_ratio, prefetch=self.prefetch, **common)
+        return build_loaders(data_dir, LoaderSpec(train_ratio=self.train_ratio, prefetch=self.prefetch, **common))
 
     def buffer_terms(self, draft: DraftConfig, device_type: str) -> list[Term]:
         from eagle3.plan import hidden_buffers

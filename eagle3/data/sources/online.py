@@ -89,10 +89,11 @@ class TokenRows(DataConfig):
     def loaders(self, data_dir: Path, verifier: OnlineVerifier | None, **common: Any) -> tuple[Loader, Loader]:
         import torch
 
-        from eagle3.data.loader import build_loaders
+        from eagle3.data.loader import LoaderSpec, build_loaders
 
-        return build_loaders(data_dir, train_ratio=self.train_ratio, verifier=verifier,
-                             hidden_states_dtype=getattr(torch, self.hidden_states_dtype.value), **common)
+        return build_loaders(data_dir, LoaderSpec(train_ratio=self.train_ratio, **common,
+                                                  hidden_states_dtype=getattr(torch, self.hidden_states_dtype.value)),
+                             verifier)
 
     def plan_stats(self, draft: DraftConfig) -> DataStats | None:
         return None
