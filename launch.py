@@ -1,4 +1,4 @@
-"""The one entry point: compose the run config with Hydra and hand it to eagle3.launch.
+"""The one entry point: compose the run config with Hydra and hand it to eagle3.run.launch.
 
     python launch.py                                 # tiny default, CPU
     python launch.py optim.lr=3e-4 optim.epochs=2    # overrides
@@ -15,7 +15,7 @@ register_configs()
 
 @hydra.main(version_base="1.3", config_path="conf", config_name="train")
 def main(cfg: DictConfig) -> float | None:
-    from eagle3.launch import launch
+    from eagle3.run.launch import launch
 
     return launch(cfg)
 

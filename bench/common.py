@@ -33,7 +33,7 @@ def random_draft(draft: DraftConfig, attn_impl: str, std: float, seed: int = 0):
     two heads), a random draft vocabulary and the verifier's norm as 1: what training holds, with no data."""
     import torch
 
-    from eagle3.draft_arch import SPECULATORS_FLAGS
+    from eagle3.arch.draft import SPECULATORS_FLAGS
     from eagle3.init.build import bare_draft
 
     torch.manual_seed(seed)

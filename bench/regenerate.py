@@ -33,12 +33,12 @@ def main() -> None:
 
     import torch
 
-    from eagle3.data.jsonl import BadSamples
     from eagle3.data.regenerate import eos_ids, generate, read_prompts
     from eagle3.data.regenerate_vllm import served
     from eagle3.data.sources.regenerate import Regeneration, RegenerationEngine
-    from eagle3.data.verifier_forward import load_causal_lm
-    from eagle3.verifier_shape import read_verifier_config
+    from eagle3.formats.row_formats import BadSamples
+    from eagle3.verifier.forward import load_causal_lm
+    from eagle3.verifier.shape import read_verifier_config
 
     vocab = read_verifier_config(args.verifier)["vocab_size"]
     prompts = read_prompts(args.prompts, args.verifier, vocab, BadSamples("skip"))[: args.n]

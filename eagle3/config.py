@@ -24,15 +24,15 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from eagle3.draft_arch import DraftKind, LayerType, asked_flags, flag_conflicts, kind_flag_problem
+from eagle3.arch.draft import DraftKind, LayerType, asked_flags, flag_conflicts, kind_flag_problem
 from eagle3.errors import ConfigError
-from eagle3.verifier_shape import read_verifier_config, shape_problems
+from eagle3.verifier.shape import read_verifier_config, shape_problems
 
 if TYPE_CHECKING:
     from eagle3.data.check import CheckReport
     from eagle3.data.loader import Loader
     from eagle3.data.online import OnlineVerifier
-    from eagle3.plan import DataStats, Term
+    from eagle3.plan.memory import DataStats, Term
 
 
 def _require(ok: bool, key: str, problem: str) -> None:
@@ -68,7 +68,7 @@ class BadSamplePolicy(str, Enum):
 
 
 class RowFormat(str, Enum):
-    """What a data file's rows hold (eagle3/data/jsonl.py reads each): `auto` takes the first row's format."""
+    """What a data file's rows hold (eagle3/formats/row_formats.py reads each): `auto` takes the first row's format."""
 
     auto = "auto"
     tokens = "tokens"       # {"input_ids": [...], "loss_mask": [...]} (speculators' rows)
@@ -77,7 +77,7 @@ class RowFormat(str, Enum):
 
 
 class Objective(str, Enum):
-    """What a run returns to a sweeper (eagle3/objective.py): its best val tau_sim, or the measured acceptance
+    """What a run returns to a sweeper (eagle3/sweep/objective.py): its best val tau_sim, or the measured acceptance
     of that val pass."""
 
     tau_sim = "tau_sim"
@@ -90,7 +90,7 @@ class Strategy(str, Enum):
 
 
 class Device(str, Enum):
-    """Where a run trains; auto: a CUDA GPU when torch sees one, else the CPU (eagle3/runtime.py resolves it)."""
+    """Where a run trains; auto: a CUDA GPU when torch sees one, else the CPU (eagle3/device/choice.py resolves it)."""
 
     auto = "auto"
     cpu = "cpu"
@@ -194,14 +194,14 @@ class DraftConfig:
     aux_layer_ids: list[int] = MISSING
     max_position_embeddings: int = 4096
     rope_theta: float = 10000.0
-    # The rest of the verifier's RoPE (eagle3/rope.py): rope_type and its factors as its config states them
+    # The rest of the verifier's RoPE (eagle3/arch/rope.py): rope_type and its factors as its config states them
     # (llama3, yarn, ...; null: default RoPE), and the share of each head it rotates (1.0 only). (Typed Any: Hydra
     # resolves an interpolation into a dict-typed node while composing, before model.verifier.path is set.)
     rope_scaling: Any = None
     partial_rotary_factor: float = 1.0
     rms_norm_eps: float = 1e-6
     hidden_act: str = "silu"
-    # The draft's decoder layers (eagle3/draft_arch.py): how many (layer 0 reads [embedding, hidden]), and of
+    # The draft's decoder layers (eagle3/arch/draft.py): how many (layer 0 reads [embedding, hidden]), and of
     # which transformers type (llama | qwen3: a Qwen3 layer adds q/k norms).
     num_layers: int = 1
     layer_type: LayerType = LayerType.llama
@@ -221,8 +221,8 @@ class DraftConfig:
     kind: DraftKind = DraftKind.eagle3
     # P-EAGLE's masked slots' input token (null: the verifier vocabulary's last id).
     mask_token_id: int | None = None
-    # Recompute the decoder layer in the backward instead of keeping its activations (eagle3/recompute.py):
-    # less activation memory for about one more layer forward per TTT step.
+    # Recompute the decoder layer in the backward instead of keeping its activations
+    # (eagle3/arch/activation_checkpointing.py): less activation memory for about one more layer forward per TTT step.
     gradient_checkpointing: bool = False
 
     def check(self) -> None:
@@ -374,7 +374,7 @@ class DataConfig:
         raise NotImplementedError
 
     def plan_stats(self, draft: DraftConfig) -> DataStats | None:
-        """The plan's token counts and hidden-state bytes on disk (eagle3.plan.DataStats), None when there are no
+        """The plan's token counts and hidden-state bytes on disk (eagle3.plan.memory.DataStats), None when there are no
         rows to count before the run reads them."""
         raise NotImplementedError
 
@@ -387,7 +387,7 @@ class DataConfig:
         return []
 
     def buffer_terms(self, draft: DraftConfig, device_type: str) -> list[Term]:
-        """The plan's terms for the hidden states one micro-batch needs (eagle3.plan)."""
+        """The plan's terms for the hidden states one micro-batch needs (eagle3.plan.memory)."""
         raise NotImplementedError
 
 
@@ -589,8 +589,8 @@ class EvalConfig:
 
 @dataclass
 class OnPolicyConfig:
-    """On-policy rollouts of the draft (eagle3/rollouts.py): from optimizer step `start_step` on, every `every` steps
-    each rank decodes `num_prompts` train prompts speculatively with the current draft (k = its ttt_steps, at
+    """On-policy rollouts of the draft (eagle3/train/on_policy.py): from optimizer step `start_step` on, every `every`
+    steps each rank decodes `num_prompts` train prompts speculatively with the current draft (k = its ttt_steps, at
     `temperature`) and mixes the loss on those verify rounds into the step at `mix` (share of the loss)."""
 
     enabled: bool = False
@@ -636,7 +636,7 @@ class TrainConfig:
     resume: str | None = None       # a run dir: continue that run in place from its checkpoints/last (no overrides)
     # true: print the run's memory (GiB per rank) and time plan and exit; builds nothing, writes no run dir; exit
     # status 0 if it fits, 3 if it does not, 1 for a refused config. A run always plans first and stops if it
-    # cannot fit (eagle3/plan.py)
+    # cannot fit (eagle3/plan/memory.py)
     plan: bool = False
     # What the run returns to a sweeper (hydra/sweeper=optuna maximises it): tau_sim, the best val tau_sim; or
     # accept_len, the measured acceptance (tokens per verify step) of checkpoints/best: needs
@@ -685,7 +685,7 @@ def register_configs() -> None:
     # Sweep sub-dir names come from the overrides; `experiment=k2_to_k25/finetune` must not nest a directory.
     if not OmegaConf.has_resolver("dirname_safe"):
         OmegaConf.register_new_resolver("dirname_safe", lambda s: str(s).replace("/", "-"))
-    from eagle3.verifier_shape import register_resolvers  # model=auto: ${verifier_config:<path>,<key>}
+    from eagle3.verifier.shape import register_resolvers  # model=auto: ${verifier_config:<path>,<key>}
 
     register_resolvers()
     import eagle3.data.sources  # noqa: F401  (each source stores its schema as data/base_<name>)
@@ -775,7 +775,7 @@ ROWS_FILES = ("a JSONL file or JSON array of {\"input_ids\", \"loss_mask\"}, {\"
 
 
 def _rows_path_problem(p: Path, first_line: bool = True) -> str | None:
-    """Why `p` holds no data rows (eagle3.data.row_files reads them), said after its name, judged by its first bytes
+    """Why `p` holds no data rows (eagle3.formats.row_files reads them), said after its name, judged by its first bytes
     (a binary file, an empty one, and with `first_line` text that opens neither a JSON object nor an array) or,
     for a Parquet file or a `datasets` dir, by their marks (PAR1 at both ends; *.arrow files); None when it looks
     like rows. The rows themselves are checked one by one when they are read."""

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import IO, TYPE_CHECKING, TypeVar
 
 if TYPE_CHECKING:
-    from eagle3.progress import RunSummary
+    from eagle3.rundir.progress import RunSummary
 
 Item = TypeVar("Item")
 Result = TypeVar("Result")

@@ -304,9 +304,9 @@ def captured_console():
 
 
 def parameter_groups(model, draft) -> dict[str, tuple[int, bool]]:
-    """The built draft's parameters grouped under eagle3.plan's names for `draft` (parameter_counts' keys):
+    """The built draft's parameters grouped under eagle3.plan.memory's names for `draft` (parameter_counts' keys):
     {name: (count, trainable)}."""
-    from eagle3.plan import parameter_counts
+    from eagle3.plan.memory import parameter_counts
 
     names = parameter_counts(draft)
     out: dict[str, list] = {}
@@ -331,7 +331,7 @@ def assert_chain_equals_speculators_forward(draft, verifier, ids: list[int], aux
     no off-by-one); the chain's proposals."""
     import torch
 
-    from eagle3.eval.drafting import propose, verifier_pass
+    from eagle3.decoding.drafting import propose, verifier_pass
 
     m = len(ids) - 1
     drafts, logits = propose(draft, ids, verifier_pass(verifier, ids, aux_ids).aux[:m], k)
@@ -390,9 +390,9 @@ def sigterm_in_process_after_step_1(args: list[str], cache_dir: Path) -> subproc
     import signal
     from unittest import mock
 
-    import eagle3.train
+    import eagle3.train.loop
 
-    class SignalledAfterStep1(eagle3.train.StopRequest):
+    class SignalledAfterStep1(eagle3.train.loop.StopRequest):
         signalled = False
 
         def requested(self, world):  # asked after every optimizer step
@@ -402,7 +402,7 @@ def sigterm_in_process_after_step_1(args: list[str], cache_dir: Path) -> subproc
                 signal.raise_signal(signal.SIGTERM)
             return super().requested(world)
 
-    with mock.patch.object(eagle3.train, "StopRequest", SignalledAfterStep1):
+    with mock.patch.object(eagle3.train.loop, "StopRequest", SignalledAfterStep1):
         return launch(args, cache_dir)
 
 
@@ -432,7 +432,7 @@ def built_once(tmp_path_factory, name: str, build) -> Path:
 
 @pytest.fixture(scope="session")
 def cache_dir(tmp_path_factory) -> Path:
-    """The session's cache (shared by the workers: its entries are built atomically, eagle3/data/cache.py)."""
+    """The session's cache (shared by the workers: its entries are built atomically, eagle3/formats/cache.py)."""
     return session_dir(tmp_path_factory, "eagle3-cache")
 
 

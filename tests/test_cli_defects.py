@@ -19,8 +19,8 @@ from test_rundir import summary_json
 from conftest import launch
 from eagle3.config import LoggerConfig, LoggerMode
 from eagle3.data.synthetic import synthetic_dataset_dir
-from eagle3.data.verifier import tiny_verifier_dir
 from eagle3.errors import ConfigError, DataError
+from eagle3.verifier.tiny import tiny_verifier_dir
 
 
 def disk_full_after(files: int, monkeypatch) -> None:
@@ -90,7 +90,7 @@ def test_prepare_is_refused_when_the_disk_cannot_hold_it(verifier, id_rows, tmp_
 
 
 def test_wandb_online_needs_a_key_found_without_the_network(tmp_path, monkeypatch):
-    from eagle3.track import check_wandb, unreachable
+    from eagle3.train.track import check_wandb, unreachable
 
     monkeypatch.setenv("WANDB_API_KEY", "")
     monkeypatch.setenv("HOME", str(tmp_path))
@@ -164,7 +164,7 @@ def test_speedup_refuses_a_report_with_a_text_temperature_and_a_json_path_under_
 
 
 def test_compare_shows_the_readable_runs_and_names_a_cut_file(tmp_path, capsys):
-    from eagle3.compare import main
+    from eagle3.sweep.compare import main
 
     row = {"step": 0, "split": "val", "loss": 2.0, "tau_sim": 1.0}
     for n, lr in enumerate((0.001, 0.002, 0.003)):
@@ -191,8 +191,8 @@ def test_compare_shows_the_readable_runs_and_names_a_cut_file(tmp_path, capsys):
 def test_summary_json_is_whole_or_absent_when_its_write_fails(tmp_path, monkeypatch):
     import errno
 
-    from eagle3.progress import Progress, RunSummary
-    from eagle3.track import Tracker
+    from eagle3.rundir.progress import Progress, RunSummary
+    from eagle3.train.track import Tracker
 
     row = {"step": 4, "split": "val", "epoch": 0, "loss": 2.5, "tau_sim": 1.25}
     summary = RunSummary.of(Progress(step=4, step0=row, best=row, final=row), Path("/v"), Path("/d"), "cpu", 1)

@@ -133,8 +133,8 @@ def register_pattern_source():
         period: int = 7
 
         def token_rows(self, cfg, verifier_dir):
-            from eagle3.data.cache import build_once
             from eagle3.data.token_rows import save_rows
+            from eagle3.formats.cache import build_once
 
             rows = [([(r + i) % self.period + 1 for i in range(self.row_len)], [0] + [1] * (self.row_len - 1))
                     for r in range(self.num_rows)]
@@ -147,8 +147,8 @@ def test_a_source_registered_in_a_few_lines_trains_the_tiny_draft(tmp_path, monk
     import hydra
 
     from eagle3.config import register_configs
-    from eagle3.data.rows import ArrowRows
-    from eagle3.launch import launch as launch_job
+    from eagle3.formats.arrow_rows import ArrowRows
+    from eagle3.run.launch import launch as launch_job
 
     register_pattern_source()
     register_configs()

@@ -27,7 +27,7 @@ def test_unknown_experiment_is_refused_with_the_list(extra, tmp_path):
 # --- 12: compare reads step-0/best from metrics.jsonl without summary.json; eval.accept names file lines ----
 
 def test_compare_shows_step0_and_best_of_an_incomplete_run(tmp_path):
-    from eagle3.compare import find_runs, table
+    from eagle3.sweep.compare import find_runs, table
 
     run = tmp_path / "0_optim.lr=0.001"
     run.mkdir()
@@ -110,8 +110,8 @@ def test_a_total_seq_len_shorter_than_every_row_stops_the_run(tmp_path, cache_di
 @pytest.fixture(scope="module")
 def small_checkpoint(tmp_path_factory):
     """A real speculators checkpoint of a small draft (speculators' own save_pretrained), untrained."""
+    from eagle3.arch.draft import SPECULATORS_FLAGS
     from eagle3.config import DraftConfig
-    from eagle3.draft_arch import SPECULATORS_FLAGS
     from eagle3.init.build import bare_draft
 
     draft = DraftConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_attention_heads=2,
@@ -172,7 +172,7 @@ def unexpected_key(tensors):
 def test_export_refuses_a_bad_checkpoint_and_writes_nothing(small_checkpoint, tmp_path, capsys, fmt, edit, says):
     import re
 
-    from eagle3.export import main
+    from eagle3.serve.export import main
 
     out = tmp_path / "out"
     assert main([str(broken_copy(small_checkpoint, tmp_path, edit)), "--format", fmt, "--out", str(out)]) != 0
@@ -182,7 +182,7 @@ def test_export_refuses_a_bad_checkpoint_and_writes_nothing(small_checkpoint, tm
 
 
 def test_export_of_a_good_checkpoint_still_works_and_an_unusable_out_is_refused(small_checkpoint, tmp_path, capsys):
-    from eagle3.export import main
+    from eagle3.serve.export import main
 
     # speculators' flags (norm_before_residual=true): SGLang cannot serve it (tests/test_export_parity.py), vLLM can
     assert main([str(small_checkpoint), "--out", str(tmp_path / "ok")]) == 0

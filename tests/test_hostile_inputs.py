@@ -132,7 +132,7 @@ def test_prepare_refuses_aux_layer_ids_that_name_a_layer_twice(cache_dir, tmp_pa
     model.draft.aux_layer_ids=[2,2]); refused before a file is written."""
     from eagle3.config import TinyVerifierConfig
     from eagle3.data.prepare import main as prepare_main
-    from eagle3.data.verifier import tiny_verifier_dir
+    from eagle3.verifier.tiny import tiny_verifier_dir
 
     plain = OmegaConf.to_container(compose_cfg(), resolve=True)
     verifier = tiny_verifier_dir(TinyVerifierConfig(**plain["model"]["verifier"]["tiny"]), str(cache_dir))
@@ -167,8 +167,8 @@ def tiny_draft(**overrides):
 def test_a_pretrained_draft_of_the_other_kind_is_refused_naming_the_kind(tmp_path, run_kind, checkpoint_kind):
     """init=pretrained from an EAGLE-3 checkpoint into model.draft.kind=peagle (or back) said only that
     mask_hidden was missing (or unexpected); it names model.draft.kind and both kinds."""
+    from eagle3.arch.draft import SPECULATORS_FLAGS, DraftKind
     from eagle3.config import PretrainedInitConfig
-    from eagle3.draft_arch import SPECULATORS_FLAGS, DraftKind
     from eagle3.init import InitContext
     from eagle3.init.build import bare_draft
     from eagle3.init.files import CheckpointError
@@ -189,12 +189,12 @@ def test_a_peagle_draft_initialized_from_a_peagle_checkpoint_keeps_its_trained_e
     verifier, frozen", so the finetune silently started from the verifier's embedding instead of the trained one."""
     import torch
 
+    from eagle3.arch.draft import SPECULATORS_FLAGS, DraftKind
     from eagle3.config import PretrainedInitConfig, TinyVerifierConfig
-    from eagle3.data.verifier import tiny_verifier_dir
-    from eagle3.draft_arch import SPECULATORS_FLAGS, DraftKind
     from eagle3.init import InitContext
     from eagle3.init.build import bare_draft
     from eagle3.init.pretrained import init_pretrained
+    from eagle3.verifier.tiny import tiny_verifier_dir
 
     plain = OmegaConf.to_container(compose_cfg(), resolve=True)
     verifier = tiny_verifier_dir(TinyVerifierConfig(**plain["model"]["verifier"]["tiny"]), str(cache_dir))
@@ -228,8 +228,8 @@ def test_serve_refuses_a_temperature_no_sampler_has_before_reading_the_run(tmp_p
 def test_flex_attention_on_the_cpu_is_refused_before_anything_is_built():
     """attn_impl=simple_flex_attention with device=cpu ran into torch's "FlexAttention does not support backward on
     CPU" traceback at the first step, leaving a failed run dir; the launcher's and the sweeper's device check
-    (eagle3.fit.check_devices) refuse it first."""
-    from eagle3.fit import check_devices
+    (eagle3.plan.guard.check_devices) refuse it first."""
+    from eagle3.plan.guard import check_devices
 
     cfg = composed(["model.draft.attn_impl=simple_flex_attention", "device=cpu"])
     with pytest.raises(ConfigError, match=r"^model.draft.attn_impl: simple_flex_attention has no backward on CPU"):
@@ -251,8 +251,8 @@ def test_accept_refuses_an_out_path_it_cannot_write_before_measuring(tmp_path):
 
 def test_a_prepare_data_path_that_is_no_file_says_what_it_is(tmp_path):
     """--data <a directory> was said not to exist; a directory is now read as a datasets dir."""
-    from eagle3.data.jsonl import BadSamples, read_rows
     from eagle3.errors import DataError
+    from eagle3.formats.row_formats import BadSamples, read_rows
 
     with pytest.raises(DataError, match=rf"^{tmp_path} is not a dataset saved with datasets.save_to_disk"):
         read_rows(tmp_path, 64, 1024, BadSamples("error"))

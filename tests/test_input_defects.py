@@ -23,7 +23,7 @@ def run_cfg(overrides: list[str]):
     """The typed run config of these overrides, a resolution error said as the launcher says it (launch.resolve)."""
     from omegaconf.errors import InterpolationResolutionError
 
-    from eagle3.verifier_shape import unresolvable
+    from eagle3.verifier.shape import unresolvable
 
     try:
         return tiny_run_config(overrides)
@@ -54,7 +54,7 @@ IMPOSSIBLE = [
 @pytest.mark.parametrize("changes, says", IMPOSSIBLE, ids=[next(iter(c)) + str(i) for i, (c, _) in
                                                             enumerate(IMPOSSIBLE)])
 def test_model_auto_refuses_a_verifier_config_no_model_could_have(changes, says, tmp_path):
-    from eagle3.verifier_shape import verifier_config
+    from eagle3.verifier.shape import verifier_config
 
     path = verifier_dir(tmp_path / "v", **changes)
     assert verifier_config(verifier_dir(tmp_path / "good"), "hidden_size") == 96
@@ -90,8 +90,8 @@ def test_every_reader_of_a_verifiers_sizes_takes_a_multimodal_wrappers_text_conf
     from eagle3.data.online import verifier_positions
     from eagle3.data.record import verifier_fingerprint
     from eagle3.data.regenerate import eos_ids
-    from eagle3.export import read_verifier
-    from eagle3.verifier_shape import read_verifier_config
+    from eagle3.serve.export import read_verifier
+    from eagle3.verifier.shape import read_verifier_config
 
     text = {"model_type": "llama", "hidden_size": 64, "num_hidden_layers": 4, "num_attention_heads": 4,
             "intermediate_size": 128, "vocab_size": 100, "max_position_embeddings": 256, "eos_token_id": 7,
@@ -110,7 +110,7 @@ def test_every_reader_of_a_verifiers_sizes_takes_a_multimodal_wrappers_text_conf
 def test_a_layernorm_verifier_is_refused_naming_the_norm(tmp_path):
     from transformers import StableLmConfig
 
-    from eagle3.verifier_shape import verifier_config
+    from eagle3.verifier.shape import verifier_config
 
     stablelm = tmp_path / "stablelm"
     StableLmConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=8, num_attention_heads=4,
@@ -127,8 +127,8 @@ def test_a_layernorm_verifier_is_refused_naming_the_norm(tmp_path):
 # --- the plan: CPU runs are checked against the host's memory; plan=true's exit status ------------------------
 
 def test_on_cpu_the_fit_guard_checks_the_hosts_memory():
-    from eagle3.fit import refuse_if_it_cannot_fit, run_plan
-    from eagle3.plan_inputs import device_and_memory
+    from eagle3.plan.guard import refuse_if_it_cannot_fit, run_plan
+    from eagle3.plan.sizes import device_and_memory
 
     kind, one, source = device_and_memory("cpu", None)
     assert kind == "cpu" and one and one > 2 ** 20 and "host memory" in source
@@ -143,8 +143,8 @@ def test_on_cpu_the_fit_guard_checks_the_hosts_memory():
 
 
 def test_a_plan_that_does_not_fit_says_its_exit_status():
-    from eagle3.fit import run_plan
-    from eagle3.plan import NO_FIT_STATUS, format_plan
+    from eagle3.plan.guard import run_plan
+    from eagle3.plan.memory import NO_FIT_STATUS, format_plan
 
     text = format_plan(run_plan(tiny_run_config(["device=cpu", "distributed.device_memory_gb=0.01"])))
     assert f"DOES NOT FIT (limit 95%; exit status {NO_FIT_STATUS})" in text and NO_FIT_STATUS not in (0, 1)
@@ -218,7 +218,7 @@ def test_a_fifo_or_a_device_as_data_path_is_named_for_what_it_is(tmp_path):
 # --- a fresh run dir holding symlinks that lead outside it or nowhere -----------------------------------------
 
 def test_a_run_dir_with_symlinks_leading_out_is_refused_and_nothing_is_written_through(tmp_path):
-    from eagle3.rundir import RunDir
+    from eagle3.rundir.files import RunDir
 
     run_dir, outside = tmp_path / "run", tmp_path / "outside"
     run_dir.mkdir()

@@ -11,9 +11,9 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from eagle3.data.hsfiles import DataError
 from eagle3.data.loader import build_loaders
 from eagle3.data.reader import split_hidden, to_device
+from eagle3.formats.hidden_states import DataError
 
 # The sampler warns about the two long documents on purpose.
 pytestmark = pytest.mark.filterwarnings("ignore:Found .* samples longer than batch_max_length")
@@ -101,8 +101,8 @@ def test_micro_batches_equal_speculators_field_by_field(data_bf16, sharding):
 
 
 def tiny_draft(flags: dict):
+    from eagle3.arch.draft import SPECULATORS_FLAGS
     from eagle3.config import DraftConfig
-    from eagle3.draft_arch import SPECULATORS_FLAGS
     from eagle3.init.build import bare_draft
 
     draft = {"vocab_size": VOCAB, "hidden_size": H, "intermediate_size": 64, "num_attention_heads": 2,

@@ -1,4 +1,4 @@
-"""What the training loop does at the top of each step (eagle3.cadence): which of train row, stop, val pass and
+"""What the training loop does at the top of each step (eagle3.train.cadence): which of train row, stop, val pass and
 save of checkpoints/last are due, given where the run is and the optim/logger settings. Pure: no model."""
 
 from __future__ import annotations
@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from eagle3.cadence import Cadence, Due, Stop
-from eagle3.progress import Progress
+from eagle3.rundir.progress import Progress
+from eagle3.train.cadence import Cadence, Due, Stop
 
 # 3 epochs of 10 steps, cut at 25 by max_steps; a val pass every 4 steps, `last` every 3, a train row every 2.
 CADENCE = Cadence.of(epochs=3, max_steps=25, steps_per_epoch=10, log_every=2, eval_every=4, checkpoint_every=3,
@@ -93,7 +93,7 @@ def test_too_many_skipped_steps_in_a_row_stop_the_run_before_a_signal_is_heeded(
 
 
 def walk(cadence: Cadence, progress: Progress, stop_at: int | None = None) -> tuple[list[tuple], Progress]:
-    """Carries out what is due as eagle3.train's loop does, with a step as a counter: the val passes
+    """Carries out what is due as eagle3.train.loop's loop does, with a step as a counter: the val passes
     (step, epoch), the saves of `last` (step) and where it ends."""
     events: list[tuple] = []
     stepped = False

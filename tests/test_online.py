@@ -61,7 +61,7 @@ def datasets(verifier, rows, tmp_path_factory) -> dict[str, Path]:
     """The rows prepared offline in fp32 and in bf16 (eagle3.data.prepare's writer), and as token rows alone."""
     from eagle3.data.prepare import write_dataset
     from eagle3.data.token_rows import save_rows
-    from eagle3.data.verifier_forward import load_causal_lm
+    from eagle3.verifier.forward import load_causal_lm
 
     tmp = tmp_path_factory.mktemp("online-data")
     model = load_causal_lm(verifier)
@@ -75,7 +75,7 @@ def datasets(verifier, rows, tmp_path_factory) -> dict[str, Path]:
 @pytest.fixture(scope="module")
 def online_verifier(verifier):
     from eagle3.data.online import OnlineVerifier
-    from eagle3.data.verifier_forward import load_causal_lm
+    from eagle3.verifier.forward import load_causal_lm
 
     return OnlineVerifier(load_causal_lm(verifier), AUX)
 
@@ -129,7 +129,7 @@ def test_a_val_pass_after_the_first_reads_its_hidden_states_back_without_the_ver
     gives the micro-batches (so the metrics) of a loader that computes every pass, bit for bit."""
     from eagle3.data.online import OnlineVerifier
     from eagle3.data.token_rows import save_rows
-    from eagle3.data.verifier_forward import load_causal_lm
+    from eagle3.verifier.forward import load_causal_lm
 
     class Counted(OnlineVerifier):
         calls = 0
@@ -276,7 +276,7 @@ def test_tiny_online_trains_to_data_tiny_metrics_and_writes_no_hidden_state(tiny
 
 @pytest.mark.slow
 def test_online_run_stopped_mid_epoch_resumes_to_the_uninterrupted_metrics(tiny_online, tmp_path):
-    from eagle3.checkpoint import load_trainer_state
+    from eagle3.init.checkpoint import load_trainer_state
 
     reference, cache = tiny_online
     run_dir = tmp_path / "run"

@@ -237,8 +237,8 @@ def test_measured_acceptance_with_a_sharded_verifier_is_refused(tmp_path):
 
 
 def test_a_line_that_is_not_utf8_is_a_bad_row_with_its_number(tmp_path):
-    from eagle3.data.jsonl import BadSamples, read_rows
     from eagle3.errors import DataError
+    from eagle3.formats.row_formats import BadSamples, read_rows
 
     data = tmp_path / "rows.jsonl"
     data.write_bytes(b'{"input_ids": [1, 2], "loss_mask": [0, 1]}\n\xff\xfe garbage\n'
@@ -324,8 +324,8 @@ def train_in_process(overrides: list[str], run_dir: Path, cache: Path) -> None:
 
     from conftest import compose_cfg
     from eagle3.config import run_config
-    from eagle3.inputs import check_data, materialize_inputs
-    from eagle3.rank import run_rank
+    from eagle3.run.inputs import check_data, materialize_inputs
+    from eagle3.train.rank import run_rank
 
     plain = OmegaConf.to_container(compose_cfg([f"cache_dir={cache}", *overrides]), resolve=True, enum_to_str=True)
     plain["run"] = {"dir": str(run_dir), "name": run_dir.name, "group": run_dir.name, "choices": {}, "overrides": []}
@@ -341,10 +341,10 @@ def single_run(verifier, arrow_rows, tmp_path_factory) -> tuple[Path, list[Path]
     """One process, grad_accum=2 (the global batch of 2 ranks), with measured acceptance at every val pass; the
     dirs load_causal_lm loaded a model from during the run."""
     import eagle3.data.online
-    import eagle3.data.verifier_forward
+    import eagle3.verifier.forward
 
     loads: list[Path] = []
-    load = eagle3.data.verifier_forward.load_causal_lm
+    load = eagle3.verifier.forward.load_causal_lm
 
     def counted(*args, **kwargs):
         loads.append(args[0])
@@ -354,7 +354,7 @@ def single_run(verifier, arrow_rows, tmp_path_factory) -> tuple[Path, list[Path]
     run_dir = tmp / "single"
     overrides = [o for o in online(verifier, run_dir, f"data.path={arrow_rows}") if not o.startswith("hydra.")]
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(eagle3.data.verifier_forward, "load_causal_lm", counted)
+        patch.setattr(eagle3.verifier.forward, "load_causal_lm", counted)
         patch.setattr(eagle3.data.online, "load_causal_lm", counted)
         train_in_process([*overrides, "optim.grad_accum=2", "eval.accept.enabled=true", "eval.accept.num_prompts=2",
                           "eval.accept.max_new_tokens=8"], run_dir, tmp / "cache")
@@ -472,8 +472,8 @@ def test_arrow_rows_prepared_for_another_verifier_are_refused(tmp_path):
 def test_a_resumed_run_refuses_rows_other_than_those_it_started_on(tmp_path):
     """An edited JSONL is other rows (another content-keyed rows dir, another draft vocabulary): resume stops."""
     from eagle3.errors import DataError
-    from eagle3.inputs import refuse_other_rows
-    from eagle3.rundir import DataCheck, RunDir
+    from eagle3.run.inputs import refuse_other_rows
+    from eagle3.rundir.files import DataCheck, RunDir
 
     RunDir(tmp_path).write_data_check(DataCheck(data_dir="/cache/datasets/rows-aaa", rows=4, bad=0, counts={},
                                                 full=False, first_bad=[], policy="error", skipped_rows=[]))
@@ -484,7 +484,7 @@ def test_a_resumed_run_refuses_rows_other_than_those_it_started_on(tmp_path):
 
 def test_relative_paths_are_stored_absolute(tmp_path, monkeypatch):
     """resolved_config.yaml must name the same files wherever resume= is run from."""
-    from eagle3.launch import absolute_paths
+    from eagle3.run.launch import absolute_paths
 
     monkeypatch.chdir(tmp_path)
     plain = {"data": {"path": "rows.jsonl"}, "model": {"verifier": {"path": "v"}}, "init": {"name": "scratch"},

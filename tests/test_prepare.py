@@ -15,8 +15,8 @@ from omegaconf import OmegaConf
 from safetensors.torch import load_file, save_file
 
 from conftest import compose_cfg, run_in_process
-from eagle3.data.verifier import tiny_verifier_dir
-from eagle3.data.verifier_forward import batch_plan, load_causal_lm
+from eagle3.verifier.forward import batch_plan, load_causal_lm
+from eagle3.verifier.tiny import tiny_verifier_dir
 
 AUX = [1, 2, 3]
 
@@ -317,8 +317,8 @@ def test_a_cache_entry_is_never_built_through_a_symlink(tmp_path):
     at the name of its temporary dir is removed itself, never built into."""
     import os
 
-    from eagle3.data.cache import build_once
     from eagle3.errors import UserError
+    from eagle3.formats.cache import build_once
 
     def build(tmp: Path) -> None:
         (tmp / "rows").write_text("built")

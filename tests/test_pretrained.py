@@ -14,11 +14,11 @@ from safetensors.torch import load_file, save_file
 
 from conftest import SMALL_DATA, compose_cfg, launch
 from eagle3.config import DraftConfig, PretrainedInitConfig, VocabPolicy, lr_advice, validate
-from eagle3.export import export
 from eagle3.init import InitContext, build_draft, preflight_draft
 from eagle3.init.build import meta_draft
 from eagle3.init.files import CheckpointError
 from eagle3.init.pretrained import SPECFORGE_FLAGS, plan_load
+from eagle3.serve.export import export
 
 
 @pytest.fixture(scope="module")
@@ -44,7 +44,7 @@ def probe_loss(run_inputs, ctx: InitContext) -> float:
     from speculators.losses import resolve_loss_config
 
     from eagle3.data.loader import build_loaders
-    from eagle3.train import run_validation
+    from eagle3.train.loop import run_validation
 
     resolved, _, data_dir = run_inputs
     model, _ = build_draft(ctx)
@@ -61,7 +61,7 @@ def specforge_export(trained_run, tmp_path_factory) -> Path:
     """The trained run in the SpecForge layout. The tiny default trains with norm_before_residual=true, which SGLang
     cannot serve (its export rule refuses it); the layout is still one that init=pretrained and speculators'
     converter read, so that one rule is lifted here."""
-    from eagle3.serve_parity import RULES
+    from eagle3.serve.parity import RULES
 
     out = tmp_path_factory.mktemp("export") / "specforge"
     with pytest.MonkeyPatch.context() as patch:
@@ -258,7 +258,7 @@ def test_sharded_checkpoint_loads_like_a_single_file(specforge_export, run_input
 def test_a_checkpoint_of_another_kind_gets_advice_that_holds_when_the_kind_is_set_on_the_command_line(tmp_path):
     """init=pretrained from an EAGLE-3 checkpoint with model.draft.kind=peagle on the command line advised "set them on
     the command line to override the checkpoint": they were, and no override loads weights into another kind."""
-    from eagle3.draft_arch import SPECULATORS_FLAGS, DraftKind
+    from eagle3.arch.draft import SPECULATORS_FLAGS, DraftKind
     from eagle3.init.build import bare_draft
     from eagle3.init.pretrained import preflight
 

@@ -19,8 +19,8 @@ from eagle3.config import TinyVerifierConfig
 from eagle3.data import regenerate as regen
 from eagle3.data.regenerate import regenerated_rows_dir
 from eagle3.data.sources.regenerate import Regeneration, RegenerationEngine
-from eagle3.data.verifier import tiny_verifier_dir
 from eagle3.errors import ConfigError
+from eagle3.verifier.tiny import tiny_verifier_dir
 
 HF = RegenerationEngine.transformers  # in process, whether or not a vLLM environment is on this machine
 
@@ -94,7 +94,7 @@ def greedy_by_plain_forwards(model: torch.nn.Module, prompt: list[int], n: int) 
 
 
 def test_greedy_rows_equal_the_verifiers_greedy_continuation(verifier, tmp_path):
-    from eagle3.data.verifier_forward import load_causal_lm
+    from eagle3.verifier.forward import load_causal_lm
 
     prompts = write_jsonl(tmp_path / "prompts.jsonl", id_prompts(7))
     settings = Regeneration(engine=HF, temperature=0.0, max_new_tokens=9, batch_size=3)  # 3 batches, the last one short
@@ -112,7 +112,7 @@ def test_greedy_rows_equal_the_verifiers_greedy_continuation(verifier, tmp_path)
 
 
 def test_sampled_rows_reproduce_from_their_seed_whatever_the_batch(verifier, tmp_path):
-    from eagle3.data.verifier_forward import load_causal_lm
+    from eagle3.verifier.forward import load_causal_lm
 
     model = load_causal_lm(verifier)
     prompts = [r["input_ids"][:r["loss_mask"].index(1)] for r in id_prompts(6, seed=1)]
@@ -182,7 +182,7 @@ def test_chat_prompts_render_through_the_chat_template(chat_verifier, tmp_path):
                                                "<|end|>", "<|user|>", "w6", "<|end|>", "<|assistant|>"]
     assert [ids[:mask.index(1)] for ids, mask in rows] == expected
     assert rows[:2] == rows[2:]  # the same prompts, regenerated the same way
-    from eagle3.data.verifier_forward import load_causal_lm
+    from eagle3.verifier.forward import load_causal_lm
 
     model, end = load_causal_lm(chat_verifier), WORDS.index("<|end|>")
     record = json.loads((rows_dir / "eagle3_rows.json").read_text())["generation"]
@@ -228,7 +228,7 @@ def test_responses_end_at_the_end_of_sequence_token(verifier, tmp_path):
     token included, and the record counts it as not truncated."""
     import shutil
 
-    from eagle3.data.verifier_forward import load_causal_lm
+    from eagle3.verifier.forward import load_causal_lm
 
     prompt = id_prompts(1, seed=5)[0]
     start = prompt["input_ids"][:prompt["loss_mask"].index(1)]
@@ -286,7 +286,7 @@ def test_engine_auto_generates_with_vllm_where_its_environment_is_and_says_so(mo
 def test_the_plan_expects_the_regeneration_time_at_the_rate_measured_here(verifier, tmp_path, monkeypatch):
     from conftest import tiny_run_config
     from eagle3.data.record import verifier_fingerprint
-    from eagle3.roofline import record_rate, regeneration_key
+    from eagle3.plan.roofline import record_rate, regeneration_key
     from eagle3.serve import engine as engines
 
     monkeypatch.setattr(engines, "has_cuda", lambda: False)
@@ -331,7 +331,7 @@ def test_vllm_writes_the_responses_transformers_writes_at_temperature_0(verifier
     """data.regenerate.engine=vllm on CPU in fp32: the same greedy responses as in process, the verifier served by
     vLLM's server (token ids in and out)."""
     from eagle3.data.sources.regenerate import RegenerationEngine
-    from eagle3.serve.engine import PYTHON_ENV
+    from eagle3.engine.venv import PYTHON_ENV
 
     monkeypatch.setenv(PYTHON_ENV, str(engine_python))
     prompts = write_jsonl(tmp_path / "prompts.jsonl", id_prompts(6, seed=3))

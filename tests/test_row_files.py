@@ -1,5 +1,5 @@
-"""Data rows as users have them (eagle3.data.row_files, eagle3.data.jsonl): token rows, OpenAI `messages` and
-ShareGPT `conversations`, in a JSONL file, a JSON array (streamed; a file cut mid-record keeps its complete
+"""Data rows as users have them (eagle3.formats.row_files, eagle3.formats.row_formats): token rows, OpenAI `messages`
+and ShareGPT `conversations`, in a JSONL file, a JSON array (streamed; a file cut mid-record keeps its complete
 records), a Parquet file and a `datasets` dir; the format detected from the first row and recorded, or set by
 data.format; a row of another format, an unknown speaker and a cut file are bad rows with their number; every
 assistant turn of a conversation is trained, its end-of-turn token included and the template's default system
@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 
 from eagle3.config import RowFormat
-from eagle3.data.jsonl import BadSamples, ChatTokenizer, read_rows
 from eagle3.errors import DataError
+from eagle3.formats.row_formats import BadSamples, ChatTokenizer, read_rows
 
 WORDS = ["[UNK]", "<|im_start|>", "<|im_end|>", "system", "user", "assistant", "default", "nl"] + \
     [f"w{i}" for i in range(60)]
@@ -144,7 +144,7 @@ def test_a_cut_json_array_reads_its_complete_records_and_the_cut_is_a_bad_row(cu
 
 def test_a_json_array_larger_than_a_read_is_streamed_record_by_record(chat, tmp_path, monkeypatch):
     """Records cut by the read size, strings included, are decoded whole."""
-    import eagle3.data.row_files as row_files
+    import eagle3.formats.row_files as row_files
 
     monkeypatch.setattr(row_files, "CHUNK", 7)
     rows, bad = read(write(tmp_path / "rows.json", SHAREGPT * 3, "json_array"), chat)
@@ -316,8 +316,8 @@ def test_real_sharegpt_trains_only_smollm2s_assistant_tokens(sharegpt_file, smol
     there is no system turn and never trained."""
     import itertools
 
-    from eagle3.data.jsonl import conversation
-    from eagle3.data.row_files import records
+    from eagle3.formats.row_files import records
+    from eagle3.formats.row_formats import conversation
 
     head = list(itertools.islice(records(sharegpt_file), 20))
     path = write(tmp_path / "head.json", [item for _, item in head], "json_array")

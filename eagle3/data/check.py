@@ -26,9 +26,9 @@ import numpy as np
 from tqdm import tqdm
 
 from eagle3.config import DataConfig, check_total_seq_len
-from eagle3.data.hsfiles import Problem, TensorSpec, file_problem, hs_path, read_header
-from eagle3.data.rows import ArrowRows
 from eagle3.errors import ConfigError, DataError, UserError
+from eagle3.formats.arrow_rows import ArrowRows
+from eagle3.formats.hidden_states import Problem, TensorSpec, file_problem, hs_path, read_header
 from eagle3.schema_cli import add_fields, checked
 
 # Above this share of rows cut by data.total_seq_len, the start-up check stops the run instead of warning:
@@ -129,10 +129,10 @@ def check_dataset(data_dir: str | Path, num_slots: int | None = None, hidden_siz
     `total_seq_len` (tokens per micro-batch), also counts the rows the trainer would cut to it.
     `hidden_states=False` (data=online: the verifier computes them) checks the token rows alone, as it does for a
     dir without hidden_states/ (a token-row dataset: the report says so), and `max_positions` (the verifier's)
-    makes a longer row a bad one. token_freq.pt is read by the reader training uses (eagle3.data.vocab): a file
+    makes a longer row a bad one. token_freq.pt is read by the reader training uses (eagle3.formats.vocab): a file
     training would refuse is refused here."""
     from eagle3.data.record import read_record
-    from eagle3.data.vocab import read_token_freq
+    from eagle3.formats.vocab import read_token_freq
 
     data_dir = Path(data_dir)
     try:

@@ -27,12 +27,12 @@ import torch
 
 from eagle3.config import DraftConfig
 from eagle3.data.reader import Pack
-from eagle3.data.rows import ArrowRows
-from eagle3.data.verifier_forward import forward_hidden_states, hidden_state_taps, load_causal_lm, packed_batch
-from eagle3.distributed import World
+from eagle3.device.choice import compute_dtype_on
+from eagle3.device.distributed import World
 from eagle3.errors import ConfigError
-from eagle3.runtime import compute_dtype_on
-from eagle3.verifier_shape import decoder_config
+from eagle3.formats.arrow_rows import ArrowRows
+from eagle3.verifier.forward import forward_hidden_states, hidden_state_taps, load_causal_lm, packed_batch
+from eagle3.verifier.shape import decoder_config
 
 log = logging.getLogger(__name__)
 
@@ -95,7 +95,7 @@ def check_online_verifier(verifier_dir: Path, draft: DraftConfig) -> int | None:
     whole weights to load. Returns its
     positions (max_position_embeddings; None when its config does not say), which bound a row's length."""
     from eagle3.data.record import verifier_fingerprint
-    from eagle3.data.verifier_forward import load_config, packing_problem
+    from eagle3.verifier.forward import load_config, packing_problem
 
     verifier = verifier_fingerprint(verifier_dir)
     # Aux layer ids within its depth: ModelConfig.check, from the same config.json.
@@ -125,7 +125,7 @@ def check_verifier_weights(verifier_dir: Path) -> None:
     """The verifier's weights are there and whole: each safetensors file's header read and checked against the
     file's size (not safetensors, truncated), and every shard its index names present. Headers only, no weights
     read, so a bad file stops the run before any rank starts, not in every rank at once."""
-    from eagle3.tensorfile import HeaderError, read_specs
+    from eagle3.formats.tensorfile import HeaderError, read_specs
 
     index = verifier_dir / "model.safetensors.index.json"
     if index.is_file():

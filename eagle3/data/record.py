@@ -16,7 +16,7 @@ from typing import Any
 
 from eagle3.config import DraftConfig
 from eagle3.errors import DataError
-from eagle3.verifier_shape import decoder_config
+from eagle3.verifier.shape import decoder_config
 
 log = logging.getLogger(__name__)
 

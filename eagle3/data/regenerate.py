@@ -1,7 +1,7 @@
 """Regenerated responses: a prompt set's responses written anew by the verifier itself, so that a draft trains on
 what the verifier says rather than on text another model wrote.
 
-The prompts are a rows file's rows as eagle3.data.jsonl reads them: conversations (`messages` or ShareGPT's
+The prompts are a rows file's rows as eagle3.formats.row_formats reads them: conversations (`messages` or ShareGPT's
 `conversations`) rendered with the verifier's chat template, or `input_ids` + `loss_mask`. Every masked-in span
 (an assistant turn of a conversation) is one response to regenerate, so each span gives one prompt: the row's
 tokens before it. A conversation that ends on a
@@ -35,13 +35,13 @@ import torch
 from tqdm import tqdm
 
 from eagle3.config import RowFormat
-from eagle3.data.cache import build_once, cache_key
-from eagle3.data.jsonl import BadSamples, ChatTokenizer, Row, read_rows
 from eagle3.data.sources.regenerate import Regeneration, RegenerationEngine
+from eagle3.decoding.drafting import Sampling
 from eagle3.errors import DataError
-from eagle3.eval.drafting import Sampling
+from eagle3.formats.cache import build_once, cache_key
+from eagle3.formats.row_formats import BadSamples, ChatTokenizer, Row, read_rows
 from eagle3.safe_write import refuse_links_in, write_text
-from eagle3.verifier_shape import decoder_config
+from eagle3.verifier.shape import decoder_config
 
 log = logging.getLogger(__name__)
 
@@ -71,7 +71,7 @@ PROMPT_ONLY_RULE = "A prompt-only row has one placeholder token of mask 1 at the
 def read_prompts(path: Path, verifier_dir: Path, vocab_size: int, bad: BadSamples,
                  row_format: RowFormat | str = RowFormat.auto,
                  max_records: int | None = None) -> tuple[list[list[int]], dict[str, str]]:
-    """Every prompt of the prompt set at `path` (any rows file eagle3.data.jsonl reads; its first `max_records`
+    """Every prompt of the prompt set at `path` (any rows file eagle3.formats.row_formats reads; its first `max_records`
     records), in file order, and what the record says of the format its rows were read in."""
     chat: list[ChatTokenizer] = []  # built on the first messages row: input_ids rows need no tokenizer
 
@@ -233,8 +233,8 @@ def regenerated_rows_dir(path: Path, verifier_dir: Path, settings: Regeneration,
     (data=online's token rows format)."""
     from eagle3.data.online import verifier_positions
     from eagle3.data.record import verifier_fingerprint
-    from eagle3.data.row_files import source_sha256
     from eagle3.data.token_rows import ROWS_RECORD, save_rows, tokenizer_hash
+    from eagle3.formats.row_files import source_sha256
 
     dtype = torch.bfloat16 if torch.device(device).type == "cuda" else torch.float32
     settings = with_engine(settings)  # the rows are keyed by the engine that writes them, never by "auto"
@@ -253,7 +253,7 @@ def regenerated_rows_dir(path: Path, verifier_dir: Path, settings: Regeneration,
     chunks_dir = target.with_name(f"{target.name}.chunks")
 
     def build(out: Path) -> None:
-        from eagle3.data.verifier_forward import load_causal_lm
+        from eagle3.verifier.forward import load_causal_lm
 
         bad = BadSamples(on_bad_sample)
         positions, eos = verifier_positions(verifier_dir), eos_ids(verifier_dir)
@@ -274,8 +274,8 @@ def regenerated_rows_dir(path: Path, verifier_dir: Path, settings: Regeneration,
             generations = regenerate(partial(generate, model, eos, settings), prompts, settings, chunks_dir,
                                      positions)
         took, tokens = time.perf_counter() - start, sum(len(g.ids) for g in generations)
-        if took > 0 and tokens and not resumed:  # the plan's expected regeneration time (eagle3.roofline)
-            from eagle3.roofline import record_rate, regeneration_key
+        if took > 0 and tokens and not resumed:  # the plan's expected regeneration time (eagle3.plan.roofline)
+            from eagle3.plan.roofline import record_rate, regeneration_key
 
             record_rate(Path(cache_dir), torch.device(device).type,
                         regeneration_key(settings.engine.value, verifier["config_hash"]), tokens / took)
@@ -297,8 +297,8 @@ def with_engine(settings: Regeneration) -> Regeneration:
     venv, or $EAGLE3_VLLM_PYTHON) and has vLLM, else transformers; the choice and why go to the log."""
     if settings.engine != RegenerationEngine.auto:
         return settings
+    from eagle3.engine.venv import engine_python
     from eagle3.errors import EngineError
-    from eagle3.serve.engine import engine_python
 
     try:
         engine = engine_python()

@@ -21,7 +21,7 @@ STARTUP_S = 900  # seconds the server may take to turn healthy (a CPU engine on 
 
 def engine_dtype() -> str:
     """What the engine computes in: bf16 on a GPU, fp32 on a CPU (where it matches transformers' greedy tokens)."""
-    from eagle3.serve.engine import has_cuda
+    from eagle3.engine.venv import has_cuda
 
     return "bfloat16" if has_cuda() else "float32"
 
@@ -30,8 +30,8 @@ def engine_dtype() -> str:
 def served(verifier_dir: Path, settings: Regeneration, log: Path) -> Iterator[BatchGenerator]:
     """The verifier's vLLM server for the block, as a batch generator (prompts, budgets, first index): started,
     waited for, and stopped with all its processes when the block is left (also on SIGTERM)."""
-    from eagle3.serve.engine import engine_python
-    from eagle3.serve.server import free_port, running, server_command, stop_on_signals
+    from eagle3.engine.server import free_port, running, server_command, stop_on_signals
+    from eagle3.engine.venv import engine_python
 
     engine = engine_python()
     port = free_port()
@@ -57,7 +57,7 @@ def complete_batch(server, settings: Regeneration, prompts: Sequence[Sequence[in
 
 
 def complete(server, prompt: Sequence[int], budget: int, index: int, settings: Regeneration) -> Generation:
-    from eagle3.serve.server import SERVED_NAME
+    from eagle3.engine.server import SERVED_NAME
 
     body = {"model": SERVED_NAME, "prompt": list(prompt), "max_tokens": budget, "temperature": settings.temperature,
             "top_p": 1.0, "top_k": -1, "seed": row_seed(settings.seed, index), "return_token_ids": True,

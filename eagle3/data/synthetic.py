@@ -10,10 +10,10 @@ from pathlib import Path
 import torch
 
 from eagle3.config import SynthConfig
-from eagle3.data.cache import build_once, cache_key
 from eagle3.data.prepare import write_dataset
 from eagle3.data.sampling import sample_rows
-from eagle3.data.verifier_forward import load_causal_lm
+from eagle3.formats.cache import build_once, cache_key
+from eagle3.verifier.forward import load_causal_lm
 
 
 def synthetic_dataset_dir(verifier_dir: Path, synth: SynthConfig, aux_layer_ids: Sequence[int],

@@ -72,13 +72,13 @@ def main(argv: list[str] | None = None) -> None:
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
     from eagle3.config import AcceptEvalConfig
+    from eagle3.device.choice import resolve_runtime
     from eagle3.errors import ConfigError
-    from eagle3.runtime import resolve_runtime
     from eagle3.schema_cli import checked
 
     checked(args, AcceptEvalConfig, SCHEMA_FLAGS, "eval.accept", AcceptEvalConfig.check_values)
     if args.out:  # before measuring: a report that cannot be written would lose the measurement
-        from eagle3.rundir import output_dir_problem
+        from eagle3.rundir.files import output_dir_problem
 
         given = Path(args.out)
         problem = (f"{given} is a symlink (the report is never written through one)" if given.is_symlink() else
@@ -100,10 +100,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             raise ConfigError(f"{out} exists and is not overwritten; pass --out to write the report elsewhere")
 
 
-    from eagle3.checkpoint import load_draft
     from eagle3.console import quiet_libraries
-    from eagle3.data.verifier_forward import load_causal_lm
     from eagle3.eval.measure import AcceptanceProbe, torch_threads
+    from eagle3.init.checkpoint import load_draft
+    from eagle3.verifier.forward import load_causal_lm
 
     quiet_libraries()
     device = resolve_runtime(args.device).device_type
@@ -146,7 +146,7 @@ def resolve_inputs(args: argparse.Namespace) -> tuple[Path, Path, tuple[Path, fl
     """(checkpoint, verifier dir, (data dir, train ratio) of the run's val split or None), checked to exist."""
     from eagle3.config import run_config
     from eagle3.errors import ConfigError
-    from eagle3.rundir import RESOLVED_CONFIG, SUMMARY, RunDir, checkpoint_dir
+    from eagle3.rundir.files import RESOLVED_CONFIG, SUMMARY, RunDir, checkpoint_dir
 
     checkpoint, verifier, val_split = args.checkpoint, args.verifier, None
     if args.run:

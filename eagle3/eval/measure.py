@@ -8,7 +8,7 @@ Definitions (those of serving):
   Every verify step proposes all k tokens, and in a chain token j is accepted only if token j-1 is, so the
   rates lie in [0, 1], never increase with j, and accept_len = 1 + sum_j accept_rate[j] (as tau_sim =
   1 + sum_j full_acc_j).
-At temperature T > 0 the decoding is speculative sampling (eagle3.eval.drafting.verify), so the rates are those
+At temperature T > 0 the decoding is speculative sampling (eagle3.decoding.drafting.verify), so the rates are those
 of serving at T; the output is then a sample, checked lossless in distribution by the test suite rather than
 token by token here.
 """
@@ -23,8 +23,7 @@ from typing import Any
 import torch
 
 from eagle3.console import mapped_with_progress
-from eagle3.errors import ConfigError
-from eagle3.eval.drafting import (
+from eagle3.decoding.drafting import (
     Decode,
     Sampling,
     check_draft,
@@ -34,6 +33,7 @@ from eagle3.eval.drafting import (
     speculative_decode,
     verifier_pass,
 )
+from eagle3.errors import ConfigError
 from eagle3.eval.prompts import Prompt, check_prompts, prompt_origin
 
 
@@ -176,7 +176,7 @@ def check_lossless(verifier: torch.nn.Module, prompts: Sequence[Sequence[int]], 
 def teacher_forced_tau(verifier: torch.nn.Module, draft: torch.nn.Module, prompts: Sequence[Sequence[int]],
                        continuations: Sequence[list[int]], ttt_steps: int, aux_ids: Sequence[int]) -> dict[str, Any]:
     """tau_sim of `draft` on prompt + continuation, loss on the continuation only, computed as training's val
-    pass does (speculators' shift_batch and forward metrics, eagle3.train's summarize) with `ttt_steps`.
+    pass does (speculators' shift_batch and forward metrics, eagle3.train.loop's summarize) with `ttt_steps`.
 
     Also the chain a decoder would accept if it started drafting at each position (its proposals checked
     against the verifier's actual next tokens), averaged two ways over the positions: `chain_len_mean` is
@@ -186,7 +186,7 @@ def teacher_forced_tau(verifier: torch.nn.Module, draft: torch.nn.Module, prompt
     from speculators.losses import resolve_loss_config
     from speculators.models.eagle3.data import shift_batch
 
-    from eagle3.train import accumulate, summarize
+    from eagle3.train.loop import accumulate, summarize
 
     device = draft.fc.weight.device
     loss_config = resolve_loss_config("kl_div", "eager")  # only the accuracies are reported

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from eagle3.errors import CheckpointError
-from eagle3.tensorfile import HeaderError, TensorSpec, read_specs
+from eagle3.formats.tensorfile import HeaderError, TensorSpec, read_specs
 
 
 def checkpoint_files(path: Path, given_as: str) -> list[Path]:

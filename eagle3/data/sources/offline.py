@@ -18,7 +18,7 @@ if TYPE_CHECKING:
     from eagle3.data.check import CheckReport
     from eagle3.data.loader import Loader
     from eagle3.data.online import OnlineVerifier
-    from eagle3.plan import DataStats, Term
+    from eagle3.plan.memory import DataStats, Term
 
 
 @dataclass
@@ -48,7 +48,7 @@ class HiddenStateFiles(DataConfig):
         return build_loaders(data_dir, train_ratio=self.train_ratio, prefetch=self.prefetch, **common)
 
     def buffer_terms(self, draft: DraftConfig, device_type: str) -> list[Term]:
-        from eagle3.plan import hidden_buffers
+        from eagle3.plan.memory import hidden_buffers
 
         return hidden_buffers(draft, self, device_type, ring=self.prefetch + 1)
 
@@ -73,6 +73,6 @@ class OfflineDataConfig(HiddenStateFiles):
         return Path(self.path)
 
     def plan_stats(self, draft: DraftConfig) -> DataStats | None:
-        from eagle3.plan_inputs import arrow_stats
+        from eagle3.plan.sizes import arrow_stats
 
         return arrow_stats(Path(self.path), self.train_ratio, hidden_files=True)

@@ -27,7 +27,7 @@ if TYPE_CHECKING:
     from eagle3.data.check import CheckReport
     from eagle3.data.loader import Loader
     from eagle3.data.online import OnlineVerifier
-    from eagle3.plan import DataStats, Term
+    from eagle3.plan.memory import DataStats, Term
 
 log = logging.getLogger(__name__)
 
@@ -98,7 +98,7 @@ class TokenRows(DataConfig):
         return None
 
     def buffer_terms(self, draft: DraftConfig, device_type: str) -> list[Term]:
-        from eagle3.plan import hidden_buffers
+        from eagle3.plan.memory import hidden_buffers
 
         return hidden_buffers(draft, self, device_type, ring=None)
 
@@ -148,7 +148,7 @@ class OnlineDataConfig(TokenRows):
         return token_rows_dir(self, verifier_dir, cfg.cache_dir)
 
     def plan_stats(self, draft: DraftConfig) -> DataStats | None:
-        from eagle3.plan_inputs import arrow_stats, synth_stats
+        from eagle3.plan.sizes import arrow_stats, synth_stats
 
         if self.path is None:
             return synth_stats(self.synth, self.train_ratio, 0)

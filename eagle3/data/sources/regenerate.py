@@ -24,7 +24,7 @@ from eagle3.data.sources.registry import register
 
 if TYPE_CHECKING:
     from eagle3.config import RunConfig, TrainConfig
-    from eagle3.plan import DataStats
+    from eagle3.plan.memory import DataStats
 
 
 class RegenerationEngine(str, Enum):
@@ -73,7 +73,7 @@ class RegenerateDataConfig(TokenRows):
 
     def token_rows(self, cfg: RunConfig, verifier_dir: Path) -> Path:
         from eagle3.data.regenerate import regenerated_rows_dir
-        from eagle3.runtime import runtime_of
+        from eagle3.device.choice import runtime_of
 
         return regenerated_rows_dir(Path(self.path), verifier_dir, self.regenerate, cfg.cache_dir,
                                     self.on_bad_sample.value, runtime_of(cfg).device(), self.format,
@@ -87,10 +87,10 @@ class RegenerateDataConfig(TokenRows):
 
     def plan_notes(self, run: TrainConfig) -> list[str]:
         """The expected regeneration time: the prompt rows of data.path x max_new_tokens at the tokens/s the last
-        regeneration with this engine and verifier measured on this machine (eagle3.roofline's cache)."""
+        regeneration with this engine and verifier measured on this machine (eagle3.plan.roofline's cache)."""
         import os
 
-        from eagle3.serve.engine import PYTHON_ENV, default_dir, has_cuda
+        from eagle3.engine.venv import PYTHON_ENV, default_dir, has_cuda
 
         engine = self.regenerate.engine.value
         if engine == "auto":  # what with_engine will choose, from the environment's presence (no probe here)
@@ -107,7 +107,7 @@ class RegenerateDataConfig(TokenRows):
         rate, where = None, ""
         if run.model.verifier.path is not None and (Path(run.model.verifier.path) / "config.json").is_file():
             from eagle3.data.record import verifier_fingerprint
-            from eagle3.roofline import cached_rate, regeneration_key
+            from eagle3.plan.roofline import cached_rate, regeneration_key
 
             key = regeneration_key(engine, verifier_fingerprint(run.model.verifier.path)["config_hash"])
             rate, where = cached_rate(Path(run.cache_dir), "cuda" if has_cuda() else "cpu", key)

@@ -14,7 +14,7 @@ from eagle3.data.sources.registry import register
 
 if TYPE_CHECKING:
     from eagle3.config import RunConfig, TrainConfig
-    from eagle3.plan import DataStats
+    from eagle3.plan.memory import DataStats
 
 
 @register
@@ -34,8 +34,8 @@ class TinyDataConfig(HiddenStateFiles):
                                      self.hidden_states_dtype.value)
 
     def plan_stats(self, draft: DraftConfig) -> DataStats | None:
-        from eagle3.plan import DTYPE_BYTES
-        from eagle3.plan_inputs import synth_stats
+        from eagle3.plan.memory import DTYPE_BYTES
+        from eagle3.plan.sizes import synth_stats
 
         per_token = (len(draft.aux_layer_ids) + 1) * draft.hidden_size * DTYPE_BYTES[self.hidden_states_dtype.value]
         return synth_stats(self.synth, self.train_ratio, per_token)
