@@ -228,8 +228,8 @@ def test_serve_refuses_a_temperature_no_sampler_has_before_reading_the_run(tmp_p
 def test_flex_attention_on_the_cpu_is_refused_before_anything_is_built():
     """attn_impl=simple_flex_attention with device=cpu ran into torch's "FlexAttention does not support backward on
     CPU" traceback at the first step, leaving a failed run dir; the launcher's and the sweeper's device check
-    (eagle3.plan.guard.check_devices) refuse it first."""
-    from eagle3.plan.guard import check_devices
+    (eagle3.run.plan_guard.check_devices) refuse it first."""
+    from eagle3.run.plan_guard import check_devices
 
     cfg = composed(["model.draft.attn_impl=simple_flex_attention", "device=cpu"])
     with pytest.raises(ConfigError, match=r"^model.draft.attn_impl: simple_flex_attention has no backward on CPU"):

@@ -127,8 +127,8 @@ def test_a_layernorm_verifier_is_refused_naming_the_norm(tmp_path):
 # --- the plan: CPU runs are checked against the host's memory; plan=true's exit status ------------------------
 
 def test_on_cpu_the_fit_guard_checks_the_hosts_memory():
-    from eagle3.plan.guard import refuse_if_it_cannot_fit, run_plan
     from eagle3.plan.sizes import device_and_memory
+    from eagle3.run.plan_guard import refuse_if_it_cannot_fit, run_plan
 
     kind, one, source = device_and_memory("cpu", None)
     assert kind == "cpu" and one and one > 2 ** 20 and "host memory" in source
@@ -143,8 +143,8 @@ def test_on_cpu_the_fit_guard_checks_the_hosts_memory():
 
 
 def test_a_plan_that_does_not_fit_says_its_exit_status():
-    from eagle3.plan.guard import run_plan
     from eagle3.plan.memory import NO_FIT_STATUS, format_plan
+    from eagle3.run.plan_guard import run_plan
 
     text = format_plan(run_plan(tiny_run_config(["device=cpu", "distributed.device_memory_gb=0.01"])))
     assert f"DOES NOT FIT (limit 95%; exit status {NO_FIT_STATUS})" in text and NO_FIT_STATUS not in (0, 1)

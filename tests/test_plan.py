@@ -90,7 +90,7 @@ def _resolved(overrides: list[str]):
 
 
 def test_a_config_that_fits_is_not_refused_and_one_that_does_not_is():
-    from eagle3.plan.guard import refuse_if_it_cannot_fit, run_plan
+    from eagle3.run.plan_guard import refuse_if_it_cannot_fit, run_plan
 
     refuse_if_it_cannot_fit(_resolved(["distributed.device_memory_gb=16", "device=cpu"]))  # the tiny default fits
     with pytest.raises(ConfigError) as refused:
@@ -125,7 +125,7 @@ def test_a_plan_needs_data_path_to_be_a_directory_but_not_to_hold_a_dataset_yet(
 
 
 def test_fsdp_shards_the_states_and_checkpointing_shrinks_activations():
-    from eagle3.plan.guard import run_plan
+    from eagle3.run.plan_guard import run_plan
 
     base = ["distributed=ddp", "distributed.nproc_per_node=8", "distributed.device_memory_gb=141", "device=cuda"]
     ddp = run_plan(_resolved(base))
@@ -222,7 +222,7 @@ def test_a_kimi_run_on_16_gb_stops_before_any_rank_with_one_message(kimi_dirs, t
 
 @pytest.mark.slow
 def test_the_plan_counts_an_offline_datasets_steps_and_bytes(trained_run):
-    from eagle3.plan.guard import run_plan
+    from eagle3.run.plan_guard import run_plan
 
     summary = json.loads((trained_run / "summary.json").read_text())
     data_dir = Path(summary["data_dir"])
@@ -275,7 +275,7 @@ def _term(plan, prefix: str) -> int:
 
 
 def test_an_online_plan_holds_the_verifier_in_every_rank_and_shard_verifier_divides_it(tmp_path):
-    from eagle3.plan.guard import run_plan
+    from eagle3.run.plan_guard import run_plan
 
     verifier = _verifier_dir(tmp_path, "llama-8b", LLAMA_8B_CONFIG)
     online = ["model=llama3_8b", f"model.verifier.path={verifier}", "data=online",
@@ -314,7 +314,7 @@ def test_an_online_plan_holds_the_verifier_in_every_rank_and_shard_verifier_divi
 
 
 def test_online_eval_accept_reuses_the_verifier_and_offline_loads_it_on_rank_0(tmp_path):
-    from eagle3.plan.guard import run_plan
+    from eagle3.run.plan_guard import run_plan
 
     verifier = _verifier_dir(tmp_path, "llama-8b", LLAMA_8B_CONFIG)
     base = ["model=llama3_8b", f"model.verifier.path={verifier}", "eval.accept.enabled=true",
@@ -334,8 +334,8 @@ def test_a_run_that_does_not_fit_for_eval_accepts_verifier_is_told_to_measure_ac
     """8B in bf16 is 15.0 GiB: at 16 GB more than the device holds (the draft's knobs cannot help), at 24 GB the
     largest of a 36.9 GiB peak."""
     from eagle3.errors import ConfigError
-    from eagle3.plan.guard import run_plan
     from eagle3.plan.memory import check_fits
+    from eagle3.run.plan_guard import run_plan
 
     verifier = _verifier_dir(tmp_path, "llama-8b", LLAMA_8B_CONFIG)
     plan = run_plan(_planned_config(["model=llama3_8b", f"model.verifier.path={verifier}", "eval.accept.enabled=true",
@@ -347,8 +347,8 @@ def test_a_run_that_does_not_fit_for_eval_accepts_verifier_is_told_to_measure_ac
 
 def test_on_policy_rollouts_hold_the_verifier_in_every_rank_and_eval_accept_reuses_it(tmp_path):
     from eagle3.errors import ConfigError
-    from eagle3.plan.guard import run_plan
     from eagle3.plan.memory import check_fits
+    from eagle3.run.plan_guard import run_plan
 
     verifier = _verifier_dir(tmp_path, "llama-8b", LLAMA_8B_CONFIG)
     base = ["model=llama3_8b", f"model.verifier.path={verifier}", "data=offline", f"data.path={tmp_path}",
@@ -364,7 +364,7 @@ def test_on_policy_rollouts_hold_the_verifier_in_every_rank_and_eval_accept_reus
 
 
 def test_the_fit_guard_refuses_an_online_verifier_that_does_not_fit_and_says_what_does(tmp_path):
-    from eagle3.plan.guard import refuse_if_it_cannot_fit
+    from eagle3.run.plan_guard import refuse_if_it_cannot_fit
 
     verifier = _verifier_dir(tmp_path, "llama-70b", LLAMA_70B_CONFIG)
     online = ["model=auto", f"model.verifier.path={verifier}", "data=online", f"data.path={tmp_path / 'rows.jsonl'}",
@@ -386,7 +386,7 @@ def test_the_fit_guard_refuses_an_online_verifier_that_does_not_fit_and_says_wha
 def test_an_online_plan_counts_the_tokens_of_sampled_and_arrow_rows_and_no_hidden_bytes(tmp_path):
     from datasets import Dataset
 
-    from eagle3.plan.guard import run_plan
+    from eagle3.run.plan_guard import run_plan
 
     sampled = run_plan(_planned_config(["data=online", "device=cpu"]))
     tiny_verifier_params = 2 * 1024 * 128 + 4 * (4 * 128 * 128 + 3 * 128 * 256 + 2 * 128) + 128
@@ -507,9 +507,9 @@ def test_the_plan_times_a_step_at_this_machines_cached_kernel_rates_and_names_th
     """plan=true's step time comes from the rates cached for this machine (eagle3.plan.roofline), named with where they
     came from; without any, an assumed share of a peak, said so; asked to measure, it measures and caches them."""
     from conftest import tiny_run_config
-    from eagle3.plan.guard import run_plan
     from eagle3.plan.memory import format_plan, step_matmuls
     from eagle3.plan.roofline import Rates, cache_file, machine_key, shape_key
+    from eagle3.run.plan_guard import run_plan
 
     cfg = tiny_run_config(["device=cpu", f"cache_dir={tmp_path / 'cache'}"])
     assert "assumed" in run_plan(cfg).rate_note  # nothing cached, nothing measured
@@ -534,7 +534,7 @@ def test_an_online_plan_imports_no_torch(tmp_path):
     verifier = _verifier_dir(tmp_path, "llama-8b", LLAMA_8B_CONFIG)
     code = ("import sys; sys.path[:0] = ['tests', 'bench']\n"
             "from test_plan import _planned_config\n"
-            "from eagle3.plan.guard import run_plan\n"
+            "from eagle3.run.plan_guard import run_plan\n"
             f"plan = run_plan(_planned_config(['model=llama3_8b', 'model.verifier.path={verifier}', 'data=online', "
             f"'data.path={tmp_path / 'rows.jsonl'}', 'distributed.device_memory_gb=141']))\n"
             "assert plan.online_verifier == 'full', plan\n"

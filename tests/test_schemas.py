@@ -74,7 +74,7 @@ def test_the_runtime_resolves_auto_on_a_gpu_machine(monkeypatch):
 
 
 def test_the_plan_names_the_attention_as_a_plain_string():
-    from eagle3.plan.guard import run_plan
+    from eagle3.run.plan_guard import run_plan
 
     plan = run_plan(typed(["model.draft.attn_impl=eager", "device=cpu", "distributed.device_memory_gb=16"]))
     assert type(plan.attn_impl) is str and plan.attn_impl == "eager"

@@ -23,8 +23,8 @@ from omegaconf.errors import InterpolationResolutionError, MissingMandatoryValue
 
 from eagle3.config import RunConfig, lr_advice, run_config
 from eagle3.errors import ConfigError, Interrupted, StoppedBeforeTraining, UserError
-from eagle3.plan.guard import check_new_job, refuse_if_it_cannot_fit, run_plan
 from eagle3.run.job_outcome import JobOutcome
+from eagle3.run.plan_guard import check_new_job, refuse_if_it_cannot_fit, run_plan
 from eagle3.run.resume import AlreadyComplete, load_for_resume
 from eagle3.rundir.files import RunDir
 from eagle3.rundir.progress import job_clock, start_job

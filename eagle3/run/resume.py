@@ -12,7 +12,7 @@ from pathlib import Path
 
 from eagle3.config import RunConfig, plain_config, validate
 from eagle3.errors import ConfigError
-from eagle3.plan.guard import check_devices
+from eagle3.run.plan_guard import check_devices
 from eagle3.rundir.files import (
     CHECKPOINTS,
     RESOLVED_CONFIG,

@@ -44,7 +44,7 @@ def job_config_problem(job_cfg: DictConfig) -> Optional[str]:  # noqa: UP045
     """What the run's own checks say about one job's composed config (with its hydra node), or None."""
     from eagle3.config import validate
     from eagle3.errors import UserError
-    from eagle3.plan.guard import check_new_job
+    from eagle3.run.plan_guard import check_new_job
 
     HydraConfig.instance().set_config(job_cfg)  # for ${hydra:...} interpolations
     task_cfg = job_cfg.copy()
