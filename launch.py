@@ -9,8 +9,10 @@ import hydra
 from omegaconf import DictConfig
 
 from eagle3.config import register_configs
+from eagle3.verifier.shape import register_resolvers
 
-register_configs()
+register_configs()  # the schemas
+register_resolvers()  # model=auto: ${verifier_config:<path>,<key>}
 
 
 @hydra.main(version_base="1.3", config_path="conf", config_name="train")

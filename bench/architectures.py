@@ -29,6 +29,7 @@ def run_row(run: Path) -> dict | None:
     import yaml
 
     from eagle3.config import validate
+    from eagle3.data.sources import source_of
     from eagle3.plan.memory import make_plan
 
     summary_path, config_path = run / "summary.json", run / "resolved_config.yaml"
@@ -38,8 +39,9 @@ def run_row(run: Path) -> dict | None:
     plain = yaml.safe_load(config_path.read_text())
     plain.pop("run", None)
     cfg = validate(plain, dataset_required=False)
+    terms = source_of(cfg.data).buffer_terms(cfg.model.draft, "cpu")
     plan = make_plan(cfg.model.draft, cfg.data, cfg.optim, cfg.distributed, device_type="cpu", device_memory=None,
-                     device_memory_source="none")
+                     device_memory_source="none", data_terms=terms)
     return {"arm": arm(cfg.model.draft), "accept_len": summary["final"].get("accept_len"),
             "tau_sim": summary["best"]["tau_sim"], "trainable": plan.trainable_params,
             "flops": plan.flops_per_step, "peak": sum(t.bytes for t in plan.terms if t.on_device),

@@ -137,14 +137,15 @@ def measure(draft, seq: int) -> tuple[int, float]:
 
 
 def planned(draft, seq: int) -> int:
-    from eagle3.config import DistributedConfig, HiddenStatesDtype, OptimConfig
-    from eagle3.data.sources.tiny import TinyDataConfig
+    from eagle3.config import DistributedConfig, HiddenStatesDtype, OptimConfig, TinyDataConfig
+    from eagle3.data.sources import source_of
     from eagle3.plan.memory import make_plan
 
     data = TinyDataConfig(total_seq_len=seq, hidden_states_dtype=HiddenStatesDtype.float32)
     plan = make_plan(draft, data,
                      OptimConfig(), DistributedConfig(name="single", node_rank=0, rdzv_endpoint=None),
-                     device_type="cpu", device_memory=None, device_memory_source="none")
+                     device_type="cpu", device_memory=None, device_memory_source="none",
+                     data_terms=source_of(data).buffer_terms(draft, "cpu"))
     return sum(t.bytes for t in plan.terms if t.on_device and not t.name.startswith("hidden-state ring"))
 
 
@@ -167,7 +168,7 @@ def main() -> None:
     from eagle3.console import quiet_libraries
 
     quiet_libraries()
-    from eagle3.arch.draft import DraftKind, LayerType
+    from eagle3.config import DraftKind, LayerType
 
     arch = {"num_layers": args.num_layers, "layer_type": LayerType(args.layer_type), "kind": DraftKind(args.kind)}
     results = [compare(*shape, **arch) for shape in SHAPES]

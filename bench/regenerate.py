@@ -33,9 +33,9 @@ def main() -> None:
 
     import torch
 
+    from eagle3.config import Regeneration, RegenerationEngine
     from eagle3.data.regenerate import eos_ids, generate, read_prompts
     from eagle3.data.regenerate_vllm import served
-    from eagle3.data.sources.regenerate import Regeneration, RegenerationEngine
     from eagle3.formats.row_formats import BadSamples
     from eagle3.verifier.forward import load_causal_lm
     from eagle3.verifier.shape import read_verifier_config

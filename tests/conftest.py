@@ -99,8 +99,10 @@ def shared_fixtures_keep_their_module_on_one_worker(items) -> None:
 def registered_configs() -> None:
     """eagle3's schemas in Hydra's ConfigStore, stored once per process (the store outlives GlobalHydra.clear())."""
     from eagle3.config import register_configs
+    from eagle3.verifier.shape import register_resolvers
 
     register_configs()
+    register_resolvers()
 
 
 def compose_cfg(overrides: list[str] | None = None, return_hydra_config: bool = False):

@@ -69,8 +69,7 @@ def load(summary, which="best", attn_impl="sdpa"):
 
 def scratch_draft(summary, attn_impl="sdpa", **flags):
     """An untrained draft as the scratch initializer builds it, with the given norm flags."""
-    from eagle3.arch.draft import SPECULATORS_FLAGS
-    from eagle3.config import DraftConfig
+    from eagle3.config import SPECULATORS_FLAGS, DraftConfig
     from eagle3.formats.vocab import vocab_mapping
     from eagle3.init.build import new_draft
 
@@ -411,8 +410,7 @@ SAMPLES, NEW_TOKENS, K, TEMPERATURE = 600, 3, 2, 1.0
 def spread_pair(tmp_path_factory):
     from speculators.train.vocab_mapping import build_vocab_mappings_from_distribution
 
-    from eagle3.arch.draft import SPECULATORS_FLAGS
-    from eagle3.config import DraftConfig, TinyVerifierConfig
+    from eagle3.config import SPECULATORS_FLAGS, DraftConfig, TinyVerifierConfig
     from eagle3.init.build import new_draft
     from eagle3.verifier.forward import load_causal_lm
     from eagle3.verifier.tiny import tiny_verifier_dir

@@ -110,8 +110,7 @@ def test_a_total_seq_len_shorter_than_every_row_stops_the_run(tmp_path, cache_di
 @pytest.fixture(scope="module")
 def small_checkpoint(tmp_path_factory):
     """A real speculators checkpoint of a small draft (speculators' own save_pretrained), untrained."""
-    from eagle3.arch.draft import SPECULATORS_FLAGS
-    from eagle3.config import DraftConfig
+    from eagle3.config import SPECULATORS_FLAGS, DraftConfig
     from eagle3.init.build import bare_draft
 
     draft = DraftConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_attention_heads=2,

@@ -19,8 +19,8 @@ from conftest import (
     reference_and_resumed,
     run_in_process,
 )
-from eagle3.arch.draft import EAGLE31_FLAGS, SPECULATORS_FLAGS, LayerType, resolved_flags
-from eagle3.config import DraftConfig
+from eagle3.arch.draft import resolved_flags
+from eagle3.config import EAGLE31_FLAGS, SPECULATORS_FLAGS, DraftConfig, LayerType
 from eagle3.errors import ConfigError
 from eagle3.plan.memory import parameter_counts
 

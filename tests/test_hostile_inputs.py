@@ -167,8 +167,7 @@ def tiny_draft(**overrides):
 def test_a_pretrained_draft_of_the_other_kind_is_refused_naming_the_kind(tmp_path, run_kind, checkpoint_kind):
     """init=pretrained from an EAGLE-3 checkpoint into model.draft.kind=peagle (or back) said only that
     mask_hidden was missing (or unexpected); it names model.draft.kind and both kinds."""
-    from eagle3.arch.draft import SPECULATORS_FLAGS, DraftKind
-    from eagle3.config import PretrainedInitConfig
+    from eagle3.config import SPECULATORS_FLAGS, DraftKind, PretrainedInitConfig
     from eagle3.init import InitContext
     from eagle3.init.build import bare_draft
     from eagle3.init.files import CheckpointError
@@ -189,8 +188,7 @@ def test_a_peagle_draft_initialized_from_a_peagle_checkpoint_keeps_its_trained_e
     verifier, frozen", so the finetune silently started from the verifier's embedding instead of the trained one."""
     import torch
 
-    from eagle3.arch.draft import SPECULATORS_FLAGS, DraftKind
-    from eagle3.config import PretrainedInitConfig, TinyVerifierConfig
+    from eagle3.config import SPECULATORS_FLAGS, DraftKind, PretrainedInitConfig, TinyVerifierConfig
     from eagle3.init import InitContext
     from eagle3.init.build import bare_draft
     from eagle3.init.pretrained import init_pretrained

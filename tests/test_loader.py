@@ -101,8 +101,7 @@ def test_micro_batches_equal_speculators_field_by_field(data_bf16, sharding):
 
 
 def tiny_draft(flags: dict):
-    from eagle3.arch.draft import SPECULATORS_FLAGS
-    from eagle3.config import DraftConfig
+    from eagle3.config import SPECULATORS_FLAGS, DraftConfig
     from eagle3.init.build import bare_draft
 
     draft = {"vocab_size": VOCAB, "hidden_size": H, "intermediate_size": 64, "num_attention_heads": 2,

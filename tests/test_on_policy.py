@@ -34,8 +34,7 @@ def verifier(verifier_dir):
 def make_draft(verifier_dir, attn_impl="sdpa", num_layers=1, seed=0):
     from speculators.train.vocab_mapping import build_vocab_mappings_from_distribution
 
-    from eagle3.arch.draft import SPECULATORS_FLAGS
-    from eagle3.config import DraftConfig
+    from eagle3.config import SPECULATORS_FLAGS, DraftConfig
     from eagle3.init.build import new_draft
 
     d2t, t2d = build_vocab_mappings_from_distribution({i: (7 * i) % VOCAB + 1 for i in range(VOCAB)},

@@ -11,7 +11,8 @@ import torch
 from test_draft_arch import tiny_draft
 
 from conftest import ROOT, SMALL_DATA, compose_cfg, parameter_groups, reference_and_resumed, run_in_process
-from eagle3.arch.draft import SPECULATORS_FLAGS, DraftKind, LayerType, resolved_flags
+from eagle3.arch.draft import resolved_flags
+from eagle3.config import SPECULATORS_FLAGS, DraftKind, LayerType
 from eagle3.errors import ConfigError
 from eagle3.plan.memory import parameter_counts
 
@@ -142,8 +143,7 @@ def test_a_peagle_draft_with_eagle31_norms_is_refused_before_training_by_exports
     check applies export's rule (draft_arch.kind_flag_problem), before any rank starts."""
     from omegaconf import OmegaConf
 
-    from eagle3.arch.draft import kind_flag_problem
-    from eagle3.config import validate
+    from eagle3.config import kind_flag_problem, validate
 
     rule = kind_flag_problem(DraftKind.peagle, {"fc_norm": True})
     plain = OmegaConf.to_container(compose_cfg(["model.draft.kind=peagle", flag, "model.draft.norm_before_fc=false",

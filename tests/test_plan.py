@@ -474,8 +474,8 @@ def test_the_verifiers_planned_forward_is_within_25_percent_of_the_measured_one(
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
+    from eagle3.config import OnlineDataConfig
     from eagle3.data.online import OnlineVerifier
-    from eagle3.data.sources.online import OnlineDataConfig
     from eagle3.plan.memory import VERIFIER_FORWARD, verifier_terms
     from eagle3.plan.sizes import shape_from_config
 

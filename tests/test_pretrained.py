@@ -258,7 +258,7 @@ def test_sharded_checkpoint_loads_like_a_single_file(specforge_export, run_input
 def test_a_checkpoint_of_another_kind_gets_advice_that_holds_when_the_kind_is_set_on_the_command_line(tmp_path):
     """init=pretrained from an EAGLE-3 checkpoint with model.draft.kind=peagle on the command line advised "set them on
     the command line to override the checkpoint": they were, and no override loads weights into another kind."""
-    from eagle3.arch.draft import SPECULATORS_FLAGS, DraftKind
+    from eagle3.config import SPECULATORS_FLAGS, DraftKind
     from eagle3.init.build import bare_draft
     from eagle3.init.pretrained import preflight
 

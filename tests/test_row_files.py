@@ -241,7 +241,7 @@ def test_a_datasets_dir_of_token_rows_refuses_a_conversation_format(tmp_path):
 
 
 def test_max_records_is_refused_for_a_speculators_dataset_dir_read_whole(tmp_path):
-    from eagle3.data.sources.online import OnlineDataConfig
+    from eagle3.config import OnlineDataConfig
     from eagle3.data.token_rows import token_rows_dir
 
     path = write(tmp_path / "ds", [{**r, "seq_len": len(r["input_ids"])} for r in TOKENS], "dataset")
@@ -253,12 +253,12 @@ def test_max_records_is_refused_for_a_speculators_dataset_dir_read_whole(tmp_pat
 def test_a_datasets_dir_of_several_splits_names_the_dir_of_one(chat, tmp_path):
     from datasets import Dataset, DatasetDict
 
-    from eagle3.config import _rows_path_problem
+    from eagle3.config import rows_path_problem
 
     path = tmp_path / "dd"
     DatasetDict({"train": Dataset.from_list(SHAREGPT), "test": Dataset.from_list(SHAREGPT[:1])}).save_to_disk(str(path))
     says = f"holds the splits test, train (a datasets DatasetDict); give one split's dir, e.g. {path / 'test'}"
-    assert _rows_path_problem(path) == says  # refused by the config's check before a run starts
+    assert rows_path_problem(path) == says  # refused by the config's check before a run starts
     with pytest.raises(DataError, match=r"holds the splits test, train \(a DatasetDict\); give one split's dir"):
         read(path, chat)  # and by the reader (prepare --data)
     rows, _ = read(path / "train", chat)
@@ -294,7 +294,7 @@ def test_chat_rows_read_into_the_cache_record_their_detected_format(chat_dir, tm
     """data=online's token rows from a datasets dir of ShareGPT rows: tokenized, saved, the format recorded."""
     import shutil
 
-    from eagle3.data.sources.online import OnlineDataConfig
+    from eagle3.config import OnlineDataConfig
     from eagle3.data.token_rows import read_rows_record, token_rows_dir
 
     verifier = tmp_path / "verifier"

@@ -233,10 +233,12 @@ def test_option_files_hold_only_deltas_from_their_schemas(tmp_path):
 
     from conftest import CONF
     from eagle3.config import register_configs
+    from eagle3.verifier.shape import register_resolvers
 
     conf = tmp_path / "conf"
     shutil.copytree(CONF, conf)
     register_configs()
+    register_resolvers()
     GlobalHydra.instance().clear()
     with initialize_config_dir(config_dir=str(conf), version_base="1.3"):
         restated = [line for rel, overrides in option_files(conf) for line in restated_lines(conf, rel, overrides)]

@@ -19,8 +19,8 @@ from omegaconf import OmegaConf
 from test_rundir import summary_json
 
 from conftest import ROOT, compose_cfg
+from eagle3.engine import venv as engine_module
 from eagle3.errors import ConfigError
-from eagle3.serve import engine as engine_module
 from eagle3.serve.harness import side_by_side
 from eagle3.serve.metrics import SpecCounters, acceptance, spec_counters
 

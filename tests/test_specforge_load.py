@@ -12,7 +12,7 @@ import torch
 from omegaconf import OmegaConf
 from safetensors.torch import load_file, save_file
 
-from eagle3.serve import specforge
+from eagle3.engine import specforge
 
 pytestmark = [pytest.mark.slow,  # builds SpecForge's directory on first use (network once), then reuses it
               pytest.mark.filterwarnings("ignore:flash_attn is not found")]

@@ -314,8 +314,7 @@ def test_headers_safetensors_loads_still_pass(tmp_path):
 @pytest.fixture(scope="module")
 def draft_checkpoint(tmp_path_factory) -> Path:
     """A real speculators checkpoint of a small draft (speculators' own save_pretrained), untrained."""
-    from eagle3.arch.draft import SPECULATORS_FLAGS
-    from eagle3.config import DraftConfig
+    from eagle3.config import SPECULATORS_FLAGS, DraftConfig
     from eagle3.init.build import bare_draft
 
     draft = DraftConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_attention_heads=2,

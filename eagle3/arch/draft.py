@@ -24,27 +24,14 @@ This module imports neither torch nor speculators: the plan and `launch.py --cfg
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from enum import Enum
+import json
+from pathlib import Path
 from typing import TYPE_CHECKING
+
+from eagle3.config import SPECULATORS_FLAGS, DraftKind, LayerType, asked_flags
 
 if TYPE_CHECKING:
     from eagle3.config import DraftConfig
-
-
-class LayerType(str, Enum):
-    """The draft's decoder layer: transformers' model_type, as speculators and vLLM read it."""
-
-    llama = "llama"
-    qwen3 = "qwen3"
-
-
-class DraftKind(str, Enum):
-    """How the draft proposes k tokens: eagle3, one forward per token (k TTT steps in training); peagle, all k in
-    one forward (P-EAGLE)."""
-
-    eagle3 = "eagle3"
-    peagle = "peagle"
 
 
 # speculators' COD sampling defaults (PEagleDraftModel.forward): depth d trains on max(RATIO**d, RATIO_MIN) of the
@@ -65,28 +52,6 @@ def sampled_share(draft: DraftConfig) -> float:
     return sum(max(COD_RATIO ** d, COD_RATIO_MIN) for d in range(draft.ttt_steps))
 
 
-FLAGS = ("norm_before_residual", "norm_before_fc", "norm_output", "fc_norm")
-# speculators' training defaults for a fresh EAGLE-3 draft (its `speculators train` flags).
-SPECULATORS_FLAGS = {"norm_before_residual": True, "norm_before_fc": True, "norm_output": True, "fc_norm": False}
-# EAGLE-3.1 (`model.draft.eagle31=true`): one RMSNorm per aux hidden state before fc (speculators refuses it
-# together with norm_before_fc), and the normed output fed to the next step.
-EAGLE31_FLAGS = {"norm_before_residual": True, "norm_before_fc": False, "norm_output": True, "fc_norm": True}
-
-
-def run_flags(draft: DraftConfig) -> dict[str, bool | None]:
-    """The norm flags as the run's config sets them (None: as the initializer says)."""
-    return {k: getattr(draft, k) for k in FLAGS}
-
-
-def asked_flags(draft: DraftConfig) -> dict[str, bool | None]:
-    """The norm flags the run asks for: its own, EAGLE-3.1's where it leaves one null with eagle31=true; None:
-    as the initializer says."""
-    asked = run_flags(draft)
-    if draft.eagle31:
-        asked = {k: EAGLE31_FLAGS[k] if v is None else v for k, v in asked.items()}
-    return asked
-
-
 def resolved_flags(draft: DraftConfig, init_defaults: dict[str, bool]) -> dict[str, bool]:
     """The norm flags of the draft: what the run asks for, else the initializer's `init_defaults`."""
     return {k: init_defaults[k] if v is None else v for k, v in asked_flags(draft).items()}
@@ -95,29 +60,6 @@ def resolved_flags(draft: DraftConfig, init_defaults: dict[str, bool]) -> dict[s
 def structure(draft: DraftConfig) -> dict[str, object]:
     """The decoder's structure as a checkpoint's transformer_layer_config states it."""
     return {"model_type": LayerType(draft.layer_type).value, "num_hidden_layers": draft.num_layers}
-
-
-def kind_flag_problem(kind: DraftKind | str, flags: Mapping[str, bool | None]) -> str | None:
-    """Why a draft of `kind` cannot have these norm flags, or None: the one rule that the run's config check (before
-    any rank starts), init=pretrained and export (eagle3/serve/parity.py) all apply. vLLM, the one engine with
-    parallel drafting, reads a P-EAGLE config's norm_before_residual and norm_before_fc only: per-aux fc_norm
-    (EAGLE-3.1's) would be served without the norms it was trained with."""
-    if DraftKind(kind) == DraftKind.peagle and flags.get("fc_norm"):
-        return "fc_norm=true: vLLM's P-EAGLE config reader drops fc_norm (EAGLE-3.1's per-aux norms)"
-    return None
-
-
-def flag_conflicts(draft: DraftConfig) -> list[str]:
-    """Flag settings speculators would refuse, or that contradict model.draft.eagle31, in the config's words."""
-    problems = []
-    if draft.norm_before_fc and draft.fc_norm:
-        problems.append("norm_before_fc=true and fc_norm=true: one norm before fc or one per aux state, not both")
-    if draft.eagle31:
-        for k, v in run_flags(draft).items():
-            if v is not None and k != "norm_before_residual" and v != EAGLE31_FLAGS[k]:
-                problems.append(f"{k}={str(v).lower()} contradicts eagle31=true "
-                                f"(EAGLE-3.1 has {k}={str(EAGLE31_FLAGS[k]).lower()})")
-    return problems
 
 
 def layer_config_kwargs(draft: DraftConfig) -> dict:
@@ -199,3 +141,12 @@ def layer_step_elements(draft: DraftConfig, compute: int, norm: int, layers: int
     qk = (qd + kvd) * norm if draft.layer_type == LayerType.qwen3 else 0
     n = draft.num_layers if layers is None else layers
     return first + (n - 1) * later + n * qk
+
+
+def draft_kind(path: Path) -> str:
+    """The checkpoint's draft kind (eagle3.config.DraftKind) by its config's speculators_model_type."""
+    try:
+        kind = json.loads((path / "config.json").read_text()).get("speculators_model_type", "eagle3")
+    except (OSError, ValueError, AttributeError):
+        return DraftKind.eagle3.value  # the config class's own reading says what is wrong with it
+    return DraftKind.peagle.value if kind == DraftKind.peagle.value else DraftKind.eagle3.value

@@ -25,10 +25,9 @@ from typing import Any
 
 import torch
 
-from eagle3.config import DataConfig, Device, HiddenStatesDtype
+from eagle3.config import DataConfig, Device, HiddenStatesDtype, TokenRows
 from eagle3.console import shell_override
 from eagle3.data.record import read_record, verifier_fingerprint, write_record
-from eagle3.data.sources.online import TokenRows
 from eagle3.data.token_rows import save_rows
 from eagle3.device.choice import compute_dtype_on, resolve_runtime
 from eagle3.errors import ConfigError, DataError, UserError

@@ -19,14 +19,13 @@ mid-way continues from its last chunk and ends in the same files.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import sys
 import threading
 import time
-from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, replace
+from collections.abc import Sequence
+from dataclasses import asdict, replace
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -34,8 +33,8 @@ from typing import Any
 import torch
 from tqdm import tqdm
 
-from eagle3.config import RowFormat
-from eagle3.data.sources.regenerate import Regeneration, RegenerationEngine
+from eagle3.config import Regeneration, RegenerationEngine, RowFormat
+from eagle3.data.generation import BatchGenerator, Generation, Tick, row_seed
 from eagle3.decoding.drafting import Sampling
 from eagle3.errors import DataError
 from eagle3.formats.cache import build_once, cache_key
@@ -44,19 +43,6 @@ from eagle3.safe_write import refuse_links_in, write_text
 from eagle3.verifier.shape import decoder_config
 
 log = logging.getLogger(__name__)
-
-# (prompts, budgets, the first prompt's index, tick=...) -> their responses; tick(n) reports n more tokens generated.
-BatchGenerator = Callable[..., list["Generation"]]
-Tick = Callable[[int], None]
-
-
-@dataclass
-class Generation:
-    """One prompt's response: its token ids (the end-of-sequence token included when reached)."""
-
-    ids: list[int]
-    truncated: bool  # stopped by max_new_tokens or the verifier's positions, not by an end-of-sequence token
-
 
 def prompt_spans(row: Row) -> list[list[int]]:
     """The prompts of a row: its tokens before each maximal run of loss-mask 1 (each run a response)."""
@@ -92,11 +78,6 @@ def read_prompts(path: Path, verifier_dir: Path, vocab_size: int, bad: BadSample
             f"append any token id to input_ids and a 1 to loss_mask")
     rows = read_rows(path, sys.maxsize, vocab_size, bad, tokenize_chat, row_format, rule, max_records)
     return [prompt for row in rows for prompt in prompt_spans(row)], rows.record()
-
-
-def row_seed(seed: int, index: int) -> int:
-    """The seed of prompt `index`'s draws: distinct for every (seed, index) pair."""
-    return int(hashlib.sha256(f"{seed}:{index}".encode()).hexdigest()[:15], 16)
 
 
 class _Ticker:

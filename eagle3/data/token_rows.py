@@ -33,7 +33,7 @@ from eagle3.formats.row_formats import Row
 from eagle3.safe_write import LinkRefused, fresh_temp, refuse_links, write_text
 
 if TYPE_CHECKING:
-    from eagle3.data.sources.online import OnlineDataConfig
+    from eagle3.config import OnlineDataConfig
 
 log = logging.getLogger(__name__)
 

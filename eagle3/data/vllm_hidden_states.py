@@ -223,8 +223,7 @@ def follow(cmd: list[str], env: dict[str, str], log_file: Path, progress: Path, 
 def check_written(rows: Sequence[Row], hs_dir: Path, todo: set[int], slots: int, hidden_size: int,
                   dtype: torch.dtype, log_file: Path) -> None:
     """Every file the engine was to write is there and fits its row (token ids, shape, dtype)."""
-    from eagle3.data.check import hidden_state_problem
-    from eagle3.formats.hidden_states import DTYPE_NAMES
+    from eagle3.formats.hidden_states import DTYPE_NAMES, hidden_state_problem
 
     for i in sorted(todo):
         problem = hidden_state_problem(hs_dir / f"hs_{i}.safetensors", np.asarray(rows[i][0], dtype=np.int64),

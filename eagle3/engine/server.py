@@ -52,7 +52,7 @@ def server_command(engine: Engine, verifier: Path, port: int, dtype: str, draft:
            "--skip-tokenizer-init", "--seed", str(seed), "--max-num-seqs", "1", "--enforce-eager",
            *engine.server_options()[0]]
     if draft is not None:
-        from eagle3.init.checkpoint import draft_kind
+        from eagle3.arch.draft import draft_kind
 
         spec = {"model": str(draft), "method": "eagle3", "num_speculative_tokens": k}
         if draft_kind(draft) == "peagle":  # P-EAGLE: vLLM's parallel drafting, all k tokens in one forward

@@ -517,7 +517,7 @@ def main(argv: list[str] | None = None) -> None:
         if args.json is not None and args.json.exists():
             raise ConfigError(f"--json: {args.json} exists; nothing was overwritten: choose another path")
         if args.json is not None:  # before measuring: its dir must be one that can be made and written
-            from eagle3.run.hydra_callbacks import output_dir_problem
+            from eagle3.rundir.files import output_dir_problem
 
             problem = output_dir_problem(args.json.parent.absolute())
             if problem:

@@ -117,3 +117,28 @@ def read_into(fd: int, dest: memoryview, offset: int, path: Path) -> None:
         if n == 0:
             raise DataError(f"{path}: truncated ({offset + done} bytes, the header promises more)")
         done += n
+
+
+def hidden_state_problem(file: Path, ids: np.ndarray, num_slots: int | None, hidden_size: int | None,
+                         dtype: str | None = None, full: bool = False) -> Problem | None:
+    """What is wrong with one row's hidden-state file, or None when it is usable (`full`: NaN/inf scan too)."""
+    try:
+        fd = os.open(file, os.O_RDONLY)
+    except FileNotFoundError:
+        return Problem("missing_file", f"{file.parent.name}/{file.name} is missing")
+    try:
+        problem = file_problem(fd, file, ids, num_slots, hidden_size, dtype)
+        if problem is None and full and not _finite(fd, read_header(fd, file)["hidden_states"]):
+            problem = Problem("non_finite", f"{file.name}: hidden_states hold NaN or inf")
+        return problem
+    finally:
+        os.close(fd)
+
+
+EXPONENT_BITS = {"BF16": (np.uint16, 0x7F80), "F16": (np.uint16, 0x7C00), "F32": (np.uint32, 0x7F800000)}
+
+
+def _finite(fd: int, spec: TensorSpec) -> bool:
+    bits, exponent = EXPONENT_BITS[spec.dtype]
+    raw = np.frombuffer(os.pread(fd, spec.end - spec.start, spec.start), bits)
+    return not bool(((raw & exponent) == exponent).any())

@@ -200,7 +200,7 @@ class ChatTokenizer:
     def __init__(self, model_dir: Path):
         from transformers import AutoTokenizer
 
-        from eagle3.verifier.forward import load_problem
+        from eagle3.errors import load_problem
 
         try:
             # Code in the dir (a tokenizer class of its own, named by auto_map) is never run.

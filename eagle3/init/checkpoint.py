@@ -9,7 +9,6 @@ that finds the disk full removes its temporary sibling and keeps the previous ch
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import shutil
@@ -149,6 +148,7 @@ def load_draft(path: str | Path, attn_impl: str = "sdpa", device: str | torch.de
     verifier path the checkpoint recorded: speculators reads the verifier's lm_head and norm (not saved in
     the checkpoint) and checks the aux layer ids from there.
     """
+    from eagle3.arch.draft import draft_kind
     from eagle3.init.build import draft_classes
 
     check_draft_files(Path(path))
@@ -166,12 +166,3 @@ def load_draft(path: str | Path, attn_impl: str = "sdpa", device: str | torch.de
     return model.to(device)
 
 
-def draft_kind(path: Path) -> str:
-    """The checkpoint's draft kind (eagle3.arch.draft.DraftKind) by its config's speculators_model_type."""
-    from eagle3.arch.draft import DraftKind
-
-    try:
-        kind = json.loads((path / "config.json").read_text()).get("speculators_model_type", "eagle3")
-    except (OSError, ValueError, AttributeError):
-        return DraftKind.eagle3.value  # the config class's own reading says what is wrong with it
-    return DraftKind.peagle.value if kind == DraftKind.peagle.value else DraftKind.eagle3.value

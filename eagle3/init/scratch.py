@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from eagle3.arch.draft import SPECULATORS_FLAGS, resolved_flags
+from eagle3.arch.draft import resolved_flags
+from eagle3.config import SPECULATORS_FLAGS
 from eagle3.init.build import new_draft
 from eagle3.init.registry import InitContext, register
 

@@ -21,8 +21,8 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from eagle3.arch.draft import DraftKind, layer_step_elements, parameter_counts, sampled_share
-from eagle3.config import DataConfig, DistributedConfig, DraftConfig, OptimConfig
+from eagle3.arch.draft import layer_step_elements, parameter_counts, sampled_share
+from eagle3.config import DataConfig, DistributedConfig, DraftConfig, DraftKind, OptimConfig
 from eagle3.device.choice import attn_impl_on
 from eagle3.errors import ConfigError
 
@@ -410,7 +410,8 @@ def matmul_seconds(matmuls: list[Matmul], rates: dict[Shape, float]) -> float | 
 
 
 def make_plan(draft: DraftConfig, data: DataConfig, optim: OptimConfig, dist: DistributedConfig, *,
-              device_type: str, device_memory: int | None, device_memory_source: str, train_lm_head: bool = False,
+              device_type: str, device_memory: int | None, device_memory_source: str, data_terms: list[Term],
+              train_lm_head: bool = False,
               data_stats: DataStats | None = None, no_rows_reason: str = "", loaded_verifier: Term | None = None,
               online_verifier: VerifierShape | None = None,
               matmul_rates: Callable[[list[Shape]], tuple[dict[Shape, float], str]] | None = None) -> Plan:
@@ -444,7 +445,7 @@ def make_plan(draft: DraftConfig, data: DataConfig, optim: OptimConfig, dist: Di
                           "compute dtype, during forward/backward"))
     elif world > 1:
         terms.append(Term("DDP gradient buckets", 4 * trainable, "a second copy of the gradients"))
-    terms += data.buffer_terms(draft, device_type)
+    terms += data_terms  # the data source's hidden-state buffers (eagle3.data.sources: buffer_terms)
     act_terms, transient = _activations(draft, data.total_seq_len, attn, device_type, gradient_checkpointing)
     terms += act_terms
     terms.append(Term("largest transient of the backward", transient))

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from eagle3.config import RunConfig
+from eagle3.data.sources import source_of
 from eagle3.errors import ConfigError, DataError
 from eagle3.rundir.files import DATA_CHECK, DataCheck, RunDir, output_dir_problem
 
@@ -36,7 +37,7 @@ def materialize_inputs(cfg: RunConfig) -> tuple[Path, Path]:
     else:
         assert verifier.tiny is not None  # VerifierConfig.check: exactly one of them
         verifier_dir = tiny_verifier_dir(verifier.tiny, cfg.cache_dir)
-    return verifier_dir, cfg.data.materialize(cfg, verifier_dir)
+    return verifier_dir, source_of(cfg.data).materialize(cfg, verifier_dir)
 
 
 def check_data(cfg: RunConfig, verifier_dir: Path, data_dir: Path) -> list[int] | None:
@@ -48,7 +49,7 @@ def check_data(cfg: RunConfig, verifier_dir: Path, data_dir: Path) -> list[int] 
     draft, policy = cfg.model.draft, cfg.data.on_bad_sample.value
     if cfg.resume:
         refuse_other_rows(Path(cfg.run.dir), data_dir)
-    report = cfg.data.check_rows(cfg, verifier_dir, data_dir)
+    report = source_of(cfg.data).check_rows(cfg, verifier_dir, data_dir)
     # Token rows read from a JSONL: the lines left out while reading it (data.on_bad_sample=skip), recorded with
     # the cached rows, so that every run on them says so, not only the one that built the cache entry.
     source_skips = source_skipped(data_dir)

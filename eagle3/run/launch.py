@@ -30,7 +30,7 @@ from eagle3.rundir.files import RunDir
 from eagle3.rundir.progress import job_clock, start_job
 from eagle3.rundir.rank_errors import RankFailed
 from eagle3.sweep.objective import objective_value
-from eagle3.verifier.shape import unresolvable
+from eagle3.verifier.shape import check_verifier_dir, unresolvable
 
 if TYPE_CHECKING:
     from eagle3.rundir.progress import RunSummary
@@ -196,6 +196,7 @@ def show_plan(cfg: DictConfig, hydra, run_dir: Path) -> None:
             run_cfg = RunDir(cfg.resume).typed_config(dataset_required=False)
         else:
             run_cfg = run_config(resolve(cfg, hydra, run_dir), dataset_required=False)
+            check_verifier_dir(run_cfg.model)
         plan = run_plan(run_cfg, measure=True)
         print(format_plan(plan), flush=True)
         try:

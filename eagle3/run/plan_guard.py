@@ -19,6 +19,7 @@ def run_plan(cfg: TrainConfig, measure: bool = False) -> Plan:
     """The plan of this run (eagle3.plan.memory) with what the machine and the disk say (eagle3.plan.sizes), its step
     time from this machine's cached matmul rates (eagle3.plan.roofline); `measure`: the shapes not cached yet are
     measured now (well under a second), as plan=true does."""
+    from eagle3.data.sources import source_of
     from eagle3.plan.memory import ACCEPT_VERIFIER, ROLLOUT_VERIFIER, Term, make_plan
     from eagle3.plan.sizes import device_and_memory, verifier_shape, verifier_size
 
@@ -33,13 +34,15 @@ def run_plan(cfg: TrainConfig, measure: bool = False) -> Plan:
         loaded = Term(ROLLOUT_VERIFIER if cfg.train.on_policy.enabled else ACCEPT_VERIFIER,
                       *verifier_size(cfg.model.verifier))
     train_lm_head = isinstance(cfg.init, PretrainedInitConfig) and cfg.init.train_lm_head
+    data = source_of(cfg.data)
     plan = make_plan(draft, cfg.data, cfg.optim, dist, device_type=kind, device_memory=memory,
                      device_memory_source=source, train_lm_head=train_lm_head,
-                     data_stats=cfg.data.plan_stats(draft), no_rows_reason=cfg.data.no_rows_reason(),
+                     data_terms=data.buffer_terms(draft, kind),
+                     data_stats=data.plan_stats(draft), no_rows_reason=data.no_rows_reason(),
                      loaded_verifier=loaded,
                      online_verifier=verifier_shape(cfg.model.verifier) if online else None,
                      matmul_rates=matmul_rates(cfg, kind, measure))
-    plan.data_notes += cfg.data.plan_notes(cfg)
+    plan.data_notes += data.plan_notes(cfg)
     return plan
 
 
@@ -77,8 +80,11 @@ def check_devices(cfg: TrainConfig) -> None:
 
 
 def check_new_job(cfg: TrainConfig) -> None:
-    """What a new job (not a resume) asks of this machine before anything is built: its devices, and unless it
-    only plans, the initializer's source (init.path)."""
+    """What a new job (not a resume) asks of this machine before anything is built: its verifier dir's config, its
+    devices, and unless it only plans, the initializer's source (init.path)."""
+    from eagle3.verifier.shape import check_verifier_dir
+
+    check_verifier_dir(cfg.model)
     check_devices(cfg)
     if not cfg.plan:
         cfg.init.check_source()

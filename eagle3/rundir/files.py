@@ -18,18 +18,17 @@ import fnmatch
 import json
 import os
 import tempfile
-import types
-import typing
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any
 
 from eagle3 import safe_write
 from eagle3.errors import ConfigError
+from eagle3.rundir.progress import CHECKPOINTS, RunSummary
+from eagle3.rundir.records import read_record, record_from_dict, record_to_dict, write_json
 
 if TYPE_CHECKING:
     from eagle3.config import RunConfig
-    from eagle3.rundir.progress import RunSummary
 
 RESOLVED_CONFIG = "resolved_config.yaml"
 SUMMARY = "summary.json"
@@ -39,8 +38,6 @@ DATA_CHECK = "data_check.json"
 METRICS = "metrics.jsonl"
 LOCK = ".lock"
 SWEEP_INDEX = "index.json"
-CHECKPOINTS = "checkpoints"
-CHECKPOINT_NAMES = ("last", "best")
 LAUNCH_LOG = "launch.log"
 # The names a run (and eval.accept, eagle3.serve) writes in its dir: a symlink at one is refused wherever it leads.
 WRITTEN = (RESOLVED_CONFIG, SUMMARY, FAILURE, INIT_REPORT, DATA_CHECK, METRICS, LOCK, LAUNCH_LOG, "rank_*.log",
@@ -51,11 +48,6 @@ WRITTEN = (RESOLVED_CONFIG, SUMMARY, FAILURE, INIT_REPORT, DATA_CHECK, METRICS, 
 def checkpoint_dir(run_dir: str | Path, name: str) -> Path:
     """`<run_dir>/checkpoints/<name>` (name: last or best)."""
     return Path(run_dir) / CHECKPOINTS / name
-
-
-def relative_checkpoints() -> dict[str, str]:
-    """summary.json's checkpoints: relative to the run dir, so that they name this run's wherever it lies."""
-    return {name: f"{CHECKPOINTS}/{name}" for name in CHECKPOINT_NAMES}
 
 
 def read_run_config(run_dir: Path, what: str = "resume") -> dict[str, Any]:
@@ -144,67 +136,6 @@ def output_dir_problem(path: Path) -> str | None:
         where = "is not writable" if existing == path else f"cannot be created: {existing} is not writable"
         return f"{path} {where} ({e.strerror})"
     return None
-
-
-# --- records: the run dir's JSON files as dataclasses ------------------------------------------------------------
-
-R = TypeVar("R")
-
-
-def _matches(value: Any, hint: Any) -> bool:
-    """Whether a parsed JSON value has the type a record's field declares (containers: their own type only)."""
-    if hint is Any:
-        return True
-    origin, args = typing.get_origin(hint), typing.get_args(hint)
-    if origin in (typing.Union, types.UnionType):
-        return any(_matches(value, a) for a in args)
-    if hint is type(None):
-        return value is None
-    if hint is float:
-        return isinstance(value, (int, float)) and not isinstance(value, bool)
-    if hint is int:
-        return isinstance(value, int) and not isinstance(value, bool)
-    if origin is list:
-        return isinstance(value, list) and all(_matches(v, args[0]) for v in value)
-    return isinstance(value, origin or hint)
-
-
-def record_from_dict(cls: type[R], plain: Any) -> R:
-    """The record of type `cls` a parsed JSON file holds; ValueError saying what is missing or mistyped."""
-    if not isinstance(plain, dict):
-        raise ValueError(f"not a JSON object but {type(plain).__name__}")
-    hints = typing.get_type_hints(cls)
-    kwargs = {}
-    for f in dataclasses.fields(cls):  # type: ignore[arg-type]
-        if f.name not in plain:
-            if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
-                raise ValueError(f"no {f.name!r}")
-            continue
-        if not _matches(plain[f.name], hints[f.name]):
-            raise ValueError(f"{f.name!r} is {plain[f.name]!r}, not of type {hints[f.name]}")
-        kwargs[f.name] = plain[f.name]
-    return cls(**kwargs)
-
-
-def record_to_dict(record: Any, omit_none: tuple[str, ...] = ()) -> dict[str, Any]:
-    """The record's fields as JSON keys; those named in `omit_none` only when they hold a value."""
-    return {k: v for k, v in dataclasses.asdict(record).items() if not (k in omit_none and v is None)}
-
-
-def write_json(file: Path, plain: Any, base: Path | None = None) -> None:
-    """Writes whole or not at all: a kill or a full disk mid-write never leaves half a file; never through a link
-    at `file` or between `base` (default: its dir) and it (eagle3.safe_write)."""
-    safe_write.write_text(file.parent if base is None else base, file, json.dumps(plain, indent=2) + "\n")
-
-
-def read_record(file: Path, cls: type[R], what: str) -> R:
-    """The record in `file`; ConfigError naming the file when it is not one (cut short, not JSON, wrong types)."""
-    try:
-        return cls.from_dict(json.loads(file.read_text(encoding="utf-8")))  # type: ignore[attr-defined]
-    except (OSError, ValueError, TypeError) as e:  # ValueError: JSON, UnicodeDecodeError and the record's own
-        why = str(e).splitlines()[0] if str(e) else type(e).__name__
-        raise ConfigError(f"{file}: cannot be read as {what} ({why}; cut short by a kill or a full disk, or "
-                          f"written by another tool?)") from None
 
 
 @dataclass
@@ -338,8 +269,6 @@ class SweepIndex:
 # --- the room ----------------------------------------------------------------------------------------------------
 
 
-
-
 def holder_pid(holder: str) -> int | None:
     """The pid in a lock's holder line (`pid N: <command>`, eagle3.safe_write.this_process), None when it names
     none."""
@@ -431,9 +360,12 @@ class RunDir:
         """resolved_config.yaml (with `values` set) typed and checked through this version's schemas, as a fresh
         run's config is; a key or value they refuse is the file's, not the command line's: the message names it."""
         from eagle3.config import run_config
+        from eagle3.verifier.shape import check_verifier_dir
 
         try:
-            return run_config({**self.read_config(what), **values}, dataset_required)
+            cfg = run_config({**self.read_config(what), **values}, dataset_required)
+            check_verifier_dir(cfg.model)
+            return cfg
         except ConfigError as e:
             raise ConfigError(f"{what}: {self.file(RESOLVED_CONFIG)} (the run's config, read through this version's "
                               f"schemas): {e}") from None
@@ -443,7 +375,6 @@ class RunDir:
         write_json(self.file(SUMMARY), summary.to_dict(), self.path)
 
     def read_summary(self) -> RunSummary:
-        from eagle3.rundir.progress import RunSummary
 
         return read_record(self.file(SUMMARY), RunSummary, "a run summary")
 

@@ -15,7 +15,16 @@ from pathlib import Path
 from typing import Any
 
 from eagle3.errors import CheckpointError
-from eagle3.rundir.files import record_from_dict, relative_checkpoints
+from eagle3.rundir.records import record_from_dict
+
+CHECKPOINTS = "checkpoints"
+CHECKPOINT_NAMES = ("last", "best")
+
+
+def relative_checkpoints() -> dict[str, str]:
+    """summary.json's checkpoints: relative to the run dir, so that they name this run's wherever it lies."""
+    return {name: f"{CHECKPOINTS}/{name}" for name in CHECKPOINT_NAMES}
+
 
 Row = dict[str, Any]  # a metrics.jsonl row: {"step", "split", "epoch", "loss", "tau_sim", ...}
 
@@ -84,7 +93,7 @@ class RunSummary:
 
     @classmethod
     def from_dict(cls, plain: Any) -> RunSummary:
-        """summary.json's record; ValueError saying what is missing or mistyped (eagle3.rundir.files.read_record)."""
+        """summary.json's record; ValueError saying what is missing or mistyped (eagle3.rundir.records.read_record)."""
         return record_from_dict(cls, plain)
 
     def to_dict(self) -> dict[str, Any]:
@@ -158,3 +167,22 @@ def start_job() -> JobClock:
 
 def job_clock() -> JobClock:
     return _clock
+
+
+def format_result_table(summary: RunSummary, ttt_steps: int) -> str:
+    """Step 0 against final against best: the numbers a user looks at after a run."""
+    cols = [("step 0", summary.step0), ("final", summary.final), ("best", summary.best)]
+    keys = ["step", "loss", "tau_sim"] + [f"full_acc_{k}" for k in range(ttt_steps)]
+    if any("accept_len" in row for _, row in cols):  # eval.accept: measured beside simulated
+        keys.append("accept_len")
+    lines = [f"{'val':<12}" + "".join(f"{name:>12}" for name, _ in cols)]
+    for key in keys:
+        cells = []
+        for _, row in cols:
+            v = row.get(key)
+            cells.append(f"{v:>12}" if isinstance(v, int) else f"{v:>12.4f}" if v is not None else f"{'-':>12}")
+        lines.append(f"{key:<12}" + "".join(cells))
+    if summary.phases_s and summary.wall_s:
+        lines.append(f"wall time {summary.wall_s:.1f} s: " + ", ".join(
+            f"{name} {s:.1f} s ({s / summary.wall_s:.0%})" for name, s in summary.phases_s.items()))
+    return "\n".join(lines)

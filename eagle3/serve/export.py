@@ -75,8 +75,8 @@ def expected_shapes(checkpoint: Path) -> dict[str, tuple[int, ...]]:
     speculators on the meta device: no weights allocated)."""
     import torch
 
+    from eagle3.arch.draft import draft_kind
     from eagle3.init.build import draft_classes
-    from eagle3.init.checkpoint import draft_kind
 
     model_class, config_class = draft_classes(draft_kind(checkpoint))
     try:

@@ -15,8 +15,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from eagle3.arch.draft import DraftKind, kind_flag_problem
 from eagle3.arch.rope import Rope, engine_keys, read_rope
+from eagle3.config import DraftKind, kind_flag_problem
 from eagle3.formats.tensorfile import TensorSpec
 
 FLAGS = ("norm_before_residual", "norm_before_fc", "norm_output", "fc_norm")

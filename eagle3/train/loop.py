@@ -32,6 +32,7 @@ from eagle3.device.distributed import (
     unwrap,
 )
 from eagle3.errors import RunStopped
+from eagle3.eval.measure import accumulate, summarize
 from eagle3.init.checkpoint import TRAINER_STATE, SaveFailed, save_checkpoint
 from eagle3.rundir.files import CHECKPOINTS, trained_config
 from eagle3.rundir.progress import Progress, Row, job_clock
@@ -444,21 +445,3 @@ def val_counts(metrics: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     return out
 
 
-def accumulate(into: dict[str, Any], metrics: dict[str, torch.Tensor]) -> None:
-    """Adds speculators' counted metrics (`<name>_sum`, `<name>_total`) into running sums. They stay tensors
-    on the device: reading one would wait for the GPU at every step."""
-    for k, v in metrics.items():
-        into[k] = into.get(k, 0.0) + v.detach()
-
-
-def summarize(sums: dict[str, float]) -> dict[str, float]:
-    """Ratios of the counted metrics (train rows: speculators' per-micro-batch means, averaged over the window's
-    micro-batches; val rows: token-weighted, see val_counts), and tau_sim = 1 + sum_k full_acc_k (simulated chain
-    acceptance length)."""
-    from speculators.train.utils import normalize_counted_metrics
-
-    metrics = normalize_counted_metrics(dict(sums))
-    if "loss" not in metrics:  # the val pass's counts (val_counts): the loss is the sum of the step losses
-        metrics["loss"] = sum(v for k, v in metrics.items() if re.fullmatch(r"loss_\d+", k))
-    metrics["tau_sim"] = 1.0 + sum(v for k, v in metrics.items() if k.startswith("full_acc_"))
-    return metrics

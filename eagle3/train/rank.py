@@ -14,14 +14,15 @@ import torch
 
 from eagle3.arch.activation_checkpointing import recompute_decoder_layers
 from eagle3.config import RunConfig, plain_config
-from eagle3.console import format_result_table, log_file, quiet_libraries, setup_rank_logging
+from eagle3.console import log_file, quiet_libraries, setup_rank_logging
+from eagle3.data.sources import source_of
 from eagle3.device.choice import Runtime, runtime_of
 from eagle3.device.distributed import World, close_world, init_world, wrap_model
 from eagle3.errors import UserError
 from eagle3.init import InitContext, build_draft
 from eagle3.init.checkpoint import check_disk, load_draft, load_trainer_state
 from eagle3.rundir.files import InitReport, RunDir, checkpoint_dir
-from eagle3.rundir.progress import RunSummary, job_clock
+from eagle3.rundir.progress import RunSummary, format_result_table, job_clock
 from eagle3.rundir.rank_errors import write_rank_error
 from eagle3.train.loop import train
 from eagle3.train.track import Tracker
@@ -114,7 +115,7 @@ def _train_on(world: World, runtime: Runtime, device: torch.device, cfg: RunConf
     torch.manual_seed(cfg.seed)
     attn_impl = runtime.attn_impl
     with job_clock().phase("data build"):
-        train_loader, val_loader = cfg.data.loaders(
+        train_loader, val_loader = source_of(cfg.data).loaders(
             data_dir, verifier,
             total_seq_len=micro_batch_len(cfg, runtime),
             hidden_size=draft.hidden_size,

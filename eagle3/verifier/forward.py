@@ -20,7 +20,7 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-from eagle3.errors import ConfigError
+from eagle3.errors import ConfigError, load_problem
 from eagle3.formats.row_formats import Row
 
 log = logging.getLogger(__name__)
@@ -35,15 +35,6 @@ def load_config(model_dir: str | Path, key: str = "model.verifier.path"):
         return AutoConfig.from_pretrained(str(model_dir), trust_remote_code=False)
     except Exception as e:  # noqa: BLE001  (transformers raises many types for a bad dir)
         raise ConfigError(f"{key}: {model_dir}'s config.json cannot be loaded ({load_problem(e)})") from None
-
-
-def load_problem(e: BaseException) -> str:
-    """Why transformers could not load a model dir, as one line for a message."""
-    text = str(e).strip()
-    if "trust_remote_code" in text:  # transformers' refusal under trust_remote_code=False
-        return ("it names a model or tokenizer class transformers does not know, defined by code in the dir "
-                "(auto_map), and code from a model dir is never run")
-    return f"{type(e).__name__}: {text.splitlines()[0]}" if text else type(e).__name__
 
 
 def load_causal_lm(model_dir: str | Path, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32,
@@ -195,8 +186,7 @@ def write_hidden_states(model: torch.nn.Module, rows: Sequence[Row], hs_dir: Pat
 def rows_to_write(rows: Sequence[Row], hs_dir: Path, slots: int, hidden_size: int, dtype: torch.dtype) -> set[int]:
     """The rows whose `hs_<i>.safetensors` in `hs_dir` (made here if missing) is missing or unusable; the others
     are kept (a resumed preparation), which is logged."""
-    from eagle3.data.check import hidden_state_problem
-    from eagle3.formats.hidden_states import DTYPE_NAMES
+    from eagle3.formats.hidden_states import DTYPE_NAMES, hidden_state_problem
 
     hs_dir.mkdir(parents=True, exist_ok=True)
     todo = {i for i, (ids, _) in enumerate(tqdm(rows, desc="checking existing hidden states", unit="row",

@@ -30,10 +30,14 @@ import json
 import os
 from functools import lru_cache
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from eagle3.arch.rope import Rope, RopeError, read_rope
+from eagle3.config import check_aux_layers, shape_problems
 from eagle3.errors import ConfigError
+
+if TYPE_CHECKING:
+    from eagle3.config import ModelConfig
 
 DRAFT_VOCAB_CAP = 32000  # draft tokens at most: EAGLE-3's and SpecForge's default draft vocabulary
 
@@ -108,32 +112,9 @@ def _read(file: str, stamp: int) -> dict[str, Any]:  # keyed by mtime too: a rew
 
 
 # Sizes a decoder config states (each where stated; a missing one is derived or asked for where it is needed).
-SIZE_KEYS = ("hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads", "head_dim",
-             "intermediate_size", "vocab_size", "max_position_embeddings")
 # The epsilon keys of configs whose norms are LayerNorm (StableLM, GPT-NeoX, Phi: layer_norm_eps; Falcon, GPT-2:
 # layer_norm_epsilon; StarCoder2: norm_epsilon). An RMSNorm decoder states rms_norm_eps.
 LAYER_NORM_KEYS = ("layer_norm_eps", "layer_norm_epsilon", "norm_epsilon")
-
-
-def shape_problems(config: dict[str, Any]) -> list[str]:
-    """What no decoder could have in `config` (HF keys): sizes that are not positive integers, key/value heads that
-    do not divide the query heads, a hidden size the heads do not divide without a head_dim. [] when none."""
-    problems = [f"{key}={config[key]!r} (a size: must be a positive integer)" for key in SIZE_KEYS
-                if config.get(key) is not None
-                and (isinstance(config[key], bool) or not isinstance(config[key], int) or config[key] < 1)]
-    if problems:
-        return problems
-    heads, kv, hidden = config.get("num_attention_heads"), config.get("num_key_value_heads"), config.get("hidden_size")
-    if heads and kv and kv > heads:
-        problems.append(f"num_key_value_heads={kv} > num_attention_heads={heads} (each key/value head serves one "
-                        f"or more query heads)")
-    elif heads and kv and heads % kv:
-        problems.append(f"num_attention_heads={heads} is not a multiple of num_key_value_heads={kv} (grouped-query "
-                        f"attention gives each key/value head the same number of query heads)")
-    if heads and hidden and not config.get("head_dim") and "kv_lora_rank" not in config and hidden % heads:
-        problems.append(f"hidden_size={hidden} is not a multiple of num_attention_heads={heads}, and no head_dim "
-                        f"is given (head_dim = hidden_size / heads)")
-    return problems
 
 
 def layer_norm_key(config: dict[str, Any]) -> str | None:
@@ -209,3 +190,14 @@ def register_resolvers() -> None:
 
     if not OmegaConf.has_resolver("verifier_config"):
         OmegaConf.register_new_resolver("verifier_config", resolve)
+
+
+def check_verifier_dir(model: ModelConfig) -> None:
+    """What the schema's own checks (eagle3.config, which reads no file's contents) leave to the verifier dir: its
+    config.json read and checked (a config no model could have, a LayerNorm verifier: one ConfigError), and the
+    draft's aux_layer_ids within its decoder layers."""
+    if model.verifier.path is None:
+        return
+    layers = read_verifier_config(model.verifier.path).get("num_hidden_layers")
+    if isinstance(layers, int):
+        check_aux_layers(model.draft.aux_layer_ids, layers)
