@@ -76,7 +76,7 @@ class OnlineSource(TokenRowsSource[OnlineDataConfig]):
     def token_rows(self, cfg: RunConfig, verifier_dir: Path) -> Path:
         from eagle3.data.token_rows import token_rows_dir
 
-        return token_rows_dir(self, verifier_dir, cfg.cache_dir)
+        return token_rows_dir(self.data, verifier_dir, cfg.cache_dir)
 
     def plan_stats(self, draft: DraftConfig) -> DataStats | None:
         from eagle3.plan.sizes import arrow_stats, synth_stats
