@@ -285,9 +285,9 @@ class DraftConfig:
     norm_before_fc: bool | None = None         # one RMSNorm over the concatenated aux hidden states before fc
     norm_output: bool | None = None            # feed the normed output, not the raw one, into the next TTT step
     fc_norm: bool | None = None                # one RMSNorm per aux hidden state before fc (not norm_before_fc)
-    # EAGLE-3.1: the null flags take fc_norm=true, norm_before_fc=false, norm_output=true (draft_arch.EAGLE31_FLAGS).
+    # EAGLE-3.1: the null flags take fc_norm=true, norm_before_fc=false, norm_output=true (EAGLE31_FLAGS above).
     eagle31: bool = False
-    # eagle3: one forward per draft token; peagle: P-EAGLE, all ttt_steps tokens in one forward (draft_arch.py).
+    # eagle3: one forward per draft token; peagle: P-EAGLE, all ttt_steps tokens in one forward (eagle3/arch/draft.py).
     kind: DraftKind = DraftKind.eagle3
     # P-EAGLE's masked slots' input token (null: the verifier vocabulary's last id).
     mask_token_id: int | None = None

@@ -20,15 +20,18 @@ GOOD = {"model_type": "llama", "architectures": ["LlamaForCausalLM"], "hidden_si
 
 
 def run_cfg(overrides: list[str]):
-    """The typed run config of these overrides, a resolution error said as the launcher says it (launch.resolve)."""
+    """The typed run config of these overrides with its verifier dir checked, as the launcher checks a new job before
+    its plan (check_new_job), a resolution error said as the launcher says it (launch.resolve)."""
     from omegaconf.errors import InterpolationResolutionError
 
-    from eagle3.verifier.shape import unresolvable
+    from eagle3.verifier.shape import check_verifier_dir, unresolvable
 
     try:
-        return tiny_run_config(overrides)
+        cfg = tiny_run_config(overrides)
     except InterpolationResolutionError as e:
         raise ConfigError(unresolvable(e)) from None
+    check_verifier_dir(cfg.model)
+    return cfg
 
 
 def verifier_dir(path: Path, **changes) -> Path:

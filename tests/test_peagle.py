@@ -140,7 +140,7 @@ def test_vllm_refuses_a_peagle_draft_with_per_aux_norms(tmp_path):
 @pytest.mark.parametrize("serve", [[], ["eval.serve.enabled=true"]], ids=["trained", "served at the end"])
 def test_a_peagle_draft_with_eagle31_norms_is_refused_before_training_by_exports_rule(flag, serve):
     """It trained without a word and only export refused it (vLLM's P-EAGLE reader drops fc_norm); the run's config
-    check applies export's rule (draft_arch.kind_flag_problem), before any rank starts."""
+    check applies export's rule (eagle3.config.kind_flag_problem), before any rank starts."""
     from omegaconf import OmegaConf
 
     from eagle3.config import kind_flag_problem, validate

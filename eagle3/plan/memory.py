@@ -218,7 +218,7 @@ def _activations(draft: DraftConfig, seq: int, attn_impl: str, device_type: str,
 
 
 def _peagle_activations(draft: DraftConfig, seq: int, attn_impl: str, device_type: str) -> tuple[list[Term], int]:
-    """P-EAGLE's one forward over the S COD-sampled positions (S = T x draft_arch.sampled_share): the per-token
+    """P-EAGLE's one forward over the S COD-sampled positions (S = T x eagle3.arch.draft.sampled_share): the per-token
     terms of one EAGLE-3 step (its layer's keys and values included) at S tokens instead of k x T, the targets
     over T and their S gathered rows, and one S x S score term (sdpa: speculators' float mask; eager: the
     softmax per head; flex: log-sum-exp only). Checked against the measured peak on CPU (bench/plan_memory.py
