@@ -144,7 +144,7 @@ def write_report(out: Path, report: dict[str, Any], run_dir: Path | None) -> Non
 
 def resolve_inputs(args: argparse.Namespace) -> tuple[Path, Path, tuple[Path, float] | None]:
     """(checkpoint, verifier dir, (data dir, train ratio) of the run's val split or None), checked to exist."""
-    from eagle3.config import run_config
+    from eagle3.config import require_dir, run_config
     from eagle3.errors import ConfigError
     from eagle3.rundir.files import RESOLVED_CONFIG, SUMMARY, RunDir, checkpoint_dir
 
@@ -163,14 +163,9 @@ def resolve_inputs(args: argparse.Namespace) -> tuple[Path, Path, tuple[Path, fl
         raise ConfigError("give a checkpoint dir and --verifier, or --run <run dir>")
     if not args.prompts and val_split is None:
         raise ConfigError("give --prompts (a JSONL file), or --run to take the prompts of the run's val split")
-    for what, path, needed in (("checkpoint", checkpoint, ["config.json", "model.safetensors"]),
-                               ("verifier", verifier, ["config.json"])):
-        p = Path(path)
-        if not p.is_dir():
-            raise ConfigError(f"{what}: {p} does not exist or is not a directory")
-        missing = [n for n in needed if not (p / n).is_file()]
-        if missing:
-            raise ConfigError(f"{what}: {p} has no {', '.join(missing)}")
+    require_dir(str(checkpoint), "checkpoint", ["config.json", "model.safetensors"],
+                "a draft checkpoint dir (config.json, model.safetensors)")
+    require_dir(str(verifier), "verifier", ["config.json"], "a local Hugging Face model dir")
     return Path(checkpoint), Path(verifier), val_split
 
 
