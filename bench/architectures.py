@@ -4,7 +4,7 @@
 
 One row per arm (draft kind, decoder layers, layer type, EAGLE-3.1), over its runs (seeds): the mean and the
 spread (sample standard deviation, +-) of the final val pass's measured accept_len (eval.accept at that pass) and
-of the best val tau_sim, and what the plan (eagle3/plan.py) says one training step of that arm costs on this
+of the best val tau_sim, and what the plan (eagle3/plan/memory.py) says one training step of that arm costs on this
 machine's kind of device: trainable parameters, FLOPs per optimizer step and the planned peak per rank. Ranked by
 the mean accept_len.
 """
@@ -29,7 +29,8 @@ def run_row(run: Path) -> dict | None:
     import yaml
 
     from eagle3.config import validate
-    from eagle3.plan import make_plan
+    from eagle3.data.sources import source_of
+    from eagle3.plan.memory import make_plan
 
     summary_path, config_path = run / "summary.json", run / "resolved_config.yaml"
     if not (summary_path.is_file() and config_path.is_file()):
@@ -38,8 +39,9 @@ def run_row(run: Path) -> dict | None:
     plain = yaml.safe_load(config_path.read_text())
     plain.pop("run", None)
     cfg = validate(plain, dataset_required=False)
+    terms = source_of(cfg.data).buffer_terms(cfg.model.draft, "cpu")
     plan = make_plan(cfg.model.draft, cfg.data, cfg.optim, cfg.distributed, device_type="cpu", device_memory=None,
-                     device_memory_source="none")
+                     device_memory_source="none", data_terms=terms)
     return {"arm": arm(cfg.model.draft), "accept_len": summary["final"].get("accept_len"),
             "tau_sim": summary["best"]["tau_sim"], "trainable": plan.trainable_params,
             "flops": plan.flops_per_step, "peak": sum(t.bytes for t in plan.terms if t.on_device),

@@ -18,8 +18,10 @@ def tiny_run_config(overrides: list[str] | None = None) -> RunConfig:
     from omegaconf import OmegaConf
 
     from eagle3.config import register_configs, run_config
+    from eagle3.verifier.shape import register_resolvers
 
     register_configs()
+    register_resolvers()
     with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
         cfg = compose(config_name="train", overrides=["logger.mode=disabled", *(overrides or [])])
     resolved = OmegaConf.to_container(cfg, resolve=True, enum_to_str=True)
@@ -33,7 +35,7 @@ def random_draft(draft: DraftConfig, attn_impl: str, std: float, seed: int = 0):
     two heads), a random draft vocabulary and the verifier's norm as 1: what training holds, with no data."""
     import torch
 
-    from eagle3.draft_arch import SPECULATORS_FLAGS
+    from eagle3.config import SPECULATORS_FLAGS
     from eagle3.init.build import bare_draft
 
     torch.manual_seed(seed)

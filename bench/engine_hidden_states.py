@@ -43,10 +43,10 @@ def measure(model_dir: Path, args: argparse.Namespace) -> dict:
     import torch
 
     from eagle3.data import vllm_hidden_states as vllm
-    from eagle3.data.verifier_forward import write_hidden_states
-    from eagle3.serve.engine import engine_python
+    from eagle3.engine.venv import engine_python
+    from eagle3.verifier.forward import write_hidden_states
     from eagle3.verifier.model import Verifier
-    from eagle3.verifier_shape import default_aux_layer_ids
+    from eagle3.verifier.shape import default_aux_layer_ids
 
     verifier = Verifier(model_dir).fingerprint()
     layers = verifier["num_hidden_layers"]
@@ -107,7 +107,7 @@ def main() -> None:
     models = args.model
     if not models:
         from eagle3.config import TinyVerifierConfig
-        from eagle3.data.verifier import tiny_verifier_dir
+        from eagle3.verifier.tiny import tiny_verifier_dir
 
         cache = os.environ.get("EAGLE3_CACHE") or str(Path.home() / ".cache" / "eagle3")
         models = [tiny_verifier_dir(TinyVerifierConfig(), cache)]

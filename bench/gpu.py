@@ -40,7 +40,7 @@ def build(shape: dict, device, seed: int = 0, attn_impl: str | None = None):
     `attn_impl` says otherwise."""
     from bench.common import random_draft
     from eagle3.config import DraftConfig
-    from eagle3.runtime import attn_impl_on
+    from eagle3.device.choice import attn_impl_on
 
     draft = {"vocab_size": shape["vocab"], "hidden_size": shape["hidden"], "intermediate_size": shape["intermediate"],
              "num_attention_heads": shape["heads"], "num_key_value_heads": shape["kv_heads"],
@@ -83,11 +83,11 @@ def time_ours(model, draft, data, steps, warmup, device):
     from speculators.losses import resolve_loss_config
 
     from eagle3.config import LoggerConfig, LoggerMode
-    from eagle3.distributed import World
-    from eagle3.progress import Progress
-    from eagle3.runtime import compute_dtype_on, loss_impl_on
-    from eagle3.track import Tracker
-    from eagle3.train import StepLog, StepParts, count_step, log_train_row, make_scheduler, train_step
+    from eagle3.device.choice import compute_dtype_on, loss_impl_on
+    from eagle3.device.distributed import World
+    from eagle3.rundir.progress import Progress
+    from eagle3.train.loop import StepLog, StepParts, count_step, log_train_row, make_scheduler, train_step
+    from eagle3.train.track import Tracker
 
     model = model.to(device)
     if device.type == "cpu":
@@ -173,7 +173,7 @@ def main() -> None:
     import torch
 
     from eagle3.console import quiet_libraries
-    from eagle3.runtime import resolve_runtime
+    from eagle3.device.choice import resolve_runtime
 
     quiet_libraries()
     device = resolve_runtime("auto").device()

@@ -69,7 +69,7 @@ def hidden_offsets(paths: list[Path]) -> list[tuple[Path, int, int]]:
     """(path, start, size) of each file's hidden_states bytes, from its safetensors header."""
     import os
 
-    from eagle3.data.hsfiles import read_header
+    from eagle3.formats.hidden_states import read_header
 
     out = []
     for path in paths:

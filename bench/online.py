@@ -8,7 +8,7 @@ draft are built as the launcher and a rank build them (materialize_inputs, load_
 build_draft with InitContext), on CUDA when there is one (bf16 verifier, bf16 autocast, fused loss) else on CPU.
 Every side runs the same `--steps` optimizer steps over the same micro-batches (the first of epoch 0):
 
-- online: the trainer's loop, eagle3.train.train_step fed by the OnlineLoader (each micro-batch's verifier
+- online: the trainer's loop, eagle3.train.loop.train_step fed by the OnlineLoader (each micro-batch's verifier
   forward, then the draft's forward, backward and optimizer step);
 - verifier forward: the OnlineLoader alone (each micro-batch filled: the verifier's forward and the packing);
 - train step: train_step alone, on copies of those micro-batches made beforehand.
@@ -57,12 +57,12 @@ def main() -> None:
     from eagle3.console import quiet_libraries
     from eagle3.data.loader import LoaderSpec, build_loaders
     from eagle3.data.online import load_online_verifier
-    from eagle3.distributed import World
+    from eagle3.device.choice import runtime_of
+    from eagle3.device.distributed import World
     from eagle3.init import InitContext, build_draft
-    from eagle3.inputs import materialize_inputs
-    from eagle3.rank import micro_batch_len
-    from eagle3.runtime import runtime_of
-    from eagle3.train import StepParts, make_scheduler, train_step
+    from eagle3.run.inputs import materialize_inputs
+    from eagle3.train.loop import StepParts, make_scheduler, train_step
+    from eagle3.train.rank import micro_batch_len
 
     quiet_libraries()
     cfg = tiny_run_config(["data=online", *(SMALL if args.small else []), *args.overrides])
@@ -179,7 +179,7 @@ def main() -> None:
     # Val passes: the first computes the val split's hidden states and keeps them, later ones read them back
     # (eagle3.data.online.HiddenStore). Between them, a pass of a loader that computes every time, for a reference
     # taken under the same load.
-    from eagle3.train import run_validation
+    from eagle3.train.loop import run_validation
 
     def val_pass(val) -> float:
         sync()

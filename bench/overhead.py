@@ -4,7 +4,7 @@
 
 Both loops train the same draft (two copies of one initialization) on the same pre-built batches with the
 same optimizer settings. The bare loop is zero_grad, forward, backward, clip, step. The project's step is what the
-trainer runs (eagle3.train.train_step + StepLog): metric accumulation and reduction, the scheduler, the
+trainer runs (eagle3.train.loop.train_step + StepLog): metric accumulation and reduction, the scheduler, the
 progress bar, and a train row in metrics.jsonl every `logger.log_every` steps; evaluation and checkpoints
 are excluded. The two alternate rep by rep; the ratio printed is the median over reps of project / bare
 within a rep, which cancels slow drift in the machine's speed; the medians of their tokens/s come with it.
@@ -35,12 +35,12 @@ def main() -> None:
 
     from eagle3.console import quiet_libraries
     from eagle3.data.loader import LoaderSpec, build_loaders
-    from eagle3.distributed import World
+    from eagle3.device.distributed import World
     from eagle3.init import InitContext, build_draft
-    from eagle3.inputs import materialize_inputs
-    from eagle3.progress import Progress
-    from eagle3.track import Tracker
-    from eagle3.train import StepLog, StepParts, count_step, log_train_row, make_scheduler, to_device, train_step
+    from eagle3.run.inputs import materialize_inputs
+    from eagle3.rundir.progress import Progress
+    from eagle3.train.loop import StepLog, StepParts, count_step, log_train_row, make_scheduler, to_device, train_step
+    from eagle3.train.track import Tracker
 
     quiet_libraries()
     cfg = tiny_run_config()

@@ -1,4 +1,4 @@
-"""The plan's memory against the measured peak of a real training step on CPU (eagle3/plan.py).
+"""The plan's memory against the measured peak of a real training step on CPU (eagle3/plan/memory.py).
 
     python bench/plan_memory.py          # prints planned / measured at a few shapes; --json FILE writes them
     python bench/plan_memory.py --num-layers 2 --layer-type qwen3   # the same for another draft architecture
@@ -88,7 +88,7 @@ def build_model(draft, seed: int = 0):
     """A real Eagle3DraftModel (or P-EAGLE draft) of `draft` on CPU with the frozen verifier parts filled, as
     training holds it."""
     from bench.common import random_draft
-    from eagle3.recompute import recompute_decoder_layers
+    from eagle3.arch.activation_checkpointing import recompute_decoder_layers
 
     model = random_draft(draft, draft.attn_impl, std=0.05, seed=seed)
     if draft.gradient_checkpointing:
@@ -137,14 +137,15 @@ def measure(draft, seq: int) -> tuple[int, float]:
 
 
 def planned(draft, seq: int) -> int:
-    from eagle3.config import DistributedConfig, HiddenStatesDtype, OptimConfig
-    from eagle3.data.sources.tiny import TinyDataConfig
-    from eagle3.plan import make_plan
+    from eagle3.config import DistributedConfig, HiddenStatesDtype, OptimConfig, TinyDataConfig
+    from eagle3.data.sources import source_of
+    from eagle3.plan.memory import make_plan
 
     data = TinyDataConfig(total_seq_len=seq, hidden_states_dtype=HiddenStatesDtype.float32)
     plan = make_plan(draft, data,
                      OptimConfig(), DistributedConfig(name="single", node_rank=0, rdzv_endpoint=None),
-                     device_type="cpu", device_memory=None, device_memory_source="none")
+                     device_type="cpu", device_memory=None, device_memory_source="none",
+                     data_terms=source_of(data).buffer_terms(draft, "cpu"))
     return sum(t.bytes for t in plan.terms if t.on_device and not t.name.startswith("hidden-state ring"))
 
 
@@ -167,7 +168,7 @@ def main() -> None:
     from eagle3.console import quiet_libraries
 
     quiet_libraries()
-    from eagle3.draft_arch import DraftKind, LayerType
+    from eagle3.config import DraftKind, LayerType
 
     arch = {"num_layers": args.num_layers, "layer_type": LayerType(args.layer_type), "kind": DraftKind(args.kind)}
     results = [compare(*shape, **arch) for shape in SHAPES]

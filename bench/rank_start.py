@@ -1,5 +1,5 @@
 """What starting the ranks costs: two consecutive 2-rank launches of the tiny default (DDP on gloo, 12 steps of the
-tests' small data) in one process, their ranks spawned or forked from the forkserver (eagle3/elastic.py).
+tests' small data) in one process, their ranks spawned or forked from the forkserver (eagle3/run/elastic.py).
 
     python bench/rank_start.py
 
@@ -39,11 +39,11 @@ def launches(method: str, out: Path) -> dict:
     """Two launches in this process with `method` ("spawn" or "forkserver"): their walls and the CPU seconds."""
     import torch.distributed.launcher.api as launcher_api
 
-    from eagle3 import elastic
-    from eagle3.inputs import materialize_inputs
+    from eagle3.run import elastic
+    from eagle3.run.inputs import materialize_inputs
 
     patches = []
-    if method == "spawn":  # as eagle3.elastic started the ranks before the forkserver
+    if method == "spawn":  # as eagle3.run.elastic started the ranks before the forkserver
         real = launcher_api.LaunchConfig
         patches = [mock.patch.object(launcher_api, "LaunchConfig",
                                      lambda **kw: real(**{**kw, "start_method": "spawn"})),
@@ -72,7 +72,7 @@ def main() -> None:
     if args.method:
         print(json.dumps(launches(args.method, args.out)))
         return
-    from eagle3.inputs import materialize_inputs
+    from eagle3.run.inputs import materialize_inputs
 
     with tempfile.TemporaryDirectory() as tmp:
         materialize_inputs(run_config(Path(tmp) / "warm"))

@@ -33,10 +33,10 @@ def main() -> None:
 
     import torch
 
-    from eagle3.data.jsonl import BadSamples
+    from eagle3.config import Regeneration, RegenerationEngine
     from eagle3.data.regenerate import generate, read_prompts
     from eagle3.data.regenerate_vllm import served
-    from eagle3.data.sources.regenerate import Regeneration, RegenerationEngine
+    from eagle3.formats.row_formats import BadSamples
     from eagle3.verifier.model import Verifier
 
     verifier = Verifier(args.verifier)

@@ -6,9 +6,9 @@
     python bench/roofline.py --offline ...                    # time the step without the verifier's forward
 
 1. Measures torch.mm (fp32, and bf16 beside it) at every matrix-multiply shape the plan counts for the config
-   (eagle3.plan.step_matmuls, verifier_matmuls), each for `--seconds`, and stores the fp32 rates in this machine's
-   cache (eagle3.roofline: `plan=true` then uses them and names them as its source).
-2. Prints the plan's step time from those rates, and times the trainer's own step (eagle3.train.train_step: the
+   (eagle3.plan.memory.step_matmuls, verifier_matmuls), each for `--seconds`, and stores the fp32 rates in this
+   machine's cache (eagle3.plan.roofline: `plan=true` then uses them and names them as its source).
+2. Prints the plan's step time from those rates, and times the trainer's own step (eagle3.train.loop.train_step: the
    draft's forward, backward, clipping and AdamW) on random hidden states of the config's shapes, with data=online
    the verifier's forward over each micro-batch too, `--steps` steps after a warmup; prints measured / predicted,
    the achieved FLOP rate against the measured matmul rate, and where a step's time went (verifier forward, draft
@@ -36,9 +36,9 @@ def main() -> None:
     import torch
 
     from eagle3.console import quiet_libraries
-    from eagle3.plan import matmul_seconds, step_matmuls, verifier_matmuls
-    from eagle3.plan_inputs import verifier_shape
-    from eagle3.roofline import Rates, machine_key, measure, shape_key
+    from eagle3.plan.memory import matmul_seconds, step_matmuls, verifier_matmuls
+    from eagle3.plan.roofline import Rates, machine_key, measure, shape_key
+    from eagle3.plan.sizes import verifier_shape
 
     quiet_libraries()
     cfg = tiny_run_config(["device=cpu", *args.overrides])
@@ -70,7 +70,7 @@ def main() -> None:
               f"{b / 1e9 if b else float('nan'):12.1f}  {users}")
     print(f"cached in {cache.file}")
 
-    # What make_plan computes (eagle3.plan.matmul_seconds over these shapes at the cached rates), for this step
+    # What make_plan computes (eagle3.plan.memory.matmul_seconds over these shapes at the cached rates), for this step
     # with or without the verifier's forward.
     rates = {shape: fp32[shape_key(shape)] for shape in shapes}
     planned = matmul_seconds(matmuls, rates) * cfg.optim.grad_accum
@@ -104,14 +104,14 @@ def main() -> None:
 
 
 def time_steps(cfg, online: bool, steps: int, plan_now) -> dict[str, list[float]]:
-    """Per step: the whole step as the trainer runs it (eagle3.train.train_step, plus the verifier's forward
+    """Per step: the whole step as the trainer runs it (eagle3.train.loop.train_step, plus the verifier's forward
     online), then its phases timed apart on the same batch."""
     import torch
     from speculators.losses import resolve_loss_config
 
     from bench.common import random_draft
-    from eagle3.distributed import World
-    from eagle3.train import StepParts, make_scheduler, train_step
+    from eagle3.device.distributed import World
+    from eagle3.train.loop import StepParts, make_scheduler, train_step
 
     draft, seq, optim = cfg.model.draft, cfg.data.total_seq_len, cfg.optim
     model = random_draft(draft, "sdpa", std=0.05)
@@ -125,7 +125,7 @@ def time_steps(cfg, online: bool, steps: int, plan_now) -> dict[str, list[float]
     verifier = None
     if online:
         from eagle3.data.online import load_online_verifier
-        from eagle3.inputs import materialize_inputs
+        from eagle3.run.inputs import materialize_inputs
 
         verifier_dir = materialize_inputs(cfg)[0] if cfg.model.verifier.path is None else cfg.model.verifier.path
         verifier = load_online_verifier(verifier_dir, draft.aux_layer_ids, torch.device("cpu"), World(), False)

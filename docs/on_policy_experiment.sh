@@ -15,16 +15,16 @@ for seed in 0 1 2; do
   COMMON="$SMALL init=pretrained init.path=$E/base/checkpoints/best optim.lr=3e-4 seed=$seed logger.mode=disabled"
   [ -f "$E/plain$seed/summary.json" ] || python launch.py $COMMON optim.epochs=2 hydra.run.dir="$E/plain$seed"
   # The on-policy arm, with its rollout loss wrapped to record the draft positions each rollout step trains: step 0
-  # over every prefix position of a row, steps 1..k-1 at each of its verify rounds (eagle3/on_policy.py)
+  # over every prefix position of a row, steps 1..k-1 at each of its verify rounds (eagle3/decoding/rollout.py)
   if [ ! -f "$E/onpol$seed/summary.json" ]; then
     rm -f "$E/onpol$seed/rollout_positions.jsonl"
     python - "$E/onpol$seed/rollout_positions.jsonl" launch.py $COMMON optim.epochs=2 $ONPOL \
       hydra.run.dir="$E/onpol$seed" <<'PY'
 import json, runpy, sys
 
-import eagle3.rollouts
+import eagle3.train.on_policy
 
-out, inner = sys.argv[1], eagle3.rollouts.rollout_loss
+out, inner = sys.argv[1], eagle3.train.on_policy.rollout_loss
 
 
 def counted(draft, rows, *args):
@@ -35,7 +35,7 @@ def counted(draft, rows, *args):
     return inner(draft, rows, *args)
 
 
-eagle3.rollouts.rollout_loss = counted
+eagle3.train.on_policy.rollout_loss = counted
 sys.argv = sys.argv[2:]
 runpy.run_path(sys.argv[0], run_name="__main__")
 PY

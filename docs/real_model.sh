@@ -36,8 +36,8 @@ stamp "split"
 python - "$SHAREGPT" "$E" "$REGEN_PROMPTS" <<'PY'
 import json, sys
 from pathlib import Path
-from eagle3.data.jsonl import SHAREGPT_ROLES
-from eagle3.data.row_files import records
+from eagle3.formats.row_formats import SHAREGPT_ROLES
+from eagle3.formats.row_files import records
 # every complete record: the wheel's file is cut mid-record, and the cut is the one unreadable record after them
 rows = [r for _, r in records(Path(sys.argv[1])) if isinstance(r, dict)]
 

@@ -15,24 +15,17 @@ from __future__ import annotations
 import math
 import os
 import stat
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import Enum
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import Any, ClassVar
 
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from eagle3.draft_arch import DraftKind, LayerType, asked_flags, flag_conflicts, kind_flag_problem
 from eagle3.errors import ConfigError
-from eagle3.verifier.model import Verifier, shape_problems
-
-if TYPE_CHECKING:
-    from eagle3.data.check import CheckReport
-    from eagle3.data.loader import Loader
-    from eagle3.data.online import OnlineVerifier
-    from eagle3.plan import DataStats, Term
 
 
 def _require(ok: bool, key: str, problem: str) -> None:
@@ -48,6 +41,94 @@ def require_temperature(key: str, value: float, greedy: bool = True) -> None:
     ok = number and math.isfinite(value) and (value >= 0 if greedy else value > 0)
     _require(ok, key, f"must be >= 0 and finite, got {value}" if greedy else
              f"must be > 0 and finite (it samples, never greedy), got {value}")
+
+
+class LayerType(str, Enum):
+    """The draft's decoder layer: transformers' model_type, as speculators and vLLM read it."""
+
+    llama = "llama"
+    qwen3 = "qwen3"
+
+
+class DraftKind(str, Enum):
+    """How the draft proposes k tokens: eagle3, one forward per token (k TTT steps in training); peagle, all k in
+    one forward (P-EAGLE)."""
+
+    eagle3 = "eagle3"
+    peagle = "peagle"
+
+
+# The draft's norm flags, its layer type and kind: the schema's values and rules (eagle3/arch/draft.py builds from
+# them).
+FLAGS = ("norm_before_residual", "norm_before_fc", "norm_output", "fc_norm")
+# speculators' training defaults for a fresh EAGLE-3 draft (its `speculators train` flags).
+SPECULATORS_FLAGS = {"norm_before_residual": True, "norm_before_fc": True, "norm_output": True, "fc_norm": False}
+# EAGLE-3.1 (`model.draft.eagle31=true`): one RMSNorm per aux hidden state before fc (speculators refuses it
+# together with norm_before_fc), and the normed output fed to the next step.
+EAGLE31_FLAGS = {"norm_before_residual": True, "norm_before_fc": False, "norm_output": True, "fc_norm": True}
+
+
+def run_flags(draft: DraftConfig) -> dict[str, bool | None]:
+    """The norm flags as the run's config sets them (None: as the initializer says)."""
+    return {k: getattr(draft, k) for k in FLAGS}
+
+
+def asked_flags(draft: DraftConfig) -> dict[str, bool | None]:
+    """The norm flags the run asks for: its own, EAGLE-3.1's where it leaves one null with eagle31=true; None:
+    as the initializer says."""
+    asked = run_flags(draft)
+    if draft.eagle31:
+        asked = {k: EAGLE31_FLAGS[k] if v is None else v for k, v in asked.items()}
+    return asked
+
+
+def kind_flag_problem(kind: DraftKind | str, flags: Mapping[str, bool | None]) -> str | None:
+    """Why a draft of `kind` cannot have these norm flags, or None: the one rule that the run's config check (before
+    any rank starts), init=pretrained and export (eagle3/serve/parity.py) all apply. vLLM, the one engine with
+    parallel drafting, reads a P-EAGLE config's norm_before_residual and norm_before_fc only: per-aux fc_norm
+    (EAGLE-3.1's) would be served without the norms it was trained with."""
+    if DraftKind(kind) == DraftKind.peagle and flags.get("fc_norm"):
+        return "fc_norm=true: vLLM's P-EAGLE config reader drops fc_norm (EAGLE-3.1's per-aux norms)"
+    return None
+
+
+def flag_conflicts(draft: DraftConfig) -> list[str]:
+    """Flag settings speculators would refuse, or that contradict model.draft.eagle31, in the config's words."""
+    problems = []
+    if draft.norm_before_fc and draft.fc_norm:
+        problems.append("norm_before_fc=true and fc_norm=true: one norm before fc or one per aux state, not both")
+    if draft.eagle31:
+        for k, v in run_flags(draft).items():
+            if v is not None and k != "norm_before_residual" and v != EAGLE31_FLAGS[k]:
+                problems.append(f"{k}={str(v).lower()} contradicts eagle31=true "
+                                f"(EAGLE-3.1 has {k}={str(EAGLE31_FLAGS[k]).lower()})")
+    return problems
+
+
+# A verifier's sizes (HF config.json keys) that must be positive integers.
+SIZE_KEYS = ("hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads", "head_dim",
+             "intermediate_size", "vocab_size", "max_position_embeddings")
+
+
+def shape_problems(config: dict[str, Any]) -> list[str]:
+    """What no decoder could have in `config` (HF keys): sizes that are not positive integers, key/value heads that
+    do not divide the query heads, a hidden size the heads do not divide without a head_dim. [] when none."""
+    problems = [f"{key}={config[key]!r} (a size: must be a positive integer)" for key in SIZE_KEYS
+                if config.get(key) is not None
+                and (isinstance(config[key], bool) or not isinstance(config[key], int) or config[key] < 1)]
+    if problems:
+        return problems
+    heads, kv, hidden = config.get("num_attention_heads"), config.get("num_key_value_heads"), config.get("hidden_size")
+    if heads and kv and kv > heads:
+        problems.append(f"num_key_value_heads={kv} > num_attention_heads={heads} (each key/value head serves one "
+                        f"or more query heads)")
+    elif heads and kv and heads % kv:
+        problems.append(f"num_attention_heads={heads} is not a multiple of num_key_value_heads={kv} (grouped-query "
+                        f"attention gives each key/value head the same number of query heads)")
+    if heads and hidden and not config.get("head_dim") and "kv_lora_rank" not in config and hidden % heads:
+        problems.append(f"hidden_size={hidden} is not a multiple of num_attention_heads={heads}, and no head_dim "
+                        f"is given (head_dim = hidden_size / heads)")
+    return problems
 
 
 class Scheduler(str, Enum):
@@ -68,7 +149,7 @@ class BadSamplePolicy(str, Enum):
 
 
 class RowFormat(str, Enum):
-    """What a data file's rows hold (eagle3/data/jsonl.py reads each): `auto` takes the first row's format."""
+    """What a data file's rows hold (eagle3/formats/row_formats.py reads each): `auto` takes the first row's format."""
 
     auto = "auto"
     tokens = "tokens"       # {"input_ids": [...], "loss_mask": [...]} (speculators' rows)
@@ -77,7 +158,7 @@ class RowFormat(str, Enum):
 
 
 class Objective(str, Enum):
-    """What a run returns to a sweeper (eagle3/objective.py): its best val tau_sim, or the measured acceptance
+    """What a run returns to a sweeper (eagle3/sweep/objective.py): its best val tau_sim, or the measured acceptance
     of that val pass."""
 
     tau_sim = "tau_sim"
@@ -90,7 +171,7 @@ class Strategy(str, Enum):
 
 
 class Device(str, Enum):
-    """Where a run trains; auto: a CUDA GPU when torch sees one, else the CPU (eagle3/runtime.py resolves it)."""
+    """Where a run trains; auto: a CUDA GPU when torch sees one, else the CPU (eagle3/device/choice.py resolves it)."""
 
     auto = "auto"
     cpu = "cpu"
@@ -159,9 +240,8 @@ class VerifierConfig:
         _require((self.path is None) != (self.tiny is None), "model.verifier",
                  "set exactly one of model.verifier.path (a local Hugging Face model dir) and model.verifier.tiny")
         if self.path is not None:
-            _require_dir(self.path, "model.verifier.path", [],
+            require_dir(self.path, "model.verifier.path", ["config.json"],
                          "a local Hugging Face model dir with config.json and model.safetensors (or its index)")
-            Verifier(self.path).config  # noqa: B018  (refuses no config.json, a config no model could have, LayerNorm)
         if self.tiny is not None:
             t = self.tiny
             problems = "; ".join(shape_problems({
@@ -170,16 +250,6 @@ class VerifierConfig:
                 "max_position_embeddings": t.max_position_embeddings}))
             _require(not problems, "model.verifier.tiny", "a verifier no model could have: " + problems.replace(
                 "num_hidden_layers", "num_layers").replace("num_attention_heads", "num_heads"))
-
-    def num_layers(self) -> int | None:
-        """The verifier's decoder layers (tiny: its num_layers; a path: config.json's num_hidden_layers), None when
-        its config does not say."""
-        if self.tiny is not None:
-            return self.tiny.num_layers
-        if self.path is None:
-            return None
-        layers = Verifier(self.path).config.get("num_hidden_layers")
-        return layers if isinstance(layers, int) else None
 
 
 @dataclass
@@ -194,14 +264,14 @@ class DraftConfig:
     aux_layer_ids: list[int] = MISSING
     max_position_embeddings: int = 4096
     rope_theta: float = 10000.0
-    # The rest of the verifier's RoPE (eagle3/rope.py): rope_type and its factors as its config states them
+    # The rest of the verifier's RoPE (eagle3/arch/rope.py): rope_type and its factors as its config states them
     # (llama3, yarn, ...; null: default RoPE), and the share of each head it rotates (1.0 only). (Typed Any: Hydra
     # resolves an interpolation into a dict-typed node while composing, before model.verifier.path is set.)
     rope_scaling: Any = None
     partial_rotary_factor: float = 1.0
     rms_norm_eps: float = 1e-6
     hidden_act: str = "silu"
-    # The draft's decoder layers (eagle3/draft_arch.py): how many (layer 0 reads [embedding, hidden]), and of
+    # The draft's decoder layers (eagle3/arch/draft.py): how many (layer 0 reads [embedding, hidden]), and of
     # which transformers type (llama | qwen3: a Qwen3 layer adds q/k norms).
     num_layers: int = 1
     layer_type: LayerType = LayerType.llama
@@ -215,14 +285,14 @@ class DraftConfig:
     norm_before_fc: bool | None = None         # one RMSNorm over the concatenated aux hidden states before fc
     norm_output: bool | None = None            # feed the normed output, not the raw one, into the next TTT step
     fc_norm: bool | None = None                # one RMSNorm per aux hidden state before fc (not norm_before_fc)
-    # EAGLE-3.1: the null flags take fc_norm=true, norm_before_fc=false, norm_output=true (draft_arch.EAGLE31_FLAGS).
+    # EAGLE-3.1: the null flags take fc_norm=true, norm_before_fc=false, norm_output=true (EAGLE31_FLAGS above).
     eagle31: bool = False
-    # eagle3: one forward per draft token; peagle: P-EAGLE, all ttt_steps tokens in one forward (draft_arch.py).
+    # eagle3: one forward per draft token; peagle: P-EAGLE, all ttt_steps tokens in one forward (eagle3/arch/draft.py).
     kind: DraftKind = DraftKind.eagle3
     # P-EAGLE's masked slots' input token (null: the verifier vocabulary's last id).
     mask_token_id: int | None = None
-    # Recompute the decoder layer in the backward instead of keeping its activations (eagle3/recompute.py):
-    # less activation memory for about one more layer forward per TTT step.
+    # Recompute the decoder layer in the backward instead of keeping its activations
+    # (eagle3/arch/activation_checkpointing.py): less activation memory for about one more layer forward per TTT step.
     gradient_checkpointing: bool = False
 
     def check(self) -> None:
@@ -283,14 +353,17 @@ class ModelConfig:
                  "verifier use model=auto model.verifier.path=<dir> (the draft's shape is read from its config.json)")
         self.verifier.check()  # before the draft's: a draft sized after a bad verifier is the verifier's fault
         self.draft.check()
-        depth = self.verifier.num_layers()
-        if depth is not None:
-            ids = self.draft.aux_layer_ids
-            # The usual choice, distinct and within the depth also for a verifier of a few layers.
-            usual = sorted({min(2, depth - 1), depth // 2, max(depth - 3, 0)})
-            _require(max(ids) < depth, "model.draft.aux_layer_ids",
-                     f"{list(ids)} goes beyond the verifier's {depth} decoder layers: ids are in [0, {depth - 1}] "
-                     f"(hidden_states[i] enters layer i); [2, N//2, N-3] is the usual choice, here {usual}")
+        if self.verifier.tiny is not None:  # a verifier dir's depth is its config.json's (eagle3.verifier.shape)
+            check_aux_layers(self.draft.aux_layer_ids, self.verifier.tiny.num_layers)
+
+
+def check_aux_layers(ids: list[int], depth: int) -> None:
+    """model.draft.aux_layer_ids within a verifier of `depth` decoder layers."""
+    # The usual choice, distinct and within the depth also for a verifier of a few layers.
+    usual = sorted({min(2, depth - 1), depth // 2, max(depth - 3, 0)})
+    _require(max(ids) < depth, "model.draft.aux_layer_ids",
+             f"{list(ids)} goes beyond the verifier's {depth} decoder layers: ids are in [0, {depth - 1}] "
+             f"(hidden_states[i] enters layer i); [2, N//2, N-3] is the usual choice, here {usual}")
 
 
 @dataclass
@@ -330,9 +403,9 @@ def check_total_seq_len(value: int) -> None:
 
 @dataclass
 class DataConfig:
-    """What every data source's options have. `name` selects the source: one schema per source, each in its own
-    module under eagle3/data/sources/ (registered there by name, as INIT_SCHEMAS names the initializers' schemas),
-    with its own fields and checks, and what the launcher, the ranks and the plan ask of it (the methods below)."""
+    """What every data source's options have. `name` selects the source: one schema per source (below, named in
+    DATA_SCHEMAS as INIT_SCHEMAS names the initializers'), with its own fields and checks; what the launcher, the
+    ranks and the plan ask of a source is its behaviour, eagle3/data/sources/ (a `Source` looked up by name)."""
 
     name: str = MISSING
     total_seq_len: int = 1024       # tokens packed into one batch (per rank)
@@ -360,35 +433,179 @@ class DataConfig:
         compute the hidden states in the loop; None when the hidden states come from files."""
         return None
 
-    def materialize(self, cfg: RunConfig, verifier_dir: Path) -> Path:
-        """The data dir the ranks read, built (into cfg.cache_dir) when the source builds one; in the launcher,
-        before any rank starts."""
-        raise NotImplementedError
 
-    def check_rows(self, cfg: RunConfig, verifier_dir: Path, data_dir: Path) -> CheckReport:
-        """The start-up check of the data dir's rows (eagle3.data.check's quick part), before any rank starts."""
-        raise NotImplementedError
+@dataclass
+class HiddenStateFiles(DataConfig):
+    """Rows whose hidden states are files (hidden_states/hs_<i>.safetensors), read ahead by the reader thread."""
 
-    def loaders(self, data_dir: Path, verifier: OnlineVerifier | None, **common: Any) -> tuple[Loader, Loader]:
-        """A rank's train and val loaders (eagle3.data.loader.build_loaders, `common` its shared arguments)."""
-        raise NotImplementedError
+    # Micro-batches the reader thread reads ahead (each holds one buffer of (total_seq_len + 1) x (aux layers + 1)
+    # x hidden values)
+    prefetch: int = 2
 
-    def plan_stats(self, draft: DraftConfig) -> DataStats | None:
-        """The plan's token counts and hidden-state bytes on disk (eagle3.plan.DataStats), None when there are no
-        rows to count before the run reads them."""
-        raise NotImplementedError
+    def check(self, run: TrainConfig, dataset_required: bool = True) -> None:
+        super().check(run, dataset_required)
+        _require(self.prefetch >= 0, "data.prefetch", f"must be >= 0, got {self.prefetch}")
 
-    def no_rows_reason(self) -> str:
-        """Why plan_stats has no rows to count ("" for the generic reason: no dataset yet)."""
-        return ""
 
-    def plan_notes(self, run: TrainConfig) -> list[str]:
-        """More lines for the plan about building this data (data=regenerate: the expected regeneration time)."""
-        return []
+@dataclass
+class OfflineDataConfig(HiddenStateFiles):
+    name: str = "offline"
+    # Required: python launch.py data=offline data.path=/data/my_dataset; <path>/data-*.arrow (input_ids,
+    # loss_mask, seq_len), <path>/hidden_states/hs_<i>.safetensors, token_freq.pt
+    path: str = MISSING
 
-    def buffer_terms(self, draft: DraftConfig, device_type: str) -> list[Term]:
-        """The plan's terms for the hidden states one micro-batch needs (eagle3.plan)."""
-        raise NotImplementedError
+    writes_cache: ClassVar[bool] = False
+
+    def check(self, run: TrainConfig, dataset_required: bool = True) -> None:
+        super().check(run, dataset_required)
+        require_dir(self.path, "data.path", ["hidden_states"] if dataset_required else [],
+                     "a speculators-format dataset: Arrow rows (input_ids, loss_mask, seq_len) saved with "
+                     "datasets.save_to_disk, hidden_states/hs_<i>.safetensors and token_freq.pt")
+
+
+@dataclass
+class TokenRows(DataConfig):
+    """Token rows whose hidden states the verifier, held by every rank, computes in the loop."""
+
+    # true: shard the verifier across the job's ranks (FSDP2, forward only), for one that does not fit a device;
+    # false: a full copy per rank (bf16 on CUDA, fp32 on CPU)
+    shard_verifier: bool = False
+    # What data.path's rows hold: auto (the first row's format, recorded with the rows) | tokens ({"input_ids",
+    # "loss_mask"}) | messages ({"messages": [{"role", "content"}]}) | sharegpt ({"conversations": [{"from",
+    # "value"}]}); a row of another format is a bad row
+    format: RowFormat = RowFormat.auto
+    # Only the first records of data.path are read (bad ones counted among them), the rest of the file never is:
+    # the head of a large file such as ShareGPT's 125 MB JSON array. null: every record
+    max_records: int | None = None
+
+    def check(self, run: TrainConfig, dataset_required: bool = True) -> None:
+        super().check(run, dataset_required)
+        _require(self.max_records is None or self.max_records >= 1, "data.max_records",
+                 f"must be null (every record) or at least 1, got {self.max_records}")
+        _require(not (self.shard_verifier and run.eval.accept.enabled), "eval.accept.enabled",
+                 "measures on rank 0 with the whole verifier, and data.shard_verifier=true shards it across the "
+                 "ranks; measure the saved checkpoint afterwards with python -m eagle3.eval.accept --run <run dir>")
+        _require(not (self.shard_verifier and run.train.on_policy.enabled), "train.on_policy.enabled",
+                 "decodes with the whole verifier in each rank, and data.shard_verifier=true shards it across the "
+                 "ranks")
+
+    def verifier_in_rank(self) -> str | None:
+        return "sharded" if self.shard_verifier else "full"
+
+
+@dataclass
+class OnlineDataConfig(TokenRows):
+    """Rows from data.path, or without one sampled from the verifier as data.synth says (the tiny default's: the
+    same rows data=tiny trains on; cached under cache_dir, keyed by their content)."""
+
+    name: str = "online"
+    # Token rows: {"input_ids", "loss_mask"} rows, or conversations ({"messages"}, ShareGPT's {"conversations"};
+    # rendered with the verifier's chat template, every assistant turn trained) in a JSONL file, a JSON array, a
+    # Parquet file or a datasets dir (save_to_disk); a speculators-format dataset dir's Arrow rows are read as they
+    # are (hidden states are not read). null: rows sampled as data.synth says
+    path: str | None = None
+    synth: SynthConfig = field(default_factory=SynthConfig)   # only without data.path
+
+    def check(self, run: TrainConfig, dataset_required: bool = True) -> None:
+        super().check(run, dataset_required)
+        self.synth.check()
+        if self.path is None:
+            _require(self.format == RowFormat.auto, "data.format",
+                     f"describes data.path's rows, and there is no data.path (rows are sampled from the verifier): "
+                     f"drop data.format={self.format.value}, or give data.path")
+            _require(self.max_records is None, "data.max_records",
+                     "bounds the records read from data.path, and there is no data.path (rows are sampled from the "
+                     "verifier; data.synth.num_samples says how many): drop data.max_records, or give data.path")
+            return
+        changed = [f"data.synth.{k}" for k, v in vars(self.synth).items() if v != getattr(SynthConfig(), k)]
+        _require(not changed, changed[0] if changed else "data.synth",
+                 f"describes the rows data=online samples without a data.path, and data.path={self.path} gives the "
+                 f"rows: drop the data.synth override, or data.path to sample rows")
+        if dataset_required:
+            self._check_path(Path(self.path))
+
+    def _check_path(self, p: Path) -> None:
+        # Under on_bad_sample=skip a bad first line is a counted skip like any other, not a wrong file.
+        problem = rows_path_problem(p, first_line=self.on_bad_sample == BadSamplePolicy.error)
+        _require(problem is None, "data.path",
+                 f"{self.path} {problem}; data=online reads token rows: {ROWS_FILES} (a speculators-format dataset "
+                 f"dir's Arrow rows are read as they are; its hidden states are not read)")
+
+
+class RegenerationEngine(str, Enum):
+    auto = "auto"                   # vllm when its engine environment is there, else transformers (the log says which)
+    transformers = "transformers"   # the verifier in this process: transformers' batched, KV-cached generate
+    vllm = "vllm"                   # the verifier served by vLLM (python -m eagle3.serve --install builds its venv)
+
+
+@dataclass
+class Regeneration:
+    """How the responses are regenerated (the settings the cached rows are keyed by)."""
+
+    temperature: float = 0.0     # 0: greedy; above: sampled at this temperature from the full distribution
+    max_new_tokens: int = 256    # tokens per response at most (fewer where the verifier's positions end)
+    seed: int = 0                # with the prompt's index, seeds each prompt's draws (temperature > 0)
+    batch_size: int = 16         # prompts per batched generation, and per chunk saved (a stopped run resumes there)
+    engine: RegenerationEngine = RegenerationEngine.auto
+
+    def check(self) -> None:
+        for key in ("max_new_tokens", "batch_size"):
+            value = getattr(self, key)
+            _require(value >= 1, f"data.regenerate.{key}", f"must be >= 1, got {value}")
+        require_temperature("data.regenerate.temperature", self.temperature)
+
+
+@dataclass
+class RegenerateDataConfig(TokenRows):
+    """Rows = each prompt of data.path (prompt ids, out of the loss) + the verifier's response (trained on)."""
+
+    name: str = "regenerate"
+    # The prompt set, in any file data=online reads: conversations ({"messages"}, ShareGPT's {"conversations"};
+    # rendered with the verifier's chat template; every assistant turn, and a last user turn, is a response to
+    # regenerate) or {"input_ids", "loss_mask"} rows (every span of loss mask 1 is a response to regenerate; the
+    # tokens before it are its prompt)
+    path: str = MISSING
+    regenerate: Regeneration = field(default_factory=Regeneration)
+
+    def check(self, run: TrainConfig, dataset_required: bool = True) -> None:
+        super().check(run, dataset_required)
+        self.regenerate.check()
+        if dataset_required:
+            problem = rows_path_problem(Path(self.path), self.on_bad_sample == BadSamplePolicy.error)
+            _require(problem is None, "data.path", f"{self.path} {problem}; data=regenerate reads a prompt set: "
+                                                   f"{ROWS_FILES}")
+
+
+@dataclass
+class TinyDataConfig(HiddenStateFiles):
+    name: str = "tiny"
+    synth: SynthConfig = field(default_factory=SynthConfig)
+
+    def check(self, run: TrainConfig, dataset_required: bool = True) -> None:
+        super().check(run, dataset_required)
+        self.synth.check()
+
+# The data sources' schemas by `data.name`; eagle3.data.sources.registry adds a new source's (add_data_schema).
+DATA_SCHEMAS: dict[str, type[DataConfig]] = {
+    "offline": OfflineDataConfig, "online": OnlineDataConfig, "regenerate": RegenerateDataConfig,
+    "tiny": TinyDataConfig,
+}
+
+
+def add_data_schema(schema: type[DataConfig]) -> None:
+    """Adds a source's schema under its default `name`, stored as `data/base_<name>` for its option file's defaults
+    list (conf/data/<name>.yaml: `defaults: [base_<name>]`)."""
+    name = schema.name
+    assert isinstance(name, str), f"{schema.__name__} gives no default name"
+    DATA_SCHEMAS[name] = schema
+    ConfigStore.instance().store(group="data", name=f"base_{name}", node=schema)
+
+
+def data_schema(name: object) -> type[DataConfig]:
+    """The schema of the data source `name`; one ConfigError naming the known ones for another."""
+    if not isinstance(name, str) or name not in DATA_SCHEMAS:
+        raise ConfigError(f"data.name: {name!r} is no data source; known: {', '.join(sorted(DATA_SCHEMAS))}")
+    return DATA_SCHEMAS[name]
 
 
 class VocabPolicy(str, Enum):
@@ -433,7 +650,7 @@ class PretrainedInitConfig(InitConfig):
     def check_source(self) -> None:
         # Its files, keys and shapes are the initializer's preflight (eagle3/init/pretrained.py), once the data is
         # built; a path that is not there is known before.
-        _require_dir(self.path, "init.path", ["config.json"], "a draft checkpoint dir with config.json and "
+        require_dir(self.path, "init.path", ["config.json"], "a draft checkpoint dir with config.json and "
                      "model.safetensors (or a sharded index)")
 
 
@@ -560,7 +777,7 @@ class AcceptEvalConfig:
                  "needs the whole draft in rank 0, and FSDP shards it; measure the saved checkpoint afterwards with "
                  "python -m eagle3.eval.accept --run <run dir>")
         if self.prompts is not None:
-            problem = _rows_path_problem(Path(self.prompts))  # its rows are read at the first val pass
+            problem = rows_path_problem(Path(self.prompts))  # its rows are read at the first val pass
             _require(problem is None, "eval.accept.prompts", f"{self.prompts} {problem}; expected {ROWS_FILES}")
 
 
@@ -589,8 +806,8 @@ class EvalConfig:
 
 @dataclass
 class OnPolicyConfig:
-    """On-policy rollouts of the draft (eagle3/rollouts.py): from optimizer step `start_step` on, every `every` steps
-    each rank decodes `num_prompts` train prompts speculatively with the current draft (k = its ttt_steps, at
+    """On-policy rollouts of the draft (eagle3/train/on_policy.py): from optimizer step `start_step` on, every `every`
+    steps each rank decodes `num_prompts` train prompts speculatively with the current draft (k = its ttt_steps, at
     `temperature`) and mixes the loss on those verify rounds into the step at `mix` (share of the loss)."""
 
     enabled: bool = False
@@ -636,7 +853,7 @@ class TrainConfig:
     resume: str | None = None       # a run dir: continue that run in place from its checkpoints/last (no overrides)
     # true: print the run's memory (GiB per rank) and time plan and exit; builds nothing, writes no run dir; exit
     # status 0 if it fits, 3 if it does not, 1 for a refused config. A run always plans first and stops if it
-    # cannot fit (eagle3/plan.py)
+    # cannot fit (eagle3/plan/memory.py)
     plan: bool = False
     # What the run returns to a sweeper (hydra/sweeper=optuna maximises it): tau_sim, the best val tau_sim; or
     # accept_len, the measured acceptance (tokens per verify step) of checkpoints/best: needs
@@ -685,12 +902,9 @@ def register_configs() -> None:
     # Sweep sub-dir names come from the overrides; `experiment=k2_to_k25/finetune` must not nest a directory.
     if not OmegaConf.has_resolver("dirname_safe"):
         OmegaConf.register_new_resolver("dirname_safe", lambda s: str(s).replace("/", "-"))
-    from eagle3.verifier_shape import register_resolvers  # model=auto: ${verifier_config:<path>,<key>}
-
-    register_resolvers()
-    import eagle3.data.sources  # noqa: F401  (each source stores its schema as data/base_<name>)
-
     cs = ConfigStore.instance()
+    for schema in DATA_SCHEMAS.values():
+        cs.store(group="data", name=f"base_{schema.name}", node=schema)
     cs.store(name="base_train", node=TrainConfig)
     cs.store(group="model", name="base_model", node=ModelConfig)
     cs.store(group="init", name="base_scratch", node=ScratchInitConfig)
@@ -722,11 +936,8 @@ def _typed(schema_type: type[TrainConfig], plain: dict[str, Any], dataset_requir
     name = init.get("name") if isinstance(init, dict) else None
     if name not in INIT_SCHEMAS:
         raise ConfigError(f"init.name: {name!r} has no options schema; known: {', '.join(sorted(INIT_SCHEMAS))}")
-    from eagle3.data.sources import source_schema
-
     data = plain.get("data")
-    data_schema = source_schema(data.get("name") if isinstance(data, dict) else None)
-    schema = _schema(schema_type, INIT_SCHEMAS[name], data_schema)
+    schema = _schema(schema_type, INIT_SCHEMAS[name], data_schema(data.get("name") if isinstance(data, dict) else None))
     try:
         cfg = OmegaConf.to_object(OmegaConf.merge(schema, plain))  # merge copies the schema: it stays as built
     except OmegaConfBaseException as e:
@@ -774,8 +985,8 @@ ROWS_FILES = ("a JSONL file or JSON array of {\"input_ids\", \"loss_mask\"}, {\"
               "{\"conversations\"} rows, a Parquet file or a datasets dir (save_to_disk) of such rows")
 
 
-def _rows_path_problem(p: Path, first_line: bool = True) -> str | None:
-    """Why `p` holds no data rows (eagle3.data.row_files reads them), said after its name, judged by its first bytes
+def rows_path_problem(p: Path, first_line: bool = True) -> str | None:
+    """Why `p` holds no data rows (eagle3.formats.row_files reads them), said after its name, judged by its first bytes
     (a binary file, an empty one, and with `first_line` text that opens neither a JSON object nor an array) or,
     for a Parquet file or a `datasets` dir, by their marks (PAR1 at both ends; *.arrow files); None when it looks
     like rows. The rows themselves are checked one by one when they are read."""
@@ -822,7 +1033,7 @@ def path_kind(p: Path, wanted: str) -> str:
     return f"is {next((name for test, name in kinds if test(mode)), 'of an unknown kind')}, not {wanted}"
 
 
-def _require_dir(path: str, key: str, entries: list[str], what: str) -> None:
+def require_dir(path: str, key: str, entries: list[str], what: str) -> None:
     p = Path(path)
     if not p.is_dir():
         raise ConfigError(f"{key}: {path} {path_kind(p, 'a directory')}; expected {what}")

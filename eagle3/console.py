@@ -11,10 +11,7 @@ import time
 import warnings
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import IO, TYPE_CHECKING, TypeVar
-
-if TYPE_CHECKING:
-    from eagle3.progress import RunSummary
+from typing import IO, TypeVar
 
 Item = TypeVar("Item")
 Result = TypeVar("Result")
@@ -121,20 +118,3 @@ def resume_command(run_dir: Path | str) -> str:
     return f"python launch.py {shell_override('resume', run_dir)}"
 
 
-def format_result_table(summary: RunSummary, ttt_steps: int) -> str:
-    """Step 0 against final against best: the numbers a user looks at after a run."""
-    cols = [("step 0", summary.step0), ("final", summary.final), ("best", summary.best)]
-    keys = ["step", "loss", "tau_sim"] + [f"full_acc_{k}" for k in range(ttt_steps)]
-    if any("accept_len" in row for _, row in cols):  # eval.accept: measured beside simulated
-        keys.append("accept_len")
-    lines = [f"{'val':<12}" + "".join(f"{name:>12}" for name, _ in cols)]
-    for key in keys:
-        cells = []
-        for _, row in cols:
-            v = row.get(key)
-            cells.append(f"{v:>12}" if isinstance(v, int) else f"{v:>12.4f}" if v is not None else f"{'-':>12}")
-        lines.append(f"{key:<12}" + "".join(cells))
-    if summary.phases_s and summary.wall_s:
-        lines.append(f"wall time {summary.wall_s:.1f} s: " + ", ".join(
-            f"{name} {s:.1f} s ({s / summary.wall_s:.0%})" for name, s in summary.phases_s.items()))
-    return "\n".join(lines)

@@ -43,3 +43,12 @@ class StoppedBeforeTraining(Interrupted):
 
 class EngineError(UserError):
     """The serving engine cannot be built, started or reached (eagle3.serve); the message names its log file."""
+
+
+def load_problem(e: BaseException) -> str:
+    """Why transformers could not load a model dir, as one line for a message."""
+    text = str(e).strip()
+    if "trust_remote_code" in text:  # transformers' refusal under trust_remote_code=False
+        return ("it names a model or tokenizer class transformers does not know, defined by code in the dir "
+                "(auto_map), and code from a model dir is never run")
+    return f"{type(e).__name__}: {text.splitlines()[0]}" if text else type(e).__name__

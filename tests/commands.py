@@ -173,9 +173,9 @@ def sigterm_in_process_after_step_1(args: list[str], cache_dir: Path) -> subproc
     import signal
     from unittest import mock
 
-    import eagle3.train
+    import eagle3.train.loop
 
-    class SignalledAfterStep1(eagle3.train.StopRequest):
+    class SignalledAfterStep1(eagle3.train.loop.StopRequest):
         signalled = False
 
         def requested(self, world):  # asked after every optimizer step
@@ -185,7 +185,7 @@ def sigterm_in_process_after_step_1(args: list[str], cache_dir: Path) -> subproc
                 signal.raise_signal(signal.SIGTERM)
             return super().requested(world)
 
-    with mock.patch.object(eagle3.train, "StopRequest", SignalledAfterStep1):
+    with mock.patch.object(eagle3.train.loop, "StopRequest", SignalledAfterStep1):
         return launch(args, cache_dir)
 
 

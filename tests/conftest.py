@@ -13,31 +13,8 @@ from pathlib import Path
 
 import pytest
 
-# Names tests imported from conftest before its builders moved out (a branch written before the move still
-# does): import them from factories and commands.
-from commands import (  # noqa: F401
-    captured_console,
-    exit_status,
-    launch,
-    launch_process,
-    reference_and_resumed,
-    restored_process_state,
-    run_in_process,
-    sigterm_after_first_train_row,
-    sigterm_in_process_after_step_1,
-)
-from factories import (  # noqa: F401
-    CONF,
-    ROOT,
-    SMALL_DATA,
-    assert_chain_equals_speculators_forward,
-    compose_cfg,
-    composed,
-    parameter_groups,
-    read_rows,
-    tiny_run_config,
-    typed_run_config,
-)
+from commands import launch
+from factories import SMALL_DATA
 
 # Fixtures that run launch.py (or prepare) end to end, here and in test modules: every test that uses one,
 # directly or through another fixture, is in the slow tier whether or not it says so itself, so a test added
@@ -128,7 +105,7 @@ def built_once(tmp_path_factory, name: str, build) -> Path:
 
 @pytest.fixture(scope="session")
 def cache_dir(tmp_path_factory) -> Path:
-    """The session's cache (shared by the workers: its entries are built atomically, eagle3/data/cache.py)."""
+    """The session's cache (shared by the workers: its entries are built atomically, eagle3/formats/cache.py)."""
     return session_dir(tmp_path_factory, "eagle3-cache")
 
 
@@ -191,7 +168,7 @@ def sharegpt_file() -> Path:
 @pytest.fixture(scope="session")
 def engine_python() -> Path:
     """The vLLM environment: $EAGLE3_VLLM_PYTHON, or the one --install builds (built once, then reused)."""
-    from eagle3.serve import engine
+    from eagle3.engine import venv as engine
 
     given = os.environ.get(engine.PYTHON_ENV)
     return Path(given) if given else engine.install(engine.default_dir()).python

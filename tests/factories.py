@@ -1,7 +1,7 @@
 """What tests build by hand, built in one place: the composed and typed configs of conf/ (compose_cfg and the
 run configs), small verifiers (a model in memory, a saved Hugging Face dir, or only its config.json), word-level
 chat tokenizers, run dirs as eagle3 reads them, a disk that fills up, and the comparisons of a built draft
-with eagle3.plan's counts and speculators' forward. Fixtures are tests/conftest.py's; commands run in process
+with eagle3.plan.memory's counts and speculators' forward. Fixtures are tests/conftest.py's; commands run in process
 or in a process of their own are tests/commands.py's."""
 
 from __future__ import annotations
@@ -32,8 +32,10 @@ SMALL_DATA = ["data.synth.num_samples=128", "data.synth.response_len=48", "data.
 def registered_configs() -> None:
     """eagle3's schemas in Hydra's ConfigStore, stored once per process (the store outlives GlobalHydra.clear())."""
     from eagle3.config import register_configs
+    from eagle3.verifier.shape import register_resolvers
 
     register_configs()
+    register_resolvers()
 
 
 def compose_cfg(overrides: list[str] | None = None, return_hydra_config: bool = False):
@@ -211,7 +213,7 @@ def read_rows(run_dir: Path) -> list[dict]:
 
 def summary_json(step0: dict, best: dict, final: dict, **fields) -> str:
     """A summary.json as a run writes it, with these val rows (tests that build run dirs by hand)."""
-    from eagle3.progress import Progress, RunSummary
+    from eagle3.rundir.progress import Progress, RunSummary
 
     summary = RunSummary.of(Progress(step=final.get("step", 0), step0=step0, best=best, final=final),
                             Path("/verifier"), Path("/data"), "cpu", 1)
@@ -337,8 +339,7 @@ def draft_for_dataset(flags: dict):
     VOCAB (every other token in its draft vocabulary), seeded weights."""
     import torch
 
-    from eagle3.config import DraftConfig
-    from eagle3.draft_arch import SPECULATORS_FLAGS
+    from eagle3.config import SPECULATORS_FLAGS, DraftConfig
     from eagle3.init.build import bare_draft
 
     draft = {"vocab_size": VOCAB, "hidden_size": H, "intermediate_size": 64, "num_attention_heads": 2,
@@ -357,12 +358,12 @@ def draft_for_dataset(flags: dict):
     return model.eval()
 
 
-# --- a built draft against eagle3.plan's counts and speculators' forward -------------------------------------------
+# --- a built draft against eagle3.plan.memory's counts and speculators' forward ------------------------------------
 
 def parameter_groups(model, draft) -> dict[str, tuple[int, bool]]:
-    """The built draft's parameters grouped under eagle3.plan's names for `draft` (parameter_counts' keys):
+    """The built draft's parameters grouped under eagle3.plan.memory's names for `draft` (parameter_counts' keys):
     {name: (count, trainable)}."""
-    from eagle3.plan import parameter_counts
+    from eagle3.plan.memory import parameter_counts
 
     names = parameter_counts(draft)
     out: dict[str, list] = {}
@@ -387,7 +388,7 @@ def assert_chain_equals_speculators_forward(draft, verifier, ids: list[int], aux
     no off-by-one); the chain's proposals."""
     import torch
 
-    from eagle3.eval.drafting import propose, verifier_pass
+    from eagle3.decoding.drafting import propose, verifier_pass
 
     m = len(ids) - 1
     drafts, logits = propose(draft, ids, verifier_pass(verifier, ids, aux_ids).aux[:m], k)

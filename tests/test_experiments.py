@@ -8,8 +8,8 @@ import pytest
 from omegaconf import OmegaConf
 
 from commands import launch
-from eagle3.config import DraftConfig, validate
-from eagle3.draft_arch import SPECULATORS_FLAGS, resolved_flags
+from eagle3.arch.draft import resolved_flags
+from eagle3.config import SPECULATORS_FLAGS, DraftConfig, validate
 from eagle3.init.build import meta_draft
 from eagle3.init.pretrained import SPECFORGE_FLAGS
 from factories import CONF, compose_cfg, verifier_config_dir

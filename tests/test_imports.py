@@ -1,7 +1,7 @@
-"""No import circle in eagle3/: a circle among module-level imports makes the package's import order matter (a
-module half-initialized when its partner reads a name from it). Only module-level imports are counted (those under
-`if TYPE_CHECKING:` excepted): they are the ones that run at import time; an import inside a function runs when the
-function does, after every module has loaded, and cannot make a circle at import time."""
+"""The package's import structure: every import between eagle3 modules is counted, at module level, inside a
+function or under `if TYPE_CHECKING:` alike (a function-local import is an arrow too: it only hides it from import
+time). No circle, and no arrow from a lower layer of LAYERS to a higher one. Deferring torch or another library to a
+function is fine: that is not an arrow between eagle3 modules."""
 
 from __future__ import annotations
 
@@ -12,41 +12,64 @@ import eagle3
 
 PACKAGE = Path(eagle3.__file__).parent
 
+# The layers, lowest first: a module imports its own layer or lower ones, never a higher one. A layer is a list of
+# modules or packages (a package holds everything under it); docs/development.md's layout section describes each.
+LAYERS: list[list[str]] = [
+    ["eagle3.errors"],
+    ["eagle3.config"],
+    ["eagle3.safe_write", "eagle3.signal_scope", "eagle3.provenance", "eagle3.schema_cli"],
+    ["eagle3.console"],
+    ["eagle3.formats"],
+    ["eagle3.arch"],
+    ["eagle3.device"],
+    ["eagle3.verifier"],
+    ["eagle3.engine"],
+    ["eagle3.decoding"],
+    ["eagle3.rundir"],
+    ["eagle3.plan"],
+    ["eagle3.init"],
+    ["eagle3.data"],
+    ["eagle3.eval"],
+    ["eagle3.train"],
+    ["eagle3.serve"],
+    ["eagle3.sweep"],
+    ["eagle3.run"],
+    ["eagle3.reference"],
+]
+# Top-level modules of eagle3/ besides its subpackages (__init__.py not counted).
+TOP_LEVEL_MAX = 12
 
-def module_name(file: Path) -> str:
-    parts = ("eagle3", *file.relative_to(PACKAGE).with_suffix("").parts)
+
+def module_name(file: Path, package: Path = PACKAGE) -> str:
+    parts = ("eagle3", *file.relative_to(package).with_suffix("").parts)
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
-def module_level_imports(source: str, name: str, package: str, modules: set[str]) -> set[str]:
-    """The eagle3 modules that module `name` (in `package`) imports at its top level (`from eagle3.x import y`
-    counts eagle3.x.y when that is a module, else eagle3.x); statements inside functions, classes and
-    `if TYPE_CHECKING:` do not run then."""
+def imports_of(source: str, name: str, package: str, modules: set[str]) -> set[str]:
+    """The eagle3 modules that module `name` (in `package`) imports anywhere in its source: top level, functions,
+    classes and `if TYPE_CHECKING:` blocks (`from eagle3.x import y` counts eagle3.x.y when that is a module, else
+    eagle3.x)."""
     found: set[str] = set()
-    for node in ast.parse(source).body:
-        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
-            continue
-        statements = [node] if not isinstance(node, (ast.If, ast.Try)) else list(ast.walk(node))
-        for st in statements:
-            if isinstance(st, ast.Import):
-                found |= {a.name for a in st.names}
-            elif isinstance(st, ast.ImportFrom):
-                base = st.module or ""
-                if st.level:  # relative: from the package, one level up per dot past the first
-                    parent = package.split(".")[:len(package.split(".")) - st.level + 1]
-                    base = ".".join(parent + ([base] if base else []))
-                found |= {f"{base}.{a.name}" if f"{base}.{a.name}" in modules else base for a in st.names}
+    for st in ast.walk(ast.parse(source)):
+        if isinstance(st, ast.Import):
+            found |= {a.name for a in st.names}
+        elif isinstance(st, ast.ImportFrom):
+            base = st.module or ""
+            if st.level:  # relative: from the package, one level up per dot past the first
+                parent = package.split(".")[:len(package.split(".")) - st.level + 1]
+                base = ".".join(parent + ([base] if base else []))
+            found |= {f"{base}.{a.name}" if f"{base}.{a.name}" in modules else base for a in st.names}
     return {m for m in found if m in modules and m != name}
 
 
-def import_graph() -> dict[str, set[str]]:
-    files = sorted(PACKAGE.rglob("*.py"))
-    modules = {module_name(f) for f in files}
+def import_graph(package: Path = PACKAGE) -> dict[str, set[str]]:
+    files = sorted(package.rglob("*.py"))
+    modules = {module_name(f, package) for f in files}
     graph = {}
     for f in files:
-        name = module_name(f)
-        package = name if f.name == "__init__.py" else name.rpartition(".")[0]
-        graph[name] = module_level_imports(f.read_text(), name, package, modules)
+        name = module_name(f, package)
+        within = name if f.name == "__init__.py" else name.rpartition(".")[0]
+        graph[name] = imports_of(f.read_text(), name, within, modules)
     return graph
 
 
@@ -71,23 +94,59 @@ def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
     return found
 
 
-def test_the_walk_sees_a_circle_and_a_deferred_import_breaks_none():
+def layer_of(module: str, layers: list[list[str]] = LAYERS) -> int | None:
+    """The index in `layers` of the longest entry that is `module` or a package above it; None for none."""
+    best: tuple[int, int] | None = None
+    for i, layer in enumerate(layers):
+        for entry in layer:
+            if (module == entry or module.startswith(entry + ".")) and (best is None or len(entry) > best[1]):
+                best = (i, len(entry))
+    return None if best is None else best[0]
+
+
+def upward_arrows(graph: dict[str, set[str]], layers: list[list[str]] = LAYERS) -> list[str]:
+    return sorted(f"{a} -> {b}" for a, targets in graph.items() for b in targets
+                  if (la := layer_of(a, layers)) is not None and (lb := layer_of(b, layers)) is not None and lb > la)
+
+
+def test_the_walk_counts_every_import_and_sees_circles_and_upward_arrows():
     graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}
     assert cycles(graph) == [["a", "b", "c", "a"]]
     assert cycles({"a": {"b"}, "b": set()}) == []
     source = ("import eagle3.x\nfrom eagle3 import y\nfrom . import v\nif TYPE_CHECKING:\n    import eagle3.z\n"
-              "def f():\n    import eagle3.w\n")
-    modules = {"eagle3.x", "eagle3.y", "eagle3.z", "eagle3.w", "eagle3.v", "eagle3"}
-    assert module_level_imports(source, "eagle3.probe", "eagle3", modules) == {"eagle3.x", "eagle3.y", "eagle3.v"}
+              "def f():\n    import eagle3.w\nclass C:\n    def m(self):\n        from eagle3.u import name\n")
+    modules = {"eagle3.x", "eagle3.y", "eagle3.z", "eagle3.w", "eagle3.v", "eagle3.u", "eagle3"}
+    assert imports_of(source, "eagle3.probe", "eagle3", modules) == modules - {"eagle3"}
+    layers = [["eagle3.low"], ["eagle3.high", "eagle3.side"]]
+    assert layer_of("eagle3.high.deep", layers) == 1 and layer_of("eagle3.lower", layers) is None
+    arrows = {"eagle3.low.a": {"eagle3.high.b"}, "eagle3.high.b": {"eagle3.low.a", "eagle3.side"}}
+    assert upward_arrows(arrows, layers) == ["eagle3.low.a -> eagle3.high.b"]
 
 
-def test_no_import_circle_in_eagle3():
+def test_no_import_circle_in_eagle3_with_every_import_counted():
     graph = import_graph()
-    assert "eagle3.launch" in graph and graph["eagle3.launch"], "the walk found the package's modules"
-    assert cycles(graph) == [], "module-level import circles: " + "; ".join(" -> ".join(c) for c in cycles(graph))
+    assert "eagle3.run.launch" in graph and graph["eagle3.run.launch"], "the walk found the package's modules"
+    assert cycles(graph) == [], "import circles: " + "; ".join(" -> ".join(c) for c in cycles(graph))
 
 
-# Line budgets: eagle3/launch.py reads top to bottom in one sitting, and every function in eagle3/ fits a screen.
+def test_every_module_has_a_layer_and_none_imports_a_higher_layer():
+    graph = import_graph()
+    without = sorted(m for m in graph if m != "eagle3" and layer_of(m) is None)
+    assert not without, f"modules in no layer of LAYERS (add them): {without}"
+    arrows = upward_arrows(graph)
+    assert not arrows, "imports from a lower layer to a higher one:\n" + "\n".join(arrows)
+
+
+def test_the_schema_imports_nothing_of_eagle3_but_its_errors():
+    assert import_graph()["eagle3.config"] <= {"eagle3.errors"}
+
+
+def test_eagle3_has_at_most_12_top_level_modules_besides_its_subpackages():
+    top = sorted(f.name for f in PACKAGE.glob("*.py") if f.name != "__init__.py")
+    assert len(top) <= TOP_LEVEL_MAX, f"{len(top)} top-level modules: {top}"
+
+
+# Line budgets: eagle3/run/launch.py reads top to bottom in one sitting, and every function in eagle3/ fits a screen.
 LAUNCH_MAX_LINES, FUNCTION_MAX_LINES = 250, 80
 
 
@@ -108,8 +167,8 @@ def test_the_walk_sees_a_long_function_nested_or_not():
 
 
 def test_launch_is_under_its_line_budget_and_no_function_in_eagle3_is_over_80_lines():
-    lines = len((PACKAGE / "launch.py").read_text().splitlines())
-    assert lines < LAUNCH_MAX_LINES, f"eagle3/launch.py has {lines} lines (budget: under {LAUNCH_MAX_LINES})"
+    lines = len((PACKAGE / "run" / "launch.py").read_text().splitlines())
+    assert lines < LAUNCH_MAX_LINES, f"eagle3/run/launch.py has {lines} lines (budget: under {LAUNCH_MAX_LINES})"
     long = [f"{file.relative_to(PACKAGE.parent)}: {name} ({length} lines)" for file in sorted(PACKAGE.rglob("*.py"))
             for name, length in long_functions(file.read_text())]
     assert not long, f"functions over {FUNCTION_MAX_LINES} lines: " + "; ".join(long)

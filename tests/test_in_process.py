@@ -37,7 +37,7 @@ def test_a_run_in_process_gives_back_what_it_changed(tmp_path):
 
 
 def test_a_module_in_process_prints_its_error_as_the_interpreter_does(tmp_path):
-    proc = run_in_process(["python", "-m", "eagle3.compare", str(tmp_path / "nowhere")])
+    proc = run_in_process(["python", "-m", "eagle3.sweep.compare", str(tmp_path / "nowhere")])
     assert proc.returncode != 0 and proc.stderr.startswith("error: ") and "Traceback" not in proc.stderr
     assert str(tmp_path / "nowhere") in proc.stderr
     with pytest.raises(ValueError, match="python launch.py"):

@@ -39,7 +39,7 @@ def first_exchange(record: dict) -> dict | None:
 def chat_rows(sharegpt_file, tmp_path_factory) -> Path:
     """A slice of the ShareGPT file as ShareGPT's own JSON array of `conversations` records, read by the project's
     reader like data.path: a few conversations from its head, each its first exchange, cut short."""
-    from eagle3.data.row_files import records
+    from eagle3.formats.row_files import records
 
     head = [record for _, record in islice(records(sharegpt_file), 4 * CONVERSATIONS)]
     kept = [r for r in map(first_exchange, head) if r]
@@ -61,8 +61,8 @@ def test_smollm2_chat_rows_train_each_assistant_turn_through_its_end_token(smoll
     from transformers import AutoTokenizer
 
     from eagle3.config import RowFormat
-    from eagle3.data.jsonl import conversation as as_messages
-    from eagle3.data.row_files import records
+    from eagle3.formats.row_files import records
+    from eagle3.formats.row_formats import conversation as as_messages
     from eagle3.verifier.model import Verifier
 
     chat = Verifier(smollm2_dir).chat_tokenizer()

@@ -1,5 +1,5 @@
 """The schemas in eagle3/config.py are where a value is declared and checked: string choices are Enums (a typo fails
-at composition, with Hydra's own message), `auto` is resolved once (eagle3.runtime), each range is checked in one
+at composition, with Hydra's own message), `auto` is resolved once (eagle3.device.choice), each range is checked in one
 schema and the CLIs take their options from it, and the option files in conf/ state only what differs from it."""
 
 from __future__ import annotations
@@ -49,7 +49,7 @@ def test_choices_compare_as_strings_and_are_written_as_their_names(tmp_path):
 def test_the_runtime_resolves_auto_on_a_cpu_machine(monkeypatch):
     import torch
 
-    from eagle3.runtime import Runtime, resolve_runtime, runtime_of
+    from eagle3.device.choice import Runtime, resolve_runtime, runtime_of
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     assert runtime_of(typed()) == Runtime("cpu", "gloo", "sdpa", "float32")
@@ -63,7 +63,7 @@ def test_the_runtime_resolves_auto_on_a_cpu_machine(monkeypatch):
 def test_the_runtime_resolves_auto_on_a_gpu_machine(monkeypatch):
     import torch
 
-    from eagle3.runtime import Runtime, resolve_runtime
+    from eagle3.device.choice import Runtime, resolve_runtime
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
@@ -77,7 +77,7 @@ def test_the_runtime_resolves_auto_on_a_gpu_machine(monkeypatch):
 
 
 def test_the_plan_names_the_attention_as_a_plain_string():
-    from eagle3.fit import run_plan
+    from eagle3.run.plan_guard import run_plan
 
     plan = run_plan(typed(["model.draft.attn_impl=eager", "device=cpu", "distributed.device_memory_gb=16"]))
     assert type(plan.attn_impl) is str and plan.attn_impl == "eager"
@@ -144,7 +144,7 @@ def test_data_prepare_takes_on_bad_sample_and_device_from_the_schemas(capsys):
 
 
 def test_bad_samples_take_the_policy_names_of_the_schema():
-    from eagle3.data.jsonl import BadSamples
+    from eagle3.formats.row_formats import BadSamples
 
     assert BadSamples("skip").policy == "skip"
     with pytest.raises(ValueError, match="'sometimes' is not a valid BadSamplePolicy"):
@@ -235,11 +235,13 @@ def test_option_files_hold_only_deltas_from_their_schemas(tmp_path):
     from hydra.core.global_hydra import GlobalHydra
 
     from eagle3.config import register_configs
+    from eagle3.verifier.shape import register_resolvers
     from factories import CONF
 
     conf = tmp_path / "conf"
     shutil.copytree(CONF, conf)
     register_configs()
+    register_resolvers()
     GlobalHydra.instance().clear()
     with initialize_config_dir(config_dir=str(conf), version_base="1.3"):
         restated = [line for rel, overrides in option_files(conf) for line in restated_lines(conf, rel, overrides)]

@@ -15,8 +15,13 @@ from factories import compose_cfg, verifier_config_dir
 
 
 def checked(overrides: list[str]):
+    """The composed config typed and checked, its verifier dir too, as a new job is before its plan."""
+    from eagle3.verifier.shape import check_verifier_dir
+
     plain = OmegaConf.to_container(compose_cfg(overrides), resolve=True, enum_to_str=True)
-    return validate(plain)
+    cfg = validate(plain)
+    check_verifier_dir(cfg.model)
+    return cfg
 
 
 @pytest.mark.parametrize("overrides,match", [

@@ -1,1 +1,1 @@
-"""Verifiers and datasets: build the tiny verifier, prepare speculators-format data, read it back."""
+"""Datasets: the data sources, preparing speculators-format data, checking it, reading it back, regenerating rows."""

@@ -15,7 +15,6 @@ rows stop the run, since then most of what was prepared is never trained on.
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 from collections import Counter
 from dataclasses import dataclass, field
@@ -26,9 +25,9 @@ import numpy as np
 from tqdm import tqdm
 
 from eagle3.config import DataConfig, check_total_seq_len
-from eagle3.data.hsfiles import Problem, TensorSpec, file_problem, hs_path, read_header
-from eagle3.data.rows import ArrowRows
 from eagle3.errors import ConfigError, DataError, UserError
+from eagle3.formats.arrow_rows import ArrowRows
+from eagle3.formats.hidden_states import Problem, hidden_state_problem, hs_path
 from eagle3.schema_cli import add_fields, checked
 
 # Above this share of rows cut by data.total_seq_len, the start-up check stops the run instead of warning:
@@ -105,22 +104,6 @@ class CheckReport:
         return text
 
 
-def hidden_state_problem(file: Path, ids: np.ndarray, num_slots: int | None, hidden_size: int | None,
-                         dtype: str | None = None, full: bool = False) -> Problem | None:
-    """What is wrong with one row's hidden-state file, or None when it is usable (`full`: NaN/inf scan too)."""
-    try:
-        fd = os.open(file, os.O_RDONLY)
-    except FileNotFoundError:
-        return Problem("missing_file", f"{file.parent.name}/{file.name} is missing")
-    try:
-        problem = file_problem(fd, file, ids, num_slots, hidden_size, dtype)
-        if problem is None and full and not _finite(fd, read_header(fd, file)["hidden_states"]):
-            problem = Problem("non_finite", f"{file.name}: hidden_states hold NaN or inf")
-        return problem
-    finally:
-        os.close(fd)
-
-
 def check_dataset(data_dir: str | Path, num_slots: int | None = None, hidden_size: int | None = None,
                   vocab_size: int | None = None, dtype: str | None = None, full: bool = False,
                   progress: bool = False, total_seq_len: int | None = None, hidden_states: bool = True,
@@ -129,10 +112,10 @@ def check_dataset(data_dir: str | Path, num_slots: int | None = None, hidden_siz
     `total_seq_len` (tokens per micro-batch), also counts the rows the trainer would cut to it.
     `hidden_states=False` (data=online: the verifier computes them) checks the token rows alone, as it does for a
     dir without hidden_states/ (a token-row dataset: the report says so), and `max_positions` (the verifier's)
-    makes a longer row a bad one. token_freq.pt is read by the reader training uses (eagle3.data.vocab): a file
+    makes a longer row a bad one. token_freq.pt is read by the reader training uses (eagle3.formats.vocab): a file
     training would refuse is refused here."""
     from eagle3.data.record import read_record
-    from eagle3.data.vocab import read_token_freq
+    from eagle3.formats.vocab import read_token_freq
 
     data_dir = Path(data_dir)
     try:
@@ -184,13 +167,6 @@ def _row_problem(ids: np.ndarray, mask: np.ndarray, seq_len: int, vocab_size: in
 
 
 # NaN and inf are the values whose exponent bits are all ones: tested on the raw bits, nothing is converted.
-EXPONENT_BITS = {"BF16": (np.uint16, 0x7F80), "F16": (np.uint16, 0x7C00), "F32": (np.uint32, 0x7F800000)}
-
-
-def _finite(fd: int, spec: TensorSpec) -> bool:
-    bits, exponent = EXPONENT_BITS[spec.dtype]
-    raw = np.frombuffer(os.pread(fd, spec.end - spec.start, spec.start), bits)
-    return not bool(((raw & exponent) == exponent).any())
 
 
 def main(argv: list[str] | None = None) -> int:

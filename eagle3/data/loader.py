@@ -23,10 +23,10 @@ import numpy as np
 import torch
 from torch.utils.data import Sampler
 
-from eagle3.data.hsfiles import file_dtype
 from eagle3.data.reader import PackedLoader
-from eagle3.data.rows import ArrowRows
 from eagle3.errors import DataError
+from eagle3.formats.arrow_rows import ArrowRows
+from eagle3.formats.hidden_states import file_dtype
 
 if TYPE_CHECKING:
     from eagle3.data.online import OnlineLoader, OnlineVerifier

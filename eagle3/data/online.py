@@ -25,11 +25,11 @@ import torch
 
 from eagle3.config import DraftConfig
 from eagle3.data.reader import Pack
-from eagle3.data.rows import ArrowRows
-from eagle3.data.verifier_forward import forward_hidden_states, hidden_state_taps, packed_batch
-from eagle3.distributed import World
+from eagle3.device.choice import compute_dtype_on
+from eagle3.device.distributed import World
 from eagle3.errors import ConfigError
-from eagle3.runtime import compute_dtype_on
+from eagle3.formats.arrow_rows import ArrowRows
+from eagle3.verifier.forward import forward_hidden_states, hidden_state_taps, packed_batch
 from eagle3.verifier.model import Verifier
 
 log = logging.getLogger(__name__)
@@ -92,10 +92,10 @@ def check_online_verifier(verifier_dir: Path, draft: DraftConfig) -> int | None:
     (no weights loaded): the draft's hidden and vocabulary sizes, attention that packing keeps per document, and
     whole weights to load. Returns its positions (max_position_embeddings; None when its config does not say),
     which bound a row's length."""
-    from eagle3.data.verifier_forward import packing_problem
+    from eagle3.verifier.forward import packing_problem
 
     verifier = Verifier(verifier_dir)
-    # Aux layer ids within its depth: ModelConfig.check, from the same config.json.
+    # Aux layer ids within its depth: eagle3.verifier.shape.check_verifier_dir, from the same config.json.
     hidden, vocab = verifier.size("hidden_size"), verifier.size("vocab_size")
     where = f"the verifier {verifier_dir}"
     if hidden is not None and hidden != draft.hidden_size:

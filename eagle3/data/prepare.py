@@ -2,14 +2,14 @@
 
     python -m eagle3.data.prepare --model /models/verifier --data rows.jsonl --out /data/ds [--aux-layer-ids 2 16 29]
 
---data is any rows file eagle3.data.jsonl reads (token rows, messages or ShareGPT conversations; JSONL, a JSON
+--data is any rows file eagle3.formats.row_formats reads (token rows, messages or ShareGPT conversations; JSONL, a JSON
 array, Parquet or a datasets dir).
 
     <out>/data-*.arrow + dataset_info.json + state.json    rows: input_ids, loss_mask, seq_len (torch format)
     <out>/hidden_states/hs_<i>.safetensors                  hidden_states [seq, n_aux + 1, H], token_ids [seq]
     <out>/token_freq.pt                                     {token_id: count} over loss-masked tokens
 
-The hidden states come from eagle3/data/verifier_forward.py (--engine transformers) or from vLLM
+The hidden states come from eagle3/verifier/forward.py (--engine transformers) or from vLLM
 (--engine vllm: eagle3/data/vllm_hidden_states.py), equal either way. `<out>/eagle3_data.json` records which
 verifier, engine, aux layers and hidden size they hold (eagle3/data/record.py). `write_dataset` is also how the
 synthetic data is written.
@@ -25,20 +25,19 @@ from typing import Any
 
 import torch
 
-from eagle3.config import DataConfig, Device, HiddenStatesDtype
+from eagle3.config import DataConfig, Device, HiddenStatesDtype, TokenRows
 from eagle3.console import shell_override
-from eagle3.data.cache import cache_key
-from eagle3.data.jsonl import Row
 from eagle3.data.record import read_record, write_record
-from eagle3.data.sources.online import TokenRows
 from eagle3.data.token_rows import save_rows
-from eagle3.data.verifier_forward import write_hidden_states
+from eagle3.device.choice import compute_dtype_on, resolve_runtime
 from eagle3.errors import ConfigError, DataError, UserError
-from eagle3.runtime import compute_dtype_on, resolve_runtime
+from eagle3.formats.cache import cache_key
+from eagle3.formats.row_formats import Row
 from eagle3.safe_write import refuse_links_in
 from eagle3.schema_cli import add_fields
+from eagle3.verifier.forward import write_hidden_states
 from eagle3.verifier.model import Verifier
-from eagle3.verifier_shape import default_aux_layer_ids
+from eagle3.verifier.shape import default_aux_layer_ids
 
 log = logging.getLogger(__name__)
 
@@ -103,7 +102,7 @@ def check_aux_layer_ids(aux_layer_ids: Sequence[int], num_layers: int) -> None:
 def check_room(out_dir: Path, rows: Sequence[Row], slots: int, hidden_size: int, dtype: torch.dtype) -> None:
     """Refuses to start when the disk of `out_dir` cannot hold the rows' hidden-state files (those already there
     count as written) and the rows themselves."""
-    from eagle3.disk import check_free
+    from eagle3.formats.disk import check_free
 
     per_token = slots * hidden_size * dtype.itemsize + 8 + 16  # hidden states, token ids; the Arrow rows
     hs_dir = out_dir / "hidden_states"
@@ -201,7 +200,7 @@ def main(argv: list[str] | None = None) -> int:
               "command resumes from them", file=sys.stderr)
         return 128 + 2
     except Exception as e:
-        from eagle3.disk import disk_full, disk_full_error
+        from eagle3.formats.disk import disk_full, disk_full_error
 
         if not disk_full(e, args.out):
             raise
@@ -215,7 +214,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def prepare(args: argparse.Namespace) -> dict[str, Any]:
     from eagle3.console import quiet_libraries
-    from eagle3.data.jsonl import BadSamples, ChatTokenizer, read_rows
+    from eagle3.formats.row_formats import BadSamples, ChatTokenizer, read_rows
 
     quiet_libraries()
     if args.out.exists() and not args.out.is_dir():
@@ -290,7 +289,7 @@ def prepare_with_engine(args: argparse.Namespace, rows: Sequence[Row], aux: Sequ
     """write_dataset's dataset with the hidden states computed by vLLM (eagle3/data/vllm_hidden_states.py): what it
     would refuse is refused before anything is written or started."""
     from eagle3.data import vllm_hidden_states as vllm
-    from eagle3.serve.engine import engine_python
+    from eagle3.engine.venv import engine_python
 
     config = Verifier(args.model, key="--model").raw
     max_model_len = vllm.check_rows_fit(rows, config)
@@ -307,7 +306,7 @@ def train_command(data_dir: Path, model_dir: Path, aux_layer_ids: Sequence[int])
     """The launch.py command that trains on this data, runnable as printed: model=auto reads the draft's shape
     from the verifier's config.json; aux layer ids only when they differ from the default model=auto derives."""
 
-    from eagle3.verifier_shape import verifier_config
+    from eagle3.verifier.shape import verifier_config
 
     parts = ["python launch.py model=auto", shell_override("model.verifier.path", model_dir.resolve()),
              "data=offline", shell_override("data.path", data_dir.resolve())]

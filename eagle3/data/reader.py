@@ -33,8 +33,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from eagle3.data.hsfiles import check_file, hs_path, open_file, read_into
-from eagle3.data.rows import ArrowRows
+from eagle3.formats.arrow_rows import ArrowRows
+from eagle3.formats.hidden_states import check_file, hs_path, open_file, read_into
 
 
 def split_hidden(buffer: torch.Tensor) -> dict[str, torch.Tensor]:

@@ -1,7 +1,7 @@
 """Regenerated responses: a prompt set's responses written anew by the verifier itself, so that a draft trains on
 what the verifier says rather than on text another model wrote.
 
-The prompts are a rows file's rows as eagle3.data.jsonl reads them: conversations (`messages` or ShareGPT's
+The prompts are a rows file's rows as eagle3.formats.row_formats reads them: conversations (`messages` or ShareGPT's
 `conversations`) rendered with the verifier's chat template, or `input_ids` + `loss_mask`. Every masked-in span
 (an assistant turn of a conversation) is one response to regenerate, so each span gives one prompt: the row's
 tokens before it. A conversation that ends on a
@@ -19,14 +19,13 @@ mid-way continues from its last chunk and ends in the same files.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import sys
 import threading
 import time
-from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, replace
+from collections.abc import Sequence
+from dataclasses import asdict, replace
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -34,29 +33,16 @@ from typing import Any
 import torch
 from tqdm import tqdm
 
-from eagle3.config import RowFormat
-from eagle3.data.cache import build_once, cache_key
-from eagle3.data.jsonl import BadSamples, ChatTokenizer, Row, read_rows
-from eagle3.data.sources.regenerate import Regeneration, RegenerationEngine
+from eagle3.config import Regeneration, RegenerationEngine, RowFormat
+from eagle3.data.generation import BatchGenerator, Generation, Tick, row_seed
+from eagle3.decoding.drafting import Sampling
 from eagle3.errors import DataError
-from eagle3.eval.drafting import Sampling
+from eagle3.formats.cache import build_once, cache_key
+from eagle3.formats.row_formats import BadSamples, ChatTokenizer, Row, read_rows
 from eagle3.safe_write import refuse_links_in, write_text
 from eagle3.verifier.model import Verifier
 
 log = logging.getLogger(__name__)
-
-# (prompts, budgets, the first prompt's index, tick=...) -> their responses; tick(n) reports n more tokens generated.
-BatchGenerator = Callable[..., list["Generation"]]
-Tick = Callable[[int], None]
-
-
-@dataclass
-class Generation:
-    """One prompt's response: its token ids (the end-of-sequence token included when reached)."""
-
-    ids: list[int]
-    truncated: bool  # stopped by max_new_tokens or the verifier's positions, not by an end-of-sequence token
-
 
 def prompt_spans(row: Row) -> list[list[int]]:
     """The prompts of a row: its tokens before each maximal run of loss-mask 1 (each run a response)."""
@@ -71,7 +57,7 @@ PROMPT_ONLY_RULE = "A prompt-only row has one placeholder token of mask 1 at the
 def read_prompts(path: Path, verifier_dir: Path, vocab_size: int, bad: BadSamples,
                  row_format: RowFormat | str = RowFormat.auto,
                  max_records: int | None = None) -> tuple[list[list[int]], dict[str, str]]:
-    """Every prompt of the prompt set at `path` (any rows file eagle3.data.jsonl reads; its first `max_records`
+    """Every prompt of the prompt set at `path` (any rows file eagle3.formats.row_formats reads; its first `max_records`
     records), in file order, and what the record says of the format its rows were read in."""
     chat: list[ChatTokenizer] = []  # built on the first messages row: input_ids rows need no tokenizer
 
@@ -92,11 +78,6 @@ def read_prompts(path: Path, verifier_dir: Path, vocab_size: int, bad: BadSample
             f"append any token id to input_ids and a 1 to loss_mask")
     rows = read_rows(path, sys.maxsize, vocab_size, bad, tokenize_chat, row_format, rule, max_records)
     return [prompt for row in rows for prompt in prompt_spans(row)], rows.record()
-
-
-def row_seed(seed: int, index: int) -> int:
-    """The seed of prompt `index`'s draws: distinct for every (seed, index) pair."""
-    return int(hashlib.sha256(f"{seed}:{index}".encode()).hexdigest()[:15], 16)
 
 
 class _Ticker:
@@ -219,8 +200,8 @@ def regenerated_rows_dir(path: Path, verifier_dir: Path, settings: Regeneration,
     """The dir of Arrow rows (prompt ids mask 0, the verifier's response mask 1) and token_freq.pt regenerated
     from the prompt set at `path` (its first `max_records` records), built into the cache on first use
     (data=online's token rows format)."""
-    from eagle3.data.row_files import source_sha256
     from eagle3.data.token_rows import ROWS_RECORD, save_rows, tokenizer_hash
+    from eagle3.formats.row_files import source_sha256
 
     dtype = torch.bfloat16 if torch.device(device).type == "cuda" else torch.float32
     settings = with_engine(settings)  # the rows are keyed by the engine that writes them, never by "auto"
@@ -259,8 +240,8 @@ def regenerated_rows_dir(path: Path, verifier_dir: Path, settings: Regeneration,
             generations = regenerate(partial(generate, model, eos, settings), prompts, settings, chunks_dir,
                                      positions)
         took, tokens = time.perf_counter() - start, sum(len(g.ids) for g in generations)
-        if took > 0 and tokens and not resumed:  # the plan's expected regeneration time (eagle3.roofline)
-            from eagle3.roofline import record_rate, regeneration_key
+        if took > 0 and tokens and not resumed:  # the plan's expected regeneration time (eagle3.plan.roofline)
+            from eagle3.plan.roofline import record_rate, regeneration_key
 
             record_rate(Path(cache_dir), torch.device(device).type,
                         regeneration_key(settings.engine.value, fingerprint["config_hash"]), tokens / took)
@@ -282,8 +263,8 @@ def with_engine(settings: Regeneration) -> Regeneration:
     venv, or $EAGLE3_VLLM_PYTHON) and has vLLM, else transformers; the choice and why go to the log."""
     if settings.engine != RegenerationEngine.auto:
         return settings
+    from eagle3.engine.venv import engine_python
     from eagle3.errors import EngineError
-    from eagle3.serve.engine import engine_python
 
     try:
         engine = engine_python()

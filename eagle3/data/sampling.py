@@ -8,8 +8,8 @@ import torch
 from tqdm import tqdm
 
 from eagle3.config import SynthConfig
-from eagle3.data.jsonl import Row
 from eagle3.errors import DataError
+from eagle3.formats.row_formats import Row
 
 
 @torch.no_grad()

@@ -10,9 +10,9 @@ from pathlib import Path
 import torch
 
 from eagle3.config import SynthConfig
-from eagle3.data.cache import build_once, cache_key
 from eagle3.data.prepare import write_dataset
 from eagle3.data.sampling import sample_rows
+from eagle3.formats.cache import build_once, cache_key
 from eagle3.verifier.model import Verifier
 
 

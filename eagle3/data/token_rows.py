@@ -5,8 +5,8 @@ loss tokens' counts (token_freq.pt), which the draft vocabulary (d2t/t2d) is bui
       format dataset dir
     data.path = a rows file or     {"input_ids", "loss_mask"}, {"messages"} or ShareGPT {"conversations"} rows in a
       another datasets dir         JSONL, JSON array, Parquet file or datasets dir, as eagle3.data.prepare reads
-                                   them (eagle3.data.jsonl), saved once under <cache_dir>/datasets/rows-<key of the
-                                   file's bytes>
+                                   them (eagle3.formats.row_formats), saved once under <cache_dir>/datasets/rows-<key
+                                   of the file's bytes>
     data.path = null               sequences sampled from the verifier as data.synth says (the tiny default's: the
                                    same rows data=tiny trains on), saved under <cache_dir>/datasets/rows-<key>
 
@@ -26,15 +26,15 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from eagle3.config import RowFormat
-from eagle3.data.cache import build_once, cache_key
-from eagle3.data.jsonl import Row
-from eagle3.data.row_files import source_sha256
 from eagle3.errors import DataError
+from eagle3.formats.cache import build_once, cache_key
+from eagle3.formats.row_files import source_sha256
+from eagle3.formats.row_formats import Row
 from eagle3.safe_write import LinkRefused, fresh_temp, refuse_links, write_text
 from eagle3.verifier.model import Verifier
 
 if TYPE_CHECKING:
-    from eagle3.data.sources.online import OnlineDataConfig
+    from eagle3.config import OnlineDataConfig
 
 log = logging.getLogger(__name__)
 
@@ -71,7 +71,7 @@ def token_rows_dir(data: OnlineDataConfig, verifier_dir: Path, cache_dir: str) -
               **({"max_records": data.max_records} if data.max_records is not None else {})}
 
     def read(out: Path) -> None:
-        from eagle3.data.jsonl import BadSamples, ChatTokenizer, read_rows
+        from eagle3.formats.row_formats import BadSamples, ChatTokenizer, read_rows
 
         chat: list[ChatTokenizer] = []  # built on the first messages row: input_ids rows need no tokenizer
 
@@ -110,7 +110,7 @@ def speculators_rows(data_dir: Path, row_format: RowFormat = RowFormat.auto) -> 
     """Whether the `datasets` dir holds speculators' token rows (input_ids, loss_mask, seq_len columns), read as
     they are; else its rows are read as any rows file's (conversations, or token rows without seq_len). A dir of
     token rows with data.format set to a conversation format is refused."""
-    from eagle3.data.row_files import dataset_table
+    from eagle3.formats.row_files import dataset_table
 
     if not any(data_dir.glob("*.arrow")):
         return True  # rows_with_counts says what is missing

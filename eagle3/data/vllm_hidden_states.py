@@ -35,9 +35,9 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-from eagle3.data.jsonl import Row
+from eagle3.engine.venv import Engine
 from eagle3.errors import ConfigError, DataError, EngineError
-from eagle3.serve.engine import Engine
+from eagle3.formats.row_formats import Row
 
 log = logging.getLogger(__name__)
 
@@ -157,8 +157,8 @@ def write_hidden_states(engine: Engine, verifier_dir: Path, rows: Sequence[Row],
                         max_model_len: int, log_file: Path, timings: dict[str, float] | None = None) -> int:
     """`hs_<i>.safetensors` by the engine for every row whose file is missing or unusable; returns how many were
     written (the engine is not started when none is). `timings` gets the engine's start and extraction seconds."""
-    from eagle3.data.verifier_forward import batch_plan, rows_to_write
-    from eagle3.serve.server import stop_on_signals
+    from eagle3.engine.server import stop_on_signals
+    from eagle3.verifier.forward import batch_plan, rows_to_write
     from eagle3.verifier.model import Verifier
 
     verifier = Verifier(verifier_dir).fingerprint()
@@ -193,8 +193,8 @@ def follow(cmd: list[str], env: dict[str, str], log_file: Path, progress: Path, 
            timings: dict[str, float]) -> None:
     """Runs the engine's worker (a process group of its own, eagle3.serve's Server: stopped with all its processes
     however this returns), showing its progress; an EngineError naming its log when it fails."""
-    from eagle3.serve.engine import last_line
-    from eagle3.serve.server import Server
+    from eagle3.engine.server import Server
+    from eagle3.engine.venv import last_line
 
     start = time.perf_counter()
     worker = Server(cmd, 0, log_file, env)
@@ -223,8 +223,7 @@ def follow(cmd: list[str], env: dict[str, str], log_file: Path, progress: Path, 
 def check_written(rows: Sequence[Row], hs_dir: Path, todo: set[int], slots: int, hidden_size: int,
                   dtype: torch.dtype, log_file: Path) -> None:
     """Every file the engine was to write is there and fits its row (token ids, shape, dtype)."""
-    from eagle3.data.check import hidden_state_problem
-    from eagle3.data.hsfiles import DTYPE_NAMES
+    from eagle3.formats.hidden_states import DTYPE_NAMES, hidden_state_problem
 
     for i in sorted(todo):
         problem = hidden_state_problem(hs_dir / f"hs_{i}.safetensors", np.asarray(rows[i][0], dtype=np.int64),

@@ -72,13 +72,13 @@ def main(argv: list[str] | None = None) -> None:
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
     from eagle3.config import AcceptEvalConfig
+    from eagle3.device.choice import resolve_runtime
     from eagle3.errors import ConfigError
-    from eagle3.runtime import resolve_runtime
     from eagle3.schema_cli import checked
 
     checked(args, AcceptEvalConfig, SCHEMA_FLAGS, "eval.accept", AcceptEvalConfig.check_values)
     if args.out:  # before measuring: a report that cannot be written would lose the measurement
-        from eagle3.rundir import output_dir_problem
+        from eagle3.rundir.files import output_dir_problem
 
         given = Path(args.out)
         problem = (f"{given} is a symlink (the report is never written through one)" if given.is_symlink() else
@@ -100,9 +100,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             raise ConfigError(f"{out} exists and is not overwritten; pass --out to write the report elsewhere")
 
 
-    from eagle3.checkpoint import load_draft
     from eagle3.console import quiet_libraries
     from eagle3.eval.measure import AcceptanceProbe, torch_threads
+    from eagle3.init.checkpoint import load_draft
     from eagle3.verifier.model import Verifier
 
     quiet_libraries()
@@ -144,9 +144,9 @@ def write_report(out: Path, report: dict[str, Any], run_dir: Path | None) -> Non
 
 def resolve_inputs(args: argparse.Namespace) -> tuple[Path, Path, tuple[Path, float] | None]:
     """(checkpoint, verifier dir, (data dir, train ratio) of the run's val split or None), checked to exist."""
-    from eagle3.config import run_config
+    from eagle3.config import require_dir, run_config
     from eagle3.errors import ConfigError
-    from eagle3.rundir import RESOLVED_CONFIG, SUMMARY, RunDir, checkpoint_dir
+    from eagle3.rundir.files import RESOLVED_CONFIG, SUMMARY, RunDir, checkpoint_dir
     from eagle3.verifier.model import Verifier
 
     checkpoint, verifier, val_split = args.checkpoint, args.verifier, None
@@ -164,14 +164,9 @@ def resolve_inputs(args: argparse.Namespace) -> tuple[Path, Path, tuple[Path, fl
         raise ConfigError("give a checkpoint dir and --verifier, or --run <run dir>")
     if not args.prompts and val_split is None:
         raise ConfigError("give --prompts (a JSONL file), or --run to take the prompts of the run's val split")
-    for what, path, needed in (("checkpoint", checkpoint, ["config.json", "model.safetensors"]),
-                               ("verifier", verifier, [])):
-        p = Path(path)
-        if not p.is_dir():
-            raise ConfigError(f"{what}: {p} does not exist or is not a directory")
-        missing = [n for n in needed if not (p / n).is_file()]
-        if missing:
-            raise ConfigError(f"{what}: {p} has no {', '.join(missing)}")
+    require_dir(str(checkpoint), "checkpoint", ["config.json", "model.safetensors"],
+                "a draft checkpoint dir (config.json, model.safetensors)")
+    require_dir(str(verifier), "verifier", [], "a local Hugging Face model dir")
     Verifier(verifier, key="--verifier").raw  # noqa: B018  (no config.json, or one that is not JSON: one message)
     return Path(checkpoint), Path(verifier), val_split
 

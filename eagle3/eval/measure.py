@@ -8,13 +8,14 @@ Definitions (those of serving):
   Every verify step proposes all k tokens, and in a chain token j is accepted only if token j-1 is, so the
   rates lie in [0, 1], never increase with j, and accept_len = 1 + sum_j accept_rate[j] (as tau_sim =
   1 + sum_j full_acc_j).
-At temperature T > 0 the decoding is speculative sampling (eagle3.eval.drafting.verify), so the rates are those
+At temperature T > 0 the decoding is speculative sampling (eagle3.decoding.drafting.verify), so the rates are those
 of serving at T; the output is then a sample, checked lossless in distribution by the test suite rather than
 token by token here.
 """
 
 from __future__ import annotations
 
+import re
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -23,8 +24,7 @@ from typing import Any
 import torch
 
 from eagle3.console import mapped_with_progress
-from eagle3.errors import ConfigError
-from eagle3.eval.drafting import (
+from eagle3.decoding.drafting import (
     Decode,
     Sampling,
     check_draft,
@@ -34,6 +34,7 @@ from eagle3.eval.drafting import (
     speculative_decode,
     verifier_pass,
 )
+from eagle3.errors import ConfigError
 from eagle3.eval.prompts import Prompt, check_prompts, prompt_origin
 
 
@@ -176,7 +177,7 @@ def check_lossless(verifier: torch.nn.Module, prompts: Sequence[Sequence[int]], 
 def teacher_forced_tau(verifier: torch.nn.Module, draft: torch.nn.Module, prompts: Sequence[Sequence[int]],
                        continuations: Sequence[list[int]], ttt_steps: int, aux_ids: Sequence[int]) -> dict[str, Any]:
     """tau_sim of `draft` on prompt + continuation, loss on the continuation only, computed as training's val
-    pass does (speculators' shift_batch and forward metrics, eagle3.train's summarize) with `ttt_steps`.
+    pass does (speculators' shift_batch and forward metrics, summarize below) with `ttt_steps`.
 
     Also the chain a decoder would accept if it started drafting at each position (its proposals checked
     against the verifier's actual next tokens), averaged two ways over the positions: `chain_len_mean` is
@@ -185,8 +186,6 @@ def teacher_forced_tau(verifier: torch.nn.Module, draft: torch.nn.Module, prompt
     when acceptance varies slowly along a sequence."""
     from speculators.losses import resolve_loss_config
     from speculators.models.eagle3.data import shift_batch
-
-    from eagle3.train import accumulate, summarize
 
     device = draft.fc.weight.device
     loss_config = resolve_loss_config("kl_div", "eager")  # only the accuracies are reported
@@ -237,3 +236,23 @@ def outside_draft_vocab(draft: torch.nn.Module, continuations: Sequence[list[int
         return 0.0
     t2d = draft.t2d.cpu()
     return sum(not bool(t2d[t]) for t in tokens) / len(tokens)
+
+
+def accumulate(into: dict[str, Any], metrics: dict[str, torch.Tensor]) -> None:
+    """Adds speculators' counted metrics (`<name>_sum`, `<name>_total`) into running sums. They stay tensors
+    on the device: reading one would wait for the GPU at every step."""
+    for k, v in metrics.items():
+        into[k] = into.get(k, 0.0) + v.detach()
+
+
+def summarize(sums: dict[str, float]) -> dict[str, float]:
+    """Ratios of the counted metrics (train rows: speculators' per-micro-batch means, averaged over the window's
+    micro-batches; val rows: token-weighted, see val_counts), and tau_sim = 1 + sum_k full_acc_k (simulated chain
+    acceptance length)."""
+    from speculators.train.utils import normalize_counted_metrics
+
+    metrics = normalize_counted_metrics(dict(sums))
+    if "loss" not in metrics:  # the val pass's counts (val_counts): the loss is the sum of the step losses
+        metrics["loss"] = sum(v for k, v in metrics.items() if re.fullmatch(r"loss_\d+", k))
+    metrics["tau_sim"] = 1.0 + sum(v for k, v in metrics.items() if k.startswith("full_acc_"))
+    return metrics

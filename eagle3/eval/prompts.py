@@ -8,9 +8,9 @@ from pathlib import Path
 from typing import Any
 
 from eagle3.config import RowFormat
-from eagle3.data.jsonl import ChatTokenizer, Formats, RowProblem, conversation
-from eagle3.data.row_files import Unreadable, records
 from eagle3.errors import ConfigError, DataError
+from eagle3.formats.row_files import Unreadable, records
+from eagle3.formats.row_formats import ChatTokenizer, Formats, RowProblem, conversation
 from eagle3.verifier.model import Verifier
 
 
@@ -24,10 +24,10 @@ class Prompt(list[int]):
 
 
 def read_prompts_file(path: str | Path, verifier_dir: str | Path, limit: int | None = None) -> list[Prompt]:
-    """The first `limit` prompts (all without one) of a rows file or `datasets` dir (eagle3.data.row_files reads
+    """The first `limit` prompts (all without one) of a rows file or `datasets` dir (eagle3.formats.row_files reads
     them, one record at a time): `{"input_ids": [...]}` rows are token ids as they are (a loss_mask is not needed);
-    a conversation (`{"messages"}` or ShareGPT's `{"conversations"}`, eagle3.data.jsonl) is everything before its
-    first assistant turn, rendered with the chat template of the tokenizer in `verifier_dir` with the generation
+    a conversation (`{"messages"}` or ShareGPT's `{"conversations"}`, eagle3.formats.row_formats) is everything before
+    its first assistant turn, rendered with the chat template of the tokenizer in `verifier_dir` with the generation
     prompt. Every row must be in the first row's format; a bad row is an error naming it."""
     path = Path(path)
     if not (path.is_file() or path.is_dir()):
@@ -70,7 +70,7 @@ def val_split_prompts(data_dir: str | Path, train_ratio: float, limit: int) -> l
     """The loss-masked-out start of each val row (the prompt before the first trained token), in order, for
     the first `limit` rows that have one. The split is training's (eagle3.data.loader: the rows from
     int(len * train_ratio) on)."""
-    from eagle3.data.rows import ArrowRows
+    from eagle3.formats.arrow_rows import ArrowRows
 
     try:
         rows = ArrowRows(data_dir)

@@ -96,7 +96,7 @@ def rates_from_report(path: Path) -> tuple[list[float], str]:
 
 def rates_from_run(run: Path) -> tuple[list[float], str]:
     """full_acc_j of the run's best val row: teacher-forced, an estimate that overstates served acceptance."""
-    from eagle3.rundir import SUMMARY, RunDir
+    from eagle3.rundir.files import SUMMARY, RunDir
 
     room = RunDir(run)
     if not room.file(SUMMARY).is_file():
@@ -258,7 +258,7 @@ def served_speedups(first: ServedStep, ks: Sequence[int], clock: str = "wall") -
 
 def measure_costs(verifier, draft, ks: Sequence[int], context_len: int, repeats: int = 40,
                   clock: str = "wall") -> StepCosts:
-    """The harness's own step costs (eagle3.eval.drafting, KV-cached) at `context_len` tokens of context, on the
+    """The harness's own step costs (eagle3.decoding.drafting, KV-cached) at `context_len` tokens of context, on the
     models' device: the median over `repeats` of the plain decoding step (verifier forward over 1 new token and
     the choice of it), the verify step (forward over k+1 new tokens with aux states, the acceptance, the crop,
     the aux bookkeeping), and one draft forward (a chain of one token after one newly accepted token). The
@@ -267,7 +267,7 @@ def measure_costs(verifier, draft, ks: Sequence[int], context_len: int, repeats:
 
     import torch
 
-    from eagle3.eval.drafting import GREEDY, VerifierCache, choose, verify
+    from eagle3.decoding.drafting import GREEDY, VerifierCache, choose, verify
     from eagle3.eval.measure import aux_layer_ids
 
     aux_ids = aux_layer_ids(draft, verifier)
@@ -313,7 +313,7 @@ def draft_forward(draft, ids: Sequence[int], aux, context_len: int) -> Callable[
     """One draft forward, repeatable: a chain of one token after one newly accepted token at `context_len` tokens
     of context (`ids` and the verifier's aux states `aux` cover at least context_len + 1 and context_len), the
     chain's cache cropped back after it so that the next call does the same work."""
-    from eagle3.eval.drafting import DraftChain, crop_to
+    from eagle3.decoding.drafting import DraftChain, crop_to
 
     chain = DraftChain(draft, cached=True)
     chain.propose(ids[:context_len], aux[:context_len - 1], 1)
@@ -337,7 +337,7 @@ class DraftTimer:
     def __init__(self, verifier, draft, context_len: int, threads: int):
         import torch
 
-        from eagle3.eval.drafting import VerifierCache
+        from eagle3.decoding.drafting import VerifierCache
         from eagle3.eval.measure import aux_layer_ids
 
         self.device, self.context_len, self.threads = next(verifier.parameters()).device, context_len, threads
@@ -427,7 +427,7 @@ def wallclock(verifier, draft, prompts: Sequence[Sequence[int]], ks: Sequence[in
     import functools
     import statistics
 
-    from eagle3.eval.drafting import plain_decode, speculative_decode
+    from eagle3.decoding.drafting import plain_decode, speculative_decode
     from eagle3.eval.measure import acceptance, aux_layer_ids
 
     aux_ids = aux_layer_ids(draft, verifier)
@@ -517,7 +517,7 @@ def main(argv: list[str] | None = None) -> None:
         if args.json is not None and args.json.exists():
             raise ConfigError(f"--json: {args.json} exists; nothing was overwritten: choose another path")
         if args.json is not None:  # before measuring: its dir must be one that can be made and written
-            from eagle3.hydra_callbacks import output_dir_problem
+            from eagle3.rundir.files import output_dir_problem
 
             problem = output_dir_problem(args.json.parent.absolute())
             if problem:
@@ -649,9 +649,9 @@ def load_models(args: argparse.Namespace):
     """The draft and verifier of --run or --checkpoint/--verifier, as eagle3.eval.accept loads them."""
     import torch
 
-    from eagle3.checkpoint import load_draft
     from eagle3.console import quiet_libraries
     from eagle3.eval.accept import resolve_inputs
+    from eagle3.init.checkpoint import load_draft
     from eagle3.verifier.model import Verifier
 
     if args.run is None and not (args.checkpoint and args.verifier):

@@ -6,9 +6,9 @@ import functools
 
 import torch
 
-from eagle3.config import DraftConfig
-from eagle3.draft_arch import DraftKind, LayerType, layer_config_kwargs, mask_token
-from eagle3.rope import Rope, rope_parameters
+from eagle3.arch.draft import layer_config_kwargs, mask_token
+from eagle3.arch.rope import Rope, rope_parameters
+from eagle3.config import DraftConfig, DraftKind, LayerType
 
 
 def draft_layer_config(draft: DraftConfig, attn_impl: str):

@@ -12,12 +12,13 @@ from pathlib import Path
 from typing import Any
 
 from eagle3.errors import CheckpointError
-from eagle3.tensorfile import HeaderError, TensorSpec, WeightFilesError, read_specs, weight_files
+from eagle3.formats.tensorfile import HeaderError, TensorSpec, WeightFilesError, read_specs, weight_files
 
 
 def checkpoint_files(path: Path, given_as: str) -> list[Path]:
-    """The safetensors files of a checkpoint dir (eagle3.tensorfile.weight_files) as CheckpointErrors. `given_as`
-    names where the user gave `path` (init.path, a CLI's argument): a message names it, not another tool's key."""
+    """The safetensors files of a checkpoint dir (eagle3.formats.tensorfile.weight_files) as CheckpointErrors.
+    `given_as` names where the user gave `path` (init.path, a CLI's argument): a message names it, not another tool's
+    key."""
     from eagle3.config import path_kind
 
     if not path.is_dir():

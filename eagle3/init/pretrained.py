@@ -21,12 +21,20 @@ from typing import Any
 
 import torch
 
-from eagle3.config import DraftConfig, PretrainedInitConfig
-from eagle3.draft_arch import FLAGS, SPECULATORS_FLAGS, DraftKind, asked_flags, kind_flag_problem, structure
+from eagle3.arch.draft import structure
+from eagle3.arch.rope import Rope, RopeError, read_rope
+from eagle3.config import (
+    FLAGS,
+    SPECULATORS_FLAGS,
+    DraftConfig,
+    DraftKind,
+    PretrainedInitConfig,
+    asked_flags,
+    kind_flag_problem,
+)
 from eagle3.init.build import draft_rope, meta_draft, new_draft
 from eagle3.init.files import CheckpointError, checkpoint_files, load_tensors, read_config, tensor_shapes
 from eagle3.init.registry import InitContext, register
-from eagle3.rope import Rope, RopeError, read_rope
 
 log = logging.getLogger(__name__)
 
@@ -60,7 +68,7 @@ class Source:
     stated_aux_ids: list[int] | None          # in Hugging Face output_hidden_states indexing
     stated_rope: Rope | None
     stated_structure: dict[str, Any]          # the decoder's model_type and num_hidden_layers, where stated
-    kind: str = "eagle3"                      # eagle3.draft_arch.DraftKind: its speculators_model_type
+    kind: str = "eagle3"                      # eagle3.config.DraftKind: its speculators_model_type
 
 
 def read_source(path: Path, key_map: dict[str, str]) -> Source:
@@ -235,7 +243,7 @@ def target_ids(d2t: torch.Tensor) -> torch.Tensor:
 
 @register("pretrained", preflight=preflight)
 def init_pretrained(ctx: InitContext) -> tuple[Any, dict[str, Any]]:
-    from eagle3.data.vocab import read_token_freq, vocab_mapping
+    from eagle3.formats.vocab import read_token_freq, vocab_mapping
 
     source = read_source(Path(options(ctx).path), dict(options(ctx).key_map))
     flags, notes = resolve_architecture(ctx, source)

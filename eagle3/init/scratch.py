@@ -4,14 +4,15 @@ from __future__ import annotations
 
 from typing import Any
 
-from eagle3.draft_arch import SPECULATORS_FLAGS, resolved_flags
+from eagle3.arch.draft import resolved_flags
+from eagle3.config import SPECULATORS_FLAGS
 from eagle3.init.build import new_draft
 from eagle3.init.registry import InitContext, register
 
 
 @register("scratch")
 def init_scratch(ctx: InitContext) -> tuple[Any, dict[str, Any]]:
-    from eagle3.data.vocab import vocab_mapping
+    from eagle3.formats.vocab import vocab_mapping
 
     draft = ctx.draft
     d2t, t2d = vocab_mapping(ctx.data_dir, draft.draft_vocab_size, draft.vocab_size)

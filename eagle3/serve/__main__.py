@@ -81,13 +81,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
+    from eagle3.engine.server import stop_on_signals
     from eagle3.errors import UserError
-    from eagle3.serve.server import stop_on_signals
 
     try:
         with stop_on_signals():
             if args.install is not None:
-                from eagle3.serve.engine import install
+                from eagle3.engine.venv import install
 
                 engine = install(Path(args.install) if args.install else None)
                 print(f"{engine.name} {engine.version} (torch {engine.torch})\n{engine.python}")
@@ -126,11 +126,11 @@ class Served:
 
 def run(args: argparse.Namespace) -> list[dict[str, Any]]:
     from eagle3.config import AcceptEvalConfig, ServeEvalConfig
+    from eagle3.engine.server import check_port
+    from eagle3.engine.venv import engine_python
     from eagle3.errors import ConfigError
     from eagle3.eval.accept import load_prompts
     from eagle3.schema_cli import checked
-    from eagle3.serve.engine import engine_python
-    from eagle3.serve.server import check_port
 
     if not args.runs:
         raise ConfigError("give a run dir (python -m eagle3.serve RUN), or --install to build the engine")
@@ -175,7 +175,7 @@ def holding(runs: list[Served]) -> Iterator[None]:
     holder when another process holds one. A run that serves itself at its end (eval.serve) holds its lock
     already."""
     from eagle3.errors import ConfigError
-    from eagle3.rundir import LOCK
+    from eagle3.rundir.files import LOCK
     from eagle3.safe_write import LockHeld, hold_lock, holds, release
 
     taken: list[Path] = []
@@ -199,7 +199,7 @@ def holding(runs: list[Served]) -> Iterator[None]:
 def refuse_links_in_the_way(runs: list[Served]) -> None:
     """One message naming a symlink at a report's or a log's name (serve_vllm_*) or at the lock of a run dir:
     nothing is written through one (eagle3.safe_write), and it is said before anything is read or started."""
-    from eagle3.rundir import LOCK
+    from eagle3.rundir.files import LOCK
     from eagle3.safe_write import refuse_links
 
     for served in runs:
@@ -242,7 +242,7 @@ def check_served_prompts(served: Served, max_new_tokens: int) -> None:
 def resolve_run(run_dir: Path, args: argparse.Namespace) -> Served:
     from eagle3.errors import ConfigError
     from eagle3.eval.accept import default_k, resolve_inputs
-    from eagle3.rundir import RESOLVED_CONFIG, SUMMARY
+    from eagle3.rundir.files import RESOLVED_CONFIG, SUMMARY
 
     if not run_dir.is_dir():
         raise ConfigError(f"RUN {run_dir} {'is not a directory' if run_dir.exists() else 'does not exist'}: give "
@@ -266,9 +266,10 @@ def serve_and_compare(args, engine, runs: list[Served]) -> list[dict[str, Any]]:
     as it is done."""
     import contextlib
 
+    from eagle3.engine.server import free_port, running, server_command
+    from eagle3.init.checkpoint import draft_kind
     from eagle3.provenance import provenance
     from eagle3.serve.harness import Harness
-    from eagle3.serve.server import free_port, running, server_command
     from eagle3.serve.session import measure
 
     t, verifier_dir = args.temperature, runs[0].verifier_dir
@@ -294,7 +295,8 @@ def serve_and_compare(args, engine, runs: list[Served]) -> list[dict[str, Any]]:
                         ngram_port, new_log(runs[0].run_dir, f"serve_vllm_ngram_k{k}_t{t:g}"), engine))
                 for served in [served for served in runs if k in served.outs]:
                     port = args.port or free_port()
-                    cmd = server_command(engine, verifier_dir, port, args.dtype, served.checkpoint, k, args.seed)
+                    cmd = server_command(engine, verifier_dir, port, args.dtype, served.checkpoint, k, args.seed,
+                                         parallel_drafting=draft_kind(served.checkpoint) == "peagle")
                     log = new_log(served.run_dir, f"serve_vllm_k{k}_t{t:g}")
                     logs = ", ".join(str(s.log) for s in (plain, baseline) if s is not None)
                     print(f"k={k}: starting the vLLM servers (logs: {log}, {logs})", file=sys.stderr, flush=True)
@@ -363,7 +365,7 @@ def build_report(measured: dict[str, Any], reference: dict[str, Any], k: int, ar
         "speedup_cpu": spec["tokens_per_cpu_s"] / plain["tokens_per_cpu_s"],
         "plain_turn_tokens_per_s": plain["turn_tokens_per_s"],
         # Why these figures are not a result (a speedup the acceptance cannot give, a machine whose speed moved
-        # under the measurement); eagle3.compare ranks no report that has a reason here.
+        # under the measurement); eagle3.sweep.compare ranks no report that has a reason here.
         "implausible": implausible(speedups, served["accept_len"], plain["turn_tokens_per_s"], first_plain),
         "same_tokens_as_plain": spec["tokens"] == plain["tokens"],
         "harness": {**{key: reference[key] for key in ("drafts", "accepted_per_position", "accept_rate",

@@ -44,9 +44,9 @@ class Harness:
 
     def load(self, checkpoint: Path) -> Harness:
         """The draft of `checkpoint` (kept when it is the one loaded already)."""
-        from eagle3.checkpoint import load_draft
         from eagle3.errors import ConfigError
         from eagle3.eval.measure import aux_layer_ids
+        from eagle3.init.checkpoint import load_draft
 
         if checkpoint != self.checkpoint:
             try:
@@ -79,7 +79,7 @@ class Harness:
         """{"tokens": per prompt, "drafts", "accepted_per_position", "per_prompt", "accept_len", ...}"""
         import torch
 
-        from eagle3.eval.drafting import Sampling, speculative_decode
+        from eagle3.decoding.drafting import Sampling, speculative_decode
         from eagle3.eval.measure import torch_threads
 
         sampling = Sampling(temperature, seed)
@@ -104,7 +104,7 @@ class Harness:
         run the forward again."""
         import torch
 
-        from eagle3.eval.drafting import next_token_logits
+        from eagle3.decoding.drafting import next_token_logits
         from eagle3.eval.measure import torch_threads
 
         found = []

@@ -12,9 +12,9 @@ from typing import Any
 
 from tqdm import tqdm
 
+from eagle3.engine.server import SERVED_NAME, Server
 from eagle3.errors import EngineError
 from eagle3.serve.metrics import spec_counters
-from eagle3.serve.server import SERVED_NAME, Server
 
 
 def complete(server: Server, prompt: Sequence[int], max_new_tokens: int, temperature: float, seed: int) -> list[int]:

@@ -4,9 +4,9 @@
     verifier.config                        # config.json's decoder part, checked (below)
     verifier.fingerprint()                 # the identity recorded with prepared data
     verifier.positions, verifier.eos_ids() # a row's bound; the end-of-sequence ids
-    verifier.chat_tokenizer()              # its tokenizer with its chat template (eagle3.data.jsonl.ChatTokenizer)
+    verifier.chat_tokenizer()              # its tokenizer with its chat template (formats.row_formats.ChatTokenizer)
     verifier.transformers_config()         # transformers' config (no weights read)
-    verifier.weight_files()                # its safetensors files (eagle3.tensorfile.weight_files)
+    verifier.weight_files()                # its safetensors files (eagle3.formats.tensorfile.weight_files)
     verifier.load(device, dtype)           # the causal LM, eval mode
 
 This is the one module that opens a verifier's config.json: it is read once per process while it is unchanged
@@ -32,22 +32,20 @@ from functools import cached_property, lru_cache
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from eagle3.errors import ConfigError, DataError
-from eagle3.tensorfile import HeaderError, WeightFilesError, read_specs, weight_files
+from eagle3.config import shape_problems
+from eagle3.errors import ConfigError, DataError, load_problem
+from eagle3.formats.tensorfile import HeaderError, WeightFilesError, read_specs, weight_files
 
 if TYPE_CHECKING:
     import torch
 
-    from eagle3.data.jsonl import ChatTokenizer
+    from eagle3.formats.row_formats import ChatTokenizer
 
 CONFIG = "config.json"
 GENERATION_CONFIG = "generation_config.json"
 # Keys of config.json that differ between copies of the same weights (saved by another transformers version, in
 # another dtype, from another path): the fingerprint's hash must not.
 VOLATILE_KEYS = {"transformers_version", "_name_or_path", "torch_dtype", "dtype", "use_cache"}
-# Sizes a decoder config states (each where stated; a missing one is derived or asked for where it is needed).
-SIZE_KEYS = ("hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads", "head_dim",
-             "intermediate_size", "vocab_size", "max_position_embeddings")
 # The epsilon keys of configs whose norms are LayerNorm (StableLM, GPT-NeoX, Phi: layer_norm_eps; Falcon, GPT-2:
 # layer_norm_epsilon; StarCoder2: norm_epsilon). An RMSNorm decoder states rms_norm_eps.
 LAYER_NORM_KEYS = ("layer_norm_eps", "layer_norm_epsilon", "norm_epsilon")
@@ -169,7 +167,7 @@ class Verifier:
         named by auto_map) is never run."""
         from transformers import AutoTokenizer
 
-        from eagle3.data.jsonl import ChatTokenizer
+        from eagle3.formats.row_formats import ChatTokenizer
 
         try:
             tokenizer = AutoTokenizer.from_pretrained(str(self.path), trust_remote_code=False)
@@ -254,38 +252,9 @@ def decoder_config(config: dict[str, Any]) -> dict[str, Any]:
     return text if isinstance(text, dict) and text else config
 
 
-def shape_problems(config: dict[str, Any]) -> list[str]:
-    """What no decoder could have in `config` (HF keys): sizes that are not positive integers, key/value heads that
-    do not divide the query heads, a hidden size the heads do not divide without a head_dim. [] when none."""
-    problems = [f"{key}={config[key]!r} (a size: must be a positive integer)" for key in SIZE_KEYS
-                if config.get(key) is not None
-                and (isinstance(config[key], bool) or not isinstance(config[key], int) or config[key] < 1)]
-    if problems:
-        return problems
-    heads, kv, hidden = config.get("num_attention_heads"), config.get("num_key_value_heads"), config.get("hidden_size")
-    if heads and kv and kv > heads:
-        problems.append(f"num_key_value_heads={kv} > num_attention_heads={heads} (each key/value head serves one "
-                        f"or more query heads)")
-    elif heads and kv and heads % kv:
-        problems.append(f"num_attention_heads={heads} is not a multiple of num_key_value_heads={kv} (grouped-query "
-                        f"attention gives each key/value head the same number of query heads)")
-    if heads and hidden and not config.get("head_dim") and "kv_lora_rank" not in config and hidden % heads:
-        problems.append(f"hidden_size={hidden} is not a multiple of num_attention_heads={heads}, and no head_dim "
-                        f"is given (head_dim = hidden_size / heads)")
-    return problems
-
-
 def layer_norm_key(config: dict[str, Any]) -> str | None:
     """The LayerNorm epsilon key `config` states (its norms are LayerNorm, not RMSNorm), or None."""
     if "rms_norm_eps" in config:
         return None
     return next((key for key in LAYER_NORM_KEYS if key in config), None)
 
-
-def load_problem(e: BaseException) -> str:
-    """Why transformers could not load a model dir, as one line for a message."""
-    text = str(e).strip()
-    if "trust_remote_code" in text:  # transformers' refusal under trust_remote_code=False
-        return ("it names a model or tokenizer class transformers does not know, defined by code in the dir "
-                "(auto_map), and code from a model dir is never run")
-    return f"{type(e).__name__}: {text.splitlines()[0]}" if text else type(e).__name__

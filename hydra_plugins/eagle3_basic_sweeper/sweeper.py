@@ -3,7 +3,7 @@
 - before any job starts, each job's config is composed and put through the run's typed checks
   (eagle3.config.validate and the launcher's device checks), so a bad value in the last job is not found hours
   into the sweep; all bad jobs are listed in one message;
-- a job that fails is logged as it fails (by eagle3.launch) and the sweep goes on; at the end one line says
+- a job that fails is logged as it fails (by eagle3.run.launch) and the sweep goes on; at the end one line says
   which jobs failed, and the exit status is non-zero, instead of the first failure's traceback.
 
 Registered as `hydra/sweeper=eagle3_basic`, the default in conf/train.yaml. Imports nothing heavy.
@@ -44,7 +44,7 @@ def job_config_problem(job_cfg: DictConfig) -> Optional[str]:  # noqa: UP045
     """What the run's own checks say about one job's composed config (with its hydra node), or None."""
     from eagle3.config import validate
     from eagle3.errors import UserError
-    from eagle3.fit import check_new_job
+    from eagle3.run.plan_guard import check_new_job
 
     HydraConfig.instance().set_config(job_cfg)  # for ${hydra:...} interpolations
     task_cfg = job_cfg.copy()

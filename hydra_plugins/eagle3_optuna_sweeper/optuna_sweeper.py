@@ -16,7 +16,7 @@ Before the study is opened, the configs at both ends of the search space are com
 trials' will be: what every trial would fail on (a misspelt key, objective=accept_len without measured
 acceptance) is one message and leaves nothing in the study. One study command at a time holds a sweep dir
 (`study.lock`). A trial whose run is stopped by a signal saved `checkpoints/last`: it stays RUNNING in the study
-until `python launch.py resume=<its run dir>` finishes it and tells the study its value (eagle3/study.py); a
+until `python launch.py resume=<its run dir>` finishes it and tells the study its value (eagle3/sweep/study.py); a
 signal between trials stops the sweep with exit status 128 + the signal, and the trials that did not run are
 told FAIL and listed as "interrupted" in the sweep index.
 
@@ -44,8 +44,8 @@ from hydra.plugins.sweeper import Sweeper
 from hydra.types import HydraContext, TaskFunction
 from omegaconf import DictConfig, OmegaConf
 
-from eagle3.rundir import IndexEntry, SweepIndex
-from eagle3.study import STUDY_FILE  # in the sweep dir; eagle3.compare reads the study's history from it
+from eagle3.rundir.files import IndexEntry, SweepIndex
+from eagle3.sweep.study import STUDY_FILE  # in the sweep dir; eagle3.sweep.compare reads the study's history from it
 
 from .search_space import parse_search_space, to_override
 
@@ -323,18 +323,18 @@ def stop_between_trials() -> Iterator[None]:
 
 
 def index_jobs(sweep_dir: Path) -> dict[int, IndexEntry]:
-    """The sweep index's entries (eagle3.job_outcome writes them) by job number = trial number."""
+    """The sweep index's entries (eagle3.run.job_outcome writes them) by job number = trial number."""
     return SweepIndex(sweep_dir).by_num()
 
 
 def settle_stopped(study, pending: list[tuple[Any, list[str]]], sweep_dir: Path) -> None:
     """The trials of a sweep stopped by a signal that were asked and not told: one whose run saved
     checkpoints/last ('stopped' in the index) stays RUNNING until its resume tells the study
-    (eagle3.study.tell_resumed_trial); the others are told FAIL, and one that never started gets its
+    (eagle3.sweep.study.tell_resumed_trial); the others are told FAIL, and one that never started gets its
     'interrupted' index entry."""
     import optuna
 
-    from eagle3.job_outcome import write_index_entry
+    from eagle3.run.job_outcome import write_index_entry
 
     jobs = index_jobs(sweep_dir)
     for trial, overrides in pending:

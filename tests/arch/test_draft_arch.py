@@ -1,4 +1,4 @@
-"""Draft architectures as a choice (eagle3/draft_arch.py): model.draft.num_layers, model.draft.layer_type and
+"""Draft architectures as a choice (eagle3/arch/draft.py): model.draft.num_layers, model.draft.layer_type and
 model.draft.eagle31 reach the built model, the plan, the harness, training with resume, and the export."""
 
 from __future__ import annotations
@@ -11,10 +11,10 @@ import torch
 from omegaconf import OmegaConf
 
 from commands import reference_and_resumed, run_in_process
-from eagle3.config import DraftConfig
-from eagle3.draft_arch import EAGLE31_FLAGS, SPECULATORS_FLAGS, LayerType, resolved_flags
+from eagle3.arch.draft import resolved_flags
+from eagle3.config import EAGLE31_FLAGS, SPECULATORS_FLAGS, DraftConfig, LayerType
 from eagle3.errors import ConfigError
-from eagle3.plan import parameter_counts
+from eagle3.plan.memory import parameter_counts
 from factories import (
     ROOT,
     SMALL_DATA,
@@ -72,7 +72,7 @@ def test_eagle31_sets_its_flags_and_refuses_contradictions():
 def test_the_harness_chain_equals_speculators_forward_with_two_layers(layer_type):
     """Each step of the harness's chain with a 2-layer draft equals speculators' TTT step on the sequence whose
     teacher-forced tokens are the draft's own proposals (as tests/eval/test_accept.py checks the 1-layer draft)."""
-    from eagle3.eval.drafting import DraftChain, verifier_pass
+    from eagle3.decoding.drafting import DraftChain, verifier_pass
     from eagle3.init.build import bare_draft
 
     torch.manual_seed(0)
@@ -111,7 +111,7 @@ def test_each_architecture_trains_resumes_exactly_after_sigterm_and_exports(arch
     assert res["final"]["loss"] == pytest.approx(ref["final"]["loss"], rel=1e-4)
 
     out_dir = tmp_path / "export"
-    exported = run_in_process(["python", "-m", "eagle3.export", str(stopped / "checkpoints" / "last"), "--out",
+    exported = run_in_process(["python", "-m", "eagle3.serve.export", str(stopped / "checkpoints" / "last"), "--out",
                                str(out_dir)])
     assert exported.returncode == 0, exported.stderr[-3000:]
     model = Eagle3DraftModel.from_pretrained(str(out_dir))
@@ -127,10 +127,10 @@ def test_each_architecture_trains_resumes_exactly_after_sigterm_and_exports(arch
 def test_the_sglang_export_refuses_a_draft_sglang_would_build_otherwise(layer_type, num_layers, refusal, tmp_path):
     """SGLang builds one Llama midlayer: a deeper or Qwen3-type draft is refused with the reason, while the
     speculators export (vLLM builds llama and qwen3 layers, any number) writes it."""
-    from eagle3.export import export
     from eagle3.init.build import bare_draft
     from eagle3.init.files import CheckpointError
     from eagle3.init.pretrained import SPECFORGE_FLAGS
+    from eagle3.serve.export import export
 
     draft = tiny_draft(layer_type=layer_type, num_layers=num_layers)
     checkpoint = tmp_path / "ckpt"

@@ -1,5 +1,5 @@
 """Flex attention (what CUDA runs train with) needs packed lengths of whole 128-token blocks once a draft runs
-more than one TTT step; the trainer rounds data.total_seq_len up to one (eagle3.rank.packed_len). Flex
+more than one TTT step; the trainer rounds data.total_seq_len up to one (eagle3.train.rank.packed_len). Flex
 attention's forward also runs, unfused, on CPU, so this is checked here; tests/device/test_gpu.py trains with it."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import torch
 
 from bench.gpu import SHAPES, build
 from eagle3.errors import ConfigError
-from eagle3.rank import packed_len
+from eagle3.train.rank import packed_len
 from factories import checked_config
 
 pytestmark = pytest.mark.filterwarnings("ignore:flex_attention called without torch.compile")
@@ -54,8 +54,8 @@ def test_flex_ttt_steps_need_whole_blocks_and_the_packed_length_has_them():
 def test_flex_attention_on_the_cpu_is_refused_before_anything_is_built():
     """attn_impl=simple_flex_attention with device=cpu ran into torch's "FlexAttention does not support backward on
     CPU" traceback at the first step, leaving a failed run dir; the launcher's and the sweeper's device check
-    (eagle3.fit.check_devices) refuse it first."""
-    from eagle3.fit import check_devices
+    (eagle3.run.plan_guard.check_devices) refuse it first."""
+    from eagle3.run.plan_guard import check_devices
 
     cfg = checked_config(["model.draft.attn_impl=simple_flex_attention", "device=cpu"])
     with pytest.raises(ConfigError, match=r"^model.draft.attn_impl: simple_flex_attention has no backward on CPU"):

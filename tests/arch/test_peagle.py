@@ -11,9 +11,10 @@ import torch
 from test_draft_arch import tiny_draft
 
 from commands import reference_and_resumed, run_in_process
-from eagle3.draft_arch import SPECULATORS_FLAGS, DraftKind, LayerType, resolved_flags
+from eagle3.arch.draft import resolved_flags
+from eagle3.config import SPECULATORS_FLAGS, DraftKind, LayerType
 from eagle3.errors import ConfigError
-from eagle3.plan import parameter_counts
+from eagle3.plan.memory import parameter_counts
 from factories import ROOT, SMALL_DATA, compose_cfg, parameter_groups, verifier_model
 
 
@@ -67,7 +68,7 @@ def test_the_one_forward_proposal_equals_speculators_peagle_forward(layer_type, 
     chain decides the same as the uncached one."""
     from speculators.losses import resolve_loss_config
 
-    from eagle3.eval.drafting import DraftChain, propose, verifier_pass
+    from eagle3.decoding.drafting import DraftChain, propose, verifier_pass
 
     k = 4
     draft_cfg, draft = small_peagle(k, layer_type=layer_type, num_layers=2)
@@ -109,8 +110,8 @@ def test_the_one_forward_proposal_equals_speculators_peagle_forward(layer_type, 
 def test_the_sglang_export_refuses_a_peagle_draft(tmp_path):
     """SGLang's EAGLE-3 drafter has no parallel drafting: the SpecForge layout is refused with the reason and
     nothing written, while the speculators export (vLLM's P-EAGLE) writes it with its mask and embedding."""
-    from eagle3.export import export
     from eagle3.init.files import CheckpointError
+    from eagle3.serve.export import export
 
     _, draft = small_peagle()
     checkpoint = tmp_path / "ckpt"
@@ -125,8 +126,8 @@ def test_the_sglang_export_refuses_a_peagle_draft(tmp_path):
 
 def test_vllm_refuses_a_peagle_draft_with_per_aux_norms(tmp_path):
     """vLLM's P-EAGLE config reader drops fc_norm: an EAGLE-3.1-style P-EAGLE would be served without its norms."""
-    from eagle3.export import export
     from eagle3.init.files import CheckpointError
+    from eagle3.serve.export import export
 
     _, draft = small_peagle(eagle31=True)
     checkpoint = tmp_path / "ckpt"
@@ -139,11 +140,10 @@ def test_vllm_refuses_a_peagle_draft_with_per_aux_norms(tmp_path):
 @pytest.mark.parametrize("serve", [[], ["eval.serve.enabled=true"]], ids=["trained", "served at the end"])
 def test_a_peagle_draft_with_eagle31_norms_is_refused_before_training_by_exports_rule(flag, serve):
     """It trained without a word and only export refused it (vLLM's P-EAGLE reader drops fc_norm); the run's config
-    check applies export's rule (draft_arch.kind_flag_problem), before any rank starts."""
+    check applies export's rule (eagle3.config.kind_flag_problem), before any rank starts."""
     from omegaconf import OmegaConf
 
-    from eagle3.config import validate
-    from eagle3.draft_arch import kind_flag_problem
+    from eagle3.config import kind_flag_problem, validate
 
     rule = kind_flag_problem(DraftKind.peagle, {"fc_norm": True})
     plain = OmegaConf.to_container(compose_cfg(["model.draft.kind=peagle", flag, "model.draft.norm_before_fc=false",
@@ -175,7 +175,7 @@ def test_peagle_trains_resumes_exactly_after_sigterm_and_exports(cache_dir, tmp_
     assert ref["final"]["loss"] < ref["step0"]["loss"]
 
     out_dir = tmp_path / "export"
-    exported = run_in_process(["python", "-m", "eagle3.export", str(stopped / "checkpoints" / "last"), "--out",
+    exported = run_in_process(["python", "-m", "eagle3.serve.export", str(stopped / "checkpoints" / "last"), "--out",
                                str(out_dir)])
     assert exported.returncode == 0, exported.stderr[-3000:]
     model = PEagleDraftModel.from_pretrained(str(out_dir))

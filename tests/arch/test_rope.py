@@ -80,7 +80,7 @@ def test_a_partial_rotary_verifier_is_refused_until_the_draft_rotates_whole_head
 
 def test_a_rope_per_layer_type_is_one_message(tmp_path):
     from eagle3.errors import ConfigError
-    from eagle3.verifier_shape import verifier_config
+    from eagle3.verifier.shape import verifier_config
 
     verifier_config_dir(tmp_path, rope_parameters={"full_attention": {"rope_type": "default", "rope_theta": 1e6},
                                                    "sliding_attention": {"rope_type": "default", "rope_theta": 1e4}})
@@ -103,10 +103,10 @@ def test_pretrained_drafter_with_another_rope_is_a_stated_difference(tmp_path, f
     from dataclasses import replace
 
     from eagle3.config import DraftConfig
-    from eagle3.export import export
     from eagle3.init.build import bare_draft
     from eagle3.init.files import CheckpointError
     from eagle3.init.pretrained import SPECFORGE_FLAGS, read_source, resolve_architecture
+    from eagle3.serve.export import export
 
     scaled = DraftConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_attention_heads=2,
                          num_key_value_heads=2, head_dim=16, max_position_embeddings=128, rope_theta=500000.0,

@@ -11,9 +11,9 @@ from safetensors.torch import load_file
 from eagle3.config import SynthConfig, TinyVerifierConfig
 from eagle3.data.prepare import write_dataset
 from eagle3.data.synthetic import sample_rows, synthetic_dataset_dir
-from eagle3.data.verifier import tiny_verifier_dir
 from eagle3.errors import ConfigError, DataError
 from eagle3.verifier.model import Verifier
+from eagle3.verifier.tiny import tiny_verifier_dir
 from factories import disk_free, disk_full_after
 
 TINY = TinyVerifierConfig(hidden_size=64, num_layers=4, num_heads=4, intermediate_size=128, vocab_size=256,
@@ -121,8 +121,8 @@ def test_check_and_training_refuse_a_token_freq_that_is_not_token_counts_alike(d
     from fractions import Fraction
 
     from eagle3.data.check import main
-    from eagle3.data.vocab import vocab_mapping
     from eagle3.errors import DataError
+    from eagle3.formats.vocab import vocab_mapping
 
     torch.save({1: Fraction(1, 3)}, dataset / "token_freq.pt")  # a class no weights_only load allows
     assert main([str(dataset)]) == 1

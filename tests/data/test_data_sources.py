@@ -99,9 +99,7 @@ def test_a_key_another_source_has_fails_at_composition(overrides):
 
 
 def test_each_source_is_typed_by_its_name_and_an_unknown_name_is_one_message():
-    from eagle3.data.sources.offline import OfflineDataConfig
-    from eagle3.data.sources.online import OnlineDataConfig
-    from eagle3.data.sources.tiny import TinyDataConfig
+    from eagle3.config import OfflineDataConfig, OnlineDataConfig, TinyDataConfig
 
     assert type(typed([]).data) is TinyDataConfig and typed([]).data.verifier_in_rank() is None
     online = typed(["data=online", "data.shard_verifier=true"]).data
@@ -119,13 +117,13 @@ PATTERN_YAML = "defaults:\n  - base_pattern\n\nperiod: 5\n"
 
 
 def register_pattern_source():
+    from eagle3.config import TokenRows
     from eagle3.data.sources import SOURCES, register
-    from eagle3.data.sources.online import TokenRows
+    from eagle3.data.sources.online import TokenRowsSource
 
     if "pattern" in SOURCES:
         return
 
-    @register
     @dataclass
     class PatternRows(TokenRows):
         name: str = "pattern"
@@ -133,14 +131,17 @@ def register_pattern_source():
         row_len: int = 40
         period: int = 7
 
+    @register(PatternRows)
+    class PatternSource(TokenRowsSource):
         def token_rows(self, cfg, verifier_dir):
-            from eagle3.data.cache import build_once
             from eagle3.data.token_rows import save_rows
+            from eagle3.formats.cache import build_once
 
-            rows = [([(r + i) % self.period + 1 for i in range(self.row_len)], [0] + [1] * (self.row_len - 1))
-                    for r in range(self.num_rows)]
-            return build_once(Path(cfg.cache_dir) / "datasets" / f"pattern-{self.num_rows}-{self.row_len}-"
-                              f"{self.period}", lambda out: save_rows(rows, out), what="pattern rows")
+            d = self.data
+            rows = [([(r + i) % d.period + 1 for i in range(d.row_len)], [0] + [1] * (d.row_len - 1))
+                    for r in range(d.num_rows)]
+            return build_once(Path(cfg.cache_dir) / "datasets" / f"pattern-{d.num_rows}-{d.row_len}-{d.period}",
+                              lambda out: save_rows(rows, out), what="pattern rows")
 
 
 @pytest.mark.slow
@@ -148,8 +149,8 @@ def test_a_source_registered_in_a_few_lines_trains_the_tiny_draft(tmp_path, monk
     import hydra
 
     from eagle3.config import register_configs
-    from eagle3.data.rows import ArrowRows
-    from eagle3.launch import launch as launch_job
+    from eagle3.formats.arrow_rows import ArrowRows
+    from eagle3.run.launch import launch as launch_job
 
     register_pattern_source()
     register_configs()

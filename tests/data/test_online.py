@@ -271,7 +271,7 @@ def test_tiny_online_trains_to_data_tiny_metrics_and_writes_no_hidden_state(tiny
 
 @pytest.mark.slow
 def test_online_run_stopped_mid_epoch_resumes_to_the_uninterrupted_metrics(tiny_online, tmp_path):
-    from eagle3.checkpoint import load_trainer_state
+    from eagle3.init.checkpoint import load_trainer_state
 
     reference, cache = tiny_online
     run_dir = tmp_path / "run"

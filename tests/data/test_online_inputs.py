@@ -225,8 +225,8 @@ def test_measured_acceptance_with_a_sharded_verifier_is_refused(tmp_path):
 
 
 def test_a_line_that_is_not_utf8_is_a_bad_row_with_its_number(tmp_path):
-    from eagle3.data.jsonl import BadSamples, read_rows
     from eagle3.errors import DataError
+    from eagle3.formats.row_formats import BadSamples, read_rows
 
     data = tmp_path / "rows.jsonl"
     data.write_bytes(b'{"input_ids": [1, 2], "loss_mask": [0, 1]}\n\xff\xfe garbage\n'
@@ -311,8 +311,8 @@ def train_in_process(overrides: list[str], run_dir: Path, cache: Path) -> None:
     from omegaconf import OmegaConf
 
     from eagle3.config import run_config
-    from eagle3.inputs import check_data, materialize_inputs
-    from eagle3.rank import run_rank
+    from eagle3.run.inputs import check_data, materialize_inputs
+    from eagle3.train.rank import run_rank
     from factories import compose_cfg
 
     plain = OmegaConf.to_container(compose_cfg([f"cache_dir={cache}", *overrides]), resolve=True, enum_to_str=True)
@@ -458,8 +458,8 @@ def test_arrow_rows_prepared_for_another_verifier_are_refused(tmp_path):
 def test_a_resumed_run_refuses_rows_other_than_those_it_started_on(tmp_path):
     """An edited JSONL is other rows (another content-keyed rows dir, another draft vocabulary): resume stops."""
     from eagle3.errors import DataError
-    from eagle3.inputs import refuse_other_rows
-    from eagle3.rundir import DataCheck, RunDir
+    from eagle3.run.inputs import refuse_other_rows
+    from eagle3.rundir.files import DataCheck, RunDir
 
     RunDir(tmp_path).write_data_check(DataCheck(data_dir="/cache/datasets/rows-aaa", rows=4, bad=0, counts={},
                                                 full=False, first_bad=[], policy="error", skipped_rows=[]))
@@ -470,7 +470,7 @@ def test_a_resumed_run_refuses_rows_other_than_those_it_started_on(tmp_path):
 
 def test_relative_paths_are_stored_absolute(tmp_path, monkeypatch):
     """resolved_config.yaml must name the same files wherever resume= is run from."""
-    from eagle3.launch import absolute_paths
+    from eagle3.run.launch import absolute_paths
 
     monkeypatch.chdir(tmp_path)
     plain = {"data": {"path": "rows.jsonl"}, "model": {"verifier": {"path": "v"}}, "init": {"name": "scratch"},

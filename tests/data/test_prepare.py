@@ -15,10 +15,10 @@ from omegaconf import OmegaConf
 from safetensors.torch import load_file, save_file
 
 from commands import launch, run_in_process
-from eagle3.data.verifier import tiny_verifier_dir
-from eagle3.data.verifier_forward import batch_plan
 from eagle3.errors import DataError
+from eagle3.verifier.forward import batch_plan
 from eagle3.verifier.model import Verifier
+from eagle3.verifier.tiny import tiny_verifier_dir
 from factories import CHAT_TEMPLATE, chat_tokenizer, chat_words, compose_cfg, disk_free, disk_full_after, own_verifier
 
 AUX = [1, 2, 3]
@@ -313,8 +313,8 @@ def test_a_cache_entry_is_never_built_through_a_symlink(tmp_path):
     at the name of its temporary dir is removed itself, never built into."""
     import os
 
-    from eagle3.data.cache import build_once
     from eagle3.errors import UserError
+    from eagle3.formats.cache import build_once
 
     def build(tmp: Path) -> None:
         (tmp / "rows").write_text("built")
@@ -427,7 +427,7 @@ def test_prepare_refuses_aux_layer_ids_that_name_a_layer_twice(cache_dir, tmp_pa
     model.draft.aux_layer_ids=[2,2]); refused before a file is written."""
     from eagle3.config import TinyVerifierConfig
     from eagle3.data.prepare import main as prepare_main
-    from eagle3.data.verifier import tiny_verifier_dir
+    from eagle3.verifier.tiny import tiny_verifier_dir
 
     plain = OmegaConf.to_container(compose_cfg(), resolve=True)
     verifier = tiny_verifier_dir(TinyVerifierConfig(**plain["model"]["verifier"]["tiny"]), str(cache_dir))
@@ -442,7 +442,7 @@ def test_prepare_refuses_aux_layer_ids_that_name_a_layer_twice(cache_dir, tmp_pa
 
 def test_a_prepare_data_path_that_is_no_file_says_what_it_is(tmp_path):
     """--data <a directory> was said not to exist; a directory is now read as a datasets dir."""
-    from eagle3.data.jsonl import BadSamples, read_rows
+    from eagle3.formats.row_formats import BadSamples, read_rows
 
     with pytest.raises(DataError, match=rf"^{tmp_path} is not a dataset saved with datasets.save_to_disk"):
         read_rows(tmp_path, 64, 1024, BadSamples("error"))

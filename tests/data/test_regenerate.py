@@ -14,12 +14,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from eagle3.config import TinyVerifierConfig
+from eagle3.config import Regeneration, RegenerationEngine, TinyVerifierConfig
 from eagle3.data import regenerate as regen
+from eagle3.data.generation import Generation
 from eagle3.data.regenerate import regenerated_rows_dir
-from eagle3.data.sources.regenerate import Regeneration, RegenerationEngine
-from eagle3.data.verifier import tiny_verifier_dir
 from eagle3.errors import ConfigError
+from eagle3.verifier.tiny import tiny_verifier_dir
 from factories import ROOT, chat_tokenizer, chat_words
 
 HF = RegenerationEngine.transformers  # in process, whether or not a vLLM environment is on this machine
@@ -107,7 +107,7 @@ def test_sampled_rows_reproduce_from_their_seed_whatever_the_batch(verifier, tmp
 
     model = Verifier(verifier).load()
     prompts = [r["input_ids"][:r["loss_mask"].index(1)] for r in id_prompts(6, seed=1)]
-    def regenerate(settings: Regeneration, chunks: str) -> list[regen.Generation]:
+    def regenerate(settings: Regeneration, chunks: str) -> list[Generation]:
         batches = partial(regen.generate, model, [], settings)
         return regen.regenerate(batches, prompts, settings, tmp_path / chunks, positions=None)
 
@@ -259,7 +259,7 @@ def test_bad_options_name_their_key(override, says, tmp_path):
 
 def test_engine_auto_generates_with_vllm_where_its_environment_is_and_says_so(monkeypatch, caplog):
     from eagle3.data.regenerate import with_engine
-    from eagle3.serve import engine as engines
+    from eagle3.engine import venv as engines
 
     monkeypatch.setenv(engines.PYTHON_ENV, "/nonexistent/bin/python")
     with caplog.at_level("INFO", logger="eagle3.data.regenerate"):
@@ -275,8 +275,9 @@ def test_engine_auto_generates_with_vllm_where_its_environment_is_and_says_so(mo
 
 
 def test_the_plan_expects_the_regeneration_time_at_the_rate_measured_here(verifier, tmp_path, monkeypatch):
-    from eagle3.roofline import record_rate, regeneration_key
-    from eagle3.serve import engine as engines
+    from eagle3.data.sources import source_of
+    from eagle3.engine import venv as engines
+    from eagle3.plan.roofline import record_rate, regeneration_key
     from eagle3.verifier.model import Verifier
     from factories import tiny_run_config
 
@@ -286,11 +287,11 @@ def test_the_plan_expects_the_regeneration_time_at_the_rate_measured_here(verifi
                            "data.regenerate.max_new_tokens=100", "model=auto", "model.draft.aux_layer_ids=[1,2,3]",
                            f"model.verifier.path={verifier}",
                            f"cache_dir={tmp_path / 'cache'}"])
-    [note] = cfg.data.plan_notes(cfg)
+    [note] = source_of(cfg.data).plan_notes(cfg)
     assert "30 prompt rows x up to 100 new tokens" in note and "no measured rate" in note
     record_rate(tmp_path / "cache", "cpu", regeneration_key("transformers", Verifier(verifier).fingerprint()[
         "config_hash"]), 50.0)
-    [note] = cfg.data.plan_notes(cfg)
+    [note] = source_of(cfg.data).plan_notes(cfg)
     assert "at most about 1.0 min at 50.0 tokens/s" in note and "engine transformers" in note
 
 
@@ -321,8 +322,8 @@ def test_vllm_writes_the_responses_transformers_writes_at_temperature_0(verifier
                                                                         monkeypatch):
     """data.regenerate.engine=vllm on CPU in fp32: the same greedy responses as in process, the verifier served by
     vLLM's server (token ids in and out)."""
-    from eagle3.data.sources.regenerate import RegenerationEngine
-    from eagle3.serve.engine import PYTHON_ENV
+    from eagle3.config import RegenerationEngine
+    from eagle3.engine.venv import PYTHON_ENV
 
     monkeypatch.setenv(PYTHON_ENV, str(engine_python))
     prompts = write_jsonl(tmp_path / "prompts.jsonl", id_prompts(6, seed=3))

@@ -1,13 +1,13 @@
-"""On-policy rollouts of the draft (eagle3/on_policy.py): the rows a verify round gives, their targets, the draft's
-unrolled steps and the loss, on a tiny verifier and a tiny draft built here."""
+"""On-policy rollouts of the draft (eagle3/decoding/rollout.py): the rows a verify round gives, their targets, the
+draft's unrolled steps and the loss, on a tiny verifier and a tiny draft built here."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from eagle3.eval.drafting import Sampling, propose
-from eagle3.on_policy import Rollout, rollout, rollout_loss, unrolled_logits
+from eagle3.decoding.drafting import Sampling, propose
+from eagle3.decoding.rollout import Rollout, rollout, rollout_loss, unrolled_logits
 
 VOCAB, DRAFT_VOCAB, HIDDEN, K, AUX = 64, 40, 32, 3, [0, 1, 2]
 PROMPTS = [[3, 7, 1, 12, 5], [9, 2, 33, 4, 4, 17, 8]]
@@ -16,7 +16,7 @@ PROMPTS = [[3, 7, 1, 12, 5], [9, 2, 33, 4, 4, 17, 8]]
 @pytest.fixture(scope="module")
 def verifier_dir(tmp_path_factory):
     from eagle3.config import TinyVerifierConfig
-    from eagle3.data.verifier import tiny_verifier_dir
+    from eagle3.verifier.tiny import tiny_verifier_dir
 
     tiny = TinyVerifierConfig(vocab_size=VOCAB, hidden_size=HIDDEN, intermediate_size=64, num_layers=3, num_heads=2,
                               max_position_embeddings=128, init_std=0.02, logit_scale=15.0, seed=0, perturb_std=0.0,
@@ -34,8 +34,7 @@ def verifier(verifier_dir):
 def make_draft(verifier_dir, attn_impl="sdpa", num_layers=1, seed=0):
     from speculators.train.vocab_mapping import build_vocab_mappings_from_distribution
 
-    from eagle3.config import DraftConfig
-    from eagle3.draft_arch import SPECULATORS_FLAGS
+    from eagle3.config import SPECULATORS_FLAGS, DraftConfig
     from eagle3.init.build import new_draft
 
     d2t, t2d = build_vocab_mappings_from_distribution({i: (7 * i) % VOCAB + 1 for i in range(VOCAB)},
@@ -168,7 +167,7 @@ def test_on_policy_is_off_by_default_and_refuses_fsdp_and_flex_attention(verifie
     from omegaconf import OmegaConf
 
     from eagle3.config import ConfigError, validate
-    from eagle3.on_policy import check_attention
+    from eagle3.decoding.rollout import check_attention
     from factories import compose_cfg
 
     plain = OmegaConf.to_container(compose_cfg(), resolve=True)
@@ -216,8 +215,8 @@ def test_on_policy_run_stopped_and_resumed_equals_the_uninterrupted_run(cache_di
 def test_eval_accept_measures_with_the_rollouts_verifier_instead_of_loading_a_second(cache_dir, tmp_path):
     from unittest import mock
 
-    import eagle3.eval.at_val as at_val
-    import eagle3.rollouts as rollouts
+    import eagle3.train.on_policy as rollouts
+    import eagle3.train.val_acceptance as at_val
     from commands import launch
     from factories import SMALL_DATA, read_rows
 
@@ -248,8 +247,8 @@ def test_a_rollout_step_mixes_the_rollout_loss_and_the_micro_batches_at_mix(veri
 
     from speculators.losses import resolve_loss_config
 
-    from eagle3.eval.drafting import verifier_pass
-    from eagle3.train import StepParts, train_step
+    from eagle3.decoding.drafting import verifier_pass
+    from eagle3.train.loop import StepParts, train_step
 
     draft = make_draft(verifier_dir)
     loss_config = resolve_loss_config("kl_div", "eager")

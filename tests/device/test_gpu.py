@@ -62,12 +62,12 @@ class Spy:
     def __init__(self, monkeypatch):
         import speculators.losses
 
-        import eagle3.rank
-        import eagle3.train
+        import eagle3.train.loop
+        import eagle3.train.rank
 
         self.loss_impls, self.models, self.batches = [], [], []
-        resolve, wrap, to_device = (speculators.losses.resolve_loss_config, eagle3.rank.wrap_model,
-                                    eagle3.train.to_device)
+        resolve, wrap, to_device = (speculators.losses.resolve_loss_config, eagle3.train.rank.wrap_model,
+                                    eagle3.train.loop.to_device)
 
         def spy_resolve(spec, implementation="fused"):
             self.loss_impls.append(implementation)
@@ -86,12 +86,12 @@ class Spy:
             return out
 
         monkeypatch.setattr(speculators.losses, "resolve_loss_config", spy_resolve)
-        monkeypatch.setattr(eagle3.rank, "wrap_model", spy_wrap)
-        monkeypatch.setattr(eagle3.train, "to_device", spy_to_device)
+        monkeypatch.setattr(eagle3.train.rank, "wrap_model", spy_wrap)
+        monkeypatch.setattr(eagle3.train.loop, "to_device", spy_to_device)
 
     def autocast_dtypes(self) -> set:
         """Output dtypes of the draft's fc layer in the forwards since this was called (bf16 under autocast)."""
-        from eagle3.distributed import unwrap
+        from eagle3.device.distributed import unwrap
 
         dtypes: set = set()
         unwrap(self.models[-1]).fc.register_forward_hook(lambda _m, _i, out: dtypes.add(out.dtype))
@@ -100,9 +100,9 @@ class Spy:
 
 def train_on_gpu(cfg: RunConfig, monkeypatch, one_rank_group: bool = False) -> tuple[dict, Spy, Path, Path]:
     """Runs one rank in this process as the launcher would, on the GPU; returns (summary, spy, verifier, data)."""
-    import eagle3.rank
-    from eagle3.distributed import World, init_world
-    from eagle3.inputs import check_data, materialize_inputs
+    import eagle3.train.rank
+    from eagle3.device.distributed import World, init_world
+    from eagle3.run.inputs import check_data, materialize_inputs
 
     verifier_dir, data_dir = materialize_inputs(cfg)
     check_data(cfg, verifier_dir, data_dir)
@@ -119,12 +119,12 @@ def train_on_gpu(cfg: RunConfig, monkeypatch, one_rank_group: bool = False) -> t
                 return True
 
         def join(strategy, backend, device_type):
-            world = init_world(strategy, backend, device_type)  # as eagle3.runtime resolved it
+            world = init_world(strategy, backend, device_type)  # as eagle3.device.choice resolved it
             assert torch.distributed.get_backend() == ("nccl" if device_type == "cuda" else "gloo")
             return OneRankGroup(world.rank, world.local_rank, world.size, strategy)
 
-        monkeypatch.setattr(eagle3.rank, "init_world", join)
-    summary = eagle3.rank.run_rank(cfg, verifier_dir, data_dir)
+        monkeypatch.setattr(eagle3.train.rank, "init_world", join)
+    summary = eagle3.train.rank.run_rank(cfg, verifier_dir, data_dir)
     assert summary is not None and not torch.distributed.is_initialized()  # the rank closed its group
     return summary.to_dict(), spy, verifier_dir, data_dir
 
@@ -133,7 +133,7 @@ def assert_trained_on_cuda(summary: dict, spy: Spy, length: int) -> None:
     assert summary["device"] == "cuda:0" and summary["steps"] == 8
     assert summary["final"]["loss"] < summary["step0"]["loss"]
     assert spy.loss_impls[0] == "fused"  # the trainer's: speculators' Triton loss
-    from eagle3.distributed import unwrap
+    from eagle3.device.distributed import unwrap
 
     assert unwrap(spy.models[-1])._attn_impl == "simple_flex_attention"
     assert spy.batches and all(b["pinned"] and b["device"].type == "cuda" and b["dtype"] == torch.bfloat16
@@ -148,10 +148,10 @@ def val_loss_of(checkpoint: Path, cfg: RunConfig, data_dir: Path, total_seq_len:
 
     from speculators.losses import resolve_loss_config
 
-    from eagle3.checkpoint import load_draft
     from eagle3.data.loader import LoaderSpec, build_loaders
-    from eagle3.runtime import attn_impl_on
-    from eagle3.train import run_validation
+    from eagle3.device.choice import attn_impl_on
+    from eagle3.init.checkpoint import load_draft
+    from eagle3.train.loop import run_validation
 
     draft, cuda = cfg.model.draft, device.type == "cuda"
     model = load_draft(checkpoint, "simple_flex_attention" if cuda else attn_impl_on(draft.attn_impl, "cpu"),
@@ -172,7 +172,7 @@ def test_pinned_reader_never_overwrites_a_batch_whose_copy_is_still_queued(tmp_p
     copy is queued and the next batch is asked for at once: the reader must wait for that copy before refilling
     the buffer, so every batch on the GPU still equals speculators' own for its rows."""
     from eagle3.data.loader import LoaderSpec, build_loaders
-    from eagle3.train import to_device
+    from eagle3.data.reader import to_device
     from factories import AUX, RATIO, H, Speculators, T, passes, write_dataset
 
     data = write_dataset(tmp_path / "bf16", torch.bfloat16)
@@ -211,7 +211,7 @@ def gpu_run(cache_dir, tmp_path_factory):
 def test_fused_loss_flex_attention_and_bf16_autocast_at_a_length_off_the_block_size(gpu_run):
     run_dir, cfg, summary, spy, _, _ = gpu_run
     assert cfg.data.total_seq_len == 200
-    assert_trained_on_cuda(summary, spy, length=256)  # rounded up to whole flex blocks (eagle3.rank.packed_len)
+    assert_trained_on_cuda(summary, spy, length=256)  # rounded up to whole flex blocks (eagle3.train.rank.packed_len)
     assert all(torch.isfinite(torch.tensor(r["loss"])) for r in read_rows(run_dir))
 
 
@@ -220,7 +220,7 @@ def test_bf16_autocast_reaches_the_draft(gpu_run):
     from speculators.losses import resolve_loss_config
 
     from eagle3.data.loader import LoaderSpec, build_loaders
-    from eagle3.train import run_validation
+    from eagle3.train.loop import run_validation
 
     _, cfg, _, spy, _, data_dir = gpu_run
     model = spy.models[-1]
@@ -282,7 +282,7 @@ def test_nccl_world_size_one_trains_saves_and_speculators_loads(strategy, cache_
     # the run's final one (FSDP2 computed in bf16 parameters, the loaded model in fp32 under autocast).
     metrics = val_loss_of(run_dir / "checkpoints" / "last", cfg, data_dir)
     assert metrics["loss"] == pytest.approx(summary["final"]["loss"], rel=1e-3 if strategy == "ddp" else 2e-2)
-    from eagle3.checkpoint import load_trainer_state
+    from eagle3.init.checkpoint import load_trainer_state
 
     state = load_trainer_state(run_dir / "checkpoints" / "last")
     assert state["progress"]["step"] == 8 and state["optimizer"]["state"]

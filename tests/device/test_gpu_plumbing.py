@@ -19,7 +19,7 @@ def test_a_one_rank_group_trains_saves_and_speculators_loads_on_cpu(strategy, ca
     from torch.distributed.fsdp import FSDPModule
     from torch.nn.parallel import DistributedDataParallel
 
-    from eagle3.checkpoint import load_trainer_state
+    from eagle3.init.checkpoint import load_trainer_state
 
     run_dir = tmp_path / strategy
     cfg = gpu_run_config(run_dir, cache_dir, [f"distributed={strategy}", "distributed.nproc_per_node=1",

@@ -64,16 +64,15 @@ def inputs(strong_run):
 
 
 def load(summary, which="best", attn_impl="sdpa"):
-    from eagle3.checkpoint import load_draft
+    from eagle3.init.checkpoint import load_draft
 
     return load_draft(summary["checkpoints"][which], attn_impl, verifier_dir=summary["verifier_dir"])
 
 
 def scratch_draft(summary, attn_impl="sdpa", **flags):
     """An untrained draft as the scratch initializer builds it, with the given norm flags."""
-    from eagle3.config import DraftConfig
-    from eagle3.data.vocab import vocab_mapping
-    from eagle3.draft_arch import SPECULATORS_FLAGS
+    from eagle3.config import SPECULATORS_FLAGS, DraftConfig
+    from eagle3.formats.vocab import vocab_mapping
     from eagle3.init.build import new_draft
 
     draft_cfg = DraftConfig(**OmegaConf.to_container(compose_cfg().model.draft, resolve=True))
@@ -100,7 +99,7 @@ def test_chain_logits_equal_speculators_forward(inputs, attn_impl, flags):
 
 
 def test_prefix_mask_equals_speculators_mask(inputs):
-    from eagle3.eval.drafting import prefix_mask
+    from eagle3.decoding.drafting import prefix_mask
 
     for attn_impl in ("sdpa", "eager"):
         draft = scratch_draft(inputs["summary"], attn_impl)
@@ -115,7 +114,7 @@ def test_verifier_states_are_those_training_data_has(inputs, tmp_path):
     from safetensors.torch import load_file
 
     from eagle3.data.prepare import write_dataset
-    from eagle3.eval.drafting import verifier_pass
+    from eagle3.decoding.drafting import verifier_pass
 
     ids = inputs["prompts"][1] + list(range(20))
     write_dataset(inputs["verifier"], inputs["summary"]["verifier_dir"], [(ids, [1] * len(ids))], tmp_path, [1, 2, 3],
@@ -130,7 +129,7 @@ def test_verifier_states_are_those_training_data_has(inputs, tmp_path):
 def greedy_24(inputs) -> list[list[int]]:
     """The verifier's uncached greedy continuations (24 tokens) of the first 6 val prompts: they depend on no draft,
     so they are decoded once for every test that compares with them."""
-    from eagle3.eval.drafting import greedy_decode
+    from eagle3.decoding.drafting import greedy_decode
 
     return [greedy_decode(inputs["verifier"], prompt, 24) for prompt in inputs["prompts"][:6]]
 
@@ -138,14 +137,14 @@ def greedy_24(inputs) -> list[list[int]]:
 @pytest.fixture(scope="module")
 def plain_32(inputs) -> list[list[int]]:
     """The verifier's KV-cached plain decoding (32 tokens) of the first 6 val prompts, decoded once (no draft in it)."""
-    from eagle3.eval.drafting import plain_decode
+    from eagle3.decoding.drafting import plain_decode
 
     return [plain_decode(inputs["verifier"], prompt, 32) for prompt in inputs["prompts"][:6]]
 
 
 @pytest.mark.parametrize("k", [1, 4])
 def test_speculative_output_is_greedy_output(inputs, greedy_24, k):
-    from eagle3.eval.drafting import speculative_decode
+    from eagle3.decoding.drafting import speculative_decode
 
     draft = load(inputs["summary"])
     for prompt, greedy in zip(inputs["prompts"][:6], greedy_24, strict=True):
@@ -158,7 +157,7 @@ def test_speculative_output_is_greedy_output(inputs, greedy_24, k):
 def test_cached_harness_equals_uncached_at_greedy(inputs, plain_32, attn_impl):
     """The KV-cached harness (verifier cache cropped to the accepted prefix, draft step-0 cache) makes exactly the
     uncached harness's decisions: the same tokens and the same accepted count at every verify step."""
-    from eagle3.eval.drafting import speculative_decode
+    from eagle3.decoding.drafting import speculative_decode
 
     draft = load(inputs["summary"], attn_impl=attn_impl)
     total = 0
@@ -174,7 +173,7 @@ def test_cached_harness_equals_uncached_at_greedy(inputs, plain_32, attn_impl):
 
 def test_draft_q_lives_on_the_target_vocabulary(inputs):
     """q at T over target ids: draft id i at i + d2t[i], zero for the target tokens the draft cannot propose."""
-    from eagle3.eval.drafting import Sampling, draft_probs
+    from eagle3.decoding.drafting import Sampling, draft_probs
 
     draft = load(inputs["summary"])
     logits = torch.randn(draft.lm_head.out_features)
@@ -247,9 +246,9 @@ def test_val_pass_samples_at_its_temperature_seeded_by_the_run(inputs):
     """eval.accept.temperature > 0 at val passes: speculative sampling seeded by the run's seed, so a pass
     measures what a probe with that seed measures, and every pass of the same draft draws the same tokens."""
     from eagle3.config import AcceptEvalConfig
-    from eagle3.distributed import World
-    from eagle3.eval.at_val import AcceptanceAtVal
+    from eagle3.device.distributed import World
     from eagle3.eval.measure import AcceptanceProbe
+    from eagle3.train.val_acceptance import AcceptanceAtVal
 
     summary, draft = inputs["summary"], load(inputs["summary"])
     accept = AcceptEvalConfig(enabled=True, num_prompts=3, max_new_tokens=12, temperature=0.8)
@@ -409,11 +408,10 @@ SAMPLES, NEW_TOKENS, K, TEMPERATURE = 600, 3, 2, 1.0
 def spread_pair(tmp_path_factory):
     from speculators.train.vocab_mapping import build_vocab_mappings_from_distribution
 
-    from eagle3.config import DraftConfig, TinyVerifierConfig
-    from eagle3.data.verifier import tiny_verifier_dir
-    from eagle3.draft_arch import SPECULATORS_FLAGS
+    from eagle3.config import SPECULATORS_FLAGS, DraftConfig, TinyVerifierConfig
     from eagle3.init.build import new_draft
     from eagle3.verifier.model import Verifier
+    from eagle3.verifier.tiny import tiny_verifier_dir
 
     vocab, draft_vocab, hidden = 48, 24, 32
     tiny = TinyVerifierConfig(vocab_size=vocab, hidden_size=hidden, intermediate_size=64, num_layers=2,
@@ -472,7 +470,7 @@ def test_sampling_is_lossless_in_distribution(spread_pair, rule):
     """Speculative sampling's tokens at new positions 0..2 are distributed as the verifier's plain sampling at the
     same T (chi-square p > 1e-3 at each), and the test has the power to see a wrong acceptance rule
     (p < 1e-6 at some position)."""
-    from eagle3.eval.drafting import Sampling, accept_draft_token, speculative_decode
+    from eagle3.decoding.drafting import Sampling, accept_draft_token, speculative_decode
 
     accept_rule = accept_draft_token if rule == "speculative sampling" else argmax_rule
     sampling = Sampling(TEMPERATURE, seed=2)

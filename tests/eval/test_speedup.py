@@ -94,7 +94,7 @@ def test_given_costs_need_no_torch():
 
 
 def fake_run(path, lr, full_acc, accept_rate=None):
-    """A run dir as eagle3.compare reads it: config, summary (best val row), and an accept report if given."""
+    """A run dir as eagle3.sweep.compare reads it: config, summary (best val row), and an accept report if given."""
     path.mkdir(parents=True)
     (path / "resolved_config.yaml").write_text(f"optim:\n  lr: {lr}\n")
     best = {"step": 10, "tau_sim": 1 + sum(full_acc), "loss": 1.0,
@@ -107,7 +107,7 @@ def fake_run(path, lr, full_acc, accept_rate=None):
 
 def test_compare_ranks_by_predicted_speedup(tmp_path):
     """A run whose tau_sim is higher but whose measured acceptance is lower ranks below by predicted speedup."""
-    from eagle3.compare import find_runs, table
+    from eagle3.sweep.compare import find_runs, table
 
     fake_run(tmp_path / "0_high_tau", 1e-3, [0.7, 0.5, 0.3], accept_rate=[0.4, 0.2, 0.1])  # measured: 1.7
     fake_run(tmp_path / "1_lower_tau", 3e-3, [0.6, 0.4, 0.3])                             # estimate: 2.3
@@ -119,14 +119,14 @@ def test_compare_ranks_by_predicted_speedup(tmp_path):
     assert body[0][-3:] == [f"{2.3 / 15 * 10:.3f}", "3", "estimate"]
     assert body[1][-3:] == [f"{1.6 / 14 * 10:.3f}", "2", "measured"]  # k = 2 beats 1.077 at k = 1, 1.133 at 3
     with pytest.raises(SystemExit, match="needs --baseline-ms and --verify-ms"):
-        from eagle3.compare import main as compare_main
+        from eagle3.sweep.compare import main as compare_main
         compare_main([str(tmp_path), "--verify-ms", "12"])
 
 
 def test_compare_reads_greedy_accept_reports_only(tmp_path):
     """An accept_k<k>_t<T>.json (sampled at T > 0) is not the greedy measurement that tau_sim is compared with:
     neither the speedup column nor --confirm's rankings take it, and --confirm would still measure the run."""
-    from eagle3.compare import accept_report, find_runs, table
+    from eagle3.sweep.compare import accept_report, find_runs, table
 
     fake_run(tmp_path / "0_sampled_only", 1e-3, [0.6, 0.4, 0.3])
     (tmp_path / "0_sampled_only" / "accept_k3_t0.7.json").write_text(

@@ -1,5 +1,5 @@
-"""Data rows as users have them (eagle3.data.row_files, eagle3.data.jsonl): token rows, OpenAI `messages` and
-ShareGPT `conversations`, in a JSONL file, a JSON array (streamed; a file cut mid-record keeps its complete
+"""Data rows as users have them (eagle3.formats.row_files, eagle3.formats.row_formats): token rows, OpenAI `messages`
+and ShareGPT `conversations`, in a JSONL file, a JSON array (streamed; a file cut mid-record keeps its complete
 records), a Parquet file and a `datasets` dir; the format detected from the first row and recorded, or set by
 data.format; a row of another format, an unknown speaker and a cut file are bad rows with their number; every
 assistant turn of a conversation is trained, its end-of-turn token included and the template's default system
@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 
 from eagle3.config import RowFormat
-from eagle3.data.jsonl import BadSamples, ChatTokenizer, read_rows
 from eagle3.errors import DataError
+from eagle3.formats.row_formats import BadSamples, ChatTokenizer, read_rows
 from eagle3.verifier.model import Verifier
 from factories import chat_tokenizer, verifier_config_dir
 
@@ -139,7 +139,7 @@ def test_a_cut_json_array_reads_its_complete_records_and_the_cut_is_a_bad_row(cu
 
 def test_a_json_array_larger_than_a_read_is_streamed_record_by_record(chat, tmp_path, monkeypatch):
     """Records cut by the read size, strings included, are decoded whole."""
-    import eagle3.data.row_files as row_files
+    import eagle3.formats.row_files as row_files
 
     monkeypatch.setattr(row_files, "CHUNK", 7)
     rows, bad = read(write(tmp_path / "rows.json", SHAREGPT * 3, "json_array"), chat)
@@ -236,7 +236,7 @@ def test_a_datasets_dir_of_token_rows_refuses_a_conversation_format(tmp_path):
 
 
 def test_max_records_is_refused_for_a_speculators_dataset_dir_read_whole(tmp_path):
-    from eagle3.data.sources.online import OnlineDataConfig
+    from eagle3.config import OnlineDataConfig
     from eagle3.data.token_rows import token_rows_dir
 
     path = write(tmp_path / "ds", [{**r, "seq_len": len(r["input_ids"])} for r in TOKENS], "dataset")
@@ -248,12 +248,12 @@ def test_max_records_is_refused_for_a_speculators_dataset_dir_read_whole(tmp_pat
 def test_a_datasets_dir_of_several_splits_names_the_dir_of_one(chat, tmp_path):
     from datasets import Dataset, DatasetDict
 
-    from eagle3.config import _rows_path_problem
+    from eagle3.config import rows_path_problem
 
     path = tmp_path / "dd"
     DatasetDict({"train": Dataset.from_list(SHAREGPT), "test": Dataset.from_list(SHAREGPT[:1])}).save_to_disk(str(path))
     says = f"holds the splits test, train (a datasets DatasetDict); give one split's dir, e.g. {path / 'test'}"
-    assert _rows_path_problem(path) == says  # refused by the config's check before a run starts
+    assert rows_path_problem(path) == says  # refused by the config's check before a run starts
     with pytest.raises(DataError, match=r"holds the splits test, train \(a DatasetDict\); give one split's dir"):
         read(path, chat)  # and by the reader (prepare --data)
     rows, _ = read(path / "train", chat)
@@ -289,7 +289,7 @@ def test_chat_rows_read_into_the_cache_record_their_detected_format(chat_dir, tm
     """data=online's token rows from a datasets dir of ShareGPT rows: tokenized, saved, the format recorded."""
     import shutil
 
-    from eagle3.data.sources.online import OnlineDataConfig
+    from eagle3.config import OnlineDataConfig
     from eagle3.data.token_rows import read_rows_record, token_rows_dir
 
     verifier = tmp_path / "verifier"
@@ -311,8 +311,8 @@ def test_real_sharegpt_trains_only_smollm2s_assistant_tokens(sharegpt_file, smol
     there is no system turn and never trained."""
     import itertools
 
-    from eagle3.data.jsonl import conversation
-    from eagle3.data.row_files import records
+    from eagle3.formats.row_files import records
+    from eagle3.formats.row_formats import conversation
 
     head = list(itertools.islice(records(sharegpt_file), 20))
     path = write(tmp_path / "head.json", [item for _, item in head], "json_array")

@@ -14,11 +14,11 @@ from safetensors.torch import load_file, save_file
 
 from commands import launch
 from eagle3.config import DraftConfig, PretrainedInitConfig, VocabPolicy, lr_advice, validate
-from eagle3.export import export
 from eagle3.init import InitContext, build_draft, preflight_draft
 from eagle3.init.build import meta_draft
 from eagle3.init.files import CheckpointError
 from eagle3.init.pretrained import SPECFORGE_FLAGS, plan_load
+from eagle3.serve.export import export
 from factories import SMALL_DATA, compose_cfg
 
 
@@ -45,7 +45,7 @@ def probe_loss(run_inputs, ctx: InitContext) -> float:
     from speculators.losses import resolve_loss_config
 
     from eagle3.data.loader import LoaderSpec, build_loaders
-    from eagle3.train import run_validation
+    from eagle3.train.loop import run_validation
 
     resolved, _, data_dir = run_inputs
     model, _ = build_draft(ctx)
@@ -62,7 +62,7 @@ def specforge_export(trained_run, tmp_path_factory) -> Path:
     """The trained run in the SpecForge layout. The tiny default trains with norm_before_residual=true, which SGLang
     cannot serve (its export rule refuses it); the layout is still one that init=pretrained and speculators'
     converter read, so that one rule is lifted here."""
-    from eagle3.serve_parity import RULES
+    from eagle3.serve.parity import RULES
 
     out = tmp_path_factory.mktemp("export") / "specforge"
     with pytest.MonkeyPatch.context() as patch:
@@ -259,7 +259,7 @@ def test_sharded_checkpoint_loads_like_a_single_file(specforge_export, run_input
 def test_a_checkpoint_of_another_kind_gets_advice_that_holds_when_the_kind_is_set_on_the_command_line(tmp_path):
     """init=pretrained from an EAGLE-3 checkpoint with model.draft.kind=peagle on the command line advised "set them on
     the command line to override the checkpoint": they were, and no override loads weights into another kind."""
-    from eagle3.draft_arch import SPECULATORS_FLAGS, DraftKind
+    from eagle3.config import SPECULATORS_FLAGS, DraftKind
     from eagle3.init.build import bare_draft
     from eagle3.init.pretrained import preflight
 
@@ -289,8 +289,7 @@ def tiny_draft(**overrides):
 def test_a_pretrained_draft_of_the_other_kind_is_refused_naming_the_kind(tmp_path, run_kind, checkpoint_kind):
     """init=pretrained from an EAGLE-3 checkpoint into model.draft.kind=peagle (or back) said only that
     mask_hidden was missing (or unexpected); it names model.draft.kind and both kinds."""
-    from eagle3.config import PretrainedInitConfig
-    from eagle3.draft_arch import SPECULATORS_FLAGS, DraftKind
+    from eagle3.config import SPECULATORS_FLAGS, DraftKind, PretrainedInitConfig
     from eagle3.init import InitContext
     from eagle3.init.build import bare_draft
     from eagle3.init.files import CheckpointError
@@ -311,12 +310,11 @@ def test_a_peagle_draft_initialized_from_a_peagle_checkpoint_keeps_its_trained_e
     verifier, frozen", so the finetune silently started from the verifier's embedding instead of the trained one."""
     import torch
 
-    from eagle3.config import PretrainedInitConfig, TinyVerifierConfig
-    from eagle3.data.verifier import tiny_verifier_dir
-    from eagle3.draft_arch import SPECULATORS_FLAGS, DraftKind
+    from eagle3.config import SPECULATORS_FLAGS, DraftKind, PretrainedInitConfig, TinyVerifierConfig
     from eagle3.init import InitContext
     from eagle3.init.build import bare_draft
     from eagle3.init.pretrained import init_pretrained
+    from eagle3.verifier.tiny import tiny_verifier_dir
 
     plain = OmegaConf.to_container(compose_cfg(), resolve=True)
     verifier = tiny_verifier_dir(TinyVerifierConfig(**plain["model"]["verifier"]["tiny"]), str(cache_dir))

@@ -1,5 +1,5 @@
-"""The plan (eagle3/plan.py) against the real model and measured memory, its launcher glue, and gradient
-checkpointing (eagle3/recompute.py)."""
+"""The plan (eagle3/plan/memory.py) against the real model and measured memory, its launcher glue, and gradient
+checkpointing (eagle3/arch/activation_checkpointing.py)."""
 
 from __future__ import annotations
 
@@ -18,10 +18,10 @@ sys.path.insert(0, str(ROOT / "bench"))
 
 from plan_memory import build_model, compare, draft_config, live_bytes_mode, make_batch, measure, planned  # noqa: E402
 
+from eagle3.arch.draft import SPECULATORS_FLAGS  # noqa: E402
 from eagle3.config import DraftConfig  # noqa: E402
-from eagle3.draft_arch import SPECULATORS_FLAGS  # noqa: E402
 from eagle3.errors import ConfigError  # noqa: E402
-from eagle3.plan import buffer_bytes, parameter_counts  # noqa: E402
+from eagle3.plan.memory import buffer_bytes, parameter_counts  # noqa: E402
 
 KIMI = DraftConfig(hidden_size=7168, intermediate_size=18432, num_attention_heads=64, num_key_value_heads=64,
                    head_dim=128, vocab_size=163840, draft_vocab_size=32000, aux_layer_ids=[2, 30, 58])
@@ -42,7 +42,7 @@ KIMI_CONFIG = {"architectures": ["DeepseekV3ForCausalLM"], "model_type": "deepse
 
 @pytest.mark.parametrize("draft", [TINY, KIMI, LLAMA_8B], ids=["tiny", "kimi_k25", "llama_8b"])
 def test_parameter_counts_are_those_of_speculators_model_on_the_meta_device(draft):
-    from eagle3.draft_arch import resolved_flags
+    from eagle3.arch.draft import resolved_flags
     from eagle3.init.build import bare_draft
 
     model = bare_draft(draft, resolved_flags(draft, SPECULATORS_FLAGS), "meta")
@@ -91,7 +91,7 @@ def _resolved(overrides: list[str]):
 
 
 def test_a_config_that_fits_is_not_refused_and_one_that_does_not_is():
-    from eagle3.fit import refuse_if_it_cannot_fit, run_plan
+    from eagle3.run.plan_guard import refuse_if_it_cannot_fit, run_plan
 
     refuse_if_it_cannot_fit(_resolved(["distributed.device_memory_gb=16", "device=cpu"]))  # the tiny default fits
     with pytest.raises(ConfigError) as refused:
@@ -126,7 +126,7 @@ def test_a_plan_needs_data_path_to_be_a_directory_but_not_to_hold_a_dataset_yet(
 
 
 def test_fsdp_shards_the_states_and_checkpointing_shrinks_activations():
-    from eagle3.fit import run_plan
+    from eagle3.run.plan_guard import run_plan
 
     base = ["distributed=ddp", "distributed.nproc_per_node=8", "distributed.device_memory_gb=141", "device=cuda"]
     ddp = run_plan(_resolved(base))
@@ -187,7 +187,7 @@ def test_plan_true_of_kimi_k25s_own_config_with_eval_accept_sizes_its_decoder_an
     """The reproduction of a KeyError: 'hidden_size' (the plan read the wrapper's top level): the decoder is read
     from text_config, and the verifier eval.accept loads on rank 0 is counted with all its experts."""
     from eagle3.config import VerifierConfig
-    from eagle3.plan_inputs import shape_from_config, verifier_size
+    from eagle3.plan.sizes import shape_from_config, verifier_size
 
     verifier, data = _verifier_dir(tmp_path, "kimi-k25", KIMI_K25_CONFIG), tmp_path / "data"
     data.mkdir()
@@ -221,7 +221,7 @@ def test_a_kimi_run_on_16_gb_stops_before_any_rank_with_one_message(kimi_dirs, t
 
 @pytest.mark.slow
 def test_the_plan_counts_an_offline_datasets_steps_and_bytes(trained_run):
-    from eagle3.fit import run_plan
+    from eagle3.run.plan_guard import run_plan
 
     summary = json.loads((trained_run / "summary.json").read_text())
     data_dir = Path(summary["data_dir"])
@@ -233,7 +233,7 @@ def test_the_plan_counts_an_offline_datasets_steps_and_bytes(trained_run):
     assert any(f"{hidden / 2**30:.2f} GiB in all" in note for note in plan.data_notes)
 
 
-# >>> data=online: the verifier in every rank (eagle3.plan.verifier_terms, eagle3.plan_inputs.verifier_shape)
+# >>> data=online: the verifier in every rank (eagle3.plan.memory.verifier_terms, eagle3.plan.sizes.verifier_shape)
 LLAMA_8B_CONFIG = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 4096,
                    "intermediate_size": 14336, "num_hidden_layers": 32, "num_attention_heads": 32,
                    "num_key_value_heads": 8, "head_dim": 128, "vocab_size": 128256, "max_position_embeddings": 131072,
@@ -271,7 +271,7 @@ def _term(plan, prefix: str) -> int:
 
 
 def test_an_online_plan_holds_the_verifier_in_every_rank_and_shard_verifier_divides_it(tmp_path):
-    from eagle3.fit import run_plan
+    from eagle3.run.plan_guard import run_plan
 
     verifier = _verifier_dir(tmp_path, "llama-8b", LLAMA_8B_CONFIG)
     online = ["model=llama3_8b", f"model.verifier.path={verifier}", "data=online",
@@ -310,7 +310,7 @@ def test_an_online_plan_holds_the_verifier_in_every_rank_and_shard_verifier_divi
 
 
 def test_online_eval_accept_reuses_the_verifier_and_offline_loads_it_on_rank_0(tmp_path):
-    from eagle3.fit import run_plan
+    from eagle3.run.plan_guard import run_plan
 
     verifier = _verifier_dir(tmp_path, "llama-8b", LLAMA_8B_CONFIG)
     base = ["model=llama3_8b", f"model.verifier.path={verifier}", "eval.accept.enabled=true",
@@ -330,8 +330,8 @@ def test_a_run_that_does_not_fit_for_eval_accepts_verifier_is_told_to_measure_ac
     """8B in bf16 is 15.0 GiB: at 16 GB more than the device holds (the draft's knobs cannot help), at 24 GB the
     largest of a 36.9 GiB peak."""
     from eagle3.errors import ConfigError
-    from eagle3.fit import run_plan
-    from eagle3.plan import check_fits
+    from eagle3.plan.memory import check_fits
+    from eagle3.run.plan_guard import run_plan
 
     verifier = _verifier_dir(tmp_path, "llama-8b", LLAMA_8B_CONFIG)
     plan = run_plan(_planned_config(["model=llama3_8b", f"model.verifier.path={verifier}", "eval.accept.enabled=true",
@@ -343,8 +343,8 @@ def test_a_run_that_does_not_fit_for_eval_accepts_verifier_is_told_to_measure_ac
 
 def test_on_policy_rollouts_hold_the_verifier_in_every_rank_and_eval_accept_reuses_it(tmp_path):
     from eagle3.errors import ConfigError
-    from eagle3.fit import run_plan
-    from eagle3.plan import check_fits
+    from eagle3.plan.memory import check_fits
+    from eagle3.run.plan_guard import run_plan
 
     verifier = _verifier_dir(tmp_path, "llama-8b", LLAMA_8B_CONFIG)
     base = ["model=llama3_8b", f"model.verifier.path={verifier}", "data=offline", f"data.path={tmp_path}",
@@ -360,7 +360,7 @@ def test_on_policy_rollouts_hold_the_verifier_in_every_rank_and_eval_accept_reus
 
 
 def test_the_fit_guard_refuses_an_online_verifier_that_does_not_fit_and_says_what_does(tmp_path):
-    from eagle3.fit import refuse_if_it_cannot_fit
+    from eagle3.run.plan_guard import refuse_if_it_cannot_fit
 
     verifier = _verifier_dir(tmp_path, "llama-70b", LLAMA_70B_CONFIG)
     online = ["model=auto", f"model.verifier.path={verifier}", "data=online", f"data.path={tmp_path / 'rows.jsonl'}",
@@ -382,7 +382,7 @@ def test_the_fit_guard_refuses_an_online_verifier_that_does_not_fit_and_says_wha
 def test_an_online_plan_counts_the_tokens_of_sampled_and_arrow_rows_and_no_hidden_bytes(tmp_path):
     from datasets import Dataset
 
-    from eagle3.fit import run_plan
+    from eagle3.run.plan_guard import run_plan
 
     sampled = run_plan(_planned_config(["data=online", "device=cpu"]))
     tiny_verifier_params = 2 * 1024 * 128 + 4 * (4 * 128 * 128 + 3 * 128 * 256 + 2 * 128) + 128
@@ -416,7 +416,7 @@ def test_the_verifier_shape_counts_the_parameters_transformers_builds():
     from transformers import DeepseekV3Config, LlamaConfig
 
     from eagle3.config import TinyVerifierConfig, VerifierConfig
-    from eagle3.plan_inputs import shape_from_config, verifier_shape
+    from eagle3.plan.sizes import shape_from_config, verifier_shape
 
     tiny = TinyVerifierConfig()
     assert verifier_shape(VerifierConfig(path=None, tiny=tiny)).params == _meta_params(LlamaConfig(
@@ -446,7 +446,7 @@ def test_the_verifier_shape_reads_safetensors_headers_unless_quantized(tmp_path)
     from safetensors.torch import save_file
 
     from eagle3.config import VerifierConfig
-    from eagle3.plan_inputs import verifier_shape
+    from eagle3.plan.sizes import verifier_shape
 
     gqa = {**LLAMA_8B_CONFIG, "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
            "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16, "vocab_size": 100}
@@ -469,10 +469,10 @@ def test_the_verifiers_planned_forward_is_within_25_percent_of_the_measured_one(
     the draft's step (the bytes of live tensor storages), against the plan's verifier-forward phase."""
     import torch
 
+    from eagle3.config import OnlineDataConfig
     from eagle3.data.online import OnlineVerifier
-    from eagle3.data.sources.online import OnlineDataConfig
-    from eagle3.plan import VERIFIER_FORWARD, verifier_terms
-    from eagle3.plan_inputs import shape_from_config
+    from eagle3.plan.memory import VERIFIER_FORWARD, verifier_terms
+    from eagle3.plan.sizes import shape_from_config
 
     config = dict(hidden_size=256, intermediate_size=896, num_hidden_layers=4, num_attention_heads=8,
                   num_key_value_heads=2, head_dim=32, vocab_size=1000, tie_word_embeddings=False)
@@ -498,11 +498,11 @@ def test_the_verifiers_planned_forward_is_within_25_percent_of_the_measured_one(
 
 
 def test_the_plan_times_a_step_at_this_machines_cached_kernel_rates_and_names_their_source(tmp_path):
-    """plan=true's step time comes from the rates cached for this machine (eagle3.roofline), named with where they
+    """plan=true's step time comes from the rates cached for this machine (eagle3.plan.roofline), named with where they
     came from; without any, an assumed share of a peak, said so; asked to measure, it measures and caches them."""
-    from eagle3.fit import run_plan
-    from eagle3.plan import format_plan, step_matmuls
-    from eagle3.roofline import Rates, cache_file, machine_key, shape_key
+    from eagle3.plan.memory import format_plan, step_matmuls
+    from eagle3.plan.roofline import Rates, cache_file, machine_key, shape_key
+    from eagle3.run.plan_guard import run_plan
     from factories import tiny_run_config
 
     cfg = tiny_run_config(["device=cpu", f"cache_dir={tmp_path / 'cache'}"])
@@ -528,7 +528,7 @@ def test_an_online_plan_imports_no_torch(tmp_path):
     verifier = _verifier_dir(tmp_path, "llama-8b", LLAMA_8B_CONFIG)
     code = ("import sys; sys.path[:0] = ['tests/plan', 'tests', 'bench']\n"
             "from test_plan import _planned_config\n"
-            "from eagle3.fit import run_plan\n"
+            "from eagle3.run.plan_guard import run_plan\n"
             f"plan = run_plan(_planned_config(['model=llama3_8b', 'model.verifier.path={verifier}', 'data=online', "
             f"'data.path={tmp_path / 'rows.jsonl'}', 'distributed.device_memory_gb=141']))\n"
             "assert plan.online_verifier == 'full', plan\n"
@@ -567,8 +567,8 @@ def test_plan_true_online_prints_the_sharded_kimi_verifier_per_rank_and_a_run_is
 
 
 def test_on_cpu_the_fit_guard_checks_the_hosts_memory():
-    from eagle3.fit import refuse_if_it_cannot_fit, run_plan
-    from eagle3.plan_inputs import device_and_memory
+    from eagle3.plan.sizes import device_and_memory
+    from eagle3.run.plan_guard import refuse_if_it_cannot_fit, run_plan
 
     kind, one, source = device_and_memory("cpu", None)
     assert kind == "cpu" and one and one > 2 ** 20 and "host memory" in source
@@ -583,8 +583,8 @@ def test_on_cpu_the_fit_guard_checks_the_hosts_memory():
 
 
 def test_a_plan_that_does_not_fit_says_its_exit_status():
-    from eagle3.fit import run_plan
-    from eagle3.plan import NO_FIT_STATUS, format_plan
+    from eagle3.plan.memory import NO_FIT_STATUS, format_plan
+    from eagle3.run.plan_guard import run_plan
 
     text = format_plan(run_plan(tiny_run_config(["device=cpu", "distributed.device_memory_gb=0.01"])))
     assert f"DOES NOT FIT (limit 95%; exit status {NO_FIT_STATUS})" in text and NO_FIT_STATUS not in (0, 1)

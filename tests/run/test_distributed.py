@@ -63,7 +63,7 @@ def test_ddp_two_ranks_match_one_process_with_the_same_global_batch(single_accum
 
 @pytest.mark.slow
 def test_fsdp_trains_and_saves_a_checkpoint_speculators_loads(cache_dir, tmp_path):
-    from eagle3.checkpoint import load_draft
+    from eagle3.init.checkpoint import load_draft
 
     run_dir = tmp_path / "fsdp"
     proc = launch([f"hydra.run.dir={run_dir}", "distributed=fsdp", "distributed.nproc_per_node=2", *QUICK], cache_dir)

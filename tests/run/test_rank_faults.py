@@ -18,7 +18,7 @@ from omegaconf import OmegaConf
 
 from commands import launch, run_in_process
 from eagle3.errors import DataError, UserError
-from eagle3.rank_errors import RankError, RankFailed, first_rank_error, write_rank_error
+from eagle3.rundir.rank_errors import RankError, RankFailed, first_rank_error, write_rank_error
 from factories import ROOT, SMALL_DATA, compose_cfg
 
 QUICK = ["logger.mode=disabled", "logger.log_every=1", *SMALL_DATA]
@@ -38,7 +38,7 @@ def two_rank_config(cache_dir: Path, run_dir: Path):
 
 def rows_only_rank_1_validates(data_dir: Path, total_seq_len: int, train_ratio: float) -> list[int]:
     from eagle3.data.loader import ValShardSampler
-    from eagle3.data.rows import ArrowRows
+    from eagle3.formats.arrow_rows import ArrowRows
 
     seq_len = ArrowRows(data_dir).seq_len
     split = int(len(seq_len) * train_ratio)
@@ -50,8 +50,8 @@ def rows_only_rank_1_validates(data_dir: Path, total_seq_len: int, train_ratio: 
 @pytest.mark.slow
 def test_a_data_error_in_one_rank_is_reported_as_that_ranks_own(cache_dir, tmp_path):
     """A hidden-state file only rank 1 reads, truncated after the start-up check (run_job is what runs after it)."""
-    from eagle3.elastic import run_job
-    from eagle3.inputs import materialize_inputs
+    from eagle3.run.elastic import run_job
+    from eagle3.run.inputs import materialize_inputs
 
     run_dir = tmp_path / "run"
     cfg = two_rank_config(cache_dir, run_dir)
@@ -201,7 +201,7 @@ def test_a_sweep_with_a_bad_value_starts_no_job(cache_dir, tmp_path):
 def test_a_skipped_step_is_said_on_the_console(cache_dir, tmp_path, caplog):
     from test_reliability import train_poisoned
 
-    with caplog.at_level("WARNING", logger="eagle3.train"):
+    with caplog.at_level("WARNING", logger="eagle3.train.loop"):
         progress = train_poisoned(cache_dir, tmp_path / "run", {3, 5}, ["optim.max_steps=6"])
     assert progress.skipped_steps == 2
     said = [r.getMessage() for r in caplog.records if "skipped" in r.getMessage()]

@@ -1,4 +1,4 @@
-"""How the ranks of a multi-rank run start (eagle3/elastic.py): forked from a forkserver that imported what a rank
+"""How the ranks of a multi-rank run start (eagle3/run/elastic.py): forked from a forkserver that imported what a rank
 needs once, each rank with the launcher's environment of its own launch."""
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from eagle3 import elastic
-from eagle3.rank_errors import RankFailed
+from eagle3.run import elastic
+from eagle3.rundir.rank_errors import RankFailed
 from factories import typed_run_config
 
 
@@ -68,7 +68,7 @@ def test_the_forkserver_is_started_afresh_when_what_it_imported_with_changed(bar
 def test_each_launchs_ranks_have_the_launchers_environment_of_that_launch(cache_dir, tmp_path, monkeypatch):
     """Two launches whose ranks one forkserver forks: the server started with GLOO_SOCKET_IFNAME set (the first
     launch's), the second launch has it unset. gloo reads it when a rank joins its process group."""
-    from eagle3.inputs import materialize_inputs
+    from eagle3.run.inputs import materialize_inputs
 
     elastic.stop_forkserver()  # the first launch starts one
     monkeypatch.setenv("GLOO_SOCKET_IFNAME", "eagle3-no-such-nic")
@@ -89,7 +89,7 @@ def test_the_forkserver_holds_what_a_rank_imports():
     elastic.ensure_forkserver()
     loaded = set(in_a_forked_rank("sorted(__import__('sys').modules)"))
     assert {"torch", "transformers", "speculators.models.eagle3", "speculators.train.distributed_batch_sampler",
-            "eagle3.rank", "eagle3.data.loader", "eagle3.data.online"} <= loaded
+            "eagle3.train.rank", "eagle3.data.loader", "eagle3.data.online"} <= loaded
 
 
 @pytest.mark.gpu

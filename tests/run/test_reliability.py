@@ -19,10 +19,10 @@ from factories import ROOT, SMALL_DATA, read_rows, typed_run_config
 
 
 def small_run(cache_dir: Path, run_dir: Path, overrides: list[str]):
-    """The pieces of a tiny run, built as the launcher builds them, for driving eagle3.train.train directly."""
+    """The pieces of a tiny run, built as the launcher builds them, for driving eagle3.train.loop.train directly."""
     from eagle3.data.loader import LoaderSpec, build_loaders
     from eagle3.init import InitContext, build_draft
-    from eagle3.inputs import materialize_inputs
+    from eagle3.run.inputs import materialize_inputs
 
     cfg = typed_run_config(cache_dir, run_dir, overrides)
     run_dir.mkdir(parents=True)
@@ -30,7 +30,7 @@ def small_run(cache_dir: Path, run_dir: Path, overrides: list[str]):
     draft = cfg.model.draft
     loaders = build_loaders(data_dir, LoaderSpec(cfg.data.total_seq_len, draft.hidden_size, len(draft.aux_layer_ids),
                                                  cfg.data.train_ratio, cfg.seed))
-    torch.manual_seed(cfg.seed)  # as eagle3/rank.py seeds before the draft is built
+    torch.manual_seed(cfg.seed)  # as eagle3/train/rank.py seeds before the draft is built
     model, _ = build_draft(InitContext(draft, cfg.init, verifier_dir, data_dir, "sdpa", []))
     return cfg, model, loaders
 
@@ -50,8 +50,8 @@ def poison(model, nan_calls: set[int]):
 
 
 def train_poisoned(cache_dir, run_dir, nan_calls, overrides):
-    from eagle3.track import Tracker
-    from eagle3.train import Training, train
+    from eagle3.train.loop import Training, train
+    from eagle3.train.track import Tracker
 
     cfg, model, loaders = small_run(cache_dir, run_dir, ["logger.log_every=1", *overrides])
     poison(model, nan_calls)
@@ -71,8 +71,8 @@ def test_non_finite_steps_are_skipped_and_counted(cache_dir, tmp_path):
 
 @pytest.mark.slow
 def test_too_many_in_a_row_stop_with_a_loadable_last(cache_dir, tmp_path):
-    from eagle3.checkpoint import load_draft, load_trainer_state
-    from eagle3.train import RunStopped
+    from eagle3.init.checkpoint import load_draft, load_trainer_state
+    from eagle3.train.loop import RunStopped
 
     run_dir = tmp_path / "run"
     with pytest.raises(RunStopped, match="3 optimizer steps in a row"):
@@ -90,7 +90,7 @@ def test_sigterm_saves_a_checkpoint_that_resume_continues(cache_dir, tmp_path):
     returncode, out = sigterm_after_first_train_row(args, cache_dir, run_dir)
     assert returncode == 128 + signal.SIGTERM, out[-2000:]
     assert f"resume={run_dir}" in out
-    from eagle3.checkpoint import load_trainer_state
+    from eagle3.init.checkpoint import load_trainer_state
 
     stopped_at = load_trainer_state(run_dir / "checkpoints" / "last")["progress"]["step"]
     assert 0 < stopped_at < 15  # an epoch of SMALL_DATA: 15 steps
@@ -168,8 +168,8 @@ def test_malformed_override_is_one_message_naming_the_key(overrides, key, tmp_pa
 def test_a_run_dir_without_room_for_two_checkpoints_is_refused(cache_dir, tmp_path, monkeypatch):
     import shutil as shutil_module
 
-    from eagle3.checkpoint import check_disk
     from eagle3.config import ConfigError
+    from eagle3.init.checkpoint import check_disk
 
     _, model, _ = small_run(cache_dir, tmp_path / "run", [])
     check_disk(tmp_path, model)  # this machine has room
@@ -200,13 +200,13 @@ def test_an_offline_dataset_with_missing_hidden_states_is_refused_before_trainin
 def test_a_stop_on_an_eval_every_step_owes_its_val_pass_to_the_resumed_run(cache_dir, tmp_path, monkeypatch):
     """The stop check comes before the optim.eval_every val pass: a signal landing on step 4 saves `last` without
     that pass. The resumed run runs it first, so its val rows are an uninterrupted run's."""
-    import eagle3.train
-    from eagle3.checkpoint import load_draft, load_trainer_state
+    import eagle3.train.loop
     from eagle3.errors import Interrupted
-    from eagle3.track import Tracker
-    from eagle3.train import Training, train
+    from eagle3.init.checkpoint import load_draft, load_trainer_state
+    from eagle3.train.loop import Training, train
+    from eagle3.train.track import Tracker
 
-    class StopAtStep4(eagle3.train.StopRequest):
+    class StopAtStep4(eagle3.train.loop.StopRequest):
         calls = 0
 
         def requested(self, world):
@@ -225,7 +225,7 @@ def test_a_stop_on_an_eval_every_step_owes_its_val_pass_to_the_resumed_run(cache
     whole = [(r["step"], r["loss"]) for r in read_rows(tmp_path / "whole") if r["split"] == "val"]
     assert [step for step, _ in whole] == [0, 4, 8]
 
-    monkeypatch.setattr(eagle3.train, "StopRequest", StopAtStep4)
+    monkeypatch.setattr(eagle3.train.loop, "StopRequest", StopAtStep4)
     held = small_run(cache_dir, tmp_path / "stopped", overrides)
     with pytest.raises(Interrupted):
         run(tmp_path / "stopped", held[1])

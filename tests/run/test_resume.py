@@ -70,8 +70,8 @@ def test_a_moved_and_a_copied_run_dir_each_resume_as_themselves(moved_and_copied
 
 @pytest.mark.slow
 def test_a_moved_and_a_copied_run_dir_evaluate_and_compare_as_themselves(moved_and_copied, capsys):
-    from eagle3 import compare
     from eagle3.eval import accept
+    from eagle3.sweep import compare
 
     moved, copy = moved_and_copied
     report = accept.run(accept.parse_args(["--run", str(copy), "--num-prompts", "2", "--max-new-tokens", "4"]))
@@ -90,8 +90,8 @@ def test_a_moved_and_a_copied_run_dir_evaluate_and_compare_as_themselves(moved_a
 
 
 def test_a_missing_checkpoint_dir_is_one_message_and_never_a_hub_id(tmp_path):
-    from eagle3.checkpoint import load_draft
     from eagle3.errors import CheckpointError
+    from eagle3.init.checkpoint import load_draft
 
     with pytest.raises(CheckpointError, match="does not exist"):
         load_draft(tmp_path / "gone" / "checkpoints" / "last")
@@ -118,8 +118,8 @@ def garbage(file: Path) -> None:
 @pytest.mark.parametrize("file, damage", [("model.safetensors", truncate), ("trainer_state.pt", garbage),
                                           ("trainer_state.pt", truncate), ("config.json", garbage)])
 def test_a_damaged_last_is_one_message_naming_the_file(stopped_run_last, tmp_path, file, damage):
-    from eagle3.checkpoint import load_draft, load_trainer_state, resumable_last
     from eagle3.errors import CheckpointError
+    from eagle3.init.checkpoint import load_draft, load_trainer_state, resumable_last
 
     checkpoints = damaged_copy(stopped_run_last, tmp_path, file, damage)
     with pytest.raises(CheckpointError) as refused:
@@ -138,7 +138,7 @@ def stopped_run_last(stopped_copy) -> Path:
 
 @pytest.mark.slow
 def test_a_save_stopped_between_its_renames_resumes_from_the_whole_one(stopped_run_last, tmp_path, caplog):
-    from eagle3.checkpoint import load_trainer_state, resumable_last
+    from eagle3.init.checkpoint import load_trainer_state, resumable_last
 
     checkpoints = tmp_path / "checkpoints"
     shutil.copytree(stopped_run_last, checkpoints / ".last.old")
@@ -167,9 +167,9 @@ def test_a_full_disk_during_a_save_keeps_last_and_prints_the_resume_line(cache_d
     """optim.checkpoint_every=2: `last` is saved at step 2, and the save at step 4 finds the disk full."""
     from test_reliability import small_run
 
-    from eagle3.checkpoint import SaveFailed, load_trainer_state
-    from eagle3.track import Tracker
-    from eagle3.train import Training, train
+    from eagle3.init.checkpoint import SaveFailed, load_trainer_state
+    from eagle3.train.loop import Training, train
+    from eagle3.train.track import Tracker
 
     run_dir = tmp_path / "run dir"
     cfg, model, loaders = small_run(cache_dir, run_dir, ["optim.max_steps=6", "optim.checkpoint_every=2"])
@@ -193,7 +193,7 @@ def test_a_full_disk_during_a_save_keeps_last_and_prints_the_resume_line(cache_d
 
 
 def test_a_failure_record_that_cannot_be_written_is_a_warning(tmp_path, monkeypatch, caplog):
-    from eagle3.job_outcome import record_failure
+    from eagle3.run.job_outcome import record_failure
 
     def full(*args, **kwargs):
         raise OSError(errno.ENOSPC, "No space left on device")
@@ -208,7 +208,7 @@ def test_a_failure_record_that_cannot_be_written_is_a_warning(tmp_path, monkeypa
 
 def composed_run(cache_dir: Path, run_dir: Path, overrides: list[str]):
     """A checked run config as the launcher types it, with its verifier and data built (the session cache)."""
-    from eagle3.inputs import materialize_inputs
+    from eagle3.run.inputs import materialize_inputs
 
     cfg = typed_run_config(cache_dir, run_dir, overrides)
     _, data_dir = materialize_inputs(cfg)
@@ -218,7 +218,7 @@ def composed_run(cache_dir: Path, run_dir: Path, overrides: list[str]):
 @pytest.mark.slow
 def test_a_run_that_would_train_no_step_is_refused_before_any_rank(cache_dir, tmp_path):
     from eagle3.errors import ConfigError
-    from eagle3.inputs import refuse_zero_steps
+    from eagle3.run.inputs import refuse_zero_steps
 
     cfg, data_dir = composed_run(cache_dir, tmp_path / "run", [])
     refuse_zero_steps(cfg, data_dir, None)  # the tiny default trains
@@ -245,7 +245,7 @@ def test_a_resume_whose_config_was_edited_is_refused_naming_the_keys(stopped_cop
     import yaml
 
     from eagle3.errors import ConfigError
-    from eagle3.launch import load_for_resume
+    from eagle3.run.launch import load_for_resume
 
     unedited, run_dir = tmp_path / "unedited", tmp_path / "edited"
     shutil.copytree(stopped_copy, unedited)
@@ -266,7 +266,7 @@ def test_a_resume_whose_config_was_edited_is_refused_naming_the_keys(stopped_cop
 
 
 def test_a_resumed_job_of_a_moved_sweep_updates_its_entry_in_the_sweep_index(tmp_path):
-    from eagle3.job_outcome import update_resumed_sweep_job
+    from eagle3.run.job_outcome import update_resumed_sweep_job
 
     old, sweep = tmp_path / "made here", tmp_path / "moved sweep"
     (sweep / "1_optim.lr=0.003").mkdir(parents=True)

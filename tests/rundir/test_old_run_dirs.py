@@ -13,7 +13,7 @@ from omegaconf import OmegaConf
 from commands import launch, sigterm_in_process_after_step_1
 from eagle3.config import plain_config, run_config, validate
 from eagle3.errors import ConfigError
-from eagle3.rundir import RESOLVED_CONFIG, read_run_config, trained_config
+from eagle3.rundir.files import RESOLVED_CONFIG, read_run_config, trained_config
 from factories import ROOT, SMALL_DATA, compose_cfg
 
 OLD = ROOT / "tests" / "old_run_dirs"
@@ -66,7 +66,7 @@ def test_an_unknown_key_of_an_old_data_part_is_refused_by_name(part, key, tmp_pa
 
 
 def test_compare_shows_an_old_run_dirs_data_part_in_todays_keys(tmp_path):
-    from eagle3.compare import read_run
+    from eagle3.sweep.compare import read_run
 
     run = read_run(old_run_dir(tmp_path, "online"))
     assert run.config["data.shard_verifier"] is False
@@ -84,8 +84,8 @@ def written_before_sources(plain: dict) -> dict:
 def test_an_interrupted_old_run_resumes_and_is_measured(cache_dir, tmp_path):
     import torch
 
-    from eagle3.checkpoint import TRAINER_STATE
     from eagle3.eval.accept import main as accept
+    from eagle3.init.checkpoint import TRAINER_STATE
 
     run_dir = tmp_path / "run"
     stopped = sigterm_in_process_after_step_1([f"hydra.run.dir={run_dir}", "optim.max_steps=4", *SMALL_DATA],

@@ -9,11 +9,11 @@ import pytest
 import torch
 
 from eagle3.errors import CheckpointError
-from eagle3.progress import Progress, RunSummary
+from eagle3.rundir.progress import Progress, RunSummary
 
 ROW0 = {"step": 0, "split": "val", "epoch": 0, "loss": 73.5, "full_acc_0": 0.01, "tau_sim": 1.02}
 ROW9 = {"step": 9, "split": "val", "epoch": 1, "loss": 17.4, "full_acc_0": 0.36, "tau_sim": 1.87}
-# summary.json's keys as eagle3.compare and eagle3.eval.accept read them, in the order they are written.
+# summary.json's keys as eagle3.sweep.compare and eagle3.eval.accept read them, in the order they are written.
 SUMMARY_KEYS = ["steps", "tokens", "tokens_per_s", "train_wall_s", "step0", "final", "best", "checkpoints",
                 "verifier_dir", "data_dir", "device", "world_size", "provenance", "wall_s", "phases_s"]
 
@@ -48,7 +48,7 @@ def test_summary_keeps_its_keys_and_values(tmp_path):
 def test_the_job_clock_times_its_phases_once_and_puts_the_rest_in_other():
     import time
 
-    from eagle3.progress import JobClock
+    from eagle3.rundir.progress import JobClock
 
     clock = JobClock(time.time() - 10.0)  # a job that started 10 s ago
     with clock.phase("val passes"):

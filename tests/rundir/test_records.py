@@ -11,7 +11,7 @@ import pytest
 from commands import launch
 from eagle3.config import LoggerConfig, LoggerMode
 from eagle3.console import hydra_override
-from eagle3.track import Tracker
+from eagle3.train.track import Tracker
 
 
 def fake_sweep_job(tmp_path: Path) -> tuple[Path, Path, str]:
@@ -54,7 +54,7 @@ def test_two_runs_cannot_hold_one_run_dir_and_the_refused_one_is_told_the_holder
 
     from eagle3 import safe_write
     from eagle3.errors import ConfigError
-    from eagle3.rundir import RunDir
+    from eagle3.rundir.files import RunDir
 
     RunDir(tmp_path / "run").hold("pid 1: python launch.py resume=run")
     try:
@@ -81,8 +81,8 @@ def test_a_dir_holding_a_run_or_a_sweep_is_refused_before_hydra_writes_into_it(t
 
 
 def test_a_dataset_without_readable_token_counts_is_one_data_error(tmp_path):
-    from eagle3.data.vocab import vocab_mapping
     from eagle3.errors import DataError
+    from eagle3.formats.vocab import vocab_mapping
 
     with pytest.raises(DataError, match="no token_freq.pt"):
         vocab_mapping(tmp_path, 8, 16)

@@ -1,5 +1,5 @@
-"""The run dir's room (eagle3.rundir): its JSON files are typed records, read back equal to what was written, and a
-file that is not one (cut short, mistyped) is one message naming it; writes are whole or not at all."""
+"""The run dir's room (eagle3.rundir.files): its JSON files are typed records, read back equal to what was written, and
+a file that is not one (cut short, mistyped) is one message naming it; writes are whole or not at all."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ import pytest
 
 from commands import launch
 from eagle3.errors import ConfigError, UserError
-from eagle3.progress import Progress, RunSummary
-from eagle3.rundir import DataCheck, FailureRecord, IndexEntry, InitReport, RunDir, SweepIndex
+from eagle3.rundir.files import DataCheck, FailureRecord, IndexEntry, InitReport, RunDir, SweepIndex
+from eagle3.rundir.progress import Progress, RunSummary
 from factories import summary_json
 
 ROW = {"step": 4, "split": "val", "epoch": 0, "loss": 2.5, "tau_sim": 1.25, "full_acc_0": 0.5}
@@ -88,7 +88,7 @@ def test_the_sweep_index_keeps_its_keys_and_replaces_an_entry_by_number(tmp_path
 
 
 def test_a_failed_run_writes_failure_json_through_its_record(tmp_path):
-    from eagle3.job_outcome import record_failure
+    from eagle3.run.job_outcome import record_failure
 
     record_failure(tmp_path, "DataError: no rows", "Traceback (most recent call last): ...")
     assert RunDir(tmp_path).read_failure() == FailureRecord("DataError: no rows",
@@ -113,7 +113,7 @@ def test_max_restarts_is_refused_with_the_way_to_resume():
 
 def test_compare_reads_summary_json_through_its_record(tmp_path):
     """A summary.json with the val rows but mistyped fields is not taken as a finished run: compare names the file."""
-    from eagle3.compare import find_runs
+    from eagle3.sweep.compare import find_runs
 
     row = {"step": 0, "split": "val", "loss": 2.0, "tau_sim": 1.0}
     for name, steps in (("0_ok", 4), ("1_bad", "four")):
@@ -137,7 +137,7 @@ class FakeDraft:
 
 
 def save(run: Path, name: str = "best", state: dict | None = None) -> None:
-    from eagle3.checkpoint import save_checkpoint
+    from eagle3.init.checkpoint import save_checkpoint
 
     save_checkpoint(FakeDraft(), {}, run / "checkpoints" / name, state)  # type: ignore[arg-type]
 
@@ -188,14 +188,14 @@ def serve(run: Path) -> None:
 
 
 def rank_error(run: Path) -> None:
-    from eagle3.rank_errors import write_rank_error
+    from eagle3.rundir.rank_errors import write_rank_error
 
     write_rank_error(run, 0, ValueError("a bug"))  # swallows what it cannot write: the rank's log holds it
 
 
 def tracker(run: Path) -> None:
     from eagle3.config import LoggerConfig, LoggerMode
-    from eagle3.track import Tracker
+    from eagle3.train.track import Tracker
 
     with Tracker(run, LoggerConfig(mode=LoggerMode.disabled)) as t:
         t.log({"step": 1, "split": "train", "loss": 1.0})
@@ -306,7 +306,7 @@ def test_a_resume_through_a_link_leading_out_is_refused_before_any_rank_starts(n
 
 
 def resume_hydra(run_dir: Path):
-    """What eagle3.resume.load_for_resume reads of Hydra's config for `python launch.py resume=<run_dir>`."""
+    """What eagle3.run.resume.load_for_resume reads of Hydra's config for `python launch.py resume=<run_dir>`."""
     from types import SimpleNamespace
 
     return SimpleNamespace(overrides=SimpleNamespace(task=[f"resume={run_dir}"]))
@@ -317,7 +317,7 @@ def test_a_resume_of_a_run_dir_in_use_names_the_process_holding_it(tmp_path):
     cannot do: it names the holder's pid, and says to wait for it or stop it."""
 
     from eagle3 import safe_write
-    from eagle3.resume import load_for_resume
+    from eagle3.run.resume import load_for_resume
 
     run = tmp_path / "run"
     run.mkdir()
@@ -339,7 +339,7 @@ def test_a_resumed_runs_config_key_this_version_does_not_know_is_refused_naming_
     import yaml
 
     from eagle3.config import plain_config
-    from eagle3.resume import load_for_resume
+    from eagle3.run.resume import load_for_resume
     from factories import typed_run_config
 
     run = tmp_path / "run"
@@ -374,7 +374,7 @@ def test_a_resume_of_a_completed_run_says_it_is_complete_and_trains_nothing(trai
 
 
 def test_a_run_dir_with_symlinks_leading_out_is_refused_and_nothing_is_written_through(tmp_path):
-    from eagle3.rundir import RunDir
+    from eagle3.rundir.files import RunDir
 
     run_dir, outside = tmp_path / "run", tmp_path / "outside"
     run_dir.mkdir()

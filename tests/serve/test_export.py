@@ -1,5 +1,5 @@
-"""`python -m eagle3.export` checks the checkpoint it reads before writing anything: a cut or foreign file, tensors
-missing, unexpected or of a shape its config.json does not describe are one message and no output; a good
+"""`python -m eagle3.serve.export` checks the checkpoint it reads before writing anything: a cut or foreign file,
+tensors missing, unexpected or of a shape its config.json does not describe are one message and no output; a good
 checkpoint exports, into an empty dir only."""
 
 from __future__ import annotations
@@ -10,8 +10,7 @@ import pytest
 @pytest.fixture(scope="module")
 def small_checkpoint(tmp_path_factory):
     """A real speculators checkpoint of a small draft (speculators' own save_pretrained), untrained."""
-    from eagle3.config import DraftConfig
-    from eagle3.draft_arch import SPECULATORS_FLAGS
+    from eagle3.config import SPECULATORS_FLAGS, DraftConfig
     from eagle3.init.build import bare_draft
 
     draft = DraftConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_attention_heads=2,
@@ -72,7 +71,7 @@ def unexpected_key(tensors):
 def test_export_refuses_a_bad_checkpoint_and_writes_nothing(small_checkpoint, tmp_path, capsys, fmt, edit, says):
     import re
 
-    from eagle3.export import main
+    from eagle3.serve.export import main
 
     out = tmp_path / "out"
     assert main([str(broken_copy(small_checkpoint, tmp_path, edit)), "--format", fmt, "--out", str(out)]) != 0
@@ -82,7 +81,7 @@ def test_export_refuses_a_bad_checkpoint_and_writes_nothing(small_checkpoint, tm
 
 
 def test_export_of_a_good_checkpoint_still_works_and_an_unusable_out_is_refused(small_checkpoint, tmp_path, capsys):
-    from eagle3.export import main
+    from eagle3.serve.export import main
 
     # speculators' flags (norm_before_residual=true): SGLang cannot serve it (tests/serve/test_export_parity.py),
     # vLLM can

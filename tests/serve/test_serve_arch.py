@@ -1,4 +1,4 @@
-"""The draft architectures of eagle3/draft_arch.py served by vLLM on CPU: in fp32 at T=0 the engine's drafts and
+"""The draft architectures of eagle3/arch/draft.py served by vLLM on CPU: in fp32 at T=0 the engine's drafts and
 accepted tokens per position equal the harness's on the same prompts at k=3 (P-EAGLE's through vLLM's parallel
 drafting, all k tokens in one forward).
 

@@ -8,7 +8,7 @@ from dataclasses import replace
 import pytest
 from test_export_parity import drop, good, plan, set_config, verifier  # noqa: F401  (the fixtures)
 
-from eagle3.serve_parity import check_served
+from eagle3.serve.parity import check_served
 
 
 def problems(engine: str, served, rule: str) -> list[str]:

@@ -12,7 +12,7 @@ import torch
 from omegaconf import OmegaConf
 from safetensors.torch import load_file, save_file
 
-from eagle3.serve import specforge
+from eagle3.engine import specforge
 
 pytestmark = [pytest.mark.slow,  # builds SpecForge's directory on first use (network once), then reuses it
               pytest.mark.filterwarnings("ignore:flash_attn is not found")]
@@ -54,7 +54,7 @@ def tiny_default_checkpoint(tmp_path):
 
 def test_the_specforge_export_loads_in_specforges_own_class(specforge_draft_class, tiny_default_checkpoint,
                                                             tmp_path, capsys):
-    from eagle3.export import main as export_main
+    from eagle3.serve.export import main as export_main
 
     checkpoint, trained = tiny_default_checkpoint
     out = tmp_path / "sglang"

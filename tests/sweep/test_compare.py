@@ -82,7 +82,7 @@ def test_offline_wandb_runs_carry_the_sweep_group_config_and_step0(sweep_2x2):
 
 def test_compare_prints_one_row_per_job_with_the_swept_keys_and_plots(sweep_2x2, tmp_path):
     png = tmp_path / "sweep.png"
-    proc = run_in_process(["python", "-m", "eagle3.compare", str(sweep_2x2), "--plot", str(png)])
+    proc = run_in_process(["python", "-m", "eagle3.sweep.compare", str(sweep_2x2), "--plot", str(png)])
     assert proc.returncode == 0, proc.stderr
     header, _, *rows = proc.stdout.strip().splitlines()
     assert len(rows) == 4
@@ -98,7 +98,7 @@ def test_compare_prints_one_row_per_job_with_the_swept_keys_and_plots(sweep_2x2,
 
 
 def test_compare_formats_and_ranking(sweep_2x2):
-    from eagle3.compare import find_runs, rank, render, table
+    from eagle3.sweep.compare import find_runs, rank, render, table
 
     runs = find_runs([sweep_2x2])
     ranked = [r.best_tau for r in rank(runs)]
@@ -110,7 +110,7 @@ def test_compare_formats_and_ranking(sweep_2x2):
 
 
 def test_compare_lists_failed_runs(tmp_path):
-    from eagle3.compare import find_runs, table
+    from eagle3.sweep.compare import find_runs, table
 
     ok, bad = tmp_path / "0_optim.lr=0.001", tmp_path / "1_optim.lr=-1"
     ok.mkdir()
@@ -127,7 +127,7 @@ def test_compare_lists_failed_runs(tmp_path):
 
 
 def test_steps_to_reach_a_baselines_best(tmp_path):
-    from eagle3.compare import find_runs, table
+    from eagle3.sweep.compare import find_runs, table
 
     for name, taus in {"0_scratch": [1.0, 1.2, 1.3], "1_remap": [1.1, 1.3, 1.4], "2_rebuild": [1.0, 1.05, 1.1]}.items():
         run = tmp_path / name
@@ -145,7 +145,7 @@ def test_steps_to_reach_a_baselines_best(tmp_path):
 def test_confirm_says_why_the_runs_it_does_not_measure_are_not_measured(tmp_path, capsys):
     """--confirm 5 over a completed run that has its measurement, one more, and a failed run: it measures nothing
     and says of each run why."""
-    from eagle3.compare import main
+    from eagle3.sweep.compare import main
 
     row = {"step": 0, "split": "val", "loss": 2.0, "tau_sim": 1.0}
     for name in ("0_measured", "1_measured"):
@@ -168,7 +168,7 @@ def test_confirm_says_why_the_runs_it_does_not_measure_are_not_measured(tmp_path
 
 
 def test_compare_shows_step0_and_best_of_an_incomplete_run(tmp_path):
-    from eagle3.compare import find_runs, table
+    from eagle3.sweep.compare import find_runs, table
 
     run = tmp_path / "0_optim.lr=0.001"
     run.mkdir()
@@ -186,7 +186,7 @@ def test_compare_shows_step0_and_best_of_an_incomplete_run(tmp_path):
 
 
 def test_compare_shows_the_readable_runs_and_names_a_cut_file(tmp_path, capsys):
-    from eagle3.compare import main
+    from eagle3.sweep.compare import main
 
     row = {"step": 0, "split": "val", "loss": 2.0, "tau_sim": 1.0}
     for n, lr in enumerate((0.001, 0.002, 0.003)):

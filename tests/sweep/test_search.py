@@ -76,7 +76,7 @@ def test_objective_is_typed_and_accept_len_needs_measured_acceptance():
 
 
 def test_objective_value_comes_from_the_best_val_row():
-    from eagle3.objective import objective_value
+    from eagle3.sweep.objective import objective_value
 
     best = {"step": 8, "tau_sim": 1.5, "accept_len": 1.25}
     assert objective_value(Objective.tau_sim, best) == 1.5
@@ -168,7 +168,8 @@ def test_confirm_measures_the_two_best_and_prints_both_rankings(study_sweep, tmp
     dirs = run_dirs(study_sweep)
     by_tau = sorted(dirs, key=lambda n: (-best_tau(dirs[n]), n))
     png = tmp_path / "study.png"
-    proc = run_in_process(["python", "-m", "eagle3.compare", str(study_sweep), "--confirm", "2", "--plot", str(png)])
+    proc = run_in_process(["python", "-m", "eagle3.sweep.compare", str(study_sweep), "--confirm", "2", "--plot",
+                           str(png)])
     assert proc.returncode == 0, proc.stderr[-3000:]
     measured = {n for n, d in dirs.items() if list(d.glob("accept_k*.json"))}
     assert measured == set(by_tau[:2])
@@ -191,7 +192,7 @@ def test_confirm_measures_the_two_best_and_prints_both_rankings(study_sweep, tmp
     assert pixels.shape[1] > 4 * pixels.shape[0]  # four panels: the study's history is the fourth
 
     # Again: nothing left to measure among the two best; --confirm 0 only ranks.
-    proc = run_in_process(["python", "-m", "eagle3.compare", str(study_sweep), "--confirm", "2"])
+    proc = run_in_process(["python", "-m", "eagle3.sweep.compare", str(study_sweep), "--confirm", "2"])
     assert proc.returncode == 0 and "measuring acceptance" not in proc.stderr, proc.stderr
     assert "not measuring" in proc.stderr and "they have a measurement already" in proc.stderr
 

@@ -1,6 +1,6 @@
-"""What the training loop does at the top of each step (eagle3.cadence): which of train row, stop, val pass and
-save of checkpoints/last are due, given where the run is and the optim/logger settings (pure: no model); and where
-the loop calls the hooks a run registers (eagle3.train.Hook), on a real tiny run."""
+"""What the training loop does at the top of each step (eagle3.train.cadence): which of train row, stop, val pass
+and save of checkpoints/last are due, given where the run is and the optim/logger settings (pure: no model); and
+where the loop calls the hooks a run registers (eagle3.train.loop.Hook), on a real tiny run."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from eagle3.cadence import Cadence, Due, Stop
-from eagle3.progress import Progress
+from eagle3.rundir.progress import Progress
+from eagle3.train.cadence import Cadence, Due, Stop
 
 # 3 epochs of 10 steps, cut at 25 by max_steps; a val pass every 4 steps, `last` every 3, a train row every 2.
 CADENCE = Cadence.of(epochs=3, max_steps=25, steps_per_epoch=10, log_every=2, eval_every=4, checkpoint_every=3,
@@ -94,7 +94,7 @@ def test_too_many_skipped_steps_in_a_row_stop_the_run_before_a_signal_is_heeded(
 
 
 def walk(cadence: Cadence, progress: Progress, stop_at: int | None = None) -> tuple[list[tuple], Progress]:
-    """Carries out what is due as eagle3.train's loop does, with a step as a counter: the val passes
+    """Carries out what is due as eagle3.train.loop's loop does, with a step as a counter: the val passes
     (step, epoch), the saves of `last` (step) and where it ends."""
     events: list[tuple] = []
     stepped = False
@@ -137,9 +137,9 @@ def test_a_registered_hook_is_called_at_each_loop_point_with_the_loops_counters(
     and the entries its on_val returns land in the val rows."""
     from test_reliability import small_run
 
+    from eagle3.train.loop import Hook, Training, train
+    from eagle3.train.track import Tracker
     from factories import read_rows
-    from eagle3.track import Tracker
-    from eagle3.train import Hook, Training, train
 
     class Recorder(Hook):
         def __init__(self) -> None:

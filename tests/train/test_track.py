@@ -1,4 +1,4 @@
-"""The run's tracker (eagle3.track): wandb online needs an API key found without the network and a reachable
+"""The run's tracker (eagle3.train.track): wandb online needs an API key found without the network and a reachable
 server, checked before any data is built; summary.json is whole or absent when its write fails."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from eagle3.errors import ConfigError
 
 
 def test_wandb_online_needs_a_key_found_without_the_network(tmp_path, monkeypatch):
-    from eagle3.track import check_wandb, unreachable
+    from eagle3.train.track import check_wandb, unreachable
 
     monkeypatch.setenv("WANDB_API_KEY", "")
     monkeypatch.setenv("HOME", str(tmp_path))
@@ -39,8 +39,8 @@ def test_wandb_online_without_a_key_or_a_network_stops_before_any_data_is_built(
 def test_summary_json_is_whole_or_absent_when_its_write_fails(tmp_path, monkeypatch):
     import errno
 
-    from eagle3.progress import Progress, RunSummary
-    from eagle3.track import Tracker
+    from eagle3.rundir.progress import Progress, RunSummary
+    from eagle3.train.track import Tracker
 
     row = {"step": 4, "split": "val", "epoch": 0, "loss": 2.5, "tau_sim": 1.25}
     summary = RunSummary.of(Progress(step=4, step0=row, best=row, final=row), Path("/v"), Path("/d"), "cpu", 1)

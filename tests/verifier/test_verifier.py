@@ -256,7 +256,7 @@ def two_tensors(path: Path) -> Path:
 def specs_of(file: Path):
     import os
 
-    from eagle3.tensorfile import read_specs
+    from eagle3.formats.tensorfile import read_specs
 
     fd = os.open(file, os.O_RDONLY)
     try:
@@ -270,7 +270,7 @@ def test_a_header_whose_offsets_safetensors_refuses_is_refused(case, tmp_path):
     from safetensors import SafetensorError
     from safetensors.torch import load_file
 
-    from eagle3.tensorfile import HeaderError
+    from eagle3.formats.tensorfile import HeaderError
 
     edit, says = BAD_OFFSETS[case]
     file = two_tensors(tmp_path / "t.safetensors")
@@ -299,8 +299,7 @@ def test_headers_safetensors_loads_still_pass(tmp_path):
 @pytest.fixture(scope="module")
 def draft_checkpoint(tmp_path_factory) -> Path:
     """A real speculators checkpoint of a small draft (speculators' own save_pretrained), untrained."""
-    from eagle3.config import DraftConfig
-    from eagle3.draft_arch import SPECULATORS_FLAGS
+    from eagle3.config import SPECULATORS_FLAGS, DraftConfig
     from eagle3.init.build import bare_draft
 
     draft = DraftConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_attention_heads=2,
@@ -318,8 +317,8 @@ def test_export_and_init_pretrained_refuse_a_checkpoint_with_bad_offsets(case, d
     import shutil
 
     from eagle3.errors import CheckpointError
-    from eagle3.export import main
     from eagle3.init.pretrained import read_source
+    from eagle3.serve.export import main
 
     broken = tmp_path / "broken"
     shutil.copytree(draft_checkpoint, broken)

@@ -39,11 +39,11 @@ def counted_opens(monkeypatch, file: Path) -> list[str]:
 
 
 def test_a_verifiers_config_json_is_read_once_whatever_is_asked(tmp_path, monkeypatch):
-    from eagle3.config import VerifierConfig
+    from eagle3.config import DraftConfig, ModelConfig, VerifierConfig
     from eagle3.data.online import check_online_verifier
     from eagle3.data.record import check_same_verifier
     from eagle3.verifier.model import Verifier
-    from eagle3.verifier_shape import verifier_config
+    from eagle3.verifier.shape import check_verifier_dir, verifier_config
 
     verifier = tmp_path / "verifier"
     verifier.mkdir()
@@ -55,11 +55,15 @@ def test_a_verifiers_config_json_is_read_once_whatever_is_asked(tmp_path, monkey
     # Other modules' questions, each through a Verifier of its own: the file is not opened again while unchanged.
     assert [verifier_config(verifier, key) for key in ("hidden_size", "head_dim", "aux_layer_ids")] == [64, 16,
                                                                                                          [2, 4, 5]]
-    assert VerifierConfig(path=str(verifier)).num_layers() == 8
+    def model(aux_layer_ids: list[int]) -> ModelConfig:
+        return ModelConfig(name="auto", verifier=VerifierConfig(path=str(verifier)),
+                           draft=DraftConfig(aux_layer_ids=aux_layer_ids))
+
+    check_verifier_dir(model([2, 4, 5]))  # the run config's check of the dir: its 8 layers hold these
+    with pytest.raises(ConfigError, match=r"\[2, 4, 8\] goes beyond the verifier's 8 decoder layers"):
+        check_verifier_dir(model([2, 4, 8]))
     check_same_verifier(tmp_path, verifier)
     with pytest.raises(ConfigError, match="model.draft.hidden_size=32 but"):
-        from eagle3.config import DraftConfig
-
         check_online_verifier(verifier, DraftConfig(hidden_size=32, intermediate_size=64, num_attention_heads=2,
                                                     num_key_value_heads=2, vocab_size=300, draft_vocab_size=300))
     assert len(opens) == 1, opens
@@ -93,8 +97,8 @@ def sharded(directory: Path, weight_map) -> Path:
 
 
 def test_the_safetensors_index_is_read_by_one_function_with_one_error(tmp_path):
+    from eagle3.formats.tensorfile import WeightFilesError, weight_files
     from eagle3.init.files import checkpoint_files
-    from eagle3.tensorfile import WeightFilesError, weight_files
     from eagle3.verifier.model import Verifier
 
     good = sharded(tmp_path / "good", {"a": "model-00001-of-00001.safetensors"})
@@ -132,12 +136,12 @@ CONFIG_JSON = {
     "init/files.py": "a draft checkpoint's config.json: its one reader (read_config)",
     "config.py": "init.path must hold a checkpoint's config.json (its existence, not read)",
     "eval/accept.py": "the checkpoint argument must hold a config.json (its existence, not read)",
-    "export.py": "writes the exported checkpoint's config.json",
+    "serve/export.py": "writes the exported checkpoint's config.json",
     "provenance.py": "hashes a checkpoint's files, config.json among them (bytes, not parsed)",
 }
 # Each name in code (not in a message) in these modules only.
 ONLY_IN = {
-    "model.safetensors.index.json": {"tensorfile.py"},  # weight_files: the one reader of the index
+    "model.safetensors.index.json": {"formats/tensorfile.py"},  # weight_files: the one reader of the index
     "AutoConfig": {"verifier/model.py"},
     "AutoModelForCausalLM": {"verifier/model.py", "verifier/gguf.py"},  # gguf: from-gguf converts a GGUF file
     "AutoTokenizer": {"verifier/model.py", "verifier/gguf.py"},

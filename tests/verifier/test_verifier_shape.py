@@ -1,4 +1,4 @@
-"""The verifier's shape, read from its config.json (eagle3.verifier_shape): model=auto and the presets take the
+"""The verifier's shape, read from its config.json (eagle3.verifier.shape): model=auto and the presets take the
 draft's shape from it, and a config no model could have, one the draft cannot mirror (a LayerNorm decoder, too few
 layers, a missing size) or a verifier given the wrong way is one message where it is read."""
 
@@ -72,15 +72,18 @@ GOOD = {"model_type": "llama", "architectures": ["LlamaForCausalLM"], "hidden_si
 
 
 def run_cfg(overrides: list[str]):
-    """The typed run config of these overrides, a resolution error said as the launcher says it (launch.resolve)."""
+    """The typed run config of these overrides with its verifier dir checked, as the launcher checks a new job before
+    its plan (check_new_job), a resolution error said as the launcher says it (launch.resolve)."""
     from omegaconf.errors import InterpolationResolutionError
 
-    from eagle3.verifier_shape import unresolvable
+    from eagle3.verifier.shape import check_verifier_dir, unresolvable
 
     try:
-        return tiny_run_config(overrides)
+        cfg = tiny_run_config(overrides)
     except InterpolationResolutionError as e:
         raise ConfigError(unresolvable(e)) from None
+    check_verifier_dir(cfg.model)
+    return cfg
 
 
 def verifier_dir(path: Path, **changes) -> Path:
@@ -102,7 +105,7 @@ IMPOSSIBLE = [
 @pytest.mark.parametrize("changes, says", IMPOSSIBLE, ids=[next(iter(c)) + str(i) for i, (c, _) in
                                                             enumerate(IMPOSSIBLE)])
 def test_model_auto_refuses_a_verifier_config_no_model_could_have(changes, says, tmp_path):
-    from eagle3.verifier_shape import verifier_config
+    from eagle3.verifier.shape import verifier_config
 
     path = verifier_dir(tmp_path / "v", **changes)
     assert verifier_config(verifier_dir(tmp_path / "good"), "hidden_size") == 96
@@ -133,7 +136,7 @@ def test_a_tiny_verifier_or_a_draft_no_model_could_have_is_refused():
 def test_every_reader_of_a_verifiers_sizes_takes_a_multimodal_wrappers_text_config(tmp_path):
     """Kimi-K2.5 and Qwen3-VL nest the decoder under text_config: the shape reader, the data's fingerprint, the online
     rows' position bound, regeneration's end-of-sequence ids and the export's parity check all read it there."""
-    from eagle3.export import read_verifier
+    from eagle3.serve.export import read_verifier
     from eagle3.verifier.model import Verifier
 
     text = {"model_type": "llama", "hidden_size": 64, "num_hidden_layers": 4, "num_attention_heads": 4,
@@ -151,7 +154,7 @@ def test_every_reader_of_a_verifiers_sizes_takes_a_multimodal_wrappers_text_conf
 def test_a_layernorm_verifier_is_refused_naming_the_norm(tmp_path):
     from transformers import StableLmConfig
 
-    from eagle3.verifier_shape import verifier_config
+    from eagle3.verifier.shape import verifier_config
 
     stablelm = tmp_path / "stablelm"
     StableLmConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=8, num_attention_heads=4,

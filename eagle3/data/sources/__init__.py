@@ -1,11 +1,12 @@
 """Data sources, one module each, registered by name (eagle3.data.sources.registry): `data=<name>` composes its
-schema (conf/data/<name>.yaml holds only the deltas from it), and the run types `data` by its `name`.
+schema (eagle3.config; conf/data/<name>.yaml holds only the deltas from it), and the run types `data` by its `name`.
 
-A source is its schema: a DataConfig subclass with its own fields and `check`, and what the launcher (`materialize`,
-`check_rows`), the ranks (`loaders`, `verifier_in_rank`) and the plan (`plan_stats`, `buffer_terms`) ask of it.
-Adding one is a module with a `@register`ed schema, and an option file conf/data/<name>.yaml."""
+A source is its schema (a DataConfig subclass with its own fields and `check`, in eagle3.config) and its behaviour:
+a `Source` subclass, what the launcher (`materialize`, `check_rows`), the ranks (`loaders`) and the plan
+(`plan_stats`, `buffer_terms`) ask of it, looked up by `source_of(cfg.data)`. Adding one is a schema, a module with
+a `@register(Schema)`ed Source, and an option file conf/data/<name>.yaml."""
 
 from eagle3.data.sources import offline, online, regenerate, tiny  # noqa: F401  (each registers itself)
-from eagle3.data.sources.registry import SOURCES, register, source_schema
+from eagle3.data.sources.registry import SOURCES, Source, register, source_of
 
-__all__ = ["SOURCES", "register", "source_schema"]
+__all__ = ["SOURCES", "Source", "register", "source_of"]

@@ -1,37 +1,27 @@
 """data=offline: an existing speculators-format dataset (Arrow rows with their hidden states in files, such as
 speculators' vLLM pipeline or python -m eagle3.data.prepare writes), and what every source whose hidden states are
-files shares (`HiddenStateFiles`: the reader thread, its prefetch ring, the files' start-up check)."""
+files shares (`HiddenStateFilesSource`: the reader thread, its prefetch ring, the files' start-up check)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
-from omegaconf import MISSING
-
-from eagle3.config import DataConfig, DraftConfig, _require, _require_dir
-from eagle3.data.sources.registry import register
+from eagle3.config import DraftConfig, HiddenStateFiles, OfflineDataConfig
+from eagle3.data.sources.registry import Source, register
 
 if TYPE_CHECKING:
-    from eagle3.config import RunConfig, TrainConfig
+    from eagle3.config import RunConfig
     from eagle3.data.check import CheckReport
     from eagle3.data.loader import Loader
     from eagle3.data.online import OnlineVerifier
-    from eagle3.plan import DataStats, Term
+    from eagle3.plan.memory import DataStats, Term
+
+Files = TypeVar("Files", bound=HiddenStateFiles)
 
 
-@dataclass
-class HiddenStateFiles(DataConfig):
+class HiddenStateFilesSource(Source[Files]):
     """Rows whose hidden states are files (hidden_states/hs_<i>.safetensors), read ahead by the reader thread."""
-
-    # Micro-batches the reader thread reads ahead (each holds one buffer of (total_seq_len + 1) x (aux layers + 1)
-    # x hidden values)
-    prefetch: int = 2
-
-    def check(self, run: TrainConfig, dataset_required: bool = True) -> None:
-        super().check(run, dataset_required)
-        _require(self.prefetch >= 0, "data.prefetch", f"must be >= 0, got {self.prefetch}")
 
     def check_rows(self, cfg: RunConfig, verifier_dir: Path, data_dir: Path) -> CheckReport:
         from eagle3.data.check import check_dataset
@@ -40,39 +30,26 @@ class HiddenStateFiles(DataConfig):
         draft = cfg.model.draft
         check_record(data_dir, verifier_dir, draft)
         return check_dataset(data_dir, num_slots=len(draft.aux_layer_ids) + 1, hidden_size=draft.hidden_size,
-                             vocab_size=draft.vocab_size, total_seq_len=self.total_seq_len)
+                             vocab_size=draft.vocab_size, total_seq_len=self.data.total_seq_len)
 
     def loaders(self, data_dir: Path, verifier: OnlineVerifier | None, **common: Any) -> tuple[Loader, Loader]:
         from eagle3.data.loader import LoaderSpec, build_loaders
 
-        return build_loaders(data_dir, LoaderSpec(train_ratio=self.train_ratio, prefetch=self.prefetch, **common))
+        return build_loaders(data_dir, LoaderSpec(train_ratio=self.data.train_ratio, prefetch=self.data.prefetch,
+                                                  **common))
 
     def buffer_terms(self, draft: DraftConfig, device_type: str) -> list[Term]:
-        from eagle3.plan import hidden_buffers
+        from eagle3.plan.memory import hidden_buffers
 
-        return hidden_buffers(draft, self, device_type, ring=self.prefetch + 1)
+        return hidden_buffers(draft, self.data, device_type, ring=self.data.prefetch + 1)
 
 
-@register
-@dataclass
-class OfflineDataConfig(HiddenStateFiles):
-    name: str = "offline"
-    # Required: python launch.py data=offline data.path=/data/my_dataset; <path>/data-*.arrow (input_ids,
-    # loss_mask, seq_len), <path>/hidden_states/hs_<i>.safetensors, token_freq.pt
-    path: str = MISSING
-
-    writes_cache: ClassVar[bool] = False
-
-    def check(self, run: TrainConfig, dataset_required: bool = True) -> None:
-        super().check(run, dataset_required)
-        _require_dir(self.path, "data.path", ["hidden_states"] if dataset_required else [],
-                     "a speculators-format dataset: Arrow rows (input_ids, loss_mask, seq_len) saved with "
-                     "datasets.save_to_disk, hidden_states/hs_<i>.safetensors and token_freq.pt")
-
+@register(OfflineDataConfig)
+class OfflineSource(HiddenStateFilesSource[OfflineDataConfig]):
     def materialize(self, cfg: RunConfig, verifier_dir: Path) -> Path:
-        return Path(self.path)
+        return Path(self.data.path)
 
     def plan_stats(self, draft: DraftConfig) -> DataStats | None:
-        from eagle3.plan_inputs import arrow_stats
+        from eagle3.plan.sizes import arrow_stats
 
-        return arrow_stats(Path(self.path), self.train_ratio, hidden_files=True)
+        return arrow_stats(Path(self.data.path), self.data.train_ratio, hidden_files=True)

@@ -1,65 +1,31 @@
 """data=online: token rows alone, whose hidden states the verifier computes inside the training loop, in every
-rank (eagle3/data/online.py); no hidden state touches the disk. `TokenRows` is what every such source shares (the
-verifier in the rank, its start-up checks, the loaders, the plan's terms); a source of its own kind of token rows
-subclasses it and says only where its rows come from (`token_rows`)."""
+rank (eagle3/data/online.py); no hidden state touches the disk. `TokenRowsSource` is what every such source shares
+(the verifier in the rank, its start-up checks, the loaders, the plan's terms); a source of its own kind of token
+rows subclasses it and says only where its rows come from (`token_rows`)."""
 
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
-from eagle3.config import (
-    ROWS_FILES,
-    BadSamplePolicy,
-    DataConfig,
-    DraftConfig,
-    RowFormat,
-    SynthConfig,
-    _require,
-    _rows_path_problem,
-)
-from eagle3.data.sources.registry import register
+from eagle3.config import DraftConfig, OnlineDataConfig, TokenRows
+from eagle3.data.sources.registry import Source, register
 
 if TYPE_CHECKING:
-    from eagle3.config import RunConfig, TrainConfig
+    from eagle3.config import RunConfig
     from eagle3.data.check import CheckReport
     from eagle3.data.loader import Loader
     from eagle3.data.online import OnlineVerifier
-    from eagle3.plan import DataStats, Term
+    from eagle3.plan.memory import DataStats, Term
 
 log = logging.getLogger(__name__)
 
+Rows = TypeVar("Rows", bound=TokenRows)
 
-@dataclass
-class TokenRows(DataConfig):
+
+class TokenRowsSource(Source[Rows]):
     """Token rows whose hidden states the verifier, held by every rank, computes in the loop."""
-
-    # true: shard the verifier across the job's ranks (FSDP2, forward only), for one that does not fit a device;
-    # false: a full copy per rank (bf16 on CUDA, fp32 on CPU)
-    shard_verifier: bool = False
-    # What data.path's rows hold: auto (the first row's format, recorded with the rows) | tokens ({"input_ids",
-    # "loss_mask"}) | messages ({"messages": [{"role", "content"}]}) | sharegpt ({"conversations": [{"from",
-    # "value"}]}); a row of another format is a bad row
-    format: RowFormat = RowFormat.auto
-    # Only the first records of data.path are read (bad ones counted among them), the rest of the file never is:
-    # the head of a large file such as ShareGPT's 125 MB JSON array. null: every record
-    max_records: int | None = None
-
-    def check(self, run: TrainConfig, dataset_required: bool = True) -> None:
-        super().check(run, dataset_required)
-        _require(self.max_records is None or self.max_records >= 1, "data.max_records",
-                 f"must be null (every record) or at least 1, got {self.max_records}")
-        _require(not (self.shard_verifier and run.eval.accept.enabled), "eval.accept.enabled",
-                 "measures on rank 0 with the whole verifier, and data.shard_verifier=true shards it across the "
-                 "ranks; measure the saved checkpoint afterwards with python -m eagle3.eval.accept --run <run dir>")
-        _require(not (self.shard_verifier and run.train.on_policy.enabled), "train.on_policy.enabled",
-                 "decodes with the whole verifier in each rank, and data.shard_verifier=true shards it across the "
-                 "ranks")
-
-    def verifier_in_rank(self) -> str | None:
-        return "sharded" if self.shard_verifier else "full"
 
     def token_rows(self, cfg: RunConfig, verifier_dir: Path) -> Path:
         """The dir of Arrow rows (input_ids, loss_mask, seq_len) and token_freq.pt the ranks read (see
@@ -70,7 +36,7 @@ class TokenRows(DataConfig):
         from eagle3.data.online import check_online_verifier
 
         check_online_verifier(verifier_dir, cfg.model.draft)  # before reading or sampling rows with it
-        if self.shard_verifier and cfg.distributed.world_size == 1:
+        if self.data.shard_verifier and cfg.distributed.world_size == 1:
             log.warning("data.shard_verifier=true with one rank: nothing to shard across, the rank holds the whole "
                         "verifier (distributed=ddp or fsdp with nproc_per_node > 1 shards it)")
         return self.token_rows(cfg, verifier_dir)
@@ -83,7 +49,7 @@ class TokenRows(DataConfig):
 
         positions = Verifier(verifier_dir).positions
         check_same_verifier(data_dir, verifier_dir)  # an Arrow dir prepared for another verifier: its tokenizer
-        return check_dataset(data_dir, vocab_size=cfg.model.draft.vocab_size, total_seq_len=self.total_seq_len,
+        return check_dataset(data_dir, vocab_size=cfg.model.draft.vocab_size, total_seq_len=self.data.total_seq_len,
                              hidden_states=False, max_positions=positions)
 
     def loaders(self, data_dir: Path, verifier: OnlineVerifier | None, **common: Any) -> tuple[Loader, Loader]:
@@ -91,72 +57,37 @@ class TokenRows(DataConfig):
 
         from eagle3.data.loader import LoaderSpec, build_loaders
 
-        return build_loaders(data_dir, LoaderSpec(train_ratio=self.train_ratio, **common,
-                                                  hidden_states_dtype=getattr(torch, self.hidden_states_dtype.value)),
-                             verifier)
+        dtype = getattr(torch, self.data.hidden_states_dtype.value)
+        spec = LoaderSpec(train_ratio=self.data.train_ratio, **common, hidden_states_dtype=dtype)
+        return build_loaders(data_dir, spec, verifier)
 
     def plan_stats(self, draft: DraftConfig) -> DataStats | None:
         return None
 
     def buffer_terms(self, draft: DraftConfig, device_type: str) -> list[Term]:
-        from eagle3.plan import hidden_buffers
+        from eagle3.plan.memory import hidden_buffers
 
-        return hidden_buffers(draft, self, device_type, ring=None)
+        return hidden_buffers(draft, self.data, device_type, ring=None)
 
 
-@register
-@dataclass
-class OnlineDataConfig(TokenRows):
-    """Rows from data.path, or without one sampled from the verifier as data.synth says (the tiny default's: the
-    same rows data=tiny trains on; cached under cache_dir, keyed by their content)."""
-
-    name: str = "online"
-    # Token rows: {"input_ids", "loss_mask"} rows, or conversations ({"messages"}, ShareGPT's {"conversations"};
-    # rendered with the verifier's chat template, every assistant turn trained) in a JSONL file, a JSON array, a
-    # Parquet file or a datasets dir (save_to_disk); a speculators-format dataset dir's Arrow rows are read as they
-    # are (hidden states are not read). null: rows sampled as data.synth says
-    path: str | None = None
-    synth: SynthConfig = field(default_factory=SynthConfig)   # only without data.path
-
-    def check(self, run: TrainConfig, dataset_required: bool = True) -> None:
-        super().check(run, dataset_required)
-        self.synth.check()
-        if self.path is None:
-            _require(self.format == RowFormat.auto, "data.format",
-                     f"describes data.path's rows, and there is no data.path (rows are sampled from the verifier): "
-                     f"drop data.format={self.format.value}, or give data.path")
-            _require(self.max_records is None, "data.max_records",
-                     "bounds the records read from data.path, and there is no data.path (rows are sampled from the "
-                     "verifier; data.synth.num_samples says how many): drop data.max_records, or give data.path")
-            return
-        changed = [f"data.synth.{k}" for k, v in vars(self.synth).items() if v != getattr(SynthConfig(), k)]
-        _require(not changed, changed[0] if changed else "data.synth",
-                 f"describes the rows data=online samples without a data.path, and data.path={self.path} gives the "
-                 f"rows: drop the data.synth override, or data.path to sample rows")
-        if dataset_required:
-            self._check_path(Path(self.path))
-
-    def _check_path(self, p: Path) -> None:
-        # Under on_bad_sample=skip a bad first line is a counted skip like any other, not a wrong file.
-        problem = _rows_path_problem(p, first_line=self.on_bad_sample == BadSamplePolicy.error)
-        _require(problem is None, "data.path",
-                 f"{self.path} {problem}; data=online reads token rows: {ROWS_FILES} (a speculators-format dataset "
-                 f"dir's Arrow rows are read as they are; its hidden states are not read)")
+@register(OnlineDataConfig)
+class OnlineSource(TokenRowsSource[OnlineDataConfig]):
+    """Rows from data.path, or without one sampled from the verifier as data.synth says."""
 
     def token_rows(self, cfg: RunConfig, verifier_dir: Path) -> Path:
         from eagle3.data.token_rows import token_rows_dir
 
-        return token_rows_dir(self, verifier_dir, cfg.cache_dir)
+        return token_rows_dir(self.data, verifier_dir, cfg.cache_dir)
 
     def plan_stats(self, draft: DraftConfig) -> DataStats | None:
-        from eagle3.plan_inputs import arrow_stats, synth_stats
+        from eagle3.plan.sizes import arrow_stats, synth_stats
 
-        if self.path is None:
-            return synth_stats(self.synth, self.train_ratio, 0)
-        return arrow_stats(Path(self.path), self.train_ratio, hidden_files=False)
+        if self.data.path is None:
+            return synth_stats(self.data.synth, self.data.train_ratio, 0)
+        return arrow_stats(Path(self.data.path), self.data.train_ratio, hidden_files=False)
 
     def no_rows_reason(self) -> str:
-        if self.path is not None and not Path(self.path).is_dir():
-            return (f"the rows of {self.path} are not counted before a run reads and tokenizes them (a speculators-"
-                    f"format dataset dir as data.path is counted)")
+        if self.data.path is not None and not Path(self.data.path).is_dir():
+            return (f"the rows of {self.data.path} are not counted before a run reads and tokenizes them (a "
+                    f"speculators-format dataset dir as data.path is counted)")
         return ""

@@ -4,38 +4,30 @@ parameters (eagle3.data.synthetic)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from eagle3.config import DraftConfig, SynthConfig
-from eagle3.data.sources.offline import HiddenStateFiles
+from eagle3.config import DraftConfig, TinyDataConfig
+from eagle3.data.sources.offline import HiddenStateFilesSource
 from eagle3.data.sources.registry import register
 
 if TYPE_CHECKING:
-    from eagle3.config import RunConfig, TrainConfig
-    from eagle3.plan import DataStats
+    from eagle3.config import RunConfig
+    from eagle3.plan.memory import DataStats
 
 
-@register
-@dataclass
-class TinyDataConfig(HiddenStateFiles):
-    name: str = "tiny"
-    synth: SynthConfig = field(default_factory=SynthConfig)
-
-    def check(self, run: TrainConfig, dataset_required: bool = True) -> None:
-        super().check(run, dataset_required)
-        self.synth.check()
-
+@register(TinyDataConfig)
+class TinySource(HiddenStateFilesSource[TinyDataConfig]):
     def materialize(self, cfg: RunConfig, verifier_dir: Path) -> Path:
         from eagle3.data.synthetic import synthetic_dataset_dir
 
-        return synthetic_dataset_dir(verifier_dir, self.synth, cfg.model.draft.aux_layer_ids, cfg.cache_dir,
-                                     self.hidden_states_dtype.value)
+        return synthetic_dataset_dir(verifier_dir, self.data.synth, cfg.model.draft.aux_layer_ids, cfg.cache_dir,
+                                     self.data.hidden_states_dtype.value)
 
     def plan_stats(self, draft: DraftConfig) -> DataStats | None:
-        from eagle3.plan import DTYPE_BYTES
-        from eagle3.plan_inputs import synth_stats
+        from eagle3.plan.memory import DTYPE_BYTES
+        from eagle3.plan.sizes import synth_stats
 
-        per_token = (len(draft.aux_layer_ids) + 1) * draft.hidden_size * DTYPE_BYTES[self.hidden_states_dtype.value]
-        return synth_stats(self.synth, self.train_ratio, per_token)
+        dtype_bytes = DTYPE_BYTES[self.data.hidden_states_dtype.value]
+        per_token = (len(draft.aux_layer_ids) + 1) * draft.hidden_size * dtype_bytes
+        return synth_stats(self.data.synth, self.data.train_ratio, per_token)

@@ -1,0 +1,1 @@
+"""Speculative decoding with a draft: drafting and verifying, sampling, rollouts and their loss."""

@@ -1,0 +1,1 @@
+"""The launcher process: launch, inputs before ranks, starting ranks, resume, Hydra callbacks, how a job ended."""

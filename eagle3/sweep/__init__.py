@@ -1,0 +1,1 @@
+"""Across runs: comparison tables, Optuna studies, the objective a run returns to a sweeper."""

@@ -1,0 +1,525 @@
+"""The training loop: AdamW, warmup + decay, clipping, gradient accumulation, a val pass before any update
+and after each epoch, checkpoints `last` (resumable) and `best` (highest val tau_sim). Runs on CPU or GPU,
+in one process or many; speculators' own Trainer is CUDA-only.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import re
+import time
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from contextlib import AbstractContextManager, nullcontext
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+from tqdm import tqdm
+
+from eagle3.config import RunConfig, TrainConfig, plain_config
+from eagle3.console import resume_command
+from eagle3.data.reader import to_device
+from eagle3.device.choice import compute_dtype_on, loss_impl_on
+from eagle3.device.distributed import (
+    World,
+    barrier,
+    full_model_state,
+    full_optimizer_state,
+    grad_sync,
+    load_optimizer_state,
+    reduce_sums,
+    unwrap,
+)
+from eagle3.errors import RunStopped
+from eagle3.eval.measure import accumulate, summarize
+from eagle3.init.checkpoint import TRAINER_STATE, SaveFailed, save_checkpoint
+from eagle3.rundir.files import CHECKPOINTS, trained_config
+from eagle3.rundir.progress import Progress, Row, job_clock
+from eagle3.train.cadence import Cadence, Stop
+from eagle3.train.stop import StopRequest
+from eagle3.train.track import Tracker
+
+if TYPE_CHECKING:
+    from eagle3.data.loader import Loader
+
+log = logging.getLogger(__name__)
+
+__all__ = ["train", "Training", "Hook", "ValEntries", "StepParts", "train_step", "make_scheduler", "run_validation",
+           "summarize", "to_device", "RunStopped"]
+
+ExtraLoss = tuple[float, Callable[[], tuple[torch.Tensor, dict[str, torch.Tensor]]]]
+
+
+class Hook:
+    """An optional feature of a run, plugged into the loop at its points (every method's default does nothing), so
+    that a feature adds a hook, not a parameter of `train`. Every rank calls every hook at the same points, so a
+    hook may hold a collective. `progress` is the loop's own (eagle3.rundir.progress.Progress): read it, never
+    change it.
+
+    The points, in a run's order: on_val of the step-0 val pass (a new run), on_train_start, then per optimizer step
+    step_loss (before it) and on_step_end (after it, counted), on_val of each later val pass, on_train_end."""
+
+    def on_train_start(self, run: Run, progress: Progress) -> None:
+        """The loop starts (or continues a resumed run) at `progress`."""
+
+    def step_loss(self, run: Run, step: int) -> ExtraLoss | None:
+        """A loss the optimizer step after `step` done ones also trains on: (mix, loss) weights its loss `mix` and
+        the micro-batches' 1 - mix (on-policy rollouts); None: this step trains on the micro-batches alone."""
+        return None
+
+    def on_step_end(self, run: Run, progress: Progress) -> None:
+        """An optimizer step was taken (or skipped) and counted into `progress`."""
+
+    def on_val(self, run: Run, row: Row) -> Row:
+        """Entries to add to the val row `row` (its metrics so far) before it is logged (measured acceptance)."""
+        return {}
+
+    def on_train_end(self, run: Run, progress: Progress) -> None:
+        """The loop completed at `progress` (not called when it stops early or fails)."""
+
+
+class ValEntries(Hook):
+    """A hook that adds `measure(model)`'s entries to each val row (eval.accept's AcceptanceAtVal is one)."""
+
+    def __init__(self, measure: Callable[[torch.nn.Module], Row]):
+        self.measure = measure
+
+    def on_val(self, run: Run, row: Row) -> Row:
+        return self.measure(run.model)
+
+
+@dataclass
+class Training:
+    """What the training loop is handed: the draft (already wrapped for `world`), its train and val loaders, the
+    typed run config that runs (optim, model.draft's TTT settings, logger.log_every, data.on_bad_sample, run.dir;
+    saved with `last` so that a resume can tell whether its config is still the one trained with), the tracker,
+    the device and process group, a resumed run's trainer state, and the run's optional features as hooks."""
+
+    model: torch.nn.Module
+    loaders: tuple[Loader, Loader]
+    cfg: RunConfig
+    tracker: Tracker
+    device: torch.device = field(default_factory=lambda: torch.device("cpu"))
+    world: World = field(default_factory=World)
+    resume_state: dict[str, Any] | None = None
+    hooks: list[Hook] = field(default_factory=list)
+
+
+def train(training: Training) -> Progress:
+    """Trains the draft as `training.cfg` says; returns the loop's final progress.
+
+    At the top of each step the loop asks its Cadence what is due (eagle3/train/cadence.py) and does it."""
+    run = Run(training)
+    train_loader, cadence, world, hooks = training.loaders[0], run.cadence, run.world, training.hooks
+    sampler = train_loader.batch_sampler
+    clock = job_clock()
+    clock.loop_starts()
+    progress = run.begin(training.resume_state)
+    steps = StepLog(training.tracker, world, run.parts.scheduler, cadence.total_steps, progress)
+    stop, micro_batches, stepped, skipped_in_a_row = StopRequest(), None, False, 0
+    try:
+        run.model.train()
+        for hook in hooks:
+            hook.on_train_start(run, progress)
+        while True:
+            due = cadence.due(progress, stepped, skipped_in_a_row, stepped and stop.requested(world))
+            if due.train_row:
+                log_train_row(steps, progress, world)
+            if due.stop is not None:
+                run.save("last", progress)  # skipped steps changed no weight: `last` is the last good state
+                if due.stop is Stop.signal:
+                    stop.exit(run.run_dir, progress.step)
+                raise RunStopped(too_many_skipped(skipped_in_a_row, progress.step))
+            if due.next_epoch:
+                progress.epoch, progress.step_in_epoch, micro_batches = progress.epoch + 1, 0, None
+            if due.val_epoch is not None:
+                run.validate(progress, due.val_epoch)
+            if due.epoch_end:
+                progress.train_wall_s = steps.wall()
+            if due.save:
+                run.save("last", progress)
+            if due.done:
+                break
+            if micro_batches is None:
+                sampler.set_epoch(progress.epoch, skip_steps=progress.step_in_epoch)
+                micro_batches = iter(train_loader)
+            with clock.phase("training steps"):
+                grad_norm = run.step(micro_batches, steps.window, progress.step)
+            skipped_in_a_row = count_step(progress, grad_norm, skipped_in_a_row, run.optim.max_skipped_steps, world)
+            steps.count(grad_norm)
+            stepped = True
+            for hook in hooks:
+                hook.on_step_end(run, progress)
+        for hook in hooks:
+            hook.on_train_end(run, progress)
+    finally:  # also when the run stops with an error: the next job of a sweep gets its handlers back
+        steps.close()
+        stop.restore()
+    return progress
+
+
+@dataclass
+class StepParts:
+    """What one optimizer step acts on (train_step): the wrapped model, its optimizer and lr schedule over
+    `trainable`, optim.grad_accum micro-batches per step, optim.grad_clip, where it computes (`autocast` on CUDA)
+    and the model's call arguments (the draft's TTT settings and loss)."""
+
+    model: torch.nn.Module
+    optimizer: torch.optim.Optimizer
+    scheduler: Any
+    trainable: list[torch.nn.Parameter]
+    accum: int
+    grad_clip: float
+    device: torch.device
+    autocast: AbstractContextManager[Any]
+    call_kwargs: dict[str, Any]
+    world: World = field(default_factory=World)
+
+    @classmethod
+    def of(cls, model: torch.nn.Module, cfg: TrainConfig, total_steps: int, device: torch.device,
+           world: World) -> StepParts:
+        """AdamW and the lr schedule cfg.optim says over `total_steps`, on the trainable parameters of `model`, with
+        the loss and TTT settings of cfg.model.draft, on `device` in `world`."""
+        from speculators.losses import resolve_loss_config
+
+        optim, draft = cfg.optim, cfg.model.draft
+        call_kwargs = {
+            "ttt_steps": draft.ttt_steps,
+            "ttt_step_loss_decay": draft.ttt_step_loss_decay,
+            "loss_config": resolve_loss_config(draft.loss, loss_impl_on(device.type)),
+        }
+        dtype = getattr(torch, compute_dtype_on(device.type))
+        autocast: AbstractContextManager[Any] = (torch.autocast("cuda", dtype=dtype)
+                                                 if device.type == "cuda" else nullcontext())
+        trainable = [p for p in model.parameters() if p.requires_grad]
+        optimizer = torch.optim.AdamW(trainable, lr=optim.lr, betas=(optim.betas[0], optim.betas[1]),
+                                      weight_decay=optim.weight_decay)
+        scheduler = make_scheduler(optimizer, optim.scheduler.value, math.ceil(optim.warmup_ratio * total_steps),
+                                   total_steps)
+        return cls(model, optimizer, scheduler, trainable, optim.grad_accum, optim.grad_clip, device, autocast,
+                   call_kwargs, world)
+
+
+class Run:
+    """What the loop acts on: the wrapped model, its optimizer and lr schedule, its val pass and checkpoints, and the
+    run's hooks."""
+
+    def __init__(self, training: Training):
+        cfg = training.cfg
+        self.cfg, self.optim, self.model, self.device = cfg, cfg.optim, training.model, training.device
+        self.world, self.tracker, self.hooks = training.world, training.tracker, training.hooks
+        self.val_loader, self.run_dir = training.loaders[1], Path(cfg.run.dir)
+        self.on_bad_sample = cfg.data.on_bad_sample.value
+        optim = cfg.optim
+        self.cadence = Cadence.of(optim.epochs, optim.max_steps, training.loaders[0].batch_sampler.steps,
+                                  cfg.logger.log_every, optim.eval_every, optim.checkpoint_every,
+                                  optim.max_skipped_steps)
+        self.parts = StepParts.of(self.model, cfg, self.cadence.total_steps, self.device, self.world)
+        self.ckpt_dir = self.run_dir / CHECKPOINTS
+        self.trained_config = trained_config(plain_config(cfg))  # saved with `last`: what it was trained with
+
+    def begin(self, resume_state: dict[str, Any] | None) -> Progress:
+        """A new run's progress after its step-0 val pass (the drafter as initialized, before any update; for a
+        pretrained init its probe), or a resumed run's, with the optimizer, lr schedule and RNG it saved."""
+        if resume_state is None:
+            step0 = self.evaluate(0, 0)
+            progress = Progress(step0=step0, best=step0, final=step0)
+            self.save("best")
+        else:
+            progress = Progress.from_dict(resume_state["progress"], self.ckpt_dir / "last")
+            load_optimizer_state(self.model, self.parts.optimizer, resume_state["optimizer"], self.world)
+            self.parts.scheduler.load_state_dict(resume_state["scheduler"])
+            torch.set_rng_state(resume_state["rng"])
+            log.info("resuming at step %d (epoch %d, step %d of it)", progress.step, progress.epoch,
+                     progress.step_in_epoch)
+        log.info("training %s parameters for %d steps (%d per epoch, %d micro-batches each on %d ranks), lr %.2g",
+                 f"{sum(p.numel() for p in self.parts.trainable):,}", self.cadence.total_steps,
+                 self.cadence.steps_per_epoch, self.optim.grad_accum, self.world.size, self.optim.lr)
+        return progress
+
+    def step(self, micro_batches: Iterator[Any], window: dict[str, Any], step: int = 0) -> torch.Tensor | None:
+        """The optimizer step after `step` done ones."""
+        extra = [loss for hook in self.hooks if (loss := hook.step_loss(self, step)) is not None]
+        return train_step(self.parts, micro_batches, window, extra)
+
+    def evaluate(self, step: int, epoch: int) -> Row:
+        with job_clock().phase("val passes"):
+            return self._evaluate(step, epoch)
+
+    def _evaluate(self, step: int, epoch: int) -> Row:
+        parts = self.parts
+        metrics = run_validation(self.model, self.val_loader, self.device, parts.autocast, parts.call_kwargs,
+                                 self.world, on_bad_sample=self.on_bad_sample, where=f"the val pass at step {step}")
+        row: Row = {"step": step, "split": "val", "epoch": epoch, **metrics}
+        for hook in self.hooks:
+            row.update(hook.on_val(self, row))
+        self.tracker.log(row)
+        return row
+
+    def validate(self, progress: Progress, epoch: int) -> None:
+        """The val pass at `progress`'s step: its row becomes the final one, and `best` if it is the best."""
+        progress.final = self.evaluate(progress.step, epoch)
+        self.model.train()
+        if progress.final["tau_sim"] > progress.best["tau_sim"]:
+            progress.best = progress.final
+            self.save("best")
+
+    def save(self, which: str, progress: Progress | None = None) -> None:
+        """Every rank joins (gathering shards is a collective); rank 0 writes."""
+        with job_clock().phase("saves"):
+            self._save(which, progress)
+
+    def _save(self, which: str, progress: Progress | None = None) -> None:
+        model, world = self.model, self.world
+        state = full_model_state(model, world)
+        trainer_state = None
+        if progress is not None:
+            trainer_state = {"progress": progress.as_dict(),
+                             "optimizer": full_optimizer_state(model, self.parts.optimizer, world),
+                             "scheduler": self.parts.scheduler.state_dict(), "rng": torch.get_rng_state(),
+                             "config": self.trained_config}
+        if world.is_main:
+            try:
+                save_checkpoint(unwrap(model), state, self.ckpt_dir / which, trainer_state)
+            except SaveFailed as e:
+                last = (self.ckpt_dir / "last" / TRAINER_STATE).is_file()
+                raise SaveFailed(f"{e}. Free space, then continue with: {resume_command(self.run_dir)}" if last else
+                                 f"{e}. Nothing to resume yet: free space and start the run again") from None
+        barrier(world)
+
+
+def count_step(progress: Progress, grad_norm: torch.Tensor | None, skipped_in_a_row: int, max_skipped_steps: int,
+               world: World) -> int:
+    """Counts the step just taken into `progress`; returns how many steps in a row have now been skipped."""
+    progress.step += 1
+    progress.step_in_epoch += 1
+    if grad_norm is not None:
+        return 0
+    progress.skipped_steps += 1
+    skipped_in_a_row += 1
+    if world.is_main:  # the train rows count them too, but only every log_every
+        log.warning("step %d skipped: non-finite loss or gradient, weights unchanged (%d skipped so far, %d in a "
+                    "row; optim.max_skipped_steps=%d in a row stops the run)", progress.step, progress.skipped_steps,
+                    skipped_in_a_row, max_skipped_steps)
+    return skipped_in_a_row
+
+
+def too_many_skipped(skipped_in_a_row: int, step: int) -> str:
+    return (f"{skipped_in_a_row} optimizer steps in a row had a non-finite loss or gradient "
+            f"(steps {step - skipped_in_a_row + 1}..{step}), so the run stopped; checkpoints/last holds the weights "
+            f"from before them. Lower optim.lr or check the data; optim.max_skipped_steps sets how many are tolerated")
+
+
+def log_train_row(steps: StepLog, progress: Progress, world: World) -> None:
+    """The train row of the steps since the last one; the tokens they trained and the wall time go into
+    `progress`. None when every step of the window was skipped."""
+    sums = reduce_sums(steps.take_window(), world)
+    if not sums:
+        return
+    progress.tokens += sums.pop("tokens")
+    progress.train_wall_s = steps.wall()
+    steps.log(progress, sums)
+
+
+class StepLog:
+    """The console bar and the train rows. `window` collects the counted metrics of the steps since the last
+    row (train_step adds to it); it formats rows from the progress it is given and changes none of it."""
+
+    def __init__(self, tracker: Tracker, world: World, scheduler: Any, total_steps: int, progress: Progress):
+        self.tracker, self.scheduler = tracker, scheduler
+        self.window: dict[str, Any] = {}
+        self.grad_norm: torch.Tensor | float = float("nan")
+        self.start = time.perf_counter() - progress.train_wall_s
+        self.bar = tqdm(total=total_steps, initial=progress.step, desc="train", unit="step",
+                        disable=not world.is_main, dynamic_ncols=True)
+
+    def wall(self) -> float:
+        return time.perf_counter() - self.start
+
+    def count(self, grad_norm: torch.Tensor | None) -> None:
+        """A step was taken: the bar moves; a finite gradient norm is the one the next row shows."""
+        if grad_norm is not None:
+            self.grad_norm = grad_norm
+        self.bar.update()
+
+    def take_window(self) -> dict[str, Any]:
+        window, self.window = self.window, {}
+        return window
+
+    def log(self, progress: Progress, sums: dict[str, Any]) -> None:
+        row = {"step": progress.step, "split": "train", "epoch": progress.epoch, **summarize(sums),
+               "lr": self.scheduler.get_last_lr()[0], "grad_norm": float(self.grad_norm),
+               "tokens_per_s": progress.tokens / progress.train_wall_s,
+               "skipped_steps": progress.skipped_steps}
+        self.tracker.log(row)
+        self.bar.set_postfix(loss=f"{row['loss']:.3f}", acc0=f"{row.get('full_acc_0', 0):.3f}")
+
+    def close(self) -> None:
+        self.bar.close()
+
+
+def train_step(parts: StepParts, micro_batches: Iterator[Any], window: dict[str, Any],
+               extra: Sequence[ExtraLoss] = ()) -> torch.Tensor | None:
+    """One optimizer step over `parts.accum` micro-batches; adds their counted metrics to `window`; returns the
+    gradient norm before clipping, or None when the loss or a gradient was not finite and the step was skipped
+    (nothing applied, nothing counted). `extra` (mix, loss) each: a step that also trains on another loss (a hook's
+    step_loss: rollouts of the draft, eagle3/train/on_policy.py) weighted `mix`, and on the micro-batches at 1 - the
+    mixes; its gradients accumulate locally and are reduced across ranks with the last micro-batch's."""
+    model, accum, world = parts.model, parts.accum, parts.world
+    parts.optimizer.zero_grad(set_to_none=True)
+    step_metrics: dict[str, Any] = {}
+    share = 1.0
+    for mix, extra_loss in extra:
+        with grad_sync(model, world, sync=False):
+            loss, metrics = extra_loss()
+            (loss * mix).backward()
+        accumulate(step_metrics, metrics)
+        share -= mix
+    for i in range(accum):
+        batch = to_device(next(micro_batches), parts.device)
+        with grad_sync(model, world, sync=i == accum - 1), parts.autocast:
+            _, loss, metrics = model(**batch, **parts.call_kwargs)
+            (loss / accum if not extra else loss * share / accum).backward()
+        accumulate(step_metrics, {**metrics, "tokens": (batch["document_ids"] >= 0).sum()})
+    grad_norm = torch.nn.utils.clip_grad_norm_(parts.trainable, parts.grad_clip)
+    if hasattr(grad_norm, "full_tensor"):  # FSDP2: a DTensor
+        grad_norm = grad_norm.full_tensor()
+    # The one read of a device value per step: a NaN loss gives a NaN norm, and AdamW would spread it to every
+    # weight. The norm is already reduced across ranks, so all ranks decide alike.
+    if not torch.isfinite(grad_norm):
+        parts.optimizer.zero_grad(set_to_none=True)
+        return None
+    parts.optimizer.step()
+    parts.scheduler.step()
+    accumulate(window, step_metrics)
+    return grad_norm
+
+
+def make_scheduler(optimizer: torch.optim.Optimizer, kind: str, warmup_steps: int,
+                   total_steps: int) -> torch.optim.lr_scheduler.LRScheduler:
+    """Linear warmup to the peak lr, then cosine or linear decay to 0, or constant."""
+    from transformers import get_scheduler
+
+    name = {"cosine": "cosine", "linear": "linear", "constant": "constant_with_warmup"}[kind]
+    return get_scheduler(name, optimizer, num_warmup_steps=warmup_steps, num_training_steps=max(total_steps, 1))
+
+
+@torch.no_grad()
+def run_validation(model: torch.nn.Module, loader: Iterable, device: torch.device, autocast,
+                   call_kwargs: dict[str, Any], world: World = World(), *, on_bad_sample: str = "error",
+                   where: str = "the val pass") -> dict[str, float]:
+    """Val metrics of the weights over the whole val split (all ranks' shares), the same for any world size
+    or grad_accum: each step's loss token-weighted over the split (`val_counts`), accuracies as speculators
+    counts them, tau_sim from those, `loss` the sum of the step losses.
+
+    A pass whose sums are not finite is never returned: it raises ValNotFinite on every rank alike (the check
+    reads the sums reduced over ranks), naming `where`. With on_bad_sample="skip", documents whose hidden
+    states are not finite are taken out of their micro-batch before the forward and counted in
+    `skipped_rows`; then only weights that give a non-finite loss on finite inputs raise."""
+    skip = on_bad_sample == "skip"
+    sampler = getattr(loader, "batch_sampler", None)
+    counted = getattr(sampler, "counted", None)  # ValShardSampler: the packs after these only keep ranks in step
+    model.eval()
+    sums: dict[str, Any] = {}
+    bad_docs_by_pack: list[torch.Tensor] = []
+    for i, batch in enumerate(loader):
+        inputs = to_device(batch, device)
+        bad_docs = nonfinite_documents(inputs)
+        if skip:
+            inputs = without_documents(inputs, bad_docs)
+        with autocast:
+            _, _, metrics = model(**inputs, **call_kwargs)
+        counts = {**val_counts(metrics), "nonfinite_rows": bad_docs.sum()}
+        if counted is not None and i >= counted:
+            # A repeat: counted as nothing, but counted, so that every rank reduces the same keys.
+            counts = {k: torch.zeros_like(v) for k, v in counts.items()}
+        else:
+            bad_docs_by_pack.append(bad_docs)
+        accumulate(sums, counts)
+    sums = reduce_sums(sums, world)
+    nonfinite_rows = int(sums.pop("nonfinite_rows", 0))
+    if not all(math.isfinite(v) for v in sums.values()):
+        rows = []
+        if nonfinite_rows and sampler is not None and hasattr(loader, "split_rows"):
+            packs = list(sampler)
+            rows = sorted(int(loader.split_rows[packs[i][s]]) for i, bad in enumerate(bad_docs_by_pack)
+                          for s in bad.nonzero().flatten().tolist())
+        from eagle3.data.online import OnlineLoader
+
+        raise ValNotFinite(not_finite_message(where, nonfinite_rows, rows, world.rank,
+                                              online=isinstance(loader, OnlineLoader)))
+    metrics = summarize(sums)
+    if skip:
+        metrics["skipped_rows"] = nonfinite_rows
+    return metrics
+
+
+class ValNotFinite(RunStopped):
+    """A val pass gave a non-finite loss or accuracy: it must never rank a checkpoint."""
+
+
+def not_finite_message(where: str, nonfinite_rows: int, rows_here: list[int], rank: int, online: bool = False) -> str:
+    kept = "Checkpoints saved before this pass are kept (checkpoints/last: the last resumable state)."
+    if not nonfinite_rows:
+        return (f"{where}: the val loss is not finite although every val row's hidden states are finite, so the "
+                f"weights give it (diverged training or a broken init); it is not used to rank checkpoints. {kept} "
+                f"Lower optim.lr or check init")
+    shown = ", ".join(f"row {r}" if online else f"hs_{r}.safetensors" for r in rows_here[:5])
+    more, where_rank = ", ..." if len(rows_here) > 5 else "", f" on rank {rank}" if rank else ""
+    named = f" ({shown}{more}{where_rank})" if rows_here else ""
+    held = "get non-finite hidden states from the verifier" if online else "hold non-finite hidden states"
+    listing = "" if online else "; python -m eagle3.data.check <data dir> lists every bad row"
+    return (f"{where}: the val loss is not finite: {nonfinite_rows} val row(s) {held}{named}; it is not used to rank "
+            f"checkpoints. {kept} data.on_bad_sample=skip leaves such rows out of validation (counted as skipped_rows "
+            f"in each val row){listing}")
+
+
+def nonfinite_documents(inputs: dict[str, torch.Tensor]) -> torch.Tensor:
+    """Which documents of a micro-batch (by document id, [T] bool) have a non-finite value in the hidden
+    states the model reads for them. On the device, no sync."""
+    doc = inputs["document_ids"][0]
+    bad_positions = ~(torch.isfinite(inputs["hidden_states"][0]).all(-1)
+                      & torch.isfinite(inputs["verifier_last_hidden_states"][0]).all(-1))
+    # Slot 0 collects the padding (document id -1).
+    per_doc = torch.zeros(doc.numel() + 1, device=doc.device).index_add_(0, doc + 1, bad_positions.float())
+    return per_doc[1:] > 0
+
+
+def without_documents(inputs: dict[str, torch.Tensor], bad_docs: torch.Tensor) -> dict[str, torch.Tensor]:
+    """The micro-batch with `bad_docs` taken out: their hidden states zeroed (attention masks them from the
+    other documents, but 0 x NaN would still reach them) and their positions out of the loss and accuracies."""
+    doc = inputs["document_ids"]
+    drop = torch.cat([bad_docs.new_zeros(1), bad_docs])[doc + 1]  # [1, T]
+    out = dict(inputs)
+    for k in ("hidden_states", "verifier_last_hidden_states"):
+        out[k] = inputs[k].masked_fill(drop[..., None], 0)
+    out["loss_mask"] = inputs["loss_mask"].masked_fill(drop, 0)
+    return out
+
+
+STEP_METRIC = re.compile(r"(.+)_(\d+)_sum")
+
+
+def val_counts(metrics: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """A micro-batch's metrics as counts that add up over any packing of the split (float64, on the device).
+
+    speculators returns each step's loss (and loss term) as that micro-batch's mean over its loss-masked
+    positions with a total of 1, so summing them weights a micro-batch, not a token, and the result depends on
+    how the split is packed. Here each is weighted by the positions it averaged over (step k's full_acc_k
+    total), and the whole-batch loss_sum (the sum of step means) is dropped: the summary's loss is then the
+    sum over steps of the token-weighted step losses. The accuracy counts are already counts."""
+    out = {}
+    for key, value in metrics.items():
+        match = STEP_METRIC.fullmatch(key)
+        if match and match[1] not in ("full_acc", "cond_acc"):
+            positions = metrics[f"full_acc_{match[2]}_total"].double()
+            out[key] = value.detach().double() * positions
+            out[f"{match[1]}_{match[2]}_total"] = positions
+        elif key.endswith("_sum") or key.endswith("_total"):
+            if key not in ("loss_sum", "loss_total") and key not in out:
+                out[key] = value.detach().double()
+    return out
+
+
