@@ -67,6 +67,8 @@ PY
 ENGINE=vllm   # regeneration by vLLM (python -m eagle3.serve --install above); transformers works too, slower
 REGEN="data.regenerate.engine=$ENGINE data.regenerate.temperature=0 data.regenerate.max_new_tokens=256"
 REGEN="$REGEN data.regenerate.batch_size=32"
+# its REGEN_PROMPTS (64) rows fill 7 steps an epoch: 3 epochs, so that it trains STEPS (20) steps as the other arm
+REGEN="$REGEN optim.epochs=3"
 BUDGET="optim.max_steps=$STEPS optim.eval_every=10 optim.checkpoint_every=10 data.train_ratio=0.98 logger.mode=disabled"
 # data.max_records=null: the slice is the selection (the experiment's default reads the file's first 200 records).
 # The regenerated rows are built once (cached by the prompts, the verifier and data.regenerate) for every seed.
