@@ -508,6 +508,16 @@ def _add_data_notes(plan: Plan, draft: DraftConfig, data: DataConfig, optim: Opt
             plan.data_notes.append(f"hidden states on disk: none (data=online computes them in the loop); offline "
                                    f"data would store {offline_per_token:,} bytes/token ({offline_formula}), "
                                    f"{offline / GIB:.2f} GiB for these tokens")
+            budget = data.hidden_cache_bytes()
+            if budget:
+                train = data_stats.train_tokens * offline_per_token
+                kept = min(train, budget)
+                plan.data_notes.append(
+                    f"data.cache_gb={budget / 1e9:g}: the train rows' hidden states kept in the run dir for the "
+                    f"epochs after the first, {kept / GIB:.2f} GiB on disk while the run lasts "
+                    f"({100 * kept / max(1, train):.0f}% of the train tokens' {train / GIB:.2f} GiB; the rest runs "
+                    f"the verifier at every epoch)" + ("" if optim.epochs > 1 else
+                                                       "; optim.epochs=1 never reads them back"))
         else:
             per_token = data_stats.hidden_bytes_on_disk / max(1, data_stats.total_tokens)
             plan.data_notes.append(f"hidden states on disk: {per_token:,.0f} bytes/token, "
@@ -518,6 +528,10 @@ def _add_data_notes(plan: Plan, draft: DraftConfig, data: DataConfig, optim: Opt
         if data.verifier_in_rank():
             plan.data_notes.append(f"hidden states on disk: none (data=online computes them in the loop); offline "
                                    f"data would store {offline_per_token:,} bytes/token ({offline_formula}): {one_b}")
+            if data.hidden_cache_bytes():
+                plan.data_notes.append(f"data.cache_gb={data.hidden_cache_bytes() / 1e9:g}: up to that much disk "
+                                       f"in the run dir for the train rows' hidden states ({offline_per_token:,} "
+                                       f"bytes/token), read back by the epochs after the first")
         else:
             plan.data_notes.append(f"hidden states on disk: {offline_per_token:,} bytes/token ({offline_formula}); "
                                    f"{one_b}")

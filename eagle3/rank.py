@@ -115,7 +115,7 @@ def _train_on(world: World, runtime: Runtime, device: torch.device, cfg: RunConf
     attn_impl = runtime.attn_impl
     with job_clock().phase("data build"):
         train_loader, val_loader = cfg.data.loaders(
-            data_dir, verifier,
+            data_dir, verifier, run_dir,
             total_seq_len=micro_batch_len(cfg, runtime),
             hidden_size=draft.hidden_size,
             num_aux_layers=len(draft.aux_layer_ids),

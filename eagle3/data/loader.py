@@ -28,7 +28,7 @@ from eagle3.data.rows import ArrowRows
 from eagle3.errors import DataError
 
 if TYPE_CHECKING:
-    from eagle3.data.online import OnlineLoader, OnlineVerifier
+    from eagle3.data.online import HiddenStore, OnlineLoader, OnlineVerifier
 
     Loader: TypeAlias = PackedLoader | OnlineLoader
 
@@ -121,7 +121,8 @@ def build_loaders(data_dir: str | Path, total_seq_len: int, hidden_size: int, nu
                   train_ratio: float, seed: int, *, world_size: int = 1, rank: int = 0, grad_accum: int = 1,
                   prefetch: int = 2, rows: Sequence[int] | None = None,
                   device: torch.device = torch.device("cpu"), verifier: OnlineVerifier | None = None,
-                  hidden_states_dtype: torch.dtype = torch.bfloat16) -> tuple[Loader, Loader]:
+                  hidden_states_dtype: torch.dtype = torch.bfloat16,
+                  train_store: HiddenStore | None = None) -> tuple[Loader, Loader]:
     """Train and val loaders of this rank's packed, EAGLE-3-shifted micro-batches (see eagle3.data.reader).
 
     The split is speculators' ArrowDataset's: the first int(len(dataset) * train_ratio) rows train, the rest
@@ -142,7 +143,7 @@ def build_loaders(data_dir: str | Path, total_seq_len: int, hidden_size: int, nu
             # (a sharded verifier's forward is a collective: every rank runs it at every pass, none kept).
             store = HiddenStore(VAL_KEEP_BYTES) if split == "val" and not verifier.sharded else None
             return OnlineLoader(verifier, arrow, splits[split], sampler, total_seq_len, num_aux_layers, hidden_size,
-                                hidden_states_dtype, store)
+                                hidden_states_dtype, store, train_store if split == "train" else None)
         return PackedLoader(Path(data_dir), arrow, splits[split], sampler, total_seq_len, hidden_size, num_aux_layers,
                             file_dtype(Path(data_dir), int(kept[0])), prefetch, torch.device(device))
 

@@ -6,6 +6,7 @@ subclasses it and says only where its rows come from (`token_rows`)."""
 from __future__ import annotations
 
 import logging
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -31,6 +32,9 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
+# Under the run dir: the train rows' hidden states data.cache_gb keeps (one dir per rank), removed when the run ends.
+HIDDEN_CACHE_DIR = "online_hidden_cache"
+
 
 @dataclass
 class TokenRows(DataConfig):
@@ -46,11 +50,21 @@ class TokenRows(DataConfig):
     # Only the first records of data.path are read (bad ones counted among them), the rest of the file never is:
     # the head of a large file such as ShareGPT's 125 MB JSON array. null: every record
     max_records: int | None = None
+    # Disk (GB, 1e9 bytes) for the train rows' hidden states of the first epoch, read back by the later epochs
+    # instead of running the verifier again (in the run dir, removed when the run ends; rows beyond it are computed
+    # at every epoch). 0: off, every epoch runs the verifier over every row, nothing is written (a run with one
+    # epoch gains nothing from it)
+    cache_gb: float = 0.0
 
     def check(self, run: TrainConfig, dataset_required: bool = True) -> None:
         super().check(run, dataset_required)
         _require(self.max_records is None or self.max_records >= 1, "data.max_records",
                  f"must be null (every record) or at least 1, got {self.max_records}")
+        _require(math.isfinite(self.cache_gb) and self.cache_gb >= 0, "data.cache_gb",
+                 f"must be >= 0 (0: off) and finite, got {self.cache_gb}")
+        _require(not (self.shard_verifier and self.cache_gb > 0), "data.cache_gb",
+                 "keeps hidden states a rank computed alone, and data.shard_verifier=true makes each forward a "
+                 "collective every rank must join at every micro-batch: drop data.cache_gb, or the sharding")
         _require(not (self.shard_verifier and run.eval.accept.enabled), "eval.accept.enabled",
                  "measures on rank 0 with the whole verifier, and data.shard_verifier=true shards it across the "
                  "ranks; measure the saved checkpoint afterwards with python -m eagle3.eval.accept --run <run dir>")
@@ -86,13 +100,26 @@ class TokenRows(DataConfig):
         return check_dataset(data_dir, vocab_size=cfg.model.draft.vocab_size, total_seq_len=self.total_seq_len,
                              hidden_states=False, max_positions=positions)
 
-    def loaders(self, data_dir: Path, verifier: OnlineVerifier | None, **common: Any) -> tuple[Loader, Loader]:
+    def loaders(self, data_dir: Path, verifier: OnlineVerifier | None, run_dir: Path | None = None,
+                **common: Any) -> tuple[Loader, Loader]:
         import torch
 
         from eagle3.data.loader import build_loaders
+        from eagle3.data.online import HiddenStore
 
+        store = None
+        if self.cache_gb > 0 and run_dir is not None:  # the budget shared by the ranks, each its own train rows
+            rank, world_size = common.get("rank", 0), common.get("world_size", 1)
+            store = HiddenStore(int(self.cache_gb * 1e9) // world_size,
+                                Path(run_dir) / HIDDEN_CACHE_DIR / f"rank_{rank}", base=Path(run_dir))
+            log.info("data.cache_gb=%g: the train rows' hidden states of the first epoch are kept in %s for the "
+                     "epochs after it (%.2f GB for this rank)", self.cache_gb, store.directory, store.budget / 1e9)
         return build_loaders(data_dir, train_ratio=self.train_ratio, verifier=verifier,
-                             hidden_states_dtype=getattr(torch, self.hidden_states_dtype.value), **common)
+                             hidden_states_dtype=getattr(torch, self.hidden_states_dtype.value), train_store=store,
+                             **common)
+
+    def hidden_cache_bytes(self) -> int:
+        return int(self.cache_gb * 1e9)
 
     def plan_stats(self, draft: DraftConfig) -> DataStats | None:
         return None
