@@ -279,9 +279,10 @@ class OnlineLoader:
             computed = self.verifier([self.rows.input_ids(pieces[s][0])[:pieces[s][2] + 1] for s in missing])
             for s, h in zip(missing, computed, strict=True):
                 row, _, r = pieces[s]
-                got[s] = h[:r + 1].to(self.dtype)
-                self.row_store.put((row, r), got[s])
-        return [h.to(self.verifier.device) for h in got]
+                h = h[:r + 1].to(self.dtype)
+                self.row_store.put((row, r), h)
+                got[s] = h
+        return [h.to(self.verifier.device) for h in got if h is not None]
 
     def check_row(self, row: int) -> None:
         """Nothing to check per row: check_online_verifier checked the shapes before any rank started."""
