@@ -36,6 +36,7 @@ def packed(lengths: list[int], total: int) -> dict:
 def test_ttt_attention_gives_the_masked_sdpa_losses_and_gradients(ttt_steps, lengths):
     from speculators.losses import resolve_loss_config
 
+    import eagle3.ttt_attention as ttt
     from eagle3.ttt_attention import use_ttt_attention
 
     oracle, _ = build(SHAPE, torch.device("cpu"), attn_impl="sdpa")
@@ -45,7 +46,10 @@ def test_ttt_attention_gives_the_masked_sdpa_losses_and_gradients(ttt_steps, len
     results = []
     for model in (oracle, fast):
         model.train().zero_grad()
+        ttt._last = None
         _, loss, metrics = model(**batch, **kwargs)
+        taken = ttt._last is not None and ttt._last[1] is not None
+        assert taken == (model is fast)  # the fast draft's attention took the TTT path, the oracle's did not
         loss.backward()
         grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
         results.append((loss.detach(), metrics, grads))
