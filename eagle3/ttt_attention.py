@@ -169,9 +169,10 @@ def _sdpa(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value
 _transformers_sdpa: Any = None
 
 
-def use_ttt_attention(model: torch.nn.Module) -> torch.nn.Module:
-    """`model` (a draft) with its decoder layers' attention marked for the TTT path; transformers' `sdpa` entry is
-    wrapped once per process (unmarked modules go through unchanged)."""
+def use_ttt_attention(model: torch.nn.Module, on: bool = True) -> torch.nn.Module:
+    """`model` (a draft) with its decoder layers' attention marked for the TTT path (`on`; False: unmarked, speculators'
+    masked sdpa, as tests/test_ttt_attention.py's oracle); transformers' `sdpa` entry is wrapped once per process
+    (unmarked modules go through unchanged)."""
     global _transformers_sdpa
     from transformers.modeling_utils import AttentionInterface
 
@@ -181,5 +182,5 @@ def use_ttt_attention(model: torch.nn.Module) -> torch.nn.Module:
     for layer in getattr(model, "layers", []):
         attention = getattr(layer, "self_attn", None)
         if attention is not None:
-            setattr(attention, MARK, True)
+            setattr(attention, MARK, on)
     return model
