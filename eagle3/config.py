@@ -477,11 +477,21 @@ class TokenRows(DataConfig):
     # Only the first records of data.path are read (bad ones counted among them), the rest of the file never is:
     # the head of a large file such as ShareGPT's 125 MB JSON array. null: every record
     max_records: int | None = None
+    # Disk (GB, 1e9 bytes) for the train rows' hidden states of the first epoch, read back by the later epochs
+    # instead of running the verifier again (in the run dir, removed when the run ends; rows beyond it are computed
+    # at every epoch). 0: off, every epoch runs the verifier over every row, nothing is written (a run with one
+    # epoch gains nothing from it)
+    cache_gb: float = 0.0
 
     def check(self, run: TrainConfig, dataset_required: bool = True) -> None:
         super().check(run, dataset_required)
         _require(self.max_records is None or self.max_records >= 1, "data.max_records",
                  f"must be null (every record) or at least 1, got {self.max_records}")
+        _require(math.isfinite(self.cache_gb) and self.cache_gb >= 0, "data.cache_gb",
+                 f"must be >= 0 (0: off) and finite, got {self.cache_gb}")
+        _require(not (self.shard_verifier and self.cache_gb > 0), "data.cache_gb",
+                 "keeps hidden states a rank computed alone, and data.shard_verifier=true makes each forward a "
+                 "collective every rank must join at every micro-batch: drop data.cache_gb, or the sharding")
         _require(not (self.shard_verifier and run.eval.accept.enabled), "eval.accept.enabled",
                  "measures on rank 0 with the whole verifier, and data.shard_verifier=true shards it across the "
                  "ranks; measure the saved checkpoint afterwards with python -m eagle3.eval.accept --run <run dir>")

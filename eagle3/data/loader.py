@@ -29,7 +29,7 @@ from eagle3.formats.arrow_rows import ArrowRows
 from eagle3.formats.hidden_states import file_dtype
 
 if TYPE_CHECKING:
-    from eagle3.data.online import OnlineLoader, OnlineVerifier
+    from eagle3.data.online import HiddenStore, OnlineLoader, OnlineVerifier
 
     Loader: TypeAlias = PackedLoader | OnlineLoader
 
@@ -144,11 +144,12 @@ class LoaderSpec:
     hidden_states_dtype: torch.dtype = torch.bfloat16
 
 
-def build_loaders(data_dir: str | Path, spec: LoaderSpec,
-                  verifier: OnlineVerifier | None = None) -> tuple[Loader, Loader]:
+def build_loaders(data_dir: str | Path, spec: LoaderSpec, verifier: OnlineVerifier | None = None,
+                  train_store: HiddenStore | None = None) -> tuple[Loader, Loader]:
     """Train and val loaders of this rank's packed, EAGLE-3-shifted micro-batches (see eagle3.data.reader), as
     `spec` says. Row i's hidden states are hidden_states/hs_<i>.safetensors, or with a `verifier` (data=online)
-    computed by it (eagle3.data.online); data_dir then needs only the Arrow rows.
+    computed by it (eagle3.data.online); data_dir then needs only the Arrow rows. `train_store` (with a verifier,
+    data.cache_gb): where the train split keeps each row's hidden states for the epochs after the first.
     """
     total_seq_len, hidden_size, num_aux_layers = spec.total_seq_len, spec.hidden_size, spec.num_aux_layers
     world_size, rank, grad_accum, seed = spec.world_size, spec.rank, spec.grad_accum, spec.seed
@@ -165,7 +166,7 @@ def build_loaders(data_dir: str | Path, spec: LoaderSpec,
             # (a sharded verifier's forward is a collective: every rank runs it at every pass, none kept).
             store = HiddenStore(VAL_KEEP_BYTES) if split == "val" and not verifier.sharded else None
             return OnlineLoader(verifier, arrow, splits[split], sampler, total_seq_len, num_aux_layers, hidden_size,
-                                hidden_states_dtype, store)
+                                hidden_states_dtype, store, train_store if split == "train" else None)
         return PackedLoader(Path(data_dir), arrow, splits[split], sampler, total_seq_len, hidden_size, num_aux_layers,
                             file_dtype(Path(data_dir), int(kept[0])), prefetch, torch.device(device))
 

@@ -16,7 +16,9 @@ sharded across the ranks with FSDP2 (forward only; each rank keeps 1/world of it
 from __future__ import annotations
 
 import logging
+import shutil
 import time
+import weakref
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
@@ -29,6 +31,7 @@ from eagle3.device.choice import compute_dtype_on
 from eagle3.device.distributed import World
 from eagle3.errors import ConfigError
 from eagle3.formats.arrow_rows import ArrowRows
+from eagle3.safe_write import fresh_temp, make_dirs, replace_file
 from eagle3.verifier.forward import forward_hidden_states, hidden_state_taps, packed_batch
 from eagle3.verifier.model import Verifier
 
@@ -112,16 +115,24 @@ def check_online_verifier(verifier_dir: Path, draft: DraftConfig) -> int | None:
 
 
 class HiddenStore:
-    """The hidden states of micro-batches already computed, kept for the passes after (keyed by the micro-batch's
-    documents, so a pass that packs them alike reads them back instead of running the verifier), up to `budget`
-    bytes: in memory, or with `directory` one file per micro-batch there (a run-local cache, removed with
-    `clear`). A micro-batch over the budget is computed again at every pass."""
+    """Hidden states already computed, kept for the passes after, up to `budget` bytes: keyed by a val micro-batch's
+    documents (a pass that packs them alike reads them back instead of running the verifier), or by a train row
+    and its positions (data.cache_gb: a later epoch packs the row with other rows, and reads it back all the same).
+    In memory, or with `directory` one file per key there, written through eagle3.safe_write under `base`, the dir
+    emptied when the store is made and removed with `clear` or when the store is dropped (a run-local cache). What
+    is over the budget is computed again at every pass."""
 
-    def __init__(self, budget: int, directory: Path | None = None):
+    def __init__(self, budget: int, directory: Path | None = None, base: Path | None = None):
         self.budget, self.directory = budget, directory
+        self.base = base if base is not None else directory
         self.used = 0
         self.held: dict[tuple[int, ...], torch.Tensor | Path] = {}
         self.full = False
+        if directory is not None:
+            assert self.base is not None
+            make_dirs(self.base, directory.parent)
+            fresh_temp(self.base, directory)  # a killed run's files, never read: their index died with it
+            weakref.finalize(self, remove_store_dir, directory)
 
     def get(self, key: tuple[int, ...]) -> torch.Tensor | None:
         held = self.held.get(key)
@@ -134,24 +145,32 @@ class HiddenStore:
         if key in self.held or self.used + size > self.budget:
             if not self.full and key not in self.held:
                 self.full = True
-                log.info("online hidden states: the cache's budget (%.2f GB) is full; micro-batches beyond it run "
-                         "the verifier at every pass", self.budget / 1e9)
+                log.info("online hidden states: the cache's budget (%.2f GB) is full; what is beyond it runs the "
+                         "verifier at every pass", self.budget / 1e9)
             return
         if self.directory is None:
             self.held[key] = hidden.clone()
         else:
-            self.directory.mkdir(parents=True, exist_ok=True)
-            file = self.directory / f"{len(self.held)}.pt"
-            torch.save(hidden.cpu(), file)
+            assert self.base is not None
+            file = self.directory / ("_".join(str(k) for k in key) + ".pt")
+            kept = hidden.cpu().clone()  # a view would save its whole storage
+            replace_file(self.base, file, lambda tmp: torch.save(kept, tmp))
             self.held[key] = file
         self.used += size
 
     def clear(self) -> None:
         if self.directory is not None:
-            import shutil
-
-            shutil.rmtree(self.directory, ignore_errors=True)
+            remove_store_dir(self.directory)
         self.held, self.used = {}, 0
+
+
+def remove_store_dir(directory: Path) -> None:
+    """A store's dir, and its parent once no other rank's store is left in it."""
+    shutil.rmtree(directory, ignore_errors=True)
+    try:
+        directory.parent.rmdir()
+    except OSError:
+        pass
 
 
 # The val split's hidden states are kept in memory for the run's later val passes, up to this many bytes (a val
@@ -164,16 +183,19 @@ class OnlineLoader:
     what PackedLoader gives for the same rows (see the module doc). The buffer is allocated once on the verifier's
     device and refilled at every micro-batch: a micro-batch is valid until the next one is requested. With a
     `store`, a micro-batch whose documents were computed at an earlier pass is read back from it instead of running
-    the verifier (the same values: what the verifier gave then, rounded as then)."""
+    the verifier (the same values: what the verifier gave then, rounded as then). With a `row_store` (the train
+    split, data.cache_gb), each document's hidden states are kept by row, and a later epoch, which packs the rows
+    otherwise, runs the verifier only over the rows it does not hold (what it holds: the values of the forward that
+    first computed the row, which may differ from another packing's in fp32's last bits)."""
 
     def __init__(self, verifier: OnlineVerifier, rows: ArrowRows, split_rows: Sequence[int], batch_sampler,
                  total_seq_len: int, num_aux_layers: int, hidden_size: int, dtype: torch.dtype,
-                 store: HiddenStore | None = None):
+                 store: HiddenStore | None = None, row_store: HiddenStore | None = None):
         self.verifier, self.rows, self.split_rows = verifier, rows, split_rows
         self.batch_sampler, self.total_seq_len, self.dtype = batch_sampler, total_seq_len, dtype
         self.shape = (total_seq_len + 1, num_aux_layers + 1, hidden_size)
         self.buffer: torch.Tensor | None = None
-        self.store = store
+        self.store, self.row_store = store, row_store
 
     def __len__(self) -> int:
         return len(self.batch_sampler)
@@ -192,7 +214,7 @@ class OnlineLoader:
         if kept is not None:
             buf[:pack.end + 1] = kept
         elif pieces:
-            hidden = self.verifier([self.rows.input_ids(row)[:r + 1] for row, _, r in pieces])
+            hidden = self.hidden(pieces)
             for s, (_, q, r) in enumerate(pieces):
                 buf[q:q + r] = hidden[s][:r]
             for s, (_, q, r) in enumerate(pieces):  # after the big parts, as the offline reader lays them out
@@ -202,6 +224,23 @@ class OnlineLoader:
         elif self.verifier.sharded:  # only 1-token rows: the sharded forward is a collective every rank must join
             self.verifier([[0]])
         return pack.batch(buf)
+
+    def hidden(self, pieces: Sequence[tuple[int, int, int]]) -> list[torch.Tensor]:
+        """Each piece's [r + 1, n_aux + 1, H]: from the row store where it holds the row, the others from one
+        verifier forward (and kept, rounded to the buffer's dtype as the buffer rounds them, while the budget
+        allows)."""
+        if self.row_store is None:
+            return self.verifier([self.rows.input_ids(row)[:r + 1] for row, _, r in pieces])
+        got = [self.row_store.get((row, r)) for row, _, r in pieces]
+        missing = [s for s, h in enumerate(got) if h is None]
+        if missing:
+            computed = self.verifier([self.rows.input_ids(pieces[s][0])[:pieces[s][2] + 1] for s in missing])
+            for s, h in zip(missing, computed, strict=True):
+                row, _, r = pieces[s]
+                h = h[:r + 1].to(self.dtype)
+                self.row_store.put((row, r), h)
+                got[s] = h
+        return [h.to(self.verifier.device) for h in got if h is not None]
 
     def check_row(self, row: int) -> None:
         """Nothing to check per row: check_online_verifier checked the shapes before any rank started."""

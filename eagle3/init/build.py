@@ -9,6 +9,7 @@ import torch
 from eagle3.arch.draft import layer_config_kwargs, mask_token
 from eagle3.arch.rope import Rope, rope_parameters
 from eagle3.config import DraftConfig, DraftKind, LayerType
+from eagle3.ttt_attention import use_ttt_attention
 
 
 def draft_layer_config(draft: DraftConfig, attn_impl: str):
@@ -44,7 +45,7 @@ def new_draft(draft: DraftConfig, flags: dict[str, bool], attn_impl: str, verifi
     model_class, _ = draft_classes(draft.kind)
     peagle = draft.kind == DraftKind.peagle
     extra = {"mask_token_id": mask_token(draft), "num_depths": draft.ttt_steps} if peagle else {}
-    return model_class.from_training_args(
+    return use_ttt_attention(model_class.from_training_args(
         verifier_config=draft_layer_config(draft, attn_impl),
         t2d=t2d,
         d2t=d2t,
@@ -56,7 +57,7 @@ def new_draft(draft: DraftConfig, flags: dict[str, bool], attn_impl: str, verifi
         trust_remote_code=False,  # the verifier's config is read by transformers' own classes, never its dir's code
         **extra,
         **flags,
-    )
+    ))
 
 
 def meta_draft(draft: DraftConfig, flags: dict[str, bool]):
@@ -83,7 +84,7 @@ def bare_draft(draft: DraftConfig, flags: dict[str, bool], device: str | torch.d
         **flags,
     )
     with torch.device(device):
-        return model_class(config)
+        return use_ttt_attention(model_class(config))
 
 
 @functools.cache

@@ -149,6 +149,7 @@ def load_draft(path: str | Path, attn_impl: str = "sdpa", device: str | torch.de
     the checkpoint) and checks the aux layer ids from there.
     """
     from eagle3.init.build import draft_classes
+    from eagle3.ttt_attention import use_ttt_attention
 
     check_draft_files(Path(path))
     model_class, config_class = draft_classes(draft_kind(Path(path)))
@@ -162,7 +163,7 @@ def load_draft(path: str | Path, attn_impl: str = "sdpa", device: str | torch.de
     if verifier_dir is not None:
         config.speculators_config.verifier.name_or_path = str(verifier_dir)
     model = model_class.from_pretrained(str(path), config=config)
-    return model.to(device)
+    return use_ttt_attention(model).to(device)
 
 
 def draft_kind(path: Path) -> str:

@@ -411,16 +411,17 @@ def matmul_seconds(matmuls: list[Matmul], rates: dict[Shape, float]) -> float | 
 
 def make_plan(draft: DraftConfig, data: DataConfig, optim: OptimConfig, dist: DistributedConfig, *,
               device_type: str, device_memory: int | None, device_memory_source: str, data_terms: list[Term],
-              train_lm_head: bool = False,
-              data_stats: DataStats | None = None, no_rows_reason: str = "", loaded_verifier: Term | None = None,
+              train_lm_head: bool = False, data_stats: DataStats | None = None, no_rows_reason: str = "",
+              hidden_cache_bytes: int = 0, loaded_verifier: Term | None = None,
               online_verifier: VerifierShape | None = None,
               matmul_rates: Callable[[list[Shape]], tuple[dict[Shape, float], str]] | None = None) -> Plan:
     """The per-rank memory terms and the time per optimizer step of a run with these config parts.
     `loaded_verifier`: the term of the verifier the training process loads with offline data (ACCEPT_VERIFIER or
     ROLLOUT_VERIFIER); `online_verifier`: the one data=online runs in every rank (eval.accept and the rollouts then
-    reuse it: counted once). `matmul_rates`: this machine's measured matrix-multiply rates (FLOP/s) at
-    the step's shapes, and where they came from (eagle3.plan.roofline.rates_for); without them, or for a shape it has
-    no rate of, the step time assumes a share of the device's peak."""
+    reuse it: counted once). `hidden_cache_bytes`: the run dir's disk for hidden states computed in the loop (the
+    source's Source.hidden_cache_bytes: data.cache_gb). `matmul_rates`: this machine's measured matrix-multiply
+    rates (FLOP/s) at the step's shapes, and where they came from (eagle3.plan.roofline.rates_for); without them, or
+    for a shape it has no rate of, the step time assumes a share of the device's peak."""
     world, strategy, gradient_checkpointing = dist.world_size, dist.strategy.value, draft.gradient_checkpointing
     fsdp = strategy == "fsdp" and world > 1
     attn = attn_impl_on(draft.attn_impl, device_type)
@@ -486,14 +487,14 @@ def make_plan(draft: DraftConfig, data: DataConfig, optim: OptimConfig, dist: Di
         if not sharded and world > 1:
             plan.verifier_if_sharded = _verifier_weight_bytes(verifier_terms(online, draft, data, world, device_type,
                                                                              True))
-    _add_data_notes(plan, draft, data, optim, data_stats, no_rows_reason)
+    _add_data_notes(plan, draft, data, optim, data_stats, no_rows_reason, hidden_cache_bytes)
     return plan
 
 
 def _add_data_notes(plan: Plan, draft: DraftConfig, data: DataConfig, optim: OptimConfig,
-                    data_stats: DataStats | None, no_rows_reason: str) -> None:
+                    data_stats: DataStats | None, no_rows_reason: str, cache_budget: int) -> None:
     """The plan's steps per epoch and in the run (when the rows are counted), and its notes on the dataset and its
-    hidden states on disk."""
+    hidden states on disk (`cache_budget`: what the run may keep of them in its run dir)."""
     slots = len(draft.aux_layer_ids) + 1
     offline_per_token = slots * draft.hidden_size * DTYPE_BYTES[data.hidden_states_dtype.value]
     offline_formula = f"{slots} x H x {data.hidden_states_dtype.value}"
@@ -509,6 +510,15 @@ def _add_data_notes(plan: Plan, draft: DraftConfig, data: DataConfig, optim: Opt
             plan.data_notes.append(f"hidden states on disk: none (data=online computes them in the loop); offline "
                                    f"data would store {offline_per_token:,} bytes/token ({offline_formula}), "
                                    f"{offline / GIB:.2f} GiB for these tokens")
+            if cache_budget:
+                train = data_stats.train_tokens * offline_per_token
+                kept = min(train, cache_budget)
+                plan.data_notes.append(
+                    f"data.cache_gb={cache_budget / 1e9:g}: the train rows' hidden states kept in the run dir for the "
+                    f"epochs after the first, {kept / GIB:.2f} GiB on disk while the run lasts "
+                    f"({100 * kept / max(1, train):.0f}% of the train tokens' {train / GIB:.2f} GiB; the rest runs "
+                    f"the verifier at every epoch)" + ("" if optim.epochs > 1 else
+                                                       "; optim.epochs=1 never reads them back"))
         else:
             per_token = data_stats.hidden_bytes_on_disk / max(1, data_stats.total_tokens)
             plan.data_notes.append(f"hidden states on disk: {per_token:,.0f} bytes/token, "
@@ -519,11 +529,13 @@ def _add_data_notes(plan: Plan, draft: DraftConfig, data: DataConfig, optim: Opt
         if data.verifier_in_rank():
             plan.data_notes.append(f"hidden states on disk: none (data=online computes them in the loop); offline "
                                    f"data would store {offline_per_token:,} bytes/token ({offline_formula}): {one_b}")
+            if cache_budget:
+                plan.data_notes.append(f"data.cache_gb={cache_budget / 1e9:g}: up to that much disk "
+                                       f"in the run dir for the train rows' hidden states ({offline_per_token:,} "
+                                       f"bytes/token), read back by the epochs after the first")
         else:
             plan.data_notes.append(f"hidden states on disk: {offline_per_token:,} bytes/token ({offline_formula}); "
                                    f"{one_b}")
-
-
 
 
 def _verifier_weight_bytes(terms: list[Term]) -> int:

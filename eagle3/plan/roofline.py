@@ -25,9 +25,10 @@ from eagle3.safe_write import make_dirs, write_text
 
 # A kernel the plan times (eagle3.plan.memory.Shape): ("mm", m, k, n) [m x k] @ [k x n]; ("sdpa", T, heads, head_dim,
 # keys, backward) torch's scaled_dot_product_attention with a boolean mask over the T x keys scores, forward (and
-# backward when 1); ("loss", T, vocab) a log-softmax and a soft-target loss over T x vocab logits, forward and backward.
+# backward when 1; a draft's TTT step on CPU: eagle3.ttt_attention, as the draft computes it there); ("loss", T,
+# vocab) a log-softmax and a soft-target loss over T x vocab logits, forward and backward.
 Shape = tuple
-KERNELS = 2  # the kernels' definitions below: a change makes the cached rates of the old ones unused
+KERNELS = 3  # the kernels' definitions below: a change makes the cached rates of the old ones unused
 
 
 def shape_key(shape: Shape, dtype: str = "float32") -> str:
@@ -36,8 +37,8 @@ def shape_key(shape: Shape, dtype: str = "float32") -> str:
 
 def nominal_flops(shape: Shape) -> float:
     """The work a kernel's rate is counted in: FLOPs of the matrix multiplies (attention: QK^T and AV over every
-    score its mask leaves or not, as the CPU kernels compute them; its backward twice that), and for the loss one
-    per logit."""
+    score its mask leaves or not, whatever the kernel skips (a draft's TTT step on CPU skips most): the rate is
+    counted in the same units as the plan's FLOPs; its backward twice that), and for the loss one per logit."""
     kind, *dims = shape
     if kind == "mm":
         m, k, n = dims
@@ -67,6 +68,8 @@ def _kernel(shape: Shape, device, dtype, gen):
         q, k, v = rand(1, heads, t, head_dim, grad=bool(backward)), rand(1, heads, keys, head_dim), \
             rand(1, heads, keys, head_dim)
         docs = torch.arange(t, device=device) * 4 // t  # four documents, as packed micro-batches hold several
+        if backward and torch.device(device).type == "cpu" and keys % t == 0:
+            return _ttt_kernel(q, k, v, docs, keys // t)
 
         def attention():
             # speculators' sdpa path: an additive float mask (0 / -inf) over the T x keys scores, built from the
@@ -87,6 +90,25 @@ def _kernel(shape: Shape, device, dtype, gen):
         (torch.xlogy(target, target) - target * logp).sum().backward()
         logits.argmax(-1)
     return loss
+
+
+def _ttt_kernel(q, k, v, docs, steps: int):
+    """A draft's attention at one TTT step on CPU as it trains: speculators' boolean mask, extended by a diagonal
+    block per step, computed by eagle3.ttt_attention (the causal kernel per document and the diagonals)."""
+    import torch
+
+    from eagle3.ttt_attention import plan_of, ttt_attention
+
+    t = q.shape[2]
+    rows = torch.arange(t, device=q.device)
+
+    def attention():
+        first = (docs[:, None] == docs[None, :]) & (rows[None, :] <= rows[:, None])
+        mask = torch.cat([first, *[torch.eye(t, dtype=torch.bool, device=q.device)] * (steps - 1)], -1)[None, None]
+        plan = plan_of(mask, t, steps * t)
+        assert plan is not None
+        ttt_attention(q, k, v, plan, q.shape[-1] ** -0.5).sum().backward()
+    return attention
 
 
 def device_name(device_type: str) -> str:

@@ -39,6 +39,7 @@ def run_plan(cfg: TrainConfig, measure: bool = False) -> Plan:
                      device_memory_source=source, train_lm_head=train_lm_head,
                      data_terms=data.buffer_terms(draft, kind),
                      data_stats=data.plan_stats(draft), no_rows_reason=data.no_rows_reason(),
+                     hidden_cache_bytes=data.hidden_cache_bytes(),
                      loaded_verifier=loaded,
                      online_verifier=verifier_shape(cfg.model.verifier) if online else None,
                      matmul_rates=matmul_rates(cfg, kind, measure))

@@ -135,7 +135,7 @@ def _train_on(rank: RankSetup) -> RunSummary | None:
     torch.manual_seed(cfg.seed)
     with job_clock().phase("data build"):
         loaders = source_of(cfg.data).loaders(
-            rank.data_dir, verifier,
+            rank.data_dir, verifier, run_dir,
             total_seq_len=micro_batch_len(cfg, rank.runtime),
             hidden_size=cfg.model.draft.hidden_size,
             num_aux_layers=len(cfg.model.draft.aux_layer_ids),

@@ -67,6 +67,10 @@ def test_a_sweep_with_such_a_job_starts_no_job(rows_jsonl, tmp_path):
     (["data=online", "data.shard_verifier=true", "eval.accept.enabled=true"],
      "eval.accept.enabled: measures on rank 0 with the whole verifier, and data.shard_verifier=true shards it"),
     (["data=online", "data.synth.temperature=0"], "data.synth.temperature: must be > 0"),
+    (["data=online", "data.cache_gb=-1"], "data.cache_gb: must be >= 0 (0: off) and finite, got -1.0"),
+    (["data=online", "data.cache_gb=nan"], "data.cache_gb: must be >= 0 (0: off) and finite, got nan"),
+    (["data=online", "data.cache_gb=1", "data.shard_verifier=true"],
+     "data.cache_gb: keeps hidden states a rank computed alone, and data.shard_verifier=true makes each forward"),
     (["data.synth.num_samples=0"], "data.synth.num_samples: must be >= 1, got 0"),
     (["data.prefetch=-1"], "data.prefetch: must be >= 0, got -1"),
     (["data.train_ratio=1.0"], "data.train_ratio: must be in (0, 1)"),
@@ -90,6 +94,7 @@ def test_online_rows_that_are_not_jsonl_are_refused_and_plan_true_waits_for_a_da
     ["data=tiny", "data.shard_verifier=true"],      # online's knob
     ["data=offline", "data.synth.num_samples=8"],   # offline samples nothing
     ["data=online", "data.prefetch=4"],             # online reads no files ahead
+    ["data=tiny", "data.cache_gb=1"],               # offline data has its hidden states on disk already
     ["data=online", "data.online.enabled=true"],    # the flag that was the option's name in disguise
     ["data.hidden_states_dtype=bf16"],              # an Enum: a typo is no dtype
 ])

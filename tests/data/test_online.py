@@ -75,11 +75,11 @@ def online_verifier(verifier):
     return OnlineVerifier(Verifier(verifier).load(), AUX)
 
 
-def loaders(data_dir: Path, world_size: int, rank: int, grad_accum: int, verifier=None, **online):
+def loaders(data_dir: Path, world_size: int, rank: int, grad_accum: int, verifier=None, train_store=None, **online):
     from eagle3.data.loader import LoaderSpec, build_loaders
 
     return build_loaders(data_dir, LoaderSpec(T, HIDDEN, len(AUX), RATIO, seed=3, world_size=world_size, rank=rank,
-                                              grad_accum=grad_accum, **online), verifier)
+                                              grad_accum=grad_accum, **online), verifier, train_store=train_store)
 
 
 def micro_batches(loader):
@@ -146,6 +146,61 @@ def test_a_val_pass_after_the_first_reads_its_hidden_states_back_without_the_ver
     assert calls_first == len(first) >= 2 and Counted.calls == 0
     for a, b, c in zip(first, second, uncached, strict=True):
         assert all(torch.equal(a[k], b[k]) and torch.equal(b[k], c[k]) for k in a)
+
+
+@pytest.mark.slow  # six epochs of the small verifier's forwards: ~5 s idle, 15 s on 2 loaded cores
+def test_an_online_second_epoch_reads_the_train_rows_kept_within_data_cache_gb(verifier, rows, tmp_path):
+    """data.cache_gb: the first epoch's train rows are kept on disk up to the budget; with room for all of them the
+    second epoch (packed otherwise) runs the verifier over no row, with room for some over the others only, and its
+    micro-batches are those of a loader that computes every epoch (the first epoch's bit for bit; the second up to
+    fp32's last bits, which depend on the rows a forward packs together)."""
+    from eagle3.data.online import HiddenStore, OnlineVerifier
+    from eagle3.data.token_rows import save_rows
+    from eagle3.verifier.model import Verifier
+
+    class Counted(OnlineVerifier):
+        rows = 0
+
+        def __call__(self, seqs):
+            self.rows += len(seqs)
+            return super().__call__(seqs)
+
+    save_rows(rows, tmp_path / "rows")
+    model = Verifier(verifier).load()
+
+    def epochs(budget: int | None, name: str):
+        counted = Counted(model, AUX)
+        store = None if budget is None else HiddenStore(budget, tmp_path / "run" / name, base=tmp_path / "run")
+        train, _ = loaders(tmp_path / "rows", 1, 0, 1, verifier=counted, hidden_states_dtype=torch.float32,
+                           train_store=store)
+        out = []
+        for epoch in (0, 1):
+            train.batch_sampler.set_epoch(epoch)
+            before = counted.rows
+            out.append(([{k: v.clone() for k, v in b.items()} for b in train], counted.rows - before))
+        return out, store
+
+    (first, rows_first), (second, rows_second) = epochs(None, "")[0]
+    pieces = rows_first  # one verifier row per document with a position to train on
+    assert rows_second == pieces > 10
+    for budget, name in [(10 ** 9, "all"), (20_000, "some")]:
+        (cached_first, computed_first), (cached_second, computed_second) = (got := epochs(budget, name))[0]
+        store = got[1]
+        assert computed_first == pieces
+        files = list((tmp_path / "run" / name).iterdir())
+        assert len(files) == len(store.held) and store.used <= budget
+        if name == "all":
+            assert computed_second == 0 and len(files) == pieces
+        else:
+            assert 0 < len(files) < pieces and computed_second == pieces - len(files)
+        for a, b in zip(first, cached_first, strict=True):
+            assert all(torch.equal(a[k], b[k]) for k in a)
+        assert not all(torch.equal(a[k], b[k]) for a, b in zip(first, second) for k in a)  # repacked
+        for a, b in zip(second, cached_second, strict=True):
+            assert all(torch.equal(a[k], b[k]) for k in SMALL)
+            torch.testing.assert_close(b["hidden_buffer"], a["hidden_buffer"], rtol=0, atol=1e-6)
+        del got, store  # the store's dir goes with it
+        assert not (tmp_path / "run" / name).exists()
 
 
 @pytest.mark.slow  # prepares the offline datasets it compares with (the module's `datasets`): ~20 s on 2 cores
@@ -283,3 +338,22 @@ def test_online_run_stopped_mid_epoch_resumes_to_the_uninterrupted_metrics(tiny_
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert_same_metrics(run_dir, reference, keys=("loss",), rel=1e-6)
     assert val_summary(run_dir) == val_summary(reference)
+
+
+@pytest.mark.slow
+def test_an_online_run_of_two_epochs_with_data_cache_gb_has_the_uncached_losses_and_leaves_no_cache(tmp_path):
+    """data.cache_gb on the tiny default: two epochs, the second reading the first's train rows back (the loader
+    test above counts the verifier's rows), give the losses of the run that computes every epoch (the first epoch's
+    bit for bit, the later ones up to fp32's last bits under packing, rounded to bf16: equal here), and the cache
+    is gone from the run dir at the end."""
+    args = ["data=online", "data.synth.num_samples=32", "data.synth.response_len=48", "data.total_seq_len=512",
+            "optim.epochs=2", "logger.log_every=1", "logger.mode=disabled"]
+    for name, extra in [("uncached", []), ("cached", ["data.cache_gb=1"])]:
+        proc = launch([f"hydra.run.dir={tmp_path / name}", *args, *extra], tmp_path / "cache")
+        assert proc.returncode == 0, proc.stderr[-3000:]
+    cached, uncached = metric_rows(tmp_path / "cached"), metric_rows(tmp_path / "uncached")
+    assert [(r["step"], r["split"]) for r in cached] == [(r["step"], r["split"]) for r in uncached]
+    assert max(r["epoch"] for r in cached if r["split"] == "train") == 1
+    for a, b in zip(cached, uncached, strict=True):
+        assert a["loss"] == (b["loss"] if a["epoch"] == 0 else pytest.approx(b["loss"], rel=1e-5)), a
+    assert not (tmp_path / "cached" / "online_hidden_cache").exists()

@@ -403,6 +403,21 @@ def test_an_online_plan_counts_the_tokens_of_sampled_and_arrow_rows_and_no_hidde
     assert arrow.data_notes[1].startswith("hidden states on disk: none")
 
 
+def test_an_online_plan_counts_the_disk_data_cache_gb_takes_for_the_train_rows():
+    """data.cache_gb: the train rows' hidden states in bytes (58,880 tokens x 1,024 bytes), all of them within a
+    1 GB budget, a share of them within a smaller one."""
+    from eagle3.run.plan_guard import run_plan
+
+    def note(gb: float) -> str:
+        notes = run_plan(_planned_config(["data=online", "device=cpu", "optim.epochs=2", f"data.cache_gb={gb}"]))
+        return notes.data_notes[2]
+
+    assert note(1).startswith("data.cache_gb=1: the train rows' hidden states kept in the run dir")
+    assert "0.06 GiB on disk while the run lasts (100% of the train tokens' 0.06 GiB" in note(1)
+    assert "0.03 GiB on disk while the run lasts (50% of the train tokens' 0.06 GiB" in note(58_880 * 1024 / 2e9)
+    assert len(run_plan(_planned_config(["data=online", "device=cpu"])).data_notes) == 2  # off: no note
+
+
 def _meta_params(config) -> int:
     import torch
     from transformers import AutoModelForCausalLM

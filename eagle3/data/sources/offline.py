@@ -32,7 +32,8 @@ class HiddenStateFilesSource(Source[Files]):
         return check_dataset(data_dir, num_slots=len(draft.aux_layer_ids) + 1, hidden_size=draft.hidden_size,
                              vocab_size=draft.vocab_size, total_seq_len=self.data.total_seq_len)
 
-    def loaders(self, data_dir: Path, verifier: OnlineVerifier | None, **common: Any) -> tuple[Loader, Loader]:
+    def loaders(self, data_dir: Path, verifier: OnlineVerifier | None, run_dir: Path | None = None,
+                **common: Any) -> tuple[Loader, Loader]:
         from eagle3.data.loader import LoaderSpec, build_loaders
 
         return build_loaders(data_dir, LoaderSpec(train_ratio=self.data.train_ratio, prefetch=self.data.prefetch,

@@ -22,6 +22,8 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 Rows = TypeVar("Rows", bound=TokenRows)
+# Under the run dir: the train rows' hidden states data.cache_gb keeps (one dir per rank), removed when the run ends.
+HIDDEN_CACHE_DIR = "online_hidden_cache"
 
 
 class TokenRowsSource(Source[Rows]):
@@ -52,14 +54,27 @@ class TokenRowsSource(Source[Rows]):
         return check_dataset(data_dir, vocab_size=cfg.model.draft.vocab_size, total_seq_len=self.data.total_seq_len,
                              hidden_states=False, max_positions=positions)
 
-    def loaders(self, data_dir: Path, verifier: OnlineVerifier | None, **common: Any) -> tuple[Loader, Loader]:
+    def loaders(self, data_dir: Path, verifier: OnlineVerifier | None, run_dir: Path | None = None,
+                **common: Any) -> tuple[Loader, Loader]:
         import torch
 
         from eagle3.data.loader import LoaderSpec, build_loaders
+        from eagle3.data.online import HiddenStore
 
+        store = None
+        if self.data.cache_gb > 0 and run_dir is not None:  # the budget shared by the ranks, each its own train rows
+            rank, world_size = common.get("rank", 0), common.get("world_size", 1)
+            store = HiddenStore(self.hidden_cache_bytes() // world_size,
+                                Path(run_dir) / HIDDEN_CACHE_DIR / f"rank_{rank}", base=Path(run_dir))
+            log.info("data.cache_gb=%g: the train rows' hidden states of the first epoch are kept in %s for the "
+                     "epochs after it (%.2f GB for this rank)", self.data.cache_gb, store.directory,
+                     store.budget / 1e9)
         dtype = getattr(torch, self.data.hidden_states_dtype.value)
         spec = LoaderSpec(train_ratio=self.data.train_ratio, **common, hidden_states_dtype=dtype)
-        return build_loaders(data_dir, spec, verifier)
+        return build_loaders(data_dir, spec, verifier, train_store=store)
+
+    def hidden_cache_bytes(self) -> int:
+        return int(self.data.cache_gb * 1e9)
 
     def plan_stats(self, draft: DraftConfig) -> DataStats | None:
         return None

@@ -36,9 +36,16 @@ class Source(Generic[Schema]):
         """The start-up check of the data dir's rows (eagle3.data.check's quick part), before any rank starts."""
         raise NotImplementedError
 
-    def loaders(self, data_dir: Path, verifier: OnlineVerifier | None, **common: Any) -> tuple[Loader, Loader]:
-        """A rank's train and val loaders (eagle3.data.loader.build_loaders, `common` its shared arguments)."""
+    def loaders(self, data_dir: Path, verifier: OnlineVerifier | None, run_dir: Path | None = None,
+                **common: Any) -> tuple[Loader, Loader]:
+        """A rank's train and val loaders (eagle3.data.loader.build_loaders, `common` its LoaderSpec's fields);
+        `run_dir`: where a source may keep what it computed for the epochs after the first (data=online's
+        data.cache_gb)."""
         raise NotImplementedError
+
+    def hidden_cache_bytes(self) -> int:
+        """Disk the run may use in its run dir for hidden states computed in the loop (the plan counts it)."""
+        return 0
 
     def plan_stats(self, draft: DraftConfig) -> DataStats | None:
         """The plan's token counts and hidden-state bytes on disk (eagle3.plan.memory.DataStats), None when there are
