@@ -8,8 +8,8 @@ import torch
 
 from eagle3.arch.draft import layer_config_kwargs, mask_token
 from eagle3.arch.rope import Rope, rope_parameters
+from eagle3.arch.ttt_attention import use_ttt_attention
 from eagle3.config import DraftConfig, DraftKind, LayerType
-from eagle3.ttt_attention import use_ttt_attention
 
 
 def draft_layer_config(draft: DraftConfig, attn_impl: str):

@@ -148,8 +148,8 @@ def load_draft(path: str | Path, attn_impl: str = "sdpa", device: str | torch.de
     verifier path the checkpoint recorded: speculators reads the verifier's lm_head and norm (not saved in
     the checkpoint) and checks the aux layer ids from there.
     """
+    from eagle3.arch.ttt_attention import use_ttt_attention
     from eagle3.init.build import draft_classes
-    from eagle3.ttt_attention import use_ttt_attention
 
     check_draft_files(Path(path))
     model_class, config_class = draft_classes(draft_kind(Path(path)))

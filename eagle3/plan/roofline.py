@@ -25,7 +25,7 @@ from eagle3.safe_write import make_dirs, write_text
 
 # A kernel the plan times (eagle3.plan.memory.Shape): ("mm", m, k, n) [m x k] @ [k x n]; ("sdpa", T, heads, head_dim,
 # keys, backward) torch's scaled_dot_product_attention with a boolean mask over the T x keys scores, forward (and
-# backward when 1; a draft's TTT step on CPU: eagle3.ttt_attention, as the draft computes it there); ("loss", T,
+# backward when 1; a draft's TTT step on CPU: eagle3.arch.ttt_attention, as the draft computes it there); ("loss", T,
 # vocab) a log-softmax and a soft-target loss over T x vocab logits, forward and backward.
 Shape = tuple
 KERNELS = 3  # the kernels' definitions below: a change makes the cached rates of the old ones unused
@@ -94,10 +94,10 @@ def _kernel(shape: Shape, device, dtype, gen):
 
 def _ttt_kernel(q, k, v, docs, steps: int):
     """A draft's attention at one TTT step on CPU as it trains: speculators' boolean mask, extended by a diagonal
-    block per step, computed by eagle3.ttt_attention (the causal kernel per document and the diagonals)."""
+    block per step, computed by eagle3.arch.ttt_attention (the causal kernel per document and the diagonals)."""
     import torch
 
-    from eagle3.ttt_attention import plan_of, ttt_attention
+    from eagle3.arch.ttt_attention import plan_of, ttt_attention
 
     t = q.shape[2]
     rows = torch.arange(t, device=q.device)

@@ -14,7 +14,7 @@ from factories import read_rows
 # over the whole val split (the val rows' loss changed, tau_sim did not). To regenerate after an intended change:
 # run `python launch.py hydra.run.dir=/tmp/golden`, then copy each val row's "loss" and "tau_sim" from
 # /tmp/golden/metrics.jsonl here, and say in the commit what changed them. Last regenerated (one torch thread) when
-# the draft's CPU attention became eagle3/ttt_attention.py: the same attention in another summation order, which
+# the draft's CPU attention became eagle3/arch/ttt_attention.py: the same attention in another summation order, which
 # moved the losses by at most 4e-6 relative and one argmax at step 174 (tau_sim +1/5824); the README's table, at
 # its 4 decimals, did not change.
 TINY_DEFAULT_VAL = {

@@ -9,7 +9,7 @@ Here the same attention is computed from its parts: each document's causal atten
 causal kernel, `_scaled_dot_product_flash_attention_for_cpu`, which also gives each query's log-sum-exp), a position
 that sees only itself at step 0 (padding, 1-token documents) directly, and the later steps' diagonal scores
 elementwise, all combined by their log-sum-exp. It equals the masked attention up to fp32 rounding, forward and
-backward (tests/test_ttt_attention.py checks it against speculators' own path). The causal kernel's log-sum-exp is
+backward (tests/arch/test_ttt_attention.py checks it against speculators' own path). The causal kernel's log-sum-exp is
 not differentiable in torch; `_SegmentCausal` gives it a backward by folding its gradient g into the kernel's own
 backward: that backward reads D_i = rowsum(dO_i * O_i) from the output it is handed, and the log-sum-exp's
 gradient adds g_i * P_ij to the scores' gradient, i.e. D_i - g_i in place of D_i; one zero column appended to q, k
@@ -171,7 +171,7 @@ _transformers_sdpa: Any = None
 
 def use_ttt_attention(model: torch.nn.Module, on: bool = True) -> torch.nn.Module:
     """`model` (a draft) with its decoder layers' attention marked for the TTT path (`on`; False: unmarked, speculators'
-    masked sdpa, as tests/test_ttt_attention.py's oracle); transformers' `sdpa` entry is wrapped once per process
+    masked sdpa, as tests/arch/test_ttt_attention.py's oracle); transformers' `sdpa` entry is wrapped once per process
     (unmarked modules go through unchanged)."""
     global _transformers_sdpa
     from transformers.modeling_utils import AttentionInterface

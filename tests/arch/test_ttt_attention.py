@@ -1,4 +1,4 @@
-"""The draft's TTT attention on CPU (eagle3/ttt_attention.py) against speculators' own masked sdpa, the oracle:
+"""The draft's TTT attention on CPU (eagle3/arch/ttt_attention.py) against speculators' own masked sdpa, the oracle:
 the same losses, metrics and gradients up to fp32 rounding, over packed documents with padding, 1-token documents,
 grouped KV heads and 1 to 3 TTT steps; masks of any other structure take the masked path unchanged."""
 
@@ -36,8 +36,8 @@ def packed(lengths: list[int], total: int) -> dict:
 def test_ttt_attention_gives_the_masked_sdpa_losses_and_gradients(ttt_steps, lengths):
     from speculators.losses import resolve_loss_config
 
-    import eagle3.ttt_attention as ttt
-    from eagle3.ttt_attention import use_ttt_attention
+    import eagle3.arch.ttt_attention as ttt
+    from eagle3.arch.ttt_attention import use_ttt_attention
 
     fast, _ = build(SHAPE, torch.device("cpu"), attn_impl="sdpa")  # a draft as the project builds one: marked
     oracle = use_ttt_attention(copy.deepcopy(fast), on=False)
@@ -65,7 +65,7 @@ def test_ttt_attention_gives_the_masked_sdpa_losses_and_gradients(ttt_steps, len
 
 
 def test_a_mask_of_another_structure_takes_the_masked_path():
-    from eagle3.ttt_attention import plan_of
+    from eagle3.arch.ttt_attention import plan_of
 
     n = 8
     causal = torch.ones(n, n, dtype=torch.bool).tril()
@@ -81,7 +81,7 @@ def test_a_mask_of_another_structure_takes_the_masked_path():
 def test_ttt_attention_equals_masked_sdpa_at_every_position_and_input(steps):
     """The kernel level, every query position (padding and 1-token documents included, which the loss masks or
     barely weighs): outputs and the gradients of q, k and v against torch's sdpa under the same boolean mask."""
-    from eagle3.ttt_attention import plan_of, ttt_attention
+    from eagle3.arch.ttt_attention import plan_of, ttt_attention
 
     n, heads, d = 48, 3, 8
     docs = torch.full((n,), -1)
