@@ -149,7 +149,8 @@ def _activations(draft: DraftConfig, seq: int, attn_impl: str, device_type: str,
     counted because the measurement (bench/plan_memory.py) shows it alive, without a named owner. The cache's
     keys and values grow by T each step, and step t's attention keeps the concatenated ones:
     2 x kv*head_dim x (t+1). Eager attention keeps the softmax (heads x T x T(t+1)); sdpa keeps its additive
-    mask (T x T(t+1), compute dtype); flex neither.
+    mask (T x T(t+1), compute dtype), but on CPU it takes eagle3.arch.ttt_attention's path (_score_term); flex
+    neither.
     Before the steps: the input norm over the n aux states (2 nH) and the targets (T x draft vocab).
     """
     if draft.kind == DraftKind.peagle:
@@ -171,6 +172,7 @@ def _activations(draft: DraftConfig, seq: int, attn_impl: str, device_type: str,
     tri = steps * (steps + 1) // 2  # sum over steps of (t + 1): key length of step t in units of T
     # each layer keeps its own softmax (eager) or additive mask (sdpa, converted from the bool mask per call)
     score_bytes = layers * {"eager": heads * (4 + (2 if cuda else 0)), "sdpa": c}.get(attn_impl, 0)
+    ttt_path = attn_impl == "sdpa" and not cuda  # no score matrix kept, none converted again in a recompute
     score_name = {"eager": "softmax scores (heads x T x T(t+1)) per TTT step",
                   "sdpa": "additive attention mask (T x T(t+1)) per TTT step"}.get(attn_impl)
     first = 2 * n_aux * h * norm + dv * c
@@ -180,12 +182,11 @@ def _activations(draft: DraftConfig, seq: int, attn_impl: str, device_type: str,
         terms.append(Term(f"activations: decoder layer x {steps} TTT steps", seq * (steps * layer_step + cache_kv * c),
                           "incl. the keys/values each step's attention keeps"))
         terms.append(Term(f"activations: final norm + loss x {steps}", seq * steps * outside_step))
-        if score_name:
+        if ttt_path or not score_name:
+            terms.append(_score_term(draft, seq, attn_impl, c))
+        else:
             terms.append(Term(f"attention score term ({attn_impl}): {score_name}", seq * seq * tri * score_bytes,
                               f"{'heads x ' if attn_impl == 'eager' else ''}T^2 x {tri} x bytes"))
-        else:  # flex attention keeps no score matrix, only the log-sum-exp per head and query
-            terms.append(Term(f"attention score term ({attn_impl}): log-sum-exp only, no T x T matrix",
-                              seq * heads * steps * 4))
     else:
         # The checkpoint keeps each step's layer input (2H) and the earlier steps' keys/values (its inputs);
         # sdpa/eager masks stay alive in the recompute's closure; one step's layer lives again in the backward.
@@ -201,7 +202,7 @@ def _activations(draft: DraftConfig, seq: int, attn_impl: str, device_type: str,
                               seq * seq * tri * mask_bytes, "T^2 x sum(t+1) x bytes"))
         # one layer (the first, the widest) lives again at a time
         recompute = seq * (layer_step_elements(draft, c, norm, layers=1) + 2 * kvd * steps * c)
-        if score_name:  # the last step's score matrix (eager) or converted mask (sdpa), alive again
+        if score_name and not ttt_path:  # the last step's score matrix (eager) or converted mask (sdpa), alive again
             recompute += seq * seq * steps * score_bytes // layers
     # The largest transient: the last step's loss working set (logits, log-probs, probs, elementwise loss),
     # or eager attention's score gradients (two of the last step's score matrices).
@@ -215,6 +216,21 @@ def _activations(draft: DraftConfig, seq: int, attn_impl: str, device_type: str,
         terms.append(Term("recomputed layer (last TTT step, in the backward)", recompute))
         transient = max(loss_transient - recompute, score_grads)
     return terms, transient
+
+
+def _score_term(draft: DraftConfig, seq: int, attn_impl: str, c: int) -> Term:
+    """The attention's term that keeps no T x T(t+1) matrix. flex: the log-sum-exp per head and query. sdpa on CPU
+    (eagle3.arch.ttt_attention, a draft's mask being causal per document plus one diagonal per later step): per
+    step and layer, the causal kernel's output and log-sum-exp per head, with grouped KV heads the keys and values
+    repeated to the query's heads (2 x heads*head_dim x (t+1)), and the step's bool mask while it runs (T x T(t+1),
+    1 byte; the last step's, the largest)."""
+    heads, layers, steps = draft.num_attention_heads, draft.num_layers, draft.ttt_steps
+    if attn_impl != "sdpa":
+        return Term(f"attention score term ({attn_impl}): log-sum-exp only, no T x T matrix", seq * heads * steps * 4)
+    repeated = 2 * heads * draft.head_dim * steps * (steps + 1) // 2 if heads > draft.num_key_value_heads else 0
+    return Term("attention score term (sdpa on CPU, the TTT path): kernel output + log-sum-exp, no T x T matrix",
+                seq * (layers * (steps * heads * (draft.head_dim + 1) + repeated) * c + seq * steps),
+                "per step and layer, + KV repeated to the heads, + the last step's bool mask T x kT")
 
 
 def _peagle_activations(draft: DraftConfig, seq: int, attn_impl: str, device_type: str) -> tuple[list[Term], int]:
