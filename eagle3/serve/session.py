@@ -18,10 +18,11 @@ from eagle3.serve.metrics import spec_counters
 
 
 def complete(server: Server, prompt: Sequence[int], max_new_tokens: int, temperature: float, seed: int) -> list[int]:
-    """The continuation's token ids: exactly `max_new_tokens` (no stop at EOS), as eagle3.eval decodes."""
-    body = {"model": SERVED_NAME, "prompt": list(prompt), "max_tokens": max_new_tokens, "min_tokens": max_new_tokens,
-            "temperature": temperature, "seed": seed, "ignore_eos": True, "return_token_ids": True,
-            "detokenize": False}
+    """The continuation's token ids: exactly `max_new_tokens`, through any end-of-sequence token, as eagle3.eval
+    decodes. `ignore_eos` alone: vLLM's `min_tokens` would also mask the end-of-sequence tokens until that many are
+    made, so where the verifier's best token is one (a short answer's end) the engine would take its second best."""
+    body = {"model": SERVED_NAME, "prompt": list(prompt), "max_tokens": max_new_tokens, "temperature": temperature,
+            "seed": seed, "ignore_eos": True, "return_token_ids": True, "detokenize": False}
     answer = server.post("/v1/completions", body)
     try:
         return [int(t) for t in answer["choices"][0]["token_ids"]]

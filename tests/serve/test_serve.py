@@ -742,8 +742,9 @@ CHAT = [("What is the capital of France?", "The capital of France is Paris."),
         ("Who wrote Romeo and Juliet?", "William Shakespeare wrote Romeo and Juliet."),
         ("What color is the sky on a clear day?", "The sky is blue on a clear day."),
         ("How many legs does a spider have?", "A spider has eight legs.")]
+# "hello!": SmolLM2's answer ends (<|im_end|> its best token) within the 48 tokens, which both sides decode through
 HELD_OUT = ["Write a short poem about the sea.", "Explain what a computer is to a child.",
-            "Give me three tips for learning to cook.", "What are the benefits of regular exercise?"]
+            "Give me three tips for learning to cook.", "hello!"]
 
 
 @pytest.mark.slow
@@ -753,7 +754,8 @@ def test_vllm_against_the_harness_on_smollm2_at_t0_in_fp32_for_a_trained_checkpo
     on 4 held-out chat prompts x 48 tokens beside a plain server (no n-gram baseline: two server starts). vLLM's
     and transformers' fp32 kernels round differently, so a prompt may leave the harness's tokens where the
     verifier's two best tokens are nearly tied: the comparison passes when every divergence is such a near-tie
-    and every other prompt's counts are the harness's."""
+    and every other prompt's counts are the harness's. One prompt's answer ends within the 48 tokens: the engine,
+    like the harness, decodes through the end-of-sequence token rather than masking it until 48 are made."""
     from commands import launch
     from eagle3.serve.__main__ import main
     from eagle3.serve.metrics import padded
