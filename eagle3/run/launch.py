@@ -47,7 +47,7 @@ def launch(cfg: DictConfig) -> float | None:
     finally:
         # A resumed run logs into its own dir, and a refused config wrote nothing: the dir Hydra made for this
         # command then holds only its own files and goes (a run, or a sweep job's failure.json, keeps it).
-        remove_if_only_hydras(Path(hydra.runtime.output_dir), hydra.job.name)
+        remove_if_only_hydras(hydra)
 
 
 def run_one_job(cfg: DictConfig, hydra) -> float | None:
@@ -206,16 +206,22 @@ def show_plan(cfg: DictConfig, hydra, run_dir: Path) -> None:
             print(f"error: {e}", file=sys.stderr, flush=True)
             raise SystemExit(NO_FIT_STATUS) from None
     finally:
-        remove_if_only_hydras(Path(hydra.runtime.output_dir), hydra.job.name)
+        remove_if_only_hydras(hydra)
 
 
-def remove_if_only_hydras(hydra_dir: Path, job_name: str) -> None:
-    """Removes the run dir Hydra made for a job that wrote nothing into it (and its date dir, when then empty)."""
+def remove_if_only_hydras(hydra) -> None:
+    """Removes the run dir Hydra made for a job that wrote nothing into it, and Hydra's date dir above it when that
+    is then empty; never the dir above a run dir the command named (hydra.run.dir, hydra.sweep.dir), which may be
+    the user's own, even their working directory."""
+    hydra_dir, job_name = Path(hydra.runtime.output_dir), hydra.job.name
     if hydra_dir.is_dir() and {p.name for p in hydra_dir.iterdir()} <= {".hydra", f"{job_name}.log"}:
         import shutil
 
         shutil.rmtree(hydra_dir)
-        try:
-            hydra_dir.parent.rmdir()  # Hydra's date dir, when this was its only run
-        except OSError:
-            pass
+        named = any(o.split("=", 1)[0].lstrip("+~") in ("hydra.run.dir", "hydra.sweep.dir")
+                    for o in hydra.overrides.hydra)
+        if not named:
+            try:
+                hydra_dir.parent.rmdir()  # Hydra's date dir, when this was its only run
+            except OSError:
+                pass

@@ -166,7 +166,9 @@ def test_plan_true_on_the_tiny_default_exits_0_without_a_run_dir(tmp_path, cache
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "peak on the device" in proc.stdout and "steps: about" in proc.stdout
     assert not run_dir.exists()
-    # A refused config leaves no run dir either, and says why in one line.
+    # A refused config leaves no run dir either, and says why in one line; the dir above the run dir it was given,
+    # the user's own, stays.
+    run_dir.parent.mkdir(exist_ok=True)
     refused = launch(["plan=true", "data=offline", f"data.path={tmp_path / 'typo'}", f"hydra.run.dir={run_dir}"],
                      cache_dir)
     assert refused.returncode != 0 and "Traceback" not in refused.stderr
@@ -174,6 +176,7 @@ def test_plan_true_on_the_tiny_default_exits_0_without_a_run_dir(tmp_path, cache
     assert len(errors) == 1 and errors[0].startswith(f"error: data.path: {tmp_path / 'typo'} does not exist"), \
         refused.stderr[-2000:]
     assert not run_dir.exists()
+    assert run_dir.parent.is_dir()
 
 
 # Kimi-K2.5's config.json as published: a multimodal wrapper with the DeepSeek-V3 decoder's sizes under text_config.
