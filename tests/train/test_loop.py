@@ -173,3 +173,28 @@ def test_a_registered_hook_is_called_at_each_loop_point_with_the_loops_counters(
         ("step_loss", 0), ("step_end", 1, 1), ("step_loss", 1), ("step_end", 2, 2), ("val", 2),
         ("step_loss", 2), ("step_end", 3, 3), ("step_loss", 3), ("step_end", 4, 4), ("val", 4), ("end", 4)]
     assert [(r["step"], r["hooked_at"]) for r in read_rows(run_dir) if r["split"] == "val"] == [(0, 0), (2, 2), (4, 4)]
+
+
+@pytest.mark.slow
+def test_every_row_carries_the_tokens_trained_so_far_the_x_of_a_learning_curve(cache_dir, tmp_path):
+    """Train and val rows hold `tokens`, the tokens trained before them (the learning curve's x, read by
+    eagle3.sweep.forecast): 0 at the step-0 val pass, rising with every step, a val row's equal to the train row of
+    its step, the last equal to summary's count."""
+    from test_reliability import small_run
+
+    from eagle3.train.loop import Training, train
+    from eagle3.train.track import Tracker
+    from factories import read_rows
+
+    run_dir = tmp_path / "run"
+    cfg, model, loaders = small_run(cache_dir, run_dir, ["optim.max_steps=4", "optim.eval_every=2",
+                                                         "logger.log_every=1"])
+    with Tracker(run_dir, cfg.logger, cfg.run) as tracker:
+        progress = train(Training(model, loaders, cfg, tracker))
+    rows = read_rows(run_dir)
+    train_tokens = {r["step"]: r["tokens"] for r in rows if r["split"] == "train"}
+    val_tokens = {r["step"]: r["tokens"] for r in rows if r["split"] == "val"}
+    assert sorted(train_tokens) == [1, 2, 3, 4]
+    assert all(train_tokens[s] > train_tokens[s - 1] > 0 for s in (2, 3, 4))
+    assert val_tokens == {0: 0.0, 2: train_tokens[2], 4: train_tokens[4]}
+    assert train_tokens[4] == progress.tokens
