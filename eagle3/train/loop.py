@@ -244,15 +244,16 @@ class Run:
         extra = [loss for hook in self.hooks if (loss := hook.step_loss(self, step)) is not None]
         return train_step(self.parts, micro_batches, window, extra)
 
-    def evaluate(self, step: int, epoch: int) -> Row:
+    def evaluate(self, step: int, epoch: int, tokens: float = 0.0) -> Row:
         with job_clock().phase("val passes"):
-            return self._evaluate(step, epoch)
+            return self._evaluate(step, epoch, tokens)
 
-    def _evaluate(self, step: int, epoch: int) -> Row:
+    def _evaluate(self, step: int, epoch: int, tokens: float) -> Row:
         parts = self.parts
         metrics = run_validation(self.model, self.val_loader, self.device, parts.autocast, parts.call_kwargs,
                                  self.world, on_bad_sample=self.on_bad_sample, where=f"the val pass at step {step}")
-        row: Row = {"step": step, "split": "val", "epoch": epoch, **metrics}
+        # tokens: trained so far (all ranks), what eagle3.sweep.forecast fits acceptance against
+        row: Row = {"step": step, "split": "val", "epoch": epoch, "tokens": tokens, **metrics}
         for hook in self.hooks:
             row.update(hook.on_val(self, row))
         self.tracker.log(row)
@@ -260,7 +261,7 @@ class Run:
 
     def validate(self, progress: Progress, epoch: int) -> None:
         """The val pass at `progress`'s step: its row becomes the final one, and `best` if it is the best."""
-        progress.final = self.evaluate(progress.step, epoch)
+        progress.final = self.evaluate(progress.step, epoch, progress.tokens)
         self.model.train()
         if progress.final["tau_sim"] > progress.best["tau_sim"]:
             progress.best = progress.final
@@ -351,7 +352,7 @@ class StepLog:
     def log(self, progress: Progress, sums: dict[str, Any]) -> None:
         row = {"step": progress.step, "split": "train", "epoch": progress.epoch, **summarize(sums),
                "lr": self.scheduler.get_last_lr()[0], "grad_norm": float(self.grad_norm),
-               "tokens_per_s": progress.tokens / progress.train_wall_s,
+               "tokens": progress.tokens, "tokens_per_s": progress.tokens / progress.train_wall_s,
                "skipped_steps": progress.skipped_steps}
         self.tracker.log(row)
         self.bar.set_postfix(loss=f"{row['loss']:.3f}", acc0=f"{row.get('full_acc_0', 0):.3f}")
