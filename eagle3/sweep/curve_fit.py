@@ -82,6 +82,9 @@ def fit_curve(tokens: Sequence[float], values: Sequence[float], ceiling: float, 
     t_ref = float(t.max())
     x = t / t_ref
     (a, b, c), = least_squares(x, y[None, :], ceiling, floor)
+    # and again on a fine grid around it (0.01 % in c): the extrapolation far out is sensitive to c
+    (a, b, c), = least_squares(x, y[None, :], ceiling, floor, np.clip(np.geomspace(c / 1.03, c * 1.03, 301),
+                                                                      *C_BOUNDS))
     curve = Curve(a, b, c, t_ref)
     fitted = np.array([curve(v) for v in t])
     residuals = y - fitted
@@ -92,14 +95,16 @@ def fit_curve(tokens: Sequence[float], values: Sequence[float], ceiling: float, 
     return Fit(curve, refits, float(np.sqrt(np.mean(residuals ** 2))))
 
 
-def least_squares(x: Any, ys: Any, ceiling: float, floor: float, grid: int = 400) -> list[tuple[float, float, float]]:
+def least_squares(x: Any, ys: Any, ceiling: float, floor: float,
+                  c_values: Any = None) -> list[tuple[float, float, float]]:
     """(a, b, c) of least squared error for each row of ys (values at x), floor <= a <= ceiling, b >= 0, c within
     C_BOUNDS. For a given c the curve is linear in (a, b), so each c of a log-spaced grid is solved exactly (the
     unconstrained solution, or the best on the edges a = floor, a = ceiling, b = 0 where it breaks a bound) and the
-    c of least error kept: the global least squares up to the grid's spacing (1 % in c), with no start to choose."""
+    c of least error kept: the global least squares up to the grid's spacing (default: 400 values, 2 % apart in
+    c), with no start to choose."""
     import numpy as np
 
-    c = np.logspace(math.log10(C_BOUNDS[0]), math.log10(C_BOUNDS[1]), grid)
+    c = np.geomspace(*C_BOUNDS, 400) if c_values is None else np.asarray(c_values)
     z = x[None, :] ** -c[:, None]                                    # (grid, n)
     n = x.shape[0]
     zm, ym = z.mean(axis=1), ys.mean(axis=1)                          # (grid,), (rows,)
