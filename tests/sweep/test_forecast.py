@@ -46,6 +46,11 @@ def run_dir(path: Path, points, step0_tau: float = 1.003, summary: dict | None =
     return path
 
 
+# an eagle3.serve report at k=3, T=0 with its n-gram baseline: served step 1.3 / 0.9 plain steps
+SERVED = {"k": 3, "temperature": 0, "dtype": "float32", "accept_len": 1.3, "speedup": 0.9, "tokens_per_s": 90.0,
+          "plain_tokens_per_s": 100.0, "ngram": {"k": 3, "accept_len": 1.147, "tokens_per_s": 95.0, "speedup": 0.95}}
+
+
 def curve_points(curve: Curve, tokens, noise: float = 0.0, seed: int = 0):
     import numpy as np
 
@@ -139,9 +144,7 @@ def test_several_runs_are_ranked_by_the_tokens_they_need_to_reach_the_target(tmp
 
 
 def test_the_served_ngram_and_step_give_the_goal_and_the_predicted_speedup(tmp_path):
-    serve = {"k": 3, "temperature": 0, "accept_len": 1.3, "speedup": 0.9, "plain_tokens_per_s": 100.0,
-             "ngram": {"k": 3, "accept_len": 1.147}}
-    run = read_run(run_dir(tmp_path / "served", SMOLLM2, serve=serve))
+    run = read_run(run_dir(tmp_path / "served", SMOLLM2, serve=SERVED))
     report = forecast_run(run, Options())
     assert report["reach"][0]["name"] == "n-gram" and report["reach"][0]["accept_len"] == 1.147
     # the served step costs 1.3 / 0.9 plain steps at k=3: the speedup at accept_len A is A / that
@@ -168,3 +171,29 @@ def test_the_command_forecasts_a_short_real_run_of_the_tiny_default(cache_dir, t
     assert report["reach"][0]["name"] == "target" and report["tokens_per_s"] > 0
     text = run_in_process(["python", "-m", "eagle3.cli.forecast", str(run)])
     assert text.returncode == 0 and "accept_len" in text.stdout and "90% interval" in text.stdout
+
+
+def test_compare_shows_the_forecast_columns_and_a_dash_for_a_run_too_short_to_forecast(tmp_path):
+    run_dir(tmp_path / "sweep" / "0_long", SMOLLM2, serve=SERVED)
+    run_dir(tmp_path / "sweep" / "1_short", SMOLLM2[:2])
+    out = run_in_process(["python", "-m", "eagle3.sweep.compare", str(tmp_path / "sweep"), "--forecast",
+                          "--format", "csv"])
+    assert out.returncode == 0, out.stderr
+    import csv
+
+    rows = {r["run"]: r for r in csv.DictReader(out.stdout.splitlines())}
+    assert 1.5 < float(rows["#0"]["fc. accept_len@10x"]) < 1.7 and rows["#0"]["fc. tokens to n-gram"] == "76k"
+    assert rows["#1"]["fc. accept_len@10x"] == "-"
+
+
+def test_the_benchmark_compares_a_pilots_forecast_with_the_rest_of_its_run(tmp_path):
+    path = run_dir(tmp_path / "smol", SMOLLM2)
+    out = tmp_path / "bench.json"
+    proc = run_in_process(["python", "bench/forecast.py", str(path), "--share", "0.5", "--line", "1.147", "--json",
+                           str(out)])
+    assert proc.returncode == 0, proc.stderr
+    result = json.loads(out.read_text())
+    assert result["final_accept_len"] == 1.339 and result["final_measured"] and result["pilot_points"] == 5
+    assert abs(result["predicted_accept_len"] - 1.339) < 0.05
+    assert result["actual_tokens_to_line"] == pytest.approx(38e3 * (76e3 / 38e3) ** ((1.147 - 1.106) / (1.187 - 1.106)))
+    assert "tokens to pass 1.147: forecast" in proc.stdout
