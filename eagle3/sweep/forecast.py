@@ -259,14 +259,22 @@ def forecast_run(run: RunLike, options: Options) -> dict[str, Any]:
         "later": [point_dict(p, model) for p in points if p not in used],
         "curve": {"form": FORM, "a": curve.a, "b": curve.b, "c": curve.c, "t_ref": curve.t_ref, "rms": fit.rms,
                   "asymptote_accept_len": ratio * curve.a,
-                  "asymptote_band": list(fit.band([r * c.a for r, c in zip(ratios, fit.refits)]))},
+                  "asymptote_band": list(fit.band([r * c.a for r, c in zip(ratios, fit.refits)])),
+                  # a at 1 + k: the points do not bend yet, the asymptote is not known from them
+                  "asymptote_at_ceiling": curve.a >= k + 1.0 - 1e-6},
         "ratio": {"value": ratio, "measured_points": sum(p.accept_len is not None for p in used),
                   "sources": sources},
         "speedup_costs": speedup.source if speedup else None,
         "at": [budget_dict(t, model, speedup) for t in budgets],
+        "band": [dict(zip(("tokens", "accept_len", "low", "high"), (t, model.accept(t), *model.accept_band(t))))
+                 for t in geometric(fitted[0].tokens, max(budgets), 40)],
         "reach": [goal_dict(name, value, source, model, used, so_far, horizon, tps, speedup)
                   for name, value, source in goals],
     }
+
+
+def geometric(start: float, end: float, n: int) -> list[float]:
+    return [start * (end / start) ** (i / (n - 1)) for i in range(n)]
 
 
 def until_text(options: Options) -> str:

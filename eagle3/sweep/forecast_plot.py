@@ -12,7 +12,6 @@ def plot(reports: list[dict[str, Any]], out: Path) -> None:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    import numpy as np
 
     fig, ax = plt.subplots(figsize=(8, 5))
     lines_drawn: set[tuple[str, float]] = set()
@@ -21,12 +20,10 @@ def plot(reports: list[dict[str, Any]], out: Path) -> None:
         ratio = r["ratio"]["value"]
         shown = [p["accept_len"] if p["accept_len"] is not None else ratio * p["tau_sim"] for p in pts]
         dots = ax.plot([p["tokens"] for p in pts], shown, "o", label=f"{r['label']}: points used")[0]
-        c = r["curve"]
-        end = max(a["tokens"] for a in r["at"])
-        grid = np.geomspace(min(p["tokens"] for p in pts), end, 100)
-        fitted = ratio * (c["a"] - c["b"] * (grid / c["t_ref"]) ** -c["c"])
-        ax.plot(grid, fitted, "-", color=dots.get_color(), label=f"{r['label']}: fit, {c['form']}")
-        ax.fill_between([a["tokens"] for a in r["at"]], [a["low"] for a in r["at"]], [a["high"] for a in r["at"]],
+        band = r["band"]
+        ax.plot([b["tokens"] for b in band], [b["accept_len"] for b in band], "-", color=dots.get_color(),
+                label=f"{r['label']}: fit, {r['curve']['form']}")
+        ax.fill_between([b["tokens"] for b in band], [b["low"] for b in band], [b["high"] for b in band],
                         color=dots.get_color(), alpha=0.15, label=f"{r['label']}: 90% band")
         later = [p for p in r["later"] if p["tokens"] > 0]
         if later:

@@ -30,7 +30,10 @@ def format_report(r: dict[str, Any]) -> str:
              f"  fit: {curve['form']}, a={curve['a']:.3f} b={curve['b']:.3f} c={curve['c']:.3f} "
              f"t_ref={tokens_text(curve['t_ref'])}, rms {curve['rms']:.4f}; {mapped}",
              f"  asymptote: accept_len {curve['asymptote_accept_len']:.3f} "
-             f"{band_text(*curve['asymptote_band'])}"]
+             f"{band_text(*curve['asymptote_band'])}"
+             + (f" (at the ceiling, 1 + k = {r['k'] + 1}: the points do not bend yet, so the asymptote is not known "
+                "from them; the curve is read as a straight line in log-tokens)" if curve["asymptote_at_ceiling"]
+                else "")]
     speedup = r["speedup_costs"] is not None
     lines.append((f"  {'tokens':>10}  {'accept_len':>10}  {'90% interval':<17}"
                   + ("  pred. speedup" if speedup else "")).rstrip())
