@@ -197,3 +197,29 @@ def test_the_benchmark_compares_a_pilots_forecast_with_the_rest_of_its_run(tmp_p
     assert abs(result["predicted_accept_len"] - 1.339) < 0.05
     assert result["actual_tokens_to_line"] == pytest.approx(38e3 * (76e3 / 38e3) ** ((1.147 - 1.106) / (1.187 - 1.106)))
     assert "tokens to pass 1.147: forecast" in proc.stdout
+
+
+def test_the_forecast_goes_into_the_runs_own_offline_wandb_run_as_summary_values(tmp_path):
+    from test_compare import complete_records
+
+    path = run_dir(tmp_path / "wb", SMOLLM2)
+    with (path / "resolved_config.yaml").open("a") as f:
+        f.write("logger:\n  mode: offline\n  project: forecast-test\n  entity: null\n")
+    (path / "wandb_run_id").write_text("abc123forecast\n")
+    out = run_in_process(["python", "-m", "eagle3.cli.forecast", str(path), "--target", "1.5", "--wandb"],
+                         WANDB_SILENT="true")
+    assert out.returncode == 0, out.stderr
+    assert "forecast logged to wandb run abc123forecast (offline)" in out.stderr
+    run_file, = path.glob("wandb/offline-run-*/run-abc123forecast.wandb")
+    summary = {}
+    for record in complete_records(run_file):
+        if record.WhichOneof("record_type") == "summary":
+            summary |= {item.key: json.loads(item.value_json) for item in record.summary.update}
+    assert summary["forecast/accept_len@10x"] > 1.4 and summary["forecast/within_target"] is True
+    assert summary["forecast/tokens_to_target"] > 310e3
+
+
+def test_a_run_without_wandb_is_left_alone(tmp_path):
+    path = run_dir(tmp_path / "nowb", SMOLLM2)
+    out = run_in_process(["python", "-m", "eagle3.cli.forecast", str(path), "--wandb"])
+    assert out.returncode == 0 and "no wandb run" in out.stderr and not (path / "wandb").exists()
