@@ -373,16 +373,14 @@ class Speedup:
 # --- several runs, and the text ---------------------------------------------------------------------------------
 
 def rank_reports(reports: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """By the tokens to the target (else to n-gram, else by accept_len at 10x the tokens so far): fewest first,
-    the runs that do not get there within their horizon last."""
+    """By the tokens to the target (else to n-gram): fewest first; then the runs that do not get there within their
+    horizon, then those without the goal (no n-gram served), each by accept_len at 10x their tokens so far."""
     def key(report: dict[str, Any]) -> tuple[int, float]:
         goals = report["reach"]
-        if goals:
-            goal = goals[0]
-            tokens = goal["tokens"] if goal["within"] and goal["tokens"] is not None else math.inf
-            return (0 if math.isfinite(tokens) else 1, tokens)
+        if goals and goals[0]["within"] and goals[0]["tokens"] is not None:
+            return (0, goals[0]["tokens"])
         at10 = next(a for a in report["at"] if math.isclose(a["tokens"], 10 * report["tokens_so_far"]))
-        return (0, -at10["accept_len"])
+        return (1 if goals else 2, -at10["accept_len"])
     return sorted(reports, key=key)
 
 

@@ -85,8 +85,9 @@ def ranking_text(reports: list[dict[str, Any]]) -> str:
         cells = [str(i), r["label"], tokens_text(r["tokens_so_far"]), f"{at10['accept_len']:.3f}",
                  f"{r['curve']['asymptote_accept_len']:.3f}"]
         if goal:
-            g = r["reach"][0]
-            cells.append(tokens_text(g["tokens"]) if g["within"] else f"> {tokens_text(r['horizon_tokens'])}")
+            g = r["reach"][0] if r["reach"] else None
+            cells.append("-" if g is None else tokens_text(g["tokens"]) if g["within"] else
+                         f"> {tokens_text(r['horizon_tokens'])}")
         rows.append(cells)
     widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
     lines = ["  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip() for row in rows]

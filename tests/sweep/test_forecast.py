@@ -223,3 +223,18 @@ def test_a_run_without_wandb_is_left_alone(tmp_path):
     path = run_dir(tmp_path / "nowb", SMOLLM2)
     out = run_in_process(["python", "-m", "eagle3.cli.forecast", str(path), "--wandb"])
     assert out.returncode == 0 and "no wandb run" in out.stderr and not (path / "wandb").exists()
+
+
+def test_the_command_and_its_refusal_import_neither_torch_nor_speculators(tmp_path):
+    import subprocess
+    import sys
+
+    from factories import ROOT
+
+    short = run_dir(tmp_path / "short", SMOLLM2[:3])
+    for args in (["--help"], [str(short)], [str(run_dir(tmp_path / "whole", SMOLLM2)), "--target", "1.5"]):
+        proc = subprocess.run([sys.executable, "-X", "importtime", "-m", "eagle3.cli.forecast", *args], cwd=ROOT,
+                              capture_output=True, text=True, timeout=120)
+        assert proc.returncode == (1 if args == [str(short)] else 0), proc.stderr[-2000:]
+        imported = {line.split("|")[-1].strip().split(".")[0] for line in proc.stderr.splitlines() if "|" in line}
+        assert "torch" not in imported and "speculators" not in imported, args
