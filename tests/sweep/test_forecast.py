@@ -120,15 +120,10 @@ def test_a_curve_that_has_not_left_its_start_is_refused(tmp_path):
         forecast_run(read_run(run_dir(tmp_path / "flat", flat)), Options())
 
 
-def test_a_run_dir_written_before_rows_recorded_tokens_counts_them_from_its_summary(tmp_path):
-    summary = {"steps": 400, "tokens": 310e3, "tokens_per_s": 72.0}
+def test_an_unfinished_run_dir_written_before_rows_recorded_tokens_is_refused(tmp_path):
     old = run_dir(tmp_path / "old", SMOLLM2, tokens=False, summary=None)
-    with pytest.raises(ForecastError, match="do not record the tokens trained"):
+    with pytest.raises(ForecastError, match="do not record the tokens trained .* no summary.json"):
         forecast_run(read_run(old), Options())
-    run = read_run(run_dir(tmp_path / "old_done", SMOLLM2, tokens=False, summary=summary))
-    run.summary = type("S", (), {**summary, "best": {}, "final": {}})()  # what read_run gives for a whole one
-    report = forecast_run(run, Options())
-    assert [p["tokens"] for p in report["points"]][1:3] == [pytest.approx(38750.0), pytest.approx(77500.0)]
 
 
 def test_several_runs_are_ranked_by_the_tokens_they_need_to_reach_the_target(tmp_path):
@@ -238,3 +233,20 @@ def test_the_command_and_its_refusal_import_neither_torch_nor_speculators(tmp_pa
         assert proc.returncode == (1 if args == [str(short)] else 0), proc.stderr[-2000:]
         imported = {line.split("|")[-1].strip().split(".")[0] for line in proc.stderr.splitlines() if "|" in line}
         assert "torch" not in imported and "speculators" not in imported, args
+
+
+def test_a_measured_best_checkpoint_carries_its_ratio_to_the_forecast_and_old_rows_count_tokens_by_step(tmp_path):
+    from factories import summary_json
+
+    plain = [(s, t, tau, None) for s, t, tau, _ in SMOLLM2]
+    path = run_dir(tmp_path / "measured", plain, tokens=False)
+    row = {"step": 400, "split": "val", "loss": 3.0, "tau_sim": 1.372}
+    (path / "summary.json").write_text(summary_json({**row, "step": 0, "tau_sim": 1.003}, row, row,
+                                                    steps=400, tokens=310e3, tokens_per_s=72.0))
+    (path / "accept_k3.json").write_text(json.dumps({"k": 3, "temperature": 0.0, "accept_len": 1.339,
+                                                     "checkpoint": str(path / "checkpoints" / "best")}))
+    report = forecast_run(read_run(path), Options())
+    assert report["ratio"] == {"value": pytest.approx(1.339 / 1.372), "measured_points": 1,
+                               "sources": ["accept_k3.json"]}
+    assert report["points"][-1]["accept_len"] == 1.339 and report["points"][1]["tokens"] == pytest.approx(38750.0)
+    assert report["tokens_per_s"] == 72.0
