@@ -27,6 +27,11 @@ class RunStopped(UserError):
     """Training cannot go on as configured; the message says why and what was kept."""
 
 
+class ForecastError(UserError):
+    """A run's val passes cannot carry a forecast (too few, a flat curve, no tokens recorded); the message says how
+    much more training it needs."""
+
+
 class Interrupted(SystemExit):
     """The run stopped on a signal with `checkpoints/last` saved: exit status 128 + the signal, as a shell reports
     a process the signal ended; resumable, so no failure."""

@@ -35,6 +35,7 @@ LAYERS: list[list[str]] = [
     ["eagle3.sweep"],
     ["eagle3.run"],
     ["eagle3.reference"],
+    ["eagle3.cli"],
 ]
 # Top-level modules of eagle3/ besides its subpackages (__init__.py not counted).
 TOP_LEVEL_MAX = 12

@@ -13,7 +13,8 @@ are ranked by it: what serving would gain (eagle3.eval.speedup's model). Runs se
 serve_vllm_k*.json) show the speedup and accept_len the engine measured (`served`), ahead of those columns;
 `--rank-by served` ranks by that speedup. A served speedup that is not a result (above what its accept_len allows,
 or measured while the machine's speed moved: eagle3.serve's `implausible`) is shown as "not a result" and ranked
-with the runs that were not served.
+with the runs that were not served. `--forecast` adds the acceptance forecast of each run (eagle3.sweep.forecast:
+accept_len at 10x its tokens with its band, the fitted asymptote, the tokens to pass n-gram).
 
 tau_sim is an estimate that orders drafts cheaply; `--confirm N` measures acceptance (eagle3.eval.accept) of
 the N best runs by tau_sim (those without an `accept_k*.json` yet: a rerun measures nothing twice), and prints
@@ -167,7 +168,7 @@ def steps_to_reach(run: Run, target: float) -> int | None:
 
 
 def table(runs: list[Run], baseline: str | None = None, costs: dict[str, float] | None = None,
-          by: str = "tau_sim") -> tuple[list[str], list[list[str]]]:
+          by: str = "tau_sim", forecast: bool = False) -> tuple[list[str], list[list[str]]]:
     keys = differing_keys(runs)
     header = ["run", "status", *keys, "tau_sim@0", "best tau_sim", "best step", "final tau_sim", "loss@0",
               "final loss"]
@@ -189,6 +190,8 @@ def table(runs: list[Run], baseline: str | None = None, costs: dict[str, float] 
     predicted = {id(r): predicted_speedup(r, costs) for r in runs} if costs else {}
     if costs:
         header += ["pred. speedup", "at k", "rates"]
+    if forecast:
+        header += FORECAST_COLUMNS
     body = []
     for run in ranked(runs, by, served, predicted):
         cells = [run.label, run.status, *(_fmt(run.config.get(k)) for k in keys)]
@@ -213,6 +216,8 @@ def table(runs: list[Run], baseline: str | None = None, costs: dict[str, float] 
         if costs:
             p = predicted[id(run)]
             cells += [f"{p['speedup']:.3f}", str(p["k"]), p["source"]] if p else ["-"] * 3
+        if forecast:
+            cells += forecast_cells(run)
         body.append(cells)
     return header, body
 
@@ -223,6 +228,29 @@ def val_row_cells(val_rows: list[dict[str, Any]]) -> list[str]:
     best = max(val_rows, key=lambda r: r["tau_sim"], default={})
     return [_fmt(step0.get("tau_sim")), _fmt(best.get("tau_sim")), _fmt(best.get("step")), "-",
             _fmt(step0.get("loss")), "-"]
+
+
+# --- the acceptance forecast (eagle3.sweep.forecast), --forecast ------------------------------------------------
+
+FORECAST_COLUMNS = ["fc. accept_len@10x", "fc. 90% band", "fc. asymptote", "fc. tokens to n-gram"]
+
+
+def forecast_cells(run: Run) -> list[str]:
+    """The forecast's accept_len at 10x the run's tokens, its band, the fitted asymptote, and the tokens to pass
+    the n-gram baseline eagle3.serve measured beside it; "-" where the run cannot be forecast (too short, flat)."""
+    from eagle3.errors import ForecastError
+    from eagle3.sweep.forecast import Options, forecast_run, tokens_text
+
+    try:
+        report = forecast_run(run, Options(bootstrap=200))
+    except ForecastError:
+        return ["-"] * len(FORECAST_COLUMNS)
+    at10 = next(a for a in report["at"] if abs(a["tokens"] - 10 * report["tokens_so_far"]) < 1e-6 * a["tokens"])
+    ngram = next((g for g in report["reach"] if g["name"] == "n-gram"), None)
+    to_ngram = "-" if ngram is None else tokens_text(ngram["tokens"]) if ngram["within"] else "not within " + \
+        tokens_text(report["horizon_tokens"])
+    return [f"{at10['accept_len']:.3f}", f"[{at10['low']:.3f}, {at10['high']:.3f}]",
+            f"{report['curve']['asymptote_accept_len']:.3f}", to_ngram]
 
 
 # --- predicted serving speedup (eagle3.eval.speedup) for given step costs ---------------------------------------
@@ -371,6 +399,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--confirm", type=int, metavar="N", help="measure acceptance (eagle3.eval.accept --run) of "
                         "the N best runs by tau_sim (those without an accept_k*.json yet), then rank the measured runs "
                         "by tau_sim and by accept_len side by side (0: only the rankings)")
+    parser.add_argument("--forecast", action="store_true", help="adds the acceptance forecast's columns "
+                        "(python -m eagle3.cli.forecast): accept_len at 10x each run's tokens, its 90%% band, the "
+                        "fitted asymptote, the tokens to pass n-gram")
     args = parser.parse_args(argv)
     costs = None
     if args.baseline_ms is not None or args.verify_ms is not None:
@@ -387,7 +418,7 @@ def main(argv: list[str] | None = None) -> int:
         raise SystemExit(f"error: --plot: {link_message(args.plot.parent, args.plot, 'the plot')}")
     runs = find_runs(args.paths)
     failed_measurements = confirm(runs, args.confirm) if args.confirm is not None else []
-    sys.stdout.write(render(*table(runs, args.baseline, costs, args.rank_by), args.format))
+    sys.stdout.write(render(*table(runs, args.baseline, costs, args.rank_by, args.forecast), args.format))
     if args.confirm is not None:
         sys.stdout.write(rankings_text(runs, args.format))
     if args.plot:

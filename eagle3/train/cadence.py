@@ -1,9 +1,11 @@
 """What the training loop does at the top of each step, decided from where the run is (its `Progress`) and the
 optim and logger settings: a train row, a stop, the end of an epoch, a val pass, a save of `checkpoints/last`.
 
-Pure (no torch): the loop in eagle3/train/loop.py carries out a `Due` in its field order. A val pass is due where one
-belongs (an optim.eval_every step inside an epoch, an epoch's or the run's last step) and the latest val row is
-not of this step, so the pass that a stop left owed is simply due at the top of the resumed run's first step.
+Pure (no torch): the loop in eagle3/train/loop.py carries out a `Due` in its field order. A val pass that follows
+a step comes after a train row (whatever logger.log_every says), so the val row's trained tokens are exact. A val
+pass is due where one belongs (an optim.eval_every step inside an epoch, an epoch's or the run's last step) and
+the latest val row is not of this step, so the pass that a stop left owed is simply due at the top of the resumed
+run's first step.
 """
 
 from __future__ import annotations
@@ -64,9 +66,10 @@ class Cadence:
         epoch_complete = progress.step_in_epoch >= self.steps_per_epoch
         if epoch_complete or step >= self.total_steps:
             # The end of an epoch (or of max_steps): evaluate, then checkpoint. Its row names the epochs begun.
-            return Due(train_row=train_row, next_epoch=epoch_complete,
+            return Due(train_row=train_row or (stepped and owed), next_epoch=epoch_complete,
                        val_epoch=progress.epoch + 1 if owed else None, epoch_end=owed,
                        save=owed or self.total_steps == 0, done=step >= self.total_steps)
         val = owed and self.eval_every is not None and step % self.eval_every == 0
         save = stepped and self.checkpoint_every is not None and step % self.checkpoint_every == 0
-        return Due(train_row=train_row, val_epoch=progress.epoch if val else None, save=save)
+        # A val pass after a step follows a train row, so the trained tokens it records are its step's own.
+        return Due(train_row=train_row or (stepped and val), val_epoch=progress.epoch if val else None, save=save)

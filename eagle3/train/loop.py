@@ -253,6 +253,7 @@ class Run:
         parts = self.parts
         metrics = run_validation(self.model, self.val_loader, self.device, parts.autocast, parts.call_kwargs,
                                  self.world, on_bad_sample=self.on_bad_sample, where=f"the val pass at step {step}")
+        # tokens: trained so far (all ranks), what eagle3.sweep.forecast fits acceptance against
         row: Row = {"step": step, "split": "val", "epoch": epoch, "tokens": tokens, **metrics}
         for hook in self.hooks:
             row.update(hook.on_val(self, row))

@@ -42,6 +42,15 @@ def test_an_eval_every_step_inside_an_epoch_is_validated_then_saved_when_checkpo
     assert CADENCE.due(at(5, last_val=4), stepped=True) == Due()
 
 
+def test_a_val_pass_after_a_step_follows_a_train_row_off_the_log_every_steps_so_its_tokens_are_its_own():
+    sparse = Cadence.of(3, 25, 10, 7, 4, None, 5)  # a train row every 7 steps, a val pass every 4
+    assert sparse.due(at(4, last_val=0), stepped=True) == Due(train_row=True, val_epoch=0)
+    assert sparse.due(at(10, epoch=0, step_in_epoch=10, last_val=8), stepped=True) == Due(
+        train_row=True, next_epoch=True, val_epoch=1, epoch_end=True, save=True)
+    assert sparse.due(at(5, last_val=4), stepped=True) == Due()
+    assert sparse.due(at(8, last_val=4)) == Due(val_epoch=0)  # a resumed run's owed pass: no step, no row
+
+
 def test_the_end_of_an_epoch_moves_on_validates_under_the_epochs_begun_and_saves():
     assert CADENCE.due(at(10, epoch=0, step_in_epoch=10, last_val=8), stepped=True) == Due(
         train_row=True, next_epoch=True, val_epoch=1, epoch_end=True, save=True)

@@ -1,0 +1,1 @@
+"""The project's commands (argparse front ends over the library below)."""
