@@ -134,7 +134,7 @@ def fresh_run(cfg: DictConfig, hydra, run_dir: Path) -> RunConfig:
     (log.warning if outside else log.info)(advice)
     if run_cfg.distributed.node_rank == 0:
         room = RunDir(run_dir)
-        room.hold()
+        room.keep()
         room.refuse_to_overwrite()
         room.write_config(plain_config(run_cfg))
     return run_cfg
@@ -213,10 +213,15 @@ def remove_if_only_hydras(hydra) -> None:
     """Removes the run dir Hydra made for a job that wrote nothing into it, and Hydra's date dir above it when that
     is then empty; never the dir above a run dir the command named (hydra.run.dir, hydra.sweep.dir), which may be
     the user's own, even their working directory."""
+    from eagle3 import safe_write
+    from eagle3.rundir.files import LOCK
+
     hydra_dir, job_name = Path(hydra.runtime.output_dir), hydra.job.name
-    if hydra_dir.is_dir() and {p.name for p in hydra_dir.iterdir()} <= {".hydra", f"{job_name}.log"}:
+    ours = {".hydra", f"{job_name}.log"} | ({LOCK} if safe_write.holds(hydra_dir / LOCK) else set())
+    if hydra_dir.is_dir() and {p.name for p in hydra_dir.iterdir()} <= ours:
         import shutil
 
+        safe_write.release(hydra_dir / LOCK)
         shutil.rmtree(hydra_dir)
         named = any(o.split("=", 1)[0].lstrip("+~") in ("hydra.run.dir", "hydra.sweep.dir")
                     for o in hydra.overrides.hydra)

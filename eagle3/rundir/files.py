@@ -302,17 +302,30 @@ class RunDir:
         try:
             safe_write.hold_lock(self.path, self.file(LOCK), holder)  # held as long as this process
         except safe_write.LockHeld as e:
-            pid = holder_pid(e.holder)
-            who = f"process {pid}" if pid is not None else "another process"
-            if resuming:
-                stop = f"kill -TERM {pid}" if pid is not None else "SIGTERM"
-                raise ConfigError(f"resume: {self.path} is in use by {who}, which is running or resuming this run; "
-                                  f"nothing was written: wait for it to end, or stop it ({stop}: a stopped run "
-                                  f"saves its state) and resume again") from None
-            raise ConfigError(f"{self.path} is in use by another run (started in the same second, or resuming it), "
-                              f"or a serve of it: {e.holder}; nothing was written: choose another hydra.run.dir"
-                              ) from None
+            raise self.in_use(e.holder, resuming) from None
         return self
+
+    def keep(self) -> RunDir:
+        """`hold`, unless this process holds the dir already (a new run's is taken before Hydra writes into it:
+        eagle3/run/hydra_callbacks.py)."""
+        return self if safe_write.holds(self.file(LOCK)) else self.hold()
+
+    def refuse_if_in_use(self, resuming: bool = False) -> None:
+        """The refusal `hold` gives when another process holds the dir, seen without writing anything in it."""
+        holder = safe_write.lock_holder(self.file(LOCK)) if self.path.is_dir() else None
+        if holder is not None:
+            raise self.in_use(holder, resuming)
+
+    def in_use(self, holder: str, resuming: bool) -> ConfigError:
+        pid = holder_pid(holder)
+        who = f"process {pid}" if pid is not None else "another process"
+        if resuming:
+            stop = f"kill -TERM {pid}" if pid is not None else "SIGTERM"
+            return ConfigError(f"resume: {self.path} is in use by {who}, which is running or resuming this run; "
+                               f"nothing was written: wait for it to end, or stop it ({stop}: a stopped run saves its "
+                               f"state) and resume again")
+        return ConfigError(f"{self.path} is in use by another run (started in the same second, or resuming it), or a "
+                           f"serve of it: {holder}; nothing was written: choose another hydra.run.dir")
 
     def refuse_links(self, advice: str = "remove them") -> None:
         """Refuses, before anything is written, a run dir whose files (or dirs) a run would write through a symlink

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from commands import launch
+from commands import launch, launch_process
 from eagle3.errors import ConfigError, UserError
 from eagle3.rundir.files import DataCheck, FailureRecord, IndexEntry, InitReport, RunDir, SweepIndex
 from eagle3.rundir.progress import Progress, RunSummary
@@ -332,6 +332,35 @@ def test_a_resume_of_a_run_dir_in_use_names_the_process_holding_it(tmp_path):
     assert str(refused.value) == (f"resume: {run} is in use by process {pid}, which is running or resuming this run; "
                                   f"nothing was written: wait for it to end, or stop it (kill -TERM {pid}: a stopped "
                                   f"run saves its state) and resume again")
+
+
+def files_in(run: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(run)): p.read_bytes() for p in sorted(run.rglob("*")) if p.is_file()}
+
+
+def test_a_launch_into_a_run_dir_in_use_is_refused_before_it_writes_anything_there(tmp_path):
+    """While run A held its dir (building its data), a second launch into it was refused only after Hydra had
+    rewritten A's .hydra/{config,hydra,overrides}.yaml and the launcher had appended B's plan: lines to A's
+    launch.log: the holder is seen before anything is written, every file stays byte for byte."""
+    from eagle3 import safe_write
+
+    run = tmp_path / "run"
+    (run / ".hydra").mkdir(parents=True)
+    for name in ("config.yaml", "hydra.yaml", "overrides.yaml"):
+        (run / ".hydra" / name).write_text(f"A's {name}\n")
+    (run / "launch.log").write_text("[A] building the data\n")
+    (run / "resolved_config.yaml").write_text("A's config\n")
+    RunDir(run).hold()  # as run A holds it while it builds its data
+    try:
+        before = files_in(run)
+        proc = launch_process([f"hydra.run.dir={run}", "optim.lr=3e-3"], tmp_path / "cache")
+        after = files_in(run)
+    finally:
+        safe_write.release(run / ".lock")
+    assert proc.returncode == 1, proc.stderr[-2000:]
+    assert f"error: {run} is in use by another run" in proc.stderr and "nothing was written" in proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert after == before
 
 
 def test_a_resumed_runs_config_key_this_version_does_not_know_is_refused_naming_the_file(tmp_path):
