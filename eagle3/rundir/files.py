@@ -39,10 +39,12 @@ METRICS = "metrics.jsonl"
 LOCK = ".lock"
 SWEEP_INDEX = "index.json"
 LAUNCH_LOG = "launch.log"
+# data=online's data.cache_gb: the train rows' hidden states of the first epoch (one dir per rank), removed at the end.
+HIDDEN_CACHE_DIR = "online_hidden_cache"
 # The names a run (and eval.accept, eagle3.serve) writes in its dir: a symlink at one is refused wherever it leads.
 WRITTEN = (RESOLVED_CONFIG, SUMMARY, FAILURE, INIT_REPORT, DATA_CHECK, METRICS, LOCK, LAUNCH_LOG, "rank_*.log",
            "wandb_run_id", CHECKPOINTS, f"{CHECKPOINTS}/*", "rank_errors", "rank_errors/*", "accept_k*.json",
-           "serve_vllm_*", ".*.tmp")
+           "serve_vllm_*", ".*.tmp", HIDDEN_CACHE_DIR, f"{HIDDEN_CACHE_DIR}/*")
 
 
 def checkpoint_dir(run_dir: str | Path, name: str) -> Path:
@@ -332,9 +334,9 @@ class RunDir:
         that leads outside it or nowhere (eagle3.safe_write refuses each write through any link there too)."""
         links = self.links_leading_out()
         if links:
-            raise ConfigError(f"{self.path} holds symlinks that lead outside it or nowhere ({', '.join(links[:4])}"
-                              f"{', ...' if len(links) > 4 else ''}): a run writes its files into its dir and would "
-                              f"write through them; nothing was written: {advice}")
+            raise ConfigError(f"{self.path} holds symlinks that lead outside it or nowhere, or stand at a name the "
+                              f"run writes ({', '.join(links[:4])}{', ...' if len(links) > 4 else ''}): a run writes "
+                              f"its files into its dir and would write through them; nothing was written: {advice}")
 
     def refuse_to_overwrite(self) -> None:
         """Refuses a dir that holds a run, or symlinks a run would write through."""

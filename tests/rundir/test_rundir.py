@@ -363,6 +363,20 @@ def test_a_launch_into_a_run_dir_in_use_is_refused_before_it_writes_anything_the
     assert after == before
 
 
+def test_a_link_at_the_online_hidden_cache_is_refused_before_anything_is_built_or_written(tmp_path):
+    """A link at online_hidden_cache (data.cache_gb's dir) to a dir inside the run was refused only after the data
+    build, with failure.json written, under a message saying nothing was written: it is a name the run writes."""
+    run = tmp_path / "run"
+    (run / "inside").mkdir(parents=True)
+    (run / "online_hidden_cache").symlink_to(run / "inside")
+    proc = launch(["data=online", "data.cache_gb=1", "optim.epochs=2", f"hydra.run.dir={run}"], tmp_path / "cache")
+    assert proc.returncode == 1, proc.stderr[-2000:]
+    assert f"online_hidden_cache -> {run / 'inside'}" in proc.stderr and "nothing was written" in proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert sorted(p.name for p in run.iterdir()) == ["inside", "online_hidden_cache"]
+    assert list((run / "inside").iterdir()) == [] and not (tmp_path / "cache").exists()
+
+
 def test_a_resumed_runs_config_key_this_version_does_not_know_is_refused_naming_the_file(tmp_path):
     """The refusal named the key only, as if it came from the command line (which resume= takes no key from)."""
     import yaml

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from eagle3.config import DraftConfig, OnlineDataConfig, TokenRows
 from eagle3.data.sources.registry import Source, register
+from eagle3.rundir.files import HIDDEN_CACHE_DIR  # under the run dir: the hidden states data.cache_gb keeps
 
 if TYPE_CHECKING:
     from eagle3.config import RunConfig
@@ -22,8 +23,6 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 Rows = TypeVar("Rows", bound=TokenRows)
-# Under the run dir: the train rows' hidden states data.cache_gb keeps (one dir per rank), removed when the run ends.
-HIDDEN_CACHE_DIR = "online_hidden_cache"
 
 
 class TokenRowsSource(Source[Rows]):
@@ -42,6 +41,11 @@ class TokenRowsSource(Source[Rows]):
             log.warning("data.shard_verifier=true with one rank: nothing to shard across, the rank holds the whole "
                         "verifier (distributed=ddp or fsdp with nproc_per_node > 1 shards it)")
         return self.token_rows(cfg, verifier_dir)
+
+    def refuse_early(self, cfg: RunConfig) -> None:
+        from eagle3.data.token_rows import refuse_max_records_of_a_dataset_dir
+
+        refuse_max_records_of_a_dataset_dir(self.data)
 
     def check_rows(self, cfg: RunConfig, verifier_dir: Path, data_dir: Path) -> CheckReport:
         """No hidden states to check: the token ids, lengths and loss masks (the verifier was checked already)."""
