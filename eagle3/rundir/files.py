@@ -339,14 +339,50 @@ class RunDir:
                               f"its files into its dir and would write through them; nothing was written: {advice}")
 
     def refuse_to_overwrite(self) -> None:
-        """Refuses a dir that holds a run, or symlinks a run would write through."""
+        """Refuses a dir that holds a run, or symlinks a run would write through; says what `resume=` does with
+        the run there (eagle3/run/resume.py): continue it, start it again from step 0, or nothing."""
         from eagle3.console import resume_command
 
         self.refuse_links("remove them or choose another hydra.run.dir")
-        if self.file(CHECKPOINTS).exists() or self.file(METRICS).exists():
-            raise ConfigError(f"{self.path} already holds a run (checkpoints or metrics.jsonl); nothing was "
-                              f"overwritten: continue it with {resume_command(self.path)}, or choose another "
-                              f"hydra.run.dir")
+        if not (self.file(CHECKPOINTS).exists() or self.file(METRICS).exists()):
+            return
+        if not self.took_a_step():
+            raise ConfigError(f"{self.path} already holds a run stopped before its first step; nothing was "
+                              f"overwritten: start it again from step 0 with {resume_command(self.path)}, or choose "
+                              f"another hydra.run.dir")
+        if not self.last_saved():
+            raise ConfigError(f"{self.path} already holds a run that took steps (metrics.jsonl) and saved no "
+                              f"checkpoints/last, so there is nothing to continue; nothing was overwritten: choose "
+                              f"another hydra.run.dir")
+        raise ConfigError(f"{self.path} already holds a run (checkpoints or metrics.jsonl); nothing was "
+                          f"overwritten: continue it with {resume_command(self.path)}, or choose another "
+                          f"hydra.run.dir")
+
+    # --- how far the run got ---
+    def last_saved(self) -> bool:
+        """Whether checkpoints/last is there, whole or as a save stopped between its renames (.last.tmp, .last.old:
+        eagle3.init.checkpoint.resumable_last)."""
+        checkpoints = self.file(CHECKPOINTS)
+        return any((checkpoints / name).exists() or (checkpoints / name).is_symlink()
+                   for name in ("last", ".last.tmp", ".last.old"))
+
+    def took_a_step(self) -> bool:
+        """Whether the run got past its first step: a checkpoints/last saved, or a metrics.jsonl row past step 0 (a
+        line cut short says nothing). A run stopped or failed before it (in its data build, its rank's start, its
+        step-0 val pass) has nothing to continue: `resume=` starts it again from step 0."""
+        if self.last_saved():
+            return True
+        metrics = self.file(METRICS)
+        if not metrics.is_file() or metrics.is_symlink():
+            return False
+        for line in metrics.read_text(encoding="utf-8", errors="replace").splitlines():
+            try:
+                step = json.loads(line)["step"]
+            except (ValueError, KeyError, TypeError):
+                continue
+            if isinstance(step, (int, float)) and step > 0:
+                return True
+        return False
 
     def links_leading_out(self) -> list[str]:
         """The symlinks in the dir and its subdirs (.hydra/, wandb/: where Hydra, the run and wandb write; links

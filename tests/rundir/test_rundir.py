@@ -377,6 +377,37 @@ def test_a_link_at_the_online_hidden_cache_is_refused_before_anything_is_built_o
     assert list((run / "inside").iterdir()) == [] and not (tmp_path / "cache").exists()
 
 
+def test_a_new_run_and_resume_agree_on_a_run_dir_that_took_no_step_or_saved_no_last(tmp_path):
+    """A run stopped before its first step: resume= said checkpoints/last is missing and a new run there said to
+    resume it, each sending the user to the other. Both say what resume= does: start it again from step 0; for a
+    run that took steps and saved no last, both say there is nothing to continue."""
+    from eagle3 import safe_write
+    from eagle3.console import resume_command
+    from eagle3.errors import CheckpointError
+    from eagle3.run.resume import load_for_resume
+
+    run = tmp_path / "run"
+    (run / "checkpoints" / "best").mkdir(parents=True)
+    (run / "metrics.jsonl").write_text(json.dumps({**ROW, "step": 0}) + "\n")
+    with pytest.raises(ConfigError) as refused:
+        RunDir(run).refuse_to_overwrite()
+    assert str(refused.value) == (f"{run} already holds a run stopped before its first step; nothing was "
+                                  f"overwritten: start it again from step 0 with {resume_command(run)}, or choose "
+                                  f"another hydra.run.dir")
+    with (run / "metrics.jsonl").open("a") as f:
+        f.write(json.dumps({**ROW, "split": "train"}) + "\n")
+    with pytest.raises(ConfigError, match="took steps .metrics.jsonl. and saved no checkpoints/last, so there is "
+                                          "nothing to continue; nothing was overwritten: choose another"):
+        RunDir(run).refuse_to_overwrite()
+    (run / "resolved_config.yaml").write_text("run: {}\n")
+    try:
+        with pytest.raises(CheckpointError, match="saved no checkpoints/last: there is nothing to continue from; "
+                                                  "start a new run in another dir"):
+            load_for_resume(run, resume_hydra(run))
+    finally:
+        safe_write.release(run / ".lock")
+
+
 def test_a_resumed_runs_config_key_this_version_does_not_know_is_refused_naming_the_file(tmp_path):
     """The refusal named the key only, as if it came from the command line (which resume= takes no key from)."""
     import yaml

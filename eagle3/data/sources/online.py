@@ -14,7 +14,7 @@ from eagle3.data.sources.registry import Source, register
 from eagle3.rundir.files import HIDDEN_CACHE_DIR  # under the run dir: the hidden states data.cache_gb keeps
 
 if TYPE_CHECKING:
-    from eagle3.config import RunConfig
+    from eagle3.config import RunConfig, TrainConfig
     from eagle3.data.check import CheckReport
     from eagle3.data.loader import Loader
     from eagle3.data.online import OnlineVerifier
@@ -41,11 +41,6 @@ class TokenRowsSource(Source[Rows]):
             log.warning("data.shard_verifier=true with one rank: nothing to shard across, the rank holds the whole "
                         "verifier (distributed=ddp or fsdp with nproc_per_node > 1 shards it)")
         return self.token_rows(cfg, verifier_dir)
-
-    def refuse_early(self, cfg: RunConfig) -> None:
-        from eagle3.data.token_rows import refuse_max_records_of_a_dataset_dir
-
-        refuse_max_records_of_a_dataset_dir(self.data)
 
     def check_rows(self, cfg: RunConfig, verifier_dir: Path, data_dir: Path) -> CheckReport:
         """No hidden states to check: the token ids, lengths and loss masks (the verifier was checked already)."""
@@ -92,6 +87,11 @@ class TokenRowsSource(Source[Rows]):
 @register(OnlineDataConfig)
 class OnlineSource(TokenRowsSource[OnlineDataConfig]):
     """Rows from data.path, or without one sampled from the verifier as data.synth says."""
+
+    def refuse_early(self, cfg: TrainConfig) -> None:
+        from eagle3.data.token_rows import refuse_max_records_of_a_dataset_dir
+
+        refuse_max_records_of_a_dataset_dir(self.data)
 
     def token_rows(self, cfg: RunConfig, verifier_dir: Path) -> Path:
         from eagle3.data.token_rows import token_rows_dir

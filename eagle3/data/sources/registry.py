@@ -32,7 +32,7 @@ class Source(Generic[Schema]):
         before any rank starts."""
         raise NotImplementedError
 
-    def refuse_early(self, cfg: RunConfig) -> None:
+    def refuse_early(self, cfg: TrainConfig) -> None:
         """What the source refuses from the config and its paths alone, before the run dir is written or anything
         is built (the launcher's check of a new job); the schema's own checks ran already."""
 
