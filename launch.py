@@ -23,4 +23,9 @@ def main(cfg: DictConfig) -> float | None:
 
 
 if __name__ == "__main__":
-    main()
+    try:
+        main()
+    except KeyboardInterrupt:  # Ctrl-C outside the job's own handler (eagle3/run/launch.py): Hydra composing it
+        from eagle3.console import interrupted
+
+        raise interrupted("interrupted (Ctrl-C) before the run started; nothing was written") from None

@@ -485,8 +485,8 @@ class TokenRows(DataConfig):
 
     def check(self, run: TrainConfig, dataset_required: bool = True) -> None:
         super().check(run, dataset_required)
-        _require(self.max_records is None or self.max_records >= 1, "data.max_records",
-                 f"must be null (every record) or at least 1, got {self.max_records}")
+        _require(self.max_records is None or 1 <= self.max_records < 2**63, "data.max_records",
+                 f"must be null (every record) or at least 1 and below 2**63, got {self.max_records}")
         _require(math.isfinite(self.cache_gb) and self.cache_gb >= 0, "data.cache_gb",
                  f"must be >= 0 (0: off) and finite, got {self.cache_gb}")
         _require(not (self.shard_verifier and self.cache_gb > 0), "data.cache_gb",

@@ -76,6 +76,12 @@ def log_file(run_dir: Path, name: str) -> IO[str]:
     return open_write(run_dir, run_dir / name, "a", buffering=1)
 
 
+def interrupted(message: str) -> SystemExit:
+    """Ctrl-C in a command: `message` on stderr, and the exit status a shell gives a process Ctrl-C ended (130)."""
+    print(message, file=sys.stderr, flush=True)
+    return SystemExit(128 + 2)
+
+
 def append_log(run_dir: Path, name: str, fmt: str) -> None:
     """The root logger also writes to the run dir's log file `name`, in `fmt`."""
     handler = logging.StreamHandler(log_file(run_dir, name))

@@ -42,8 +42,13 @@ class Interrupted(SystemExit):
 
 
 class StoppedBeforeTraining(Interrupted):
-    """A signal before training started (while the verifier, rows or data were being built or checked): nothing to
-    resume; the same command starts again, and no half-built cache entry is left."""
+    """A signal before the run's first step (while the verifier, rows or data were built or checked, the rank
+    started, or the val pass before the first step ran): no half-built cache entry is left, and `resume=` of the
+    run dir starts it again from step 0. `during` says what was running, for the launcher's one line."""
+
+    def __init__(self, signum: int, during: str = "") -> None:
+        super().__init__(signum)
+        self.during = during
 
 
 class EngineError(UserError):

@@ -140,7 +140,10 @@ def main(argv: list[str] | None = None) -> None:
     except OSError as e:
         raise SystemExit(f"error: building the reference assets in {reference_dir()} failed: {e}") from None
     except KeyboardInterrupt:
-        raise SystemExit("interrupted: the reference assets are not stamped and will be built again") from None
+        from eagle3.console import interrupted
+
+        raise interrupted("interrupted (Ctrl-C): the reference assets are not stamped and will be built "
+                          "again") from None
     print(target / SMOLLM2[3])
     print(target / SHAREGPT[3])
 

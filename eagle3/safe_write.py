@@ -14,7 +14,7 @@ file it points to), so a writer that checked and then opened would write outside
 - `fresh_temp(base, tmp)`: a temporary name of ours, emptied: whatever stands there goes (a link itself, never
   what it points to).
 - `hold_lock(base, file, holder)`: an exclusive lock whose file names its holder, for the one who is refused
-  (`holds`, `release`).
+  (`holds`, `release`); `lock_holder(file)` sees another holder without writing anything.
 - `refuse_links(base, file)`, `refuse_links_in(base, dir)`: the same refusal as a check before the work starts
   (before a rank, a server or a model), and for the files a library writes (datasets' Arrow files).
 
@@ -222,6 +222,25 @@ def hold_lock(base: Path, file: Path, holder: str | None = None) -> IO[str]:
     lock.flush()
     _held[key] = lock
     return lock
+
+
+def lock_holder(file: Path) -> str | None:
+    """The holder line of the lock `file` when another process holds it (or another open file of it in this one),
+    else None; seen without taking the lock or writing anything. A link at `file` is not looked through (the writers
+    refuse it)."""
+    if holds(file):
+        return None
+    try:
+        fd = os.open(file, os.O_RDONLY | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0))
+    except OSError:  # absent, or a link
+        return None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)  # refused only while someone holds it exclusively
+    except BlockingIOError:
+        with os.fdopen(fd, encoding="utf-8", errors="replace") as f:
+            return f.read().strip() or "another process"
+    os.close(fd)  # closing lets go of the shared lock
+    return None
 
 
 def holds(file: Path) -> bool:

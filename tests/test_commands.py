@@ -60,6 +60,7 @@ def test_the_command_in_the_refusal_to_overwrite_runs_as_printed(name, cache_dir
     (run_dir / "metrics.jsonl").write_text("")
     proc = launch([hydra_override("hydra.run.dir", run_dir)], cache_dir, timeout=120)
     assert proc.returncode != 0 and "Traceback" not in proc.stderr
-    command = re.search(r"continue it with (python launch\.py .*?), or choose", proc.stderr)
+    # metrics.jsonl with no row past step 0: a run stopped before its first step, which resume= starts again
+    command = re.search(r"start it again from step 0 with (python launch\.py .*?), or choose", proc.stderr)
     assert command, proc.stderr[-2000:]
     assert composed_resume(command.group(1).replace("python", sys.executable, 1)) == str(run_dir)

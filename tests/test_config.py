@@ -121,6 +121,20 @@ def test_offline_data_missing_path_names_it(tmp_path):
     assert not (run_dir / "checkpoints").exists()
 
 
+def test_a_max_records_beyond_what_a_reader_can_count_is_refused_with_the_config(tmp_path):
+    """data.max_records=99999999999999999999999 passed the check and died in itertools.islice with a traceback, after
+    the run dir was made: its range is the schema's, checked with the rest of the config, before any run dir."""
+    rows, run_dir = tmp_path / "rows.jsonl", tmp_path / "run"
+    rows.write_text('{"input_ids": [1, 2, 3, 4], "loss_mask": [0, 0, 1, 1]}\n')
+    proc = launch(["data=online", f"data.path={rows}", "data.max_records=99999999999999999999999",
+                   f"hydra.run.dir={run_dir}"], tmp_path / "cache")
+    assert proc.returncode == 1, proc.stderr[-2000:]
+    assert ("error: data.max_records: must be null (every record) or at least 1 and below 2**63, got "
+            "99999999999999999999999") in proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert not run_dir.exists() and not (tmp_path / "cache").exists()
+
+
 # data=offline without data.path: tests/run/test_reliability.py test_malformed_override_is_one_message_naming_the_key
 # [data=offline] (the same launch, the same and stricter assertions).
 

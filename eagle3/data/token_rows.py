@@ -44,10 +44,7 @@ ROWS_RECORD = "eagle3_rows.json"  # where the rows came from, and the JSONL rows
 def token_rows_dir(data: OnlineDataConfig, verifier_dir: Path, cache_dir: str) -> Path:
     """The dir of Arrow rows and token_freq.pt this online run reads, built into the cache on first use."""
     if data.path is not None and Path(data.path).is_dir() and speculators_rows(Path(data.path), data.format):
-        if data.max_records is not None:
-            raise DataError(f"data.max_records: {data.path} is a speculators-format dataset dir, whose rows are read "
-                            f"as they are, all of them; drop data.max_records (it bounds the records read from a "
-                            f"rows file)")
+        refuse_max_records_of_a_dataset_dir(data)
         return rows_with_counts(Path(data.path))
     given = Verifier(verifier_dir)
     verifier = given.fingerprint()
@@ -104,6 +101,16 @@ def save_rows(rows: Sequence[Row], out_dir: Path) -> None:
     dataset.save_to_disk(str(out_dir))
     (out_dir / "token_freq.pt").unlink(missing_ok=True)  # speculators keeps an existing one
     save_token_frequency_distribution(dataset, str(out_dir / "token_freq.pt"))
+
+
+def refuse_max_records_of_a_dataset_dir(data: OnlineDataConfig) -> None:
+    """data.max_records bounds the records read from a rows file: a speculators-format dataset dir's rows are read as
+    they are, all of them (checked before the run dir is written: the launcher's refuse_early)."""
+    if data.max_records is None or data.path is None or not Path(data.path).is_dir():
+        return
+    if speculators_rows(Path(data.path), data.format):
+        raise DataError(f"data.max_records: {data.path} is a speculators-format dataset dir, whose rows are read as "
+                        f"they are, all of them; drop data.max_records (it bounds the records read from a rows file)")
 
 
 def speculators_rows(data_dir: Path, row_format: RowFormat = RowFormat.auto) -> bool:

@@ -30,7 +30,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from eagle3.config import RunConfig
-from eagle3.errors import Interrupted
+from eagle3.errors import Interrupted, StoppedBeforeTraining
+from eagle3.rundir.files import RunDir
 from eagle3.rundir.rank_errors import RankFailed, first_rank_error
 
 if TYPE_CHECKING:
@@ -81,8 +82,12 @@ def run_job(cfg: RunConfig, verifier_dir: Path, data_dir: Path,
         with quiet_elastic_agent():
             results = elastic_launch(launch_config, worker)(cfg, verifier_dir, data_dir, rows, dict(os.environ))
     except SignalException as e:
-        # The agent forwarded the signal to the ranks, which saved checkpoints/last and printed the resume line.
-        raise Interrupted(int(e.sigval)) from None
+        # The agent forwarded the signal to the ranks: in the loop they saved checkpoints/last and printed the resume
+        # line; before their first step they stopped where they were (eagle3.train.rank.worker), and the launcher
+        # says so.
+        if RunDir(cfg.run.dir).took_a_step():
+            raise Interrupted(int(e.sigval)) from None
+        raise StoppedBeforeTraining(int(e.sigval), "starting the ranks") from None
     except ChildFailedError as e:
         raise rank_failure(Path(cfg.run.dir), started, e) from None
     return results.get(0)

@@ -1,5 +1,6 @@
 """Checks Hydra runs before it creates anything: Hydra makes the run dir (or sweep dir) and writes `.hydra/`
 into it before the task function starts, so an unusable output dir would otherwise end in its traceback.
+A new run's dir is also taken here, before Hydra writes into it (`take_run_dir`).
 Registered in conf/hydra/default.yaml; imports nothing heavy."""
 
 from __future__ import annotations
@@ -19,14 +20,7 @@ class CheckOutputDir(Callback):
     def on_run_start(self, config: DictConfig, **kwargs: Any) -> None:
         self._check(config, "hydra.run.dir")
         if not OmegaConf.select(config, "resume"):
-            # The launcher's own check, here before Hydra rewrites the run's .hydra/ (the launcher runs too late).
-            from eagle3.errors import UserError
-            from eagle3.rundir.files import RunDir
-
-            try:
-                RunDir(Path(str(OmegaConf.select(config, "hydra.run.dir"))).absolute()).refuse_to_overwrite()
-            except UserError as e:
-                raise SystemExit(f"error: {e}") from None
+            take_run_dir(config)
 
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
         self._check(config, "hydra.sweep.dir")
@@ -45,3 +39,27 @@ class CheckOutputDir(Callback):
         problem = output_dir_problem(Path(str(value)).absolute())
         if problem:
             raise SystemExit(f"error: {key}: {problem}; choose another {key}")
+
+
+def take_run_dir(config: DictConfig) -> None:
+    """A new run's dir, refused or taken before Hydra writes `.hydra/` into it and opens its launch.log (the
+    launcher runs after that): a dir another process holds (a run still building its data, a resume, a serve), seen
+    without writing anything there, or one that already holds a run; then this process holds its lock, so that a
+    second command into the same dir (started in the same second) is refused before it writes anything. On nodes
+    other than node 0 of a multi-node job node 0 holds the dir."""
+    from eagle3.errors import UserError
+    from eagle3.rundir.files import RunDir
+
+    room = RunDir(Path(str(OmegaConf.select(config, "hydra.run.dir"))).absolute())
+    try:
+        node_rank = OmegaConf.select(config, "distributed.node_rank", default=0)
+    except Exception:  # noqa: BLE001 - an unresolvable value: the config check names it, after this
+        node_rank = 0
+    try:
+        if node_rank in (0, None):
+            room.refuse_if_in_use()
+        room.refuse_to_overwrite()
+        if node_rank in (0, None):
+            room.hold()
+    except UserError as e:
+        raise SystemExit(f"error: {e}") from None

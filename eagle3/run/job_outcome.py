@@ -6,13 +6,14 @@ an Optuna study there the trial's value. The launcher calls one method per way a
 from __future__ import annotations
 
 import logging
+import signal
 import traceback
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from eagle3.console import resume_command
-from eagle3.errors import ConfigError
+from eagle3.errors import ConfigError, StoppedBeforeTraining
 from eagle3.rundir.files import RESOLVED_CONFIG, FailureRecord, IndexEntry, RunDir, SweepIndex
 from eagle3.sweep.study import STUDY_FILE
 
@@ -47,6 +48,21 @@ class JobOutcome:
         """A signal before training: nothing to resume, a sweep job is recorded as not run."""
         if self.multirun:
             self._index("interrupted", None, "stopped by a signal before training")
+
+    def stop_line(self, stop: StoppedBeforeTraining) -> str:
+        """The one line of a job a signal stopped outside its training loop: what was running, and what `resume=`
+        does with the run dir now (eagle3/run/resume.py: start it again from step 0, or continue it)."""
+        from eagle3 import safe_write
+        from eagle3.rundir.files import LOCK
+
+        said = f"{signal.Signals(stop.signum).name} while {stop.during or 'running'}: stopped"
+        room = self.run
+        if not (self.ours or (room.is_run() and safe_write.holds(room.file(LOCK)))):
+            return f"{said} before the run started; nothing was written: the same command starts it"
+        if room.took_a_step():
+            return f"{said}; continue it with: {resume_command(room.path)}"
+        return (f"{said} before its first step; nothing half-built is kept: start it again from step 0 with "
+                f"{resume_command(room.path)}")
 
     def stopped(self) -> None:
         """checkpoints/last is saved and the resume line printed: resumable, not failed."""

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -30,6 +31,7 @@ from eagle3.run.resume import AlreadyComplete, load_for_resume
 from eagle3.rundir.files import RunDir
 from eagle3.rundir.progress import job_clock, start_job
 from eagle3.rundir.rank_errors import RankFailed
+from eagle3.signal_scope import raising_on
 from eagle3.sweep.objective import objective_value
 from eagle3.verifier.shape import check_verifier_dir, unresolvable
 
@@ -40,10 +42,13 @@ log = logging.getLogger(__name__)
 
 
 def launch(cfg: DictConfig) -> float | None:
-    """Runs one job; returns its objective (cfg.objective: best val tau_sim or accept_len) for a sweeper."""
+    """Runs one job; returns its objective (cfg.objective: best val tau_sim or accept_len) for a sweeper. SIGTERM or
+    Ctrl-C at any moment of it stops it with one line (`stopped_line`); the training loop's own handler takes over
+    from its first step to its last (it saves checkpoints/last). `JobOutcome.stop_line` is the line."""
     hydra = HydraConfig.get()
     try:
-        return run_one_job(cfg, hydra)
+        with raising_on((signal.SIGTERM, signal.SIGINT), lambda sig: StoppedBeforeTraining(sig, "running the job")):
+            return run_one_job(cfg, hydra)
     finally:
         # A resumed run logs into its own dir, and a refused config wrote nothing: the dir Hydra made for this
         # command then holds only its own files and goes (a run, or a sweep job's failure.json, keeps it).
@@ -64,11 +69,16 @@ def run_one_job(cfg: DictConfig, hydra) -> float | None:
             print(done, flush=True)
             return None
         job.ours = True  # the run dir is this run's: from here on a failure is recorded in it
+        if cfg.resume:  # its log goes on in its own launch.log
+            from eagle3.console import append_log  # never through a link (RunDir.refuse_links refused those out)
+
+            append_log(run_dir, "launch.log", "[%(asctime)s][%(name)s][%(levelname)s] - %(message)s")
         summary = run_with_inputs(run_cfg)
         # Inside the try: a run whose best val pass has no accept_len is a failed trial, recorded as such.
         objective = objective_value(run_cfg.objective, summary.best) if summary is not None else None
-    except StoppedBeforeTraining:
+    except StoppedBeforeTraining as e:
         job.interrupted()
+        print(job.stop_line(e), file=sys.stderr, flush=True)
         raise
     except Interrupted:
         job.stopped()
@@ -108,10 +118,6 @@ def run_with_inputs(run_cfg: RunConfig) -> RunSummary | None:
     from eagle3.train.stop import stop_before_training  # torch: only once the config is known to be good
     from eagle3.train.track import check_wandb
 
-    if run_cfg.resume:  # its log goes on in its own launch.log
-        from eagle3.console import append_log  # never through a link (RunDir.refuse_links refused those out)
-
-        append_log(Path(run_cfg.run.dir), "launch.log", "[%(asctime)s][%(name)s][%(levelname)s] - %(message)s")
     if run_cfg.distributed.node_rank == 0:  # wandb logs, and eval.serve serves, from global rank 0 on node 0
         check_wandb(run_cfg.logger)  # an account and a network, before any data is built
         check_engine(run_cfg.eval)
@@ -134,7 +140,7 @@ def fresh_run(cfg: DictConfig, hydra, run_dir: Path) -> RunConfig:
     (log.warning if outside else log.info)(advice)
     if run_cfg.distributed.node_rank == 0:
         room = RunDir(run_dir)
-        room.hold()
+        room.keep()
         room.refuse_to_overwrite()
         room.write_config(plain_config(run_cfg))
     return run_cfg
@@ -213,10 +219,15 @@ def remove_if_only_hydras(hydra) -> None:
     """Removes the run dir Hydra made for a job that wrote nothing into it, and Hydra's date dir above it when that
     is then empty; never the dir above a run dir the command named (hydra.run.dir, hydra.sweep.dir), which may be
     the user's own, even their working directory."""
+    from eagle3 import safe_write
+    from eagle3.rundir.files import LOCK
+
     hydra_dir, job_name = Path(hydra.runtime.output_dir), hydra.job.name
-    if hydra_dir.is_dir() and {p.name for p in hydra_dir.iterdir()} <= {".hydra", f"{job_name}.log"}:
+    ours = {".hydra", f"{job_name}.log"} | ({LOCK} if safe_write.holds(hydra_dir / LOCK) else set())
+    if hydra_dir.is_dir() and {p.name for p in hydra_dir.iterdir()} <= ours:
         import shutil
 
+        safe_write.release(hydra_dir / LOCK)
         shutil.rmtree(hydra_dir)
         named = any(o.split("=", 1)[0].lstrip("+~") in ("hydra.run.dir", "hydra.sweep.dir")
                     for o in hydra.overrides.hydra)

@@ -81,11 +81,14 @@ def check_devices(cfg: TrainConfig) -> None:
 
 
 def check_new_job(cfg: TrainConfig) -> None:
-    """What a new job (not a resume) asks of this machine before anything is built: its verifier dir's config, its
-    devices, and unless it only plans, the initializer's source (init.path)."""
+    """What a new job (not a resume) asks of this machine before anything is built: its verifier dir's config, what
+    its data source refuses from the config alone, its devices, and unless it only plans, the initializer's source
+    (init.path)."""
+    from eagle3.data.sources import source_of
     from eagle3.verifier.shape import check_verifier_dir
 
     check_verifier_dir(cfg.model)
+    source_of(cfg.data).refuse_early(cfg)
     check_devices(cfg)
     if not cfg.plan:
         cfg.init.check_source()

@@ -1,6 +1,6 @@
 """`python launch.py resume=<run dir>`: the run's own resolved_config.yaml through today's schemas and checks, under
-the run dir's lock, against what its checkpoints/last was trained with; or, for a run that completed, a note that
-there is nothing to resume.
+the run dir's lock, against what its checkpoints/last was trained with; for a run that completed, a note that
+there is nothing to resume; for one stopped before its first step, the same run started again from step 0.
 
 Imports torch (eagle3/init/checkpoint.py) only once the run dir is held.
 """
@@ -11,10 +11,11 @@ import logging
 from pathlib import Path
 
 from eagle3.config import RunConfig, plain_config, validate
-from eagle3.errors import ConfigError
-from eagle3.run.plan_guard import check_devices
+from eagle3.errors import CheckpointError, ConfigError
+from eagle3.run.plan_guard import check_devices, check_new_job
 from eagle3.rundir.files import (
     CHECKPOINTS,
+    METRICS,
     RESOLVED_CONFIG,
     SUMMARY,
     RunDir,
@@ -46,6 +47,18 @@ def raise_if_complete(room: RunDir) -> None:
                               f"{room.file(CHECKPOINTS) / 'best'} and {room.file(CHECKPOINTS) / 'last'}")
 
 
+def restart(room: RunDir) -> RunConfig:
+    """A run stopped (or failed) before its first step has nothing to continue: it starts again from step 0 in its
+    own dir with its own config, checked as a new run's; the step-0 val row it may have logged goes (the run logs
+    its own again), its other files are rewritten as the run goes."""
+    run_cfg = room.typed_config()
+    check_new_job(run_cfg)
+    log.info("%s stopped before its first step: starting it again from step 0 with its own config", room.path)
+    if run_cfg.distributed.node_rank == 0:
+        room.file(METRICS).unlink(missing_ok=True)
+    return run_cfg
+
+
 def load_for_resume(run_dir: Path, hydra) -> RunConfig:
     """The run's own resolved config, through the same schemas and checks as a fresh run's; resuming changes
     nothing about the run."""
@@ -58,6 +71,11 @@ def load_for_resume(run_dir: Path, hydra) -> RunConfig:
         room.hold(resuming=True).refuse_links()  # before any rank starts: a link leading out is never written
     if room.file(SUMMARY).is_file():
         raise_if_complete(room)
+    if not room.took_a_step():
+        return restart(room)
+    if not room.last_saved():
+        raise CheckpointError(f"resume: {run_dir} took steps (metrics.jsonl) and saved no checkpoints/last: there "
+                              f"is nothing to continue from; start a new run in another dir")
     run_cfg = room.typed_config(resume=str(run_dir))  # before torch is imported: a refused file answers fast
     from eagle3.init.checkpoint import load_trainer_state, resumable_last
 

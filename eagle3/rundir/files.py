@@ -39,10 +39,12 @@ METRICS = "metrics.jsonl"
 LOCK = ".lock"
 SWEEP_INDEX = "index.json"
 LAUNCH_LOG = "launch.log"
+# data=online's data.cache_gb: the train rows' hidden states of the first epoch (one dir per rank), removed at the end.
+HIDDEN_CACHE_DIR = "online_hidden_cache"
 # The names a run (and eval.accept, eagle3.serve) writes in its dir: a symlink at one is refused wherever it leads.
 WRITTEN = (RESOLVED_CONFIG, SUMMARY, FAILURE, INIT_REPORT, DATA_CHECK, METRICS, LOCK, LAUNCH_LOG, "rank_*.log",
            "wandb_run_id", CHECKPOINTS, f"{CHECKPOINTS}/*", "rank_errors", "rank_errors/*", "accept_k*.json",
-           "serve_vllm_*", ".*.tmp")
+           "serve_vllm_*", ".*.tmp", HIDDEN_CACHE_DIR, f"{HIDDEN_CACHE_DIR}/*")
 
 
 def checkpoint_dir(run_dir: str | Path, name: str) -> Path:
@@ -302,36 +304,85 @@ class RunDir:
         try:
             safe_write.hold_lock(self.path, self.file(LOCK), holder)  # held as long as this process
         except safe_write.LockHeld as e:
-            pid = holder_pid(e.holder)
-            who = f"process {pid}" if pid is not None else "another process"
-            if resuming:
-                stop = f"kill -TERM {pid}" if pid is not None else "SIGTERM"
-                raise ConfigError(f"resume: {self.path} is in use by {who}, which is running or resuming this run; "
-                                  f"nothing was written: wait for it to end, or stop it ({stop}: a stopped run "
-                                  f"saves its state) and resume again") from None
-            raise ConfigError(f"{self.path} is in use by another run (started in the same second, or resuming it), "
-                              f"or a serve of it: {e.holder}; nothing was written: choose another hydra.run.dir"
-                              ) from None
+            raise self.in_use(e.holder, resuming) from None
         return self
+
+    def keep(self) -> RunDir:
+        """`hold`, unless this process holds the dir already (a new run's is taken before Hydra writes into it:
+        eagle3/run/hydra_callbacks.py)."""
+        return self if safe_write.holds(self.file(LOCK)) else self.hold()
+
+    def refuse_if_in_use(self, resuming: bool = False) -> None:
+        """The refusal `hold` gives when another process holds the dir, seen without writing anything in it."""
+        holder = safe_write.lock_holder(self.file(LOCK)) if self.path.is_dir() else None
+        if holder is not None:
+            raise self.in_use(holder, resuming)
+
+    def in_use(self, holder: str, resuming: bool) -> ConfigError:
+        pid = holder_pid(holder)
+        who = f"process {pid}" if pid is not None else "another process"
+        if resuming:
+            stop = f"kill -TERM {pid}" if pid is not None else "SIGTERM"
+            return ConfigError(f"resume: {self.path} is in use by {who}, which is running or resuming this run; "
+                               f"nothing was written: wait for it to end, or stop it ({stop}: a stopped run saves its "
+                               f"state) and resume again")
+        return ConfigError(f"{self.path} is in use by another run (started in the same second, or resuming it), or a "
+                           f"serve of it: {holder}; nothing was written: choose another hydra.run.dir")
 
     def refuse_links(self, advice: str = "remove them") -> None:
         """Refuses, before anything is written, a run dir whose files (or dirs) a run would write through a symlink
         that leads outside it or nowhere (eagle3.safe_write refuses each write through any link there too)."""
         links = self.links_leading_out()
         if links:
-            raise ConfigError(f"{self.path} holds symlinks that lead outside it or nowhere ({', '.join(links[:4])}"
-                              f"{', ...' if len(links) > 4 else ''}): a run writes its files into its dir and would "
-                              f"write through them; nothing was written: {advice}")
+            raise ConfigError(f"{self.path} holds symlinks that lead outside it or nowhere, or stand at a name the "
+                              f"run writes ({', '.join(links[:4])}{', ...' if len(links) > 4 else ''}): a run writes "
+                              f"its files into its dir and would write through them; nothing was written: {advice}")
 
     def refuse_to_overwrite(self) -> None:
-        """Refuses a dir that holds a run, or symlinks a run would write through."""
+        """Refuses a dir that holds a run, or symlinks a run would write through; says what `resume=` does with
+        the run there (eagle3/run/resume.py): continue it, start it again from step 0, or nothing."""
         from eagle3.console import resume_command
 
         self.refuse_links("remove them or choose another hydra.run.dir")
-        if self.file(CHECKPOINTS).exists() or self.file(METRICS).exists():
-            raise ConfigError(f"{self.path} already holds a run (checkpoints or metrics.jsonl); nothing was "
-                              f"overwritten: continue it with {resume_command(self.path)}, or choose another "
-                              f"hydra.run.dir")
+        if not (self.file(CHECKPOINTS).exists() or self.file(METRICS).exists()):
+            return
+        if not self.took_a_step():
+            raise ConfigError(f"{self.path} already holds a run stopped before its first step; nothing was "
+                              f"overwritten: start it again from step 0 with {resume_command(self.path)}, or choose "
+                              f"another hydra.run.dir")
+        if not self.last_saved():
+            raise ConfigError(f"{self.path} already holds a run that took steps (metrics.jsonl) and saved no "
+                              f"checkpoints/last, so there is nothing to continue; nothing was overwritten: choose "
+                              f"another hydra.run.dir")
+        raise ConfigError(f"{self.path} already holds a run (checkpoints or metrics.jsonl); nothing was "
+                          f"overwritten: continue it with {resume_command(self.path)}, or choose another "
+                          f"hydra.run.dir")
+
+    # --- how far the run got ---
+    def last_saved(self) -> bool:
+        """Whether checkpoints/last is there, whole or as a save stopped between its renames (.last.tmp, .last.old:
+        eagle3.init.checkpoint.resumable_last)."""
+        checkpoints = self.file(CHECKPOINTS)
+        return any((checkpoints / name).exists() or (checkpoints / name).is_symlink()
+                   for name in ("last", ".last.tmp", ".last.old"))
+
+    def took_a_step(self) -> bool:
+        """Whether the run got past its first step: a checkpoints/last saved, or a metrics.jsonl row past step 0 (a
+        line cut short says nothing). A run stopped or failed before it (in its data build, its rank's start, its
+        step-0 val pass) has nothing to continue: `resume=` starts it again from step 0."""
+        if self.last_saved():
+            return True
+        metrics = self.file(METRICS)
+        if not metrics.is_file() or metrics.is_symlink():
+            return False
+        for line in metrics.read_text(encoding="utf-8", errors="replace").splitlines():
+            try:
+                step = json.loads(line)["step"]
+            except (ValueError, KeyError, TypeError):
+                continue
+            if isinstance(step, (int, float)) and step > 0:
+                return True
+        return False
 
     def links_leading_out(self) -> list[str]:
         """The symlinks in the dir and its subdirs (.hydra/, wandb/: where Hydra, the run and wandb write; links

@@ -96,8 +96,10 @@ def main(argv: list[str] | None = None) -> None:
     except UserError as e:
         raise SystemExit(f"error: {e}") from None
     except KeyboardInterrupt:
-        raise SystemExit("interrupted: the vLLM servers were stopped; no report was written for the k in "
-                         "progress") from None
+        from eagle3.console import interrupted
+
+        raise interrupted("interrupted (Ctrl-C): the vLLM servers were stopped; no report was written for the k in "
+                          "progress") from None
     for report in reports:
         print(format_report(report))
     unequal = [r for r in reports if r["harness"]["equal"] is False and r["dtype"] == "float32"]

@@ -38,7 +38,7 @@ from eagle3.init.checkpoint import TRAINER_STATE, SaveFailed, save_checkpoint
 from eagle3.rundir.files import CHECKPOINTS, trained_config
 from eagle3.rundir.progress import Progress, Row, job_clock
 from eagle3.train.cadence import Cadence, Stop
-from eagle3.train.stop import StopRequest
+from eagle3.train.stop import StopRequest, stop_before_training
 from eagle3.train.track import Tracker
 
 if TYPE_CHECKING:
@@ -224,9 +224,10 @@ class Run:
         """A new run's progress after its step-0 val pass (the drafter as initialized, before any update; for a
         pretrained init its probe), or a resumed run's, with the optimizer, lr schedule and RNG it saved."""
         if resume_state is None:
-            step0 = self.evaluate(0, 0, 0.0)
-            progress = Progress(step0=step0, best=step0, final=step0)
-            self.save("best")
+            with stop_before_training("the val pass before the first step"):  # minutes on a real verifier
+                step0 = self.evaluate(0, 0, 0.0)
+                progress = Progress(step0=step0, best=step0, final=step0)
+                self.save("best")
         else:
             progress = Progress.from_dict(resume_state["progress"], self.ckpt_dir / "last")
             load_optimizer_state(self.model, self.parts.optimizer, resume_state["optimizer"], self.world)

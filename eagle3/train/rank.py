@@ -28,6 +28,7 @@ from eagle3.rundir.files import InitReport, RunDir, checkpoint_dir
 from eagle3.rundir.progress import RunSummary, format_result_table, job_clock
 from eagle3.rundir.rank_errors import write_rank_error
 from eagle3.train.loop import ExtraLoss, Hook, Run, Training, ValEntries, train
+from eagle3.train.stop import stop_before_training
 from eagle3.train.track import Tracker
 
 if TYPE_CHECKING:
@@ -52,7 +53,8 @@ def worker(cfg: RunConfig, verifier_dir: Path, data_dir: Path, rows: list[int] |
     run_dir = Path(cfg.run.dir)
     setup_rank_logging(run_dir, rank)
     try:
-        return run_rank(cfg, verifier_dir, data_dir, rows)
+        with stop_before_training("starting the rank"):  # the loop's own handler from its first step to its last
+            return run_rank(cfg, verifier_dir, data_dir, rows)
     except Exception as e:
         record = write_rank_error(run_dir, rank, e)
         # Into the rank's log file only (rank 0's too: the console gets the launcher's one message, which names

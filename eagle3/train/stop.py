@@ -22,15 +22,11 @@ log = logging.getLogger(__name__)
 
 @contextmanager
 def stop_before_training(what: str) -> Iterator[None]:
-    """SIGTERM or Ctrl-C while `what` runs, before any checkpoint exists: the signal raises StoppedBeforeTraining
+    """SIGTERM or Ctrl-C while `what` runs, before the run's first step: the signal raises StoppedBeforeTraining
     where the code is, so the `finally` blocks on the way out remove temporary files (a cache entry is built in a
-    temporary dir, eagle3/formats/cache.py), and the launcher exits with 128 + the signal after one line."""
-    def stopped(signum: int) -> StoppedBeforeTraining:
-        log.warning("%s while %s: stopped before training; nothing half-built is kept, the same command starts "
-                    "again", signal.Signals(signum).name, what)
-        return StoppedBeforeTraining(signum)
-
-    with raising_on(StopRequest.SIGNALS, stopped):
+    temporary dir, eagle3/formats/cache.py), and the launcher says so in one line (eagle3/run/launch.py) and exits
+    with 128 + the signal."""
+    with raising_on(StopRequest.SIGNALS, lambda signum: StoppedBeforeTraining(signum, what)):
         yield
 
 

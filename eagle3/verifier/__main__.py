@@ -39,7 +39,9 @@ def main(argv: list[str] | None = None) -> None:
     except UserError as e:
         raise SystemExit(f"error: {e}") from None
     except KeyboardInterrupt:
-        raise SystemExit("interrupted: nothing was written") from None
+        from eagle3.console import interrupted
+
+        raise interrupted("interrupted (Ctrl-C): nothing was written") from None
     print(out)
 
 

@@ -245,6 +245,21 @@ def test_max_records_is_refused_for_a_speculators_dataset_dir_read_whole(tmp_pat
         token_rows_dir(OnlineDataConfig(path=str(path), max_records=1), tmp_path / "verifier", str(tmp_path / "c"))
 
 
+def test_max_records_with_a_speculators_dataset_dir_is_refused_before_the_run_dir_is_made(tmp_path):
+    """The refusal came after the run dir was made (failure.json, launch.log, resolved_config.yaml left behind)."""
+    from commands import launch
+
+    path = write(tmp_path / "ds", [{**r, "seq_len": len(r["input_ids"])} for r in TOKENS], "dataset")
+    run_dir = tmp_path / "run"
+    proc = launch(["data=online", f"data.path={path}", "data.max_records=1", f"hydra.run.dir={run_dir}"],
+                  tmp_path / "cache")
+    assert proc.returncode == 1, proc.stderr[-2000:]
+    assert f"error: data.max_records: {path} is a speculators-format dataset dir, whose rows are read as they are" \
+        in proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert not run_dir.exists() and not (tmp_path / "cache").exists()
+
+
 def test_a_datasets_dir_of_several_splits_names_the_dir_of_one(chat, tmp_path):
     from datasets import Dataset, DatasetDict
 

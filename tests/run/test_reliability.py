@@ -256,3 +256,52 @@ def test_a_signal_while_the_data_is_built_leaves_no_half_built_cache_entry(tmp_p
     assert proc.returncode == 128 + signal.SIGTERM, out[-2000:]
     assert "SIGTERM while building and checking the run's verifier and data" in out and "Traceback" not in out
     assert datasets.is_dir() and not any(datasets.iterdir()), list(datasets.iterdir())
+
+
+# `python launch.py ARGS` in a process of its own whose first val pass sends the process `signal.{name}` as it begins
+# (a real signal, delivered by the OS, at a moment no timing decides).
+SIGNAL_IN_THE_FIRST_VAL_PASS = """
+import os, runpy, signal, sys
+import eagle3.train.loop as loop
+real = loop.run_validation
+def signalled(*args, **kwargs):
+    loop.run_validation = real
+    os.kill(os.getpid(), signal.{name})
+    return real(*args, **kwargs)
+loop.run_validation = signalled
+sys.argv = [{launch!r}, *sys.argv[1:]]
+runpy.run_path({launch!r}, run_name="__main__")
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+def test_a_signal_in_the_first_val_pass_is_one_line_and_resume_starts_the_run_again(signum, cache_dir, tmp_path):
+    """Ctrl-C in the step-0 val pass (minutes on a real verifier) printed a 40-frame KeyboardInterrupt traceback and
+    SIGTERM died without a word; then resume= said checkpoints/last is missing and a new run in the dir said to
+    resume it. One line, exit 128 + the signal, and resume= starts the run again from step 0, which a new run there
+    is told too."""
+    from commands import signals_as_a_shell_leaves_them
+    from eagle3.console import resume_command
+
+    from eagle3.run.inputs import materialize_inputs
+
+    run, overrides = tmp_path / "run", ["optim.max_steps=2", *SMALL_DATA, "logger.mode=disabled"]
+    materialize_inputs(typed_run_config(cache_dir, run, overrides))  # built: stderr holds no progress bar of it
+    script = SIGNAL_IN_THE_FIRST_VAL_PASS.format(name=signum.name, launch=str(ROOT / "launch.py"))
+    proc = subprocess.run([sys.executable, "-c", script, f"hydra.run.dir={run}", *overrides], cwd=ROOT, env={**os.environ, "EAGLE3_CACHE": str(cache_dir)},
+                          capture_output=True, text=True, timeout=1800, preexec_fn=signals_as_a_shell_leaves_them)
+    assert proc.returncode == 128 + signum, proc.stderr[-3000:]
+    assert proc.stderr.strip().splitlines() == [
+        f"{signum.name} while the val pass before the first step: stopped before its first step; nothing half-built "
+        f"is kept: start it again from step 0 with {resume_command(run)}"], proc.stderr[-3000:]
+    assert not (run / "failure.json").exists()
+
+    again = launch([f"hydra.run.dir={run}", *overrides], cache_dir)
+    assert again.returncode == 1
+    assert f"start it again from step 0 with {resume_command(run)}" in again.stderr, again.stderr[-2000:]
+
+    resumed = launch([f"resume={run}"], cache_dir)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert [(r["step"], r["split"]) for r in read_rows(run) if r["split"] == "val"] == [(0, "val"), (2, "val")]
+    assert json.loads((run / "summary.json").read_text())["steps"] == 2

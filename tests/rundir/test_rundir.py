@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from commands import launch
+from commands import launch, launch_process
 from eagle3.errors import ConfigError, UserError
 from eagle3.rundir.files import DataCheck, FailureRecord, IndexEntry, InitReport, RunDir, SweepIndex
 from eagle3.rundir.progress import Progress, RunSummary
@@ -332,6 +332,80 @@ def test_a_resume_of_a_run_dir_in_use_names_the_process_holding_it(tmp_path):
     assert str(refused.value) == (f"resume: {run} is in use by process {pid}, which is running or resuming this run; "
                                   f"nothing was written: wait for it to end, or stop it (kill -TERM {pid}: a stopped "
                                   f"run saves its state) and resume again")
+
+
+def files_in(run: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(run)): p.read_bytes() for p in sorted(run.rglob("*")) if p.is_file()}
+
+
+def test_a_launch_into_a_run_dir_in_use_is_refused_before_it_writes_anything_there(tmp_path):
+    """While run A held its dir (building its data), a second launch into it was refused only after Hydra had
+    rewritten A's .hydra/{config,hydra,overrides}.yaml and the launcher had appended B's plan: lines to A's
+    launch.log: the holder is seen before anything is written, every file stays byte for byte."""
+    from eagle3 import safe_write
+
+    run = tmp_path / "run"
+    (run / ".hydra").mkdir(parents=True)
+    for name in ("config.yaml", "hydra.yaml", "overrides.yaml"):
+        (run / ".hydra" / name).write_text(f"A's {name}\n")
+    (run / "launch.log").write_text("[A] building the data\n")
+    (run / "resolved_config.yaml").write_text("A's config\n")
+    RunDir(run).hold()  # as run A holds it while it builds its data
+    try:
+        before = files_in(run)
+        proc = launch_process([f"hydra.run.dir={run}", "optim.lr=3e-3"], tmp_path / "cache")
+        after = files_in(run)
+    finally:
+        safe_write.release(run / ".lock")
+    assert proc.returncode == 1, proc.stderr[-2000:]
+    assert f"error: {run} is in use by another run" in proc.stderr and "nothing was written" in proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert after == before
+
+
+def test_a_link_at_the_online_hidden_cache_is_refused_before_anything_is_built_or_written(tmp_path):
+    """A link at online_hidden_cache (data.cache_gb's dir) to a dir inside the run was refused only after the data
+    build, with failure.json written, under a message saying nothing was written: it is a name the run writes."""
+    run = tmp_path / "run"
+    (run / "inside").mkdir(parents=True)
+    (run / "online_hidden_cache").symlink_to(run / "inside")
+    proc = launch(["data=online", "data.cache_gb=1", "optim.epochs=2", f"hydra.run.dir={run}"], tmp_path / "cache")
+    assert proc.returncode == 1, proc.stderr[-2000:]
+    assert f"online_hidden_cache -> {run / 'inside'}" in proc.stderr and "nothing was written" in proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert sorted(p.name for p in run.iterdir()) == ["inside", "online_hidden_cache"]
+    assert list((run / "inside").iterdir()) == [] and not (tmp_path / "cache").exists()
+
+
+def test_a_new_run_and_resume_agree_on_a_run_dir_that_took_no_step_or_saved_no_last(tmp_path):
+    """A run stopped before its first step: resume= said checkpoints/last is missing and a new run there said to
+    resume it, each sending the user to the other. Both say what resume= does: start it again from step 0; for a
+    run that took steps and saved no last, both say there is nothing to continue."""
+    from eagle3 import safe_write
+    from eagle3.console import resume_command
+    from eagle3.errors import CheckpointError
+    from eagle3.run.resume import load_for_resume
+
+    run = tmp_path / "run"
+    (run / "checkpoints" / "best").mkdir(parents=True)
+    (run / "metrics.jsonl").write_text(json.dumps({**ROW, "step": 0}) + "\n")
+    with pytest.raises(ConfigError) as refused:
+        RunDir(run).refuse_to_overwrite()
+    assert str(refused.value) == (f"{run} already holds a run stopped before its first step; nothing was "
+                                  f"overwritten: start it again from step 0 with {resume_command(run)}, or choose "
+                                  f"another hydra.run.dir")
+    with (run / "metrics.jsonl").open("a") as f:
+        f.write(json.dumps({**ROW, "split": "train"}) + "\n")
+    with pytest.raises(ConfigError, match="took steps .metrics.jsonl. and saved no checkpoints/last, so there is "
+                                          "nothing to continue; nothing was overwritten: choose another"):
+        RunDir(run).refuse_to_overwrite()
+    (run / "resolved_config.yaml").write_text("run: {}\n")
+    try:
+        with pytest.raises(CheckpointError, match="saved no checkpoints/last: there is nothing to continue from; "
+                                                  "start a new run in another dir"):
+            load_for_resume(run, resume_hydra(run))
+    finally:
+        safe_write.release(run / ".lock")
 
 
 def test_a_resumed_runs_config_key_this_version_does_not_know_is_refused_naming_the_file(tmp_path):

@@ -175,3 +175,18 @@ def test_only_the_verifier_module_opens_a_verifiers_config_json_and_loads_it():
     assert not outside, f"config.json named in code outside the modules that may: {sorted(outside)}"
     for name, allowed in ONLY_IN.items():
         assert where[name] <= allowed, f"{name} outside {sorted(allowed)}: {sorted(where[name] - allowed)}"
+
+
+def test_from_gguf_stopped_by_ctrl_c_exits_130_with_one_line(monkeypatch, capsys, tmp_path):
+    """It exited 1 (its message as SystemExit's), where every other command stopped by Ctrl-C exits 130."""
+    import eagle3.verifier.gguf as gguf
+    from eagle3.verifier.__main__ import main
+
+    def converting(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(gguf, "from_gguf", converting)
+    with pytest.raises(SystemExit) as stopped:
+        main(["from-gguf", str(tmp_path / "model.gguf"), str(tmp_path / "out")])
+    assert stopped.value.code == 130
+    assert capsys.readouterr().err == "interrupted (Ctrl-C): nothing was written\n"

@@ -11,9 +11,10 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from eagle3.config import DraftConfig, OnlineDataConfig, TokenRows
 from eagle3.data.sources.registry import Source, register
+from eagle3.rundir.files import HIDDEN_CACHE_DIR  # under the run dir: the hidden states data.cache_gb keeps
 
 if TYPE_CHECKING:
-    from eagle3.config import RunConfig
+    from eagle3.config import RunConfig, TrainConfig
     from eagle3.data.check import CheckReport
     from eagle3.data.loader import Loader
     from eagle3.data.online import OnlineVerifier
@@ -22,8 +23,6 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 Rows = TypeVar("Rows", bound=TokenRows)
-# Under the run dir: the train rows' hidden states data.cache_gb keeps (one dir per rank), removed when the run ends.
-HIDDEN_CACHE_DIR = "online_hidden_cache"
 
 
 class TokenRowsSource(Source[Rows]):
@@ -88,6 +87,11 @@ class TokenRowsSource(Source[Rows]):
 @register(OnlineDataConfig)
 class OnlineSource(TokenRowsSource[OnlineDataConfig]):
     """Rows from data.path, or without one sampled from the verifier as data.synth says."""
+
+    def refuse_early(self, cfg: TrainConfig) -> None:
+        from eagle3.data.token_rows import refuse_max_records_of_a_dataset_dir
+
+        refuse_max_records_of_a_dataset_dir(self.data)
 
     def token_rows(self, cfg: RunConfig, verifier_dir: Path) -> Path:
         from eagle3.data.token_rows import token_rows_dir

@@ -32,6 +32,10 @@ class Source(Generic[Schema]):
         before any rank starts."""
         raise NotImplementedError
 
+    def refuse_early(self, cfg: TrainConfig) -> None:
+        """What the source refuses from the config and its paths alone, before the run dir is written or anything
+        is built (the launcher's check of a new job); the schema's own checks ran already."""
+
     def check_rows(self, cfg: RunConfig, verifier_dir: Path, data_dir: Path) -> CheckReport:
         """The start-up check of the data dir's rows (eagle3.data.check's quick part), before any rank starts."""
         raise NotImplementedError
