@@ -14,13 +14,13 @@ from pathlib import Path
 import pytest
 
 from commands import launch
-from factories import SMALL_DATA, SMOLLM2_TRAIN, sharegpt_slice
+from factories import QWEN3_EAGLE31_RUN, SMALL_DATA, SMOLLM2_TRAIN, sharegpt_slice
 
 # Fixtures that run launch.py (or prepare) end to end, here and in test modules: every test that uses one,
 # directly or through another fixture, is in the slow tier whether or not it says so itself, so a test added
 # later that reads `trained_run` cannot slip into the fast tier.
 LAUNCHING_FIXTURES = {"trained_run", "sweep_2x2", "strong_run", "single_accum2", "prepared", "tiny_online",
-                      "smollm2_online_run"}
+                      "smollm2_online_run", "qwen3_eagle31_run"}
 
 
 def pytest_configure(config):
@@ -129,6 +129,17 @@ def sweep_2x2(cache_dir, tmp_path_factory) -> Path:
         assert proc.returncode == 0, proc.stderr[-3000:]
 
     return built_once(tmp_path_factory, "lr_epochs", sweep)
+
+
+@pytest.fixture(scope="session")
+def qwen3_eagle31_run(cache_dir, tmp_path_factory) -> Path:
+    """A run of a two-layer Qwen3 EAGLE-3.1 draft (factories.QWEN3_EAGLE31_RUN): the reference test_draft_arch
+    resumes against, and one of the drafts test_serve_arch serves."""
+    def train(run_dir: Path) -> None:
+        proc = launch([f"hydra.run.dir={run_dir}", *QWEN3_EAGLE31_RUN], cache_dir)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+
+    return built_once(tmp_path_factory, "qwen3_eagle31", train)
 
 
 # Where `python -m eagle3.reference --install` (run by .ci/run) builds the real verifier and data, once:

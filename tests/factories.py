@@ -24,6 +24,12 @@ CONF = ROOT / "conf"
 
 # A smaller dataset than the default run's, so that the suite stays within minutes on 2 cores.
 SMALL_DATA = ["data.synth.num_samples=128", "data.synth.response_len=48", "data.total_seq_len=512"]
+# The non-parallel drafts' three axes in one draft (decoder layer, depth, EAGLE-3.1's norms) with gradient
+# checkpointing, trained once (tests/conftest.py's `qwen3_eagle31_run`): test_draft_arch resumes it, test_serve_arch
+# serves it.
+QWEN3_EAGLE31 = ["model.draft.layer_type=qwen3", "model.draft.num_layers=2", "model.draft.eagle31=true",
+                 "model.draft.gradient_checkpointing=true"]
+QWEN3_EAGLE31_RUN = ["optim.max_steps=8", "logger.log_every=1", "logger.mode=disabled", *SMALL_DATA, *QWEN3_EAGLE31]
 
 
 # A slice of the real data a real-model test can afford (tests/conftest.py's `chat_rows`): a few ShareGPT
