@@ -132,15 +132,18 @@ def captured_console():
         yield out, err
 
 
-def reference_and_resumed(args: list[str], cache_dir: Path, tmp_path: Path) -> tuple[Path, Path]:
-    """One uninterrupted run of `args` (tmp_path/reference) and one SIGTERMed after its first optimizer step and
-    resumed in place (tmp_path/stopped), all three in this process (the subject is the stopped run dir: the signal
-    to a process is test_reliability's); both run dirs, each asserted to have ended as it should."""
+def reference_and_resumed(args: list[str], cache_dir: Path, tmp_path: Path,
+                          reference: Path | None = None) -> tuple[Path, Path]:
+    """One uninterrupted run of `args` (tmp_path/reference, or `reference`: one a fixture trained with the same
+    args) and one SIGTERMed after its first optimizer step and resumed in place (tmp_path/stopped), all three in
+    this process (the subject is the stopped run dir: the signal to a process is test_reliability's); both run dirs,
+    each asserted to have ended as it should."""
     import signal
 
-    reference = tmp_path / "reference"
-    proc = launch([f"hydra.run.dir={reference}", *args], cache_dir)
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    if reference is None:
+        reference = tmp_path / "reference"
+        proc = launch([f"hydra.run.dir={reference}", *args], cache_dir)
+        assert proc.returncode == 0, proc.stderr[-3000:]
     stopped = tmp_path / "stopped"
     proc = sigterm_in_process_after_step_1([f"hydra.run.dir={stopped}", *args], cache_dir)
     assert proc.returncode == 128 + signal.SIGTERM, proc.stderr[-2000:]

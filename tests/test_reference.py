@@ -14,39 +14,8 @@ from pathlib import Path
 import pytest
 
 from commands import launch
+from factories import SMOLLM2_TRAIN as TRAIN
 from factories import compose_cfg, read_rows
-
-# A slice a real-model test can afford: a few conversations, their turns cut short, so that each row is a few
-# hundred tokens; a small draft vocabulary, short packed batches, a few steps.
-CONVERSATIONS, TURN_CHARS = 6, 400
-TRAIN = ["model=auto", "model.draft.draft_vocab_size=1024", "data.total_seq_len=512", "data.train_ratio=0.67",
-         "optim.max_steps=3", "optim.lr=1e-3", "logger.mode=disabled", "logger.log_every=1",
-         "data.hidden_states_dtype=float32"]
-
-
-def first_exchange(record: dict) -> dict | None:
-    """A ShareGPT record cut to its first human turn and the answer to it, each turn cut short, in ShareGPT's own
-    format; None when it has no such exchange (an empty conversation, a last unanswered turn)."""
-    turns = record["conversations"]
-    first = next((i for i, t in enumerate(turns) if t["from"] == "human"), len(turns))
-    exchange = [{**t, "value": t["value"][:TURN_CHARS]} for t in turns[first:first + 2]]
-    if [t["from"] for t in exchange] != ["human", "gpt"] or not all(t["value"].strip() for t in exchange):
-        return None
-    return {"id": record["id"], "conversations": exchange}
-
-
-@pytest.fixture(scope="module")
-def chat_rows(sharegpt_file, tmp_path_factory) -> Path:
-    """A slice of the ShareGPT file as ShareGPT's own JSON array of `conversations` records, read by the project's
-    reader like data.path: a few conversations from its head, each its first exchange, cut short."""
-    from eagle3.formats.row_files import records
-
-    head = [record for _, record in islice(records(sharegpt_file), 4 * CONVERSATIONS)]
-    kept = [r for r in map(first_exchange, head) if r]
-    assert len(kept) >= CONVERSATIONS, "the head of the ShareGPT file has human/gpt exchanges"
-    path = tmp_path_factory.mktemp("sharegpt") / "sharegpt_slice.json"
-    path.write_text(json.dumps(kept[:CONVERSATIONS], indent=2))
-    return path
 
 
 def test_model_auto_reads_smollm2s_shape(smollm2_dir):
@@ -116,11 +85,9 @@ def test_smollm2_prepared_chat_rows_train_a_draft(smollm2_dir, chat_rows, tmp_pa
 
 
 @pytest.mark.slow
-def test_smollm2_online_and_regenerated_chat_rows_train_a_draft(smollm2_dir, chat_rows, tmp_path):
-    online = launch([f"hydra.run.dir={tmp_path / 'online'}", f"model.verifier.path={smollm2_dir}", *TRAIN,
-                     "data=online", f"data.path={chat_rows}"], tmp_path / "cache")
-    assert online.returncode == 0, online.stderr[-3000:]
-    assert_trained(tmp_path / "online", smollm2_dir, 3)
+def test_smollm2_online_and_regenerated_chat_rows_train_a_draft(smollm2_dir, chat_rows, smollm2_online_run,
+                                                               tmp_path):
+    assert_trained(smollm2_online_run, smollm2_dir, 3)  # trained by tests/conftest.py, served by test_serve too
 
     # in process: vLLM regenerates in test_regenerate
     regenerated = launch([f"hydra.run.dir={tmp_path / 'regen'}", f"model.verifier.path={smollm2_dir}", *TRAIN,

@@ -16,6 +16,8 @@ from eagle3.config import EAGLE31_FLAGS, SPECULATORS_FLAGS, DraftConfig, LayerTy
 from eagle3.errors import ConfigError
 from eagle3.plan.memory import parameter_counts
 from factories import (
+    QWEN3_EAGLE31,
+    QWEN3_EAGLE31_RUN,
     ROOT,
     SMALL_DATA,
     assert_chain_equals_speculators_forward,
@@ -94,18 +96,19 @@ def test_the_harness_chain_equals_speculators_forward_with_two_layers(layer_type
 ARCH_RUNS = {
     "llama-2": ["model.draft.num_layers=2"],
     "qwen3-1": ["model.draft.layer_type=qwen3"],
-    "qwen3-2-eagle31-ckpt": ["model.draft.layer_type=qwen3", "model.draft.num_layers=2", "model.draft.eagle31=true",
-                             "model.draft.gradient_checkpointing=true"],
+    "qwen3-2-eagle31-ckpt": QWEN3_EAGLE31,  # its reference run trained once (conftest), served too
 }
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("arch", list(ARCH_RUNS))
-def test_each_architecture_trains_resumes_exactly_after_sigterm_and_exports(arch, cache_dir, tmp_path):
+def test_each_architecture_trains_resumes_exactly_after_sigterm_and_exports(arch, cache_dir, tmp_path, request):
     from speculators.models.eagle3 import Eagle3DraftModel
 
     args = ["optim.max_steps=8", "logger.log_every=1", "logger.mode=disabled", *SMALL_DATA, *ARCH_RUNS[arch]]
-    reference, stopped = reference_and_resumed(args, cache_dir, tmp_path)
+    shared = args == QWEN3_EAGLE31_RUN
+    reference, stopped = reference_and_resumed(args, cache_dir, tmp_path, request.getfixturevalue(
+        "qwen3_eagle31_run") if shared else None)
     ref, res = (json.loads((d / "summary.json").read_text()) for d in (reference, stopped))
     assert res["steps"] == ref["steps"] == 8
     assert res["final"]["loss"] == pytest.approx(ref["final"]["loss"], rel=1e-4)

@@ -14,7 +14,9 @@ from hydra.errors import ConfigCompositionException
 from omegaconf import OmegaConf
 
 from commands import launch
-from eagle3.config import validate
+from eagle3.config import TokenRows, validate
+from eagle3.data.sources import SOURCES, registered, source_of
+from eagle3.data.sources.online import TokenRowsSource
 from eagle3.errors import ConfigError
 from factories import CONF, compose_cfg, read_rows
 from hydra_plugins.eagle3_basic_sweeper.sweeper import job_config_problem
@@ -121,43 +123,58 @@ def test_each_source_is_typed_by_its_name_and_an_unknown_name_is_one_message():
 PATTERN_YAML = "defaults:\n  - base_pattern\n\nperiod: 5\n"
 
 
-def register_pattern_source():
-    from eagle3.config import TokenRows
-    from eagle3.data.sources import SOURCES, register
-    from eagle3.data.sources.online import TokenRowsSource
+@dataclass
+class PatternRows(TokenRows):
+    name: str = "pattern"
+    num_rows: int = 48
+    row_len: int = 40
+    period: int = 7
 
-    if "pattern" in SOURCES:
-        return
 
-    @dataclass
-    class PatternRows(TokenRows):
-        name: str = "pattern"
-        num_rows: int = 48
-        row_len: int = 40
-        period: int = 7
+class PatternSource(TokenRowsSource):
+    def token_rows(self, cfg, verifier_dir):
+        from eagle3.data.token_rows import save_rows
+        from eagle3.formats.cache import build_once
 
-    @register(PatternRows)
-    class PatternSource(TokenRowsSource):
-        def token_rows(self, cfg, verifier_dir):
-            from eagle3.data.token_rows import save_rows
-            from eagle3.formats.cache import build_once
+        d = self.data
+        rows = [([(r + i) % d.period + 1 for i in range(d.row_len)], [0] + [1] * (d.row_len - 1))
+                for r in range(d.num_rows)]
+        return build_once(Path(cfg.cache_dir) / "datasets" / f"pattern-{d.num_rows}-{d.row_len}-{d.period}",
+                          lambda out: save_rows(rows, out), what="pattern rows")
 
-            d = self.data
-            rows = [([(r + i) % d.period + 1 for i in range(d.row_len)], [0] + [1] * (d.row_len - 1))
-                    for r in range(d.num_rows)]
-            return build_once(Path(cfg.cache_dir) / "datasets" / f"pattern-{d.num_rows}-{d.row_len}-{d.period}",
-                              lambda out: save_rows(rows, out), what="pattern rows")
+
+@pytest.fixture
+def pattern_source():
+    """The pattern source registered for one test (eagle3.data.sources.registered): no other test sees it."""
+    with registered(PatternRows, PatternSource) as source:
+        yield source
+
+
+def test_a_source_registered_for_a_block_is_gone_after_it_with_its_schema():
+    from hydra.core.config_store import ConfigStore
+
+    from eagle3.config import data_schema
+
+    def stored() -> bool:
+        return "base_pattern.yaml" in ConfigStore.instance().repo.get("data", {})
+
+    before = dict(SOURCES)
+    with registered(PatternRows, PatternSource):
+        assert SOURCES["pattern"] is PatternSource and data_schema("pattern") is PatternRows and stored()
+        assert type(source_of(PatternRows())) is PatternSource
+    assert SOURCES == before and not stored()
+    with pytest.raises(ConfigError, match="'pattern' is no data source"):
+        data_schema("pattern")
 
 
 @pytest.mark.slow
-def test_a_source_registered_in_a_few_lines_trains_the_tiny_draft(tmp_path, monkeypatch):
+def test_a_source_registered_in_a_few_lines_trains_the_tiny_draft(pattern_source, tmp_path, monkeypatch):
     import hydra
 
     from eagle3.config import register_configs
     from eagle3.formats.arrow_rows import ArrowRows
     from eagle3.run.launch import launch as launch_job
 
-    register_pattern_source()
     register_configs()
     conf = tmp_path / "conf"
     (conf / "data").mkdir(parents=True)

@@ -732,43 +732,26 @@ def test_serving_shows_a_progress_bar_over_the_prompts_on_stderr(capsys):
     assert "serving (plain, ngram, spec)" in err and "/3 [" in err and out == ""
 
 
-CHAT = [("What is the capital of France?", "The capital of France is Paris."),
-        ("Name three primary colors.", "Red, blue and yellow are the three primary colors."),
-        ("How many days are in a week?", "There are seven days in a week."),
-        ("What is 2 plus 2?", "2 plus 2 equals 4."),
-        ("Which planet is closest to the Sun?", "Mercury is the planet closest to the Sun."),
-        ("What do bees make?", "Bees make honey and beeswax."),
-        ("What is the boiling point of water?", "Water boils at 100 degrees Celsius at sea level."),
-        ("Who wrote Romeo and Juliet?", "William Shakespeare wrote Romeo and Juliet."),
-        ("What color is the sky on a clear day?", "The sky is blue on a clear day."),
-        ("How many legs does a spider have?", "A spider has eight legs.")]
 # "hello!": SmolLM2's answer ends (<|im_end|> its best token) within the 48 tokens, which both sides decode through
 HELD_OUT = ["Write a short poem about the sea.", "Explain what a computer is to a child.",
             "Give me three tips for learning to cook.", "hello!"]
 
 
 @pytest.mark.slow
-def test_vllm_against_the_harness_on_smollm2_at_t0_in_fp32_for_a_trained_checkpoint(smollm2_dir, engine_python,
-                                                                                   cache_dir, tmp_path):
-    """A real 30-layer verifier: a draft trained for 2 steps on chat rows (data=online, model=auto), served at k=3
-    on 4 held-out chat prompts x 48 tokens beside a plain server (no n-gram baseline: two server starts). vLLM's
+def test_vllm_against_the_harness_on_smollm2_at_t0_in_fp32_for_a_trained_checkpoint(smollm2_online_run,
+                                                                                   engine_python, tmp_path):
+    """A real 30-layer verifier: a draft trained for 3 steps on ShareGPT chat rows (data=online, model=auto; the
+    run test_reference checks, trained once for both), served at k=3 on 4 held-out chat prompts x 48 tokens beside
+    a plain server (no n-gram baseline: two server starts). vLLM's
     and transformers' fp32 kernels round differently, so a prompt may leave the harness's tokens where the
     verifier's two best tokens are nearly tied: the comparison passes when every divergence is such a near-tie
     and every other prompt's counts are the harness's. One prompt's answer ends within the 48 tokens: the engine,
     like the harness, decodes through the end-of-sequence token rather than masking it until 48 are made."""
-    from commands import launch
     from eagle3.serve.__main__ import main
     from eagle3.serve.metrics import padded
 
-    rows, prompts, run = tmp_path / "rows.jsonl", tmp_path / "held_out.jsonl", tmp_path / "run"
-    rows.write_text("".join(json.dumps({"messages": [{"role": "user", "content": q}, {"role": "assistant",
-                                                                                       "content": a}]}) + "\n"
-                            for q, a in CHAT))
+    prompts, run = tmp_path / "held_out.jsonl", smollm2_online_run
     prompts.write_text("".join(json.dumps({"messages": [{"role": "user", "content": q}]}) + "\n" for q in HELD_OUT))
-    proc = launch([f"hydra.run.dir={run}", "model=auto", f"model.verifier.path={smollm2_dir}", "data=online",
-                   f"data.path={rows}", "data.total_seq_len=256", "optim.max_steps=2", "logger.mode=disabled"],
-                  cache_dir)
-    assert proc.returncode == 0, proc.stderr[-3000:]
     main([str(run), "--prompts", str(prompts), "--k", "3", "--num-prompts", "4", "--max-new-tokens", "48",
           "--no-ngram", "--python", str(engine_python)])  # exits 1 when the comparison fails
     report = json.loads((run / "serve_vllm_k3_t0.json").read_text())

@@ -3,12 +3,12 @@ accepted tokens per position equal the harness's on the same prompts at k=3 (P-E
 drafting, all k tokens in one forward).
 
 The default architecture is tests/serve/test_serve.py's (which also checks the harness of eagle3.serve against
-eagle3.eval.accept); here the others, one short training each (the counts need only agree, not be good), served
-by one `python -m eagle3.serve RUN RUN ...` beside one plain server of their common verifier and the n-gram
-baseline's server at k=3. The axes of the
-one-forward-per-token drafts (decoder layer, depth, EAGLE-3.1's norms) are in one draft, so that each server
-start (two processes importing vLLM, half a minute on 2 cores) checks all three; tests/arch/test_draft_arch.py trains
-and exports each combination on its own."""
+eagle3.eval.accept); here the others, one short training each (the counts need only agree, not be good; the Qwen3
+one is the reference run test_draft_arch resumes against, trained once for both by tests/conftest.py), served by
+one `python -m eagle3.serve RUN RUN ...` beside one plain server of their common verifier and the n-gram
+baseline's server at k=3. The axes of the one-forward-per-token drafts (decoder layer, depth, EAGLE-3.1's norms)
+are in one draft, so that each server start (two processes importing vLLM, half a minute on 2 cores) checks all
+three; tests/arch/test_draft_arch.py trains and exports each combination on its own."""
 
 from __future__ import annotations
 
@@ -23,8 +23,8 @@ from factories import SMALL_DATA
 
 ARCHITECTURES = {
     # the three axes the non-parallel drafts differ on, in one draft: the decoder layer, the depth, EAGLE-3.1's norms
-    "qwen3_two_layers_eagle31": ["optim.max_steps=6", "model.draft.layer_type=qwen3", "model.draft.num_layers=2",
-                                 "model.draft.eagle31=true"],
+    # (factories.QWEN3_EAGLE31: the run test_draft_arch resumes against, trained once by conftest.py)
+    "qwen3_two_layers_eagle31": None,
     # trained long enough that vLLM accepts some of its tokens
     "peagle": ["optim.epochs=3", "optim.lr=3e-3", "model.draft.kind=peagle"],
 }
@@ -32,12 +32,15 @@ ARGS = ["--k", "3", "--num-prompts", "4", "--max-new-tokens", "24"]
 
 
 @pytest.fixture(scope="module")
-def served_runs(cache_dir, tmp_path_factory, engine_python) -> dict[str, Path]:  # noqa: F811
+def served_runs(qwen3_eagle31_run, cache_dir, tmp_path_factory, engine_python) -> dict[str, Path]:  # noqa: F811
     """A run dir of each architecture, all served by one eagle3.serve command."""
     from eagle3.serve.__main__ import main
 
     runs = {}
     for name, overrides in ARCHITECTURES.items():
+        if overrides is None:
+            runs[name] = qwen3_eagle31_run
+            continue
         runs[name] = tmp_path_factory.mktemp("arch") / name
         proc = launch([f"hydra.run.dir={runs[name]}", "logger.mode=disabled", *SMALL_DATA, *overrides], cache_dir)
         assert proc.returncode == 0, proc.stderr[-4000:]
@@ -47,11 +50,10 @@ def served_runs(cache_dir, tmp_path_factory, engine_python) -> dict[str, Path]: 
 
 @pytest.mark.slow
 def test_one_plain_server_serves_beside_every_run(served_runs):
-    logs = sorted(str(p.relative_to(p.parent.parent)) for run in served_runs.values()
-                  for p in run.glob("serve_vllm_*.log"))
-    first = next(iter(served_runs))
-    assert logs == sorted([f"{first}/serve_vllm_plain_t0.log", f"{first}/serve_vllm_ngram_k3_t0.log",
-                           *(f"{name}/serve_vllm_k3_t0.log" for name in served_runs)])
+    logs = {name: sorted(p.name for p in run.glob("serve_vllm_*.log")) for name, run in served_runs.items()}
+    first, *others = served_runs
+    assert logs == {first: ["serve_vllm_k3_t0.log", "serve_vllm_ngram_k3_t0.log", "serve_vllm_plain_t0.log"],
+                    **{name: ["serve_vllm_k3_t0.log"] for name in others}}
     for run in served_runs.values():
         no_server_left(run)
 

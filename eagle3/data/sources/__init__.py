@@ -7,6 +7,6 @@ a `Source` subclass, what the launcher (`materialize`, `check_rows`), the ranks 
 a `@register(Schema)`ed Source, and an option file conf/data/<name>.yaml."""
 
 from eagle3.data.sources import offline, online, regenerate, tiny  # noqa: F401  (each registers itself)
-from eagle3.data.sources.registry import SOURCES, Source, register, source_of
+from eagle3.data.sources.registry import SOURCES, Source, register, registered, source_of
 
-__all__ = ["SOURCES", "Source", "register", "source_of"]
+__all__ = ["SOURCES", "Source", "register", "registered", "source_of"]

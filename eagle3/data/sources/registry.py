@@ -5,7 +5,8 @@ torch nor speculators."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
@@ -83,6 +84,26 @@ def register(schema: type[DataConfig]) -> Callable[[S], S]:
         return source
 
     return add
+
+
+@contextmanager
+def registered(schema: type[DataConfig], source: S) -> Iterator[S]:
+    """`source` registered under `schema` as `@register(schema)` registers it, for the block only: after it the
+    sources, eagle3.config's data schemas and Hydra's `data` group are as they were before (a source a test adds
+    is gone for the next test, which adds its own)."""
+    from hydra.core.config_store import ConfigStore
+
+    from eagle3.config import DATA_SCHEMAS
+
+    repo = ConfigStore.instance().repo
+    before = dict(SOURCES), dict(DATA_SCHEMAS), dict(repo.get("data", {}))
+    register(schema)(source)
+    try:
+        yield source
+    finally:
+        for registry, entries in zip((SOURCES, DATA_SCHEMAS, repo.setdefault("data", {})), before):
+            registry.clear()
+            registry.update(entries)
 
 
 def source_of(data: DataConfig) -> Source:
