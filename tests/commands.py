@@ -192,6 +192,26 @@ def sigterm_in_process_after_step_1(args: list[str], cache_dir: Path) -> subproc
         return launch(args, cache_dir)
 
 
+def sigterm_in_process_after_step(args: list[str], cache_dir: Path, step: int) -> subprocess.CompletedProcess:
+    """sigterm_in_process_after_step_1, with the signal once optimizer step `step` (1-based) is done."""
+    import signal
+    from unittest import mock
+
+    import eagle3.train.loop
+
+    class SignalledAfterStep(eagle3.train.loop.StopRequest):
+        asked = 0
+
+        def requested(self, world):  # asked after every optimizer step
+            SignalledAfterStep.asked += 1
+            if SignalledAfterStep.asked == step:
+                signal.raise_signal(signal.SIGTERM)
+            return super().requested(world)
+
+    with mock.patch.object(eagle3.train.loop, "StopRequest", SignalledAfterStep):
+        return launch(args, cache_dir)
+
+
 def live_group_members(pgid: int) -> list[int]:
     """Pids of the processes of group `pgid` that are not zombies."""
     pids = []

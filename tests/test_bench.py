@@ -44,3 +44,15 @@ def test_online_benchmark_runs_at_a_tiny_shape(tmp_path, cache_dir):
     assert result["online_tokens_per_s"] > 0 and result["ratio"] > 0 and 0 < result["verifier_share"] < 1
     assert result["micro_batches"] == 2 and result["total_seq_len"] == 512
     assert set(cache_dir.rglob("hs_*.safetensors")) == hidden_state_files  # online: no hidden state on disk
+
+
+@pytest.mark.slow
+def test_packing_benchmark_prints_both_packings_fill(tmp_path):
+    out = tmp_path / "packing.json"
+    proc = run_in_process(["python", "bench/packing.py", "--rows", "60", "--total-seq-len", "1024", "--replicas", "1",
+                           "2", "--json", str(out)])
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "speculators" in proc.stdout and "eagle3" in proc.stdout
+    result = json.loads(out.read_text())
+    assert [(r["total_seq_len"], r["replicas"]) for r in result["results"]] == [(1024, 1), (1024, 2)]
+    assert all(0 < r["speculators_fill"][0] <= 1 and 0 < r["eagle3_fill"] <= 1 for r in result["results"])

@@ -1,10 +1,11 @@
-"""Reading a speculators-format dataset: the split, speculators' packing sampler and this project's reader
-(eagle3.data.reader).
+"""Reading a speculators-format dataset: the split, the packing of its rows into micro-batches and steps
+(eagle3/formats/packing.py: best-fit decreasing, the same number of steps in every epoch, every row in exactly one
+micro-batch of each) and this project's reader (eagle3.data.reader).
 
-Sharding: a step consumes `world_size * grad_accum` packed micro-batches, and speculators' packing sampler
-is asked for exactly that many replicas; rank r takes micro-replicas r*A .. r*A+A-1. So a 2-rank job and a
-1-process job with grad_accum=2 see the same micro-batches in every step, and the global batch in tokens
-stays fixed when the world size changes with grad_accum.
+Sharding: a step consumes `world_size * grad_accum` packed micro-batches, and the epoch is packed for exactly that
+many replicas; rank r takes micro-replicas r*A .. r*A+A-1 of each step. So a 2-rank job and a 1-process job with
+grad_accum=2 see the same micro-batches in every step, and the global batch in tokens stays fixed when the world
+size changes with grad_accum.
 
 Validation is not a step: its split is packed once, as for one replica (every val row in exactly one pack,
 the same packs for any world size or grad_accum), and rank r takes packs r, r + W, r + 2W, ... Ranks whose
@@ -27,6 +28,7 @@ from eagle3.data.reader import PackedLoader
 from eagle3.errors import DataError
 from eagle3.formats.arrow_rows import ArrowRows
 from eagle3.formats.hidden_states import file_dtype
+from eagle3.formats.packing import epoch_packs, steps_per_epoch
 
 if TYPE_CHECKING:
     from eagle3.data.online import HiddenStore, OnlineLoader, OnlineVerifier
@@ -39,33 +41,24 @@ class ShardedBatchSampler(Sampler):
 
     def __init__(self, lengths: list[int], total_seq_len: int, world_size: int, rank: int, grad_accum: int,
                  seed: int):
-        from speculators.train.distributed_batch_sampler import MultipackDistributedBatchSamplerV2
-
-        replicas = world_size * grad_accum
-        self.samplers = [
-            MultipackDistributedBatchSamplerV2(total_seq_len, lengths, num_replicas=replicas,
-                                               rank=rank * grad_accum + a, seed=seed)
-            for a in range(grad_accum)
-        ]
-        self.skip = 0
-
-    @property
-    def steps(self) -> int:
-        """Optimizer steps per epoch (the same on every rank: the packing is computed for all of them)."""
-        return len(self.samplers[0])
+        self.lengths, self.total_seq_len, self.seed = np.asarray(lengths, dtype=np.int64), total_seq_len, seed
+        self.replicas, self.grad_accum = world_size * grad_accum, grad_accum
+        self.first = rank * grad_accum  # this rank's micro-replicas: first .. first + grad_accum - 1
+        self.steps = steps_per_epoch(self.lengths, total_seq_len, self.replicas)
+        """Optimizer steps in every epoch (the same on every rank and in every epoch: eagle3/formats/packing.py)."""
+        self.epoch, self.skip = 0, 0
 
     def set_epoch(self, epoch: int, skip_steps: int = 0) -> None:
-        for s in self.samplers:
-            s.set_epoch(epoch)
-        self.skip = skip_steps * len(self.samplers)
+        self.epoch, self.skip = epoch, skip_steps
 
     def __len__(self) -> int:
-        return self.steps * len(self.samplers) - self.skip
+        return (self.steps - self.skip) * self.grad_accum
 
     def __iter__(self) -> Iterator[list[int]]:
-        per_sampler = [list(s) for s in self.samplers]
-        micro_batches = [batch for step in zip(*per_sampler) for batch in step]
-        return iter(micro_batches[self.skip:])
+        packs = epoch_packs(self.lengths, self.total_seq_len, self.replicas, self.seed, self.epoch)
+        for step in range(self.skip, self.steps):
+            start = step * self.replicas + self.first
+            yield from packs[start:start + self.grad_accum]
 
 
 class ValShardSampler(Sampler):
@@ -73,11 +66,8 @@ class ValShardSampler(Sampler):
     of a pack to keep the forward count equal on every rank, whose metrics the val pass must not count."""
 
     def __init__(self, lengths: list[int], total_seq_len: int, world_size: int, rank: int):
-        from speculators.train.distributed_batch_sampler import MultipackDistributedBatchSamplerV2
-
-        # One replica: speculators' packing drops the rows left over when fewer remain than replicas; with one,
-        # none is dropped. A fixed seed: runs with different seeds are compared on the same packs.
-        packs = list(MultipackDistributedBatchSamplerV2(total_seq_len, lengths, num_replicas=1, rank=0, seed=0))
+        # One replica, so no pack is split; a fixed seed: runs with different seeds are compared on the same packs.
+        packs = epoch_packs(lengths, total_seq_len, 1, seed=0, epoch=0)
         own = packs[rank::world_size]
         self.counted = len(own)
         per_rank = -(-len(packs) // world_size)
@@ -108,14 +98,11 @@ def split_rows(arrow: ArrowRows, train_ratio: float, rows: Sequence[int] | None,
     return splits, kept
 
 
-def train_steps(data_dir: str | Path, total_seq_len: int, train_ratio: float, seed: int,
-                rows: Sequence[int] | None = None, world_size: int = 1, grad_accum: int = 1) -> int:
-    """Optimizer steps in an epoch of the train split, as the ranks' samplers will count them (with the defaults:
-    packed micro-batches in an epoch)."""
+def train_lengths(data_dir: str | Path, train_ratio: float, rows: Sequence[int] | None = None) -> np.ndarray:
+    """The token counts of the train split's rows, which its packing (eagle3/formats/packing.py) counts steps of."""
     arrow = ArrowRows(data_dir)
     splits, _ = split_rows(arrow, train_ratio, rows, data_dir)
-    lengths = arrow.seq_len[splits["train"]].tolist()
-    return ShardedBatchSampler(lengths, total_seq_len, world_size, 0, grad_accum, seed).steps
+    return arrow.seq_len[splits["train"]]
 
 
 @dataclass(frozen=True)

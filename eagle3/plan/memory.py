@@ -18,7 +18,7 @@ follow the same derivation with the compute dtype's sizes; they were not measure
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from eagle3.arch.draft import layer_step_elements, parameter_counts, sampled_share
@@ -127,6 +127,7 @@ class DataStats:
     train_rows: int
     total_tokens: int
     hidden_bytes_on_disk: int
+    train_lengths: Sequence[int] | None = None  # each train row's tokens: the run's own count of steps (packing)
 
 
 def buffer_bytes(draft: DraftConfig) -> int:
@@ -515,7 +516,13 @@ def _add_data_notes(plan: Plan, draft: DraftConfig, data: DataConfig, optim: Opt
     offline_per_token = slots * draft.hidden_size * DTYPE_BYTES[data.hidden_states_dtype.value]
     offline_formula = f"{slots} x H x {data.hidden_states_dtype.value}"
     if data_stats is not None:
-        plan.steps_per_epoch = max(1, math.ceil(data_stats.train_tokens / plan.tokens_per_step))
+        if data_stats.train_lengths is not None:
+            from eagle3.formats.packing import steps_per_epoch
+
+            replicas = plan.tokens_per_step // data.total_seq_len
+            plan.steps_per_epoch = steps_per_epoch(data_stats.train_lengths, data.total_seq_len, replicas)
+        else:
+            plan.steps_per_epoch = max(1, math.ceil(data_stats.train_tokens / plan.tokens_per_step))
         plan.total_steps = plan.steps_per_epoch * optim.epochs
         if optim.max_steps is not None:
             plan.total_steps = min(plan.total_steps, optim.max_steps)
@@ -649,7 +656,7 @@ def format_plan(plan: Plan) -> str:
                      f"{plan.verifier_flops_per_step / 1e12:.3g} TFLOP")
     if plan.steps_per_epoch is not None and plan.total_steps is not None:
         hours = plan.total_steps * plan.step_seconds / 3600
-        lines.append(f"  steps: about {plan.steps_per_epoch:,} per epoch (tokens / tokens per step; packing adds "
-                     f"some), {plan.total_steps:,} in the run, about {hours:.1f} h")
+        lines.append(f"  steps: {plan.steps_per_epoch:,} per epoch (the rows packed as the run packs them), "
+                     f"{plan.total_steps:,} in the run, about {hours:.1f} h")
     lines += [f"  {note}" for note in plan.data_notes]
     return "\n".join(lines)

@@ -67,7 +67,8 @@ def synth_stats(synth: SynthConfig, train_ratio: float, hidden_bytes_per_token: 
     seq = synth.prompt_len + synth.response_len
     train_rows = int(synth.num_samples * train_ratio)
     return DataStats(train_tokens=train_rows * seq, train_rows=train_rows, total_tokens=synth.num_samples * seq,
-                     hidden_bytes_on_disk=synth.num_samples * seq * hidden_bytes_per_token)
+                     hidden_bytes_on_disk=synth.num_samples * seq * hidden_bytes_per_token,
+                     train_lengths=[seq] * train_rows)
 
 
 def arrow_stats(path: Path, train_ratio: float, hidden_files: bool) -> DataStats | None:
@@ -84,7 +85,7 @@ def arrow_stats(path: Path, train_ratio: float, hidden_files: bool) -> DataStats
     split = int(len(lengths) * train_ratio)
     hidden = sum(f.stat().st_size for f in (path / "hidden_states").glob("*.safetensors")) if hidden_files else 0
     return DataStats(train_tokens=int(lengths[:split].sum()), train_rows=split, total_tokens=int(lengths.sum()),
-                     hidden_bytes_on_disk=hidden)
+                     hidden_bytes_on_disk=hidden, train_lengths=lengths[:split].tolist())
 
 
 def verifier_size(verifier: VerifierConfig) -> tuple[int, str]:

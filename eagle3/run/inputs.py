@@ -78,20 +78,23 @@ def check_data(cfg: RunConfig, verifier_dir: Path, data_dir: Path) -> list[int] 
 
 
 def refuse_zero_steps(cfg: RunConfig, data_dir: Path, rows: list[int] | None) -> None:
-    """A step takes world_size x grad_accum packed micro-batches: an epoch with fewer would train nothing."""
-    from eagle3.data.loader import train_steps
+    """A step takes world_size x grad_accum packed micro-batches, each a train row at least: a train split with
+    fewer rows would leave micro-batches empty in every step."""
+    from eagle3.data.loader import train_lengths
     from eagle3.device.choice import runtime_of
     from eagle3.train.rank import micro_batch_len
 
-    length = micro_batch_len(cfg, runtime_of(cfg))
     ranks, accum = cfg.distributed.world_size, cfg.optim.grad_accum
-    if ranks * accum == 1 or train_steps(data_dir, length, cfg.data.train_ratio, cfg.seed, rows, ranks, accum):
+    if ranks * accum == 1:
         return
-    micro_batches = train_steps(data_dir, length, cfg.data.train_ratio, cfg.seed, rows)
-    raise ConfigError(f"this run would train 0 steps: a step takes optim.grad_accum={accum} x {ranks} rank(s) = "
-                      f"{accum * ranks} packed micro-batches of {length} tokens, and an epoch of the train split of "
-                      f"{data_dir} packs into {micro_batches}. Lower optim.grad_accum or the number of ranks, or "
-                      f"train on more rows")
+    train_rows = len(train_lengths(data_dir, cfg.data.train_ratio, rows))
+    if train_rows >= ranks * accum:
+        return
+    length = micro_batch_len(cfg, runtime_of(cfg))
+    raise ConfigError(f"this run's steps would hold empty micro-batches: a step takes optim.grad_accum={accum} x "
+                      f"{ranks} rank(s) = {accum * ranks} packed micro-batches of {length} tokens, a train row at "
+                      f"least each, and the train split of {data_dir} has {train_rows} row(s). Lower "
+                      f"optim.grad_accum or the number of ranks, or train on more rows")
 
 
 def refuse_other_rows(run_dir: Path, data_dir: Path) -> None:

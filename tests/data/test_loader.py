@@ -7,6 +7,7 @@ import shutil
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 from safetensors.torch import load_file, save_file
@@ -180,3 +181,36 @@ def test_a_new_pass_ends_the_previous_one(data_bf16):
     thread = abandoned.thread
     del abandoned  # dropping a pass stops its reader thread
     assert not thread.is_alive()
+
+
+def test_every_epoch_trains_every_train_row_once_in_the_steps_the_schedule_counted():
+    """For any seed, row lengths, ranks and grad_accum: the loop's cadence, built from the sampler's steps, takes
+    grad_accum micro-batches per step from every rank's sampler, epoch after epoch (a resumed epoch skipping the
+    steps done), never running out, and each epoch's micro-batches of all ranks hold every train row once."""
+    from eagle3.data.loader import ShardedBatchSampler
+    from eagle3.formats.packing import steps_per_epoch
+    from eagle3.train.cadence import Cadence
+
+    rng = np.random.default_rng(0)
+    for case in range(60):
+        t = int(rng.choice([16, 64, 128]))
+        lengths = rng.integers(1, 2 * t, int(rng.integers(1, 50))).tolist()
+        world, accum, seed = int(rng.integers(1, 5)), int(rng.integers(1, 4)), int(rng.integers(0, 1000))
+        samplers = [ShardedBatchSampler(lengths, t, world, rank, accum, seed) for rank in range(world)]
+        cadence = Cadence.of(3, None, samplers[0].steps, 1, None, None, 10)
+        assert cadence.total_steps == 3 * samplers[0].steps
+        for epoch in range(3):
+            skip = int(rng.integers(0, samplers[0].steps + 1))
+            trained: list[int] = []
+            for sampler in samplers:
+                sampler.set_epoch(epoch)
+                whole = iter(sampler)
+                steps = [[next(whole) for _ in range(accum)] for _ in range(cadence.steps_per_epoch)]
+                assert next(whole, None) is None, case  # nothing left that no step trains
+                trained += [row for step in steps for micro_batch in step for row in micro_batch]
+                sampler.set_epoch(epoch, skip_steps=skip)  # resumed after `skip` steps of this epoch
+                assert len(sampler) == (cadence.steps_per_epoch - skip) * accum
+                assert list(sampler) == [mb for step in steps[skip:] for mb in step], case
+            assert sorted(trained) == list(range(len(lengths))), case
+        # The count every rank, the plan and the launch's checks ask (eagle3/formats/packing.py).
+        assert {s.steps for s in samplers} == {steps_per_epoch(lengths, t, world * accum)}, case

@@ -216,25 +216,25 @@ def composed_run(cache_dir: Path, run_dir: Path, overrides: list[str]):
 
 
 @pytest.mark.slow
-def test_a_run_that_would_train_no_step_is_refused_before_any_rank(cache_dir, tmp_path):
+def test_a_run_whose_steps_would_hold_empty_micro_batches_is_refused_before_any_rank(cache_dir, tmp_path):
     from eagle3.errors import ConfigError
     from eagle3.run.inputs import refuse_zero_steps
 
     cfg, data_dir = composed_run(cache_dir, tmp_path / "run", [])
     refuse_zero_steps(cfg, data_dir, None)  # the tiny default trains
     cfg, _ = composed_run(cache_dir, tmp_path / "run", ["optim.grad_accum=1000"])
-    with pytest.raises(ConfigError, match=r"0 steps: a step takes optim.grad_accum=1000 x 1 rank"):
+    with pytest.raises(ConfigError, match=r"empty micro-batches: a step takes optim.grad_accum=1000 x 1 rank"):
         refuse_zero_steps(cfg, data_dir, None)
     # Two DDP ranks and one training row (row 0; the last row validates).
     cfg, _ = composed_run(cache_dir, tmp_path / "run", ["distributed=ddp", "distributed.nproc_per_node=2"])
-    with pytest.raises(ConfigError, match=r"x 2 rank\(s\) = 2 packed micro-batches .* packs into 1"):
+    with pytest.raises(ConfigError, match=r"x 2 rank\(s\) = 2 packed micro-batches .* has 1 row"):
         refuse_zero_steps(cfg, data_dir, [0, 127])
     refuse_zero_steps(cfg, data_dir, None)
 
     run_dir = tmp_path / "launched"
     proc = launch([f"hydra.run.dir={run_dir}", "optim.grad_accum=1000", "logger.mode=disabled", *SMALL_DATA],
                   cache_dir)
-    assert proc.returncode != 0 and "would train 0 steps" in proc.stderr, proc.stderr[-3000:]
+    assert proc.returncode != 0 and "would hold empty micro-batches" in proc.stderr, proc.stderr[-3000:]
     assert "Traceback" not in proc.stderr and not (run_dir / "metrics.jsonl").exists()
 
 

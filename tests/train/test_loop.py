@@ -207,3 +207,76 @@ def test_every_row_carries_the_tokens_trained_so_far_the_x_of_a_learning_curve(c
     assert all(train_tokens[s] > train_tokens[s - 1] > 0 for s in (2, 3, 4))
     assert val_tokens == {0: 0.0, 2: train_tokens[2], 4: train_tokens[4]}
     assert train_tokens[4] == progress.tokens
+
+
+@pytest.fixture(scope="module")
+def chat_rows(tmp_path_factory) -> tuple[Path, Path]:
+    """Issue 47's fixture: a chat verifier of the tests' factories (8 layers, hidden 64, a 201-word vocabulary) and
+    30 ShareGPT conversations of 1-3 exchanges, a system turn in every third: rows of many lengths."""
+    import json
+    import random
+
+    from factories import chat_tokenizer, chat_words, verifier_dir
+
+    root = tmp_path_factory.mktemp("chat_epochs")
+    words = chat_words(200) + ["<|system|>"]
+    verifier = verifier_dir(root / "ver", hidden_size=64, num_hidden_layers=8, num_attention_heads=4,
+                            num_key_value_heads=2, intermediate_size=128, vocab_size=len(words),
+                            max_position_embeddings=256, tokenizer=chat_tokenizer(words, eos_token="<|end|>"))
+    rand = random.Random(0)
+
+    def say(n: int) -> str:
+        return " ".join(f"w{rand.randrange(200)}" for _ in range(n))
+
+    convs = []
+    for i in range(30):
+        turns = [{"from": "system", "value": say(5)}] if i % 3 == 0 else []
+        for _ in range(1 + i % 3):
+            turns += [{"from": "human", "value": say(8)}, {"from": "gpt", "value": say(12)}]
+        convs.append({"id": f"c{i}", "conversations": turns})
+    (root / "sharegpt.json").write_text(json.dumps(convs, indent=2))
+    return verifier, root / "sharegpt.json"
+
+
+@pytest.mark.slow  # three short online runs of the issue's chat rows (12 steps): about a minute on 2 idle cores
+def test_epochs_of_chat_rows_of_many_lengths_train_every_row_once_and_resume_exactly_across_an_epoch(
+        chat_rows, cache_dir, tmp_path):
+    """Issue 47: at total_seq_len=256 and seed 1 speculators' packing put these 28 train rows into 7, then 6
+    micro-batches, so epoch 1 ran out of them (StopIteration; with seed 0, 6 then 7: a row never trained); now both
+    epochs take the same steps and train every row once, and a run stopped in epoch 1 resumes to the uninterrupted
+    run's numbers."""
+    import json
+    import signal
+
+    import yaml
+
+    from commands import launch, sigterm_in_process_after_step
+    from eagle3.formats.arrow_rows import ArrowRows
+    from factories import read_rows
+
+    verifier, sharegpt = chat_rows
+    args = ["model=auto", f"model.verifier.path={verifier}", "data=online", f"data.path={sharegpt}",
+            "data.total_seq_len=256", "seed=1", "optim.epochs=2", "logger.log_every=1", "logger.mode=disabled"]
+    reference = tmp_path / "reference"
+    proc = launch([f"hydra.run.dir={reference}", *args], cache_dir)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    summary = json.loads((reference / "summary.json").read_text())
+    train_ratio = yaml.safe_load((reference / "resolved_config.yaml").read_text())["data"]["train_ratio"]
+    seq_len = ArrowRows(summary["data_dir"]).seq_len
+    train = seq_len[:int(len(seq_len) * train_ratio)]
+    assert len(set(train.tolist())) > 5  # rows of many lengths
+    assert summary["tokens"] == 2 * sum(min(n - 1, 256) for n in train.tolist())  # every row once per epoch
+    steps_per_epoch = summary["steps"] // 2
+    assert [r["step"] for r in read_rows(reference) if r["split"] == "val"] == [0, steps_per_epoch, 2 * steps_per_epoch]
+
+    stopped = tmp_path / "stopped"
+    proc = sigterm_in_process_after_step([f"hydra.run.dir={stopped}", *args], cache_dir, steps_per_epoch + 2)
+    assert proc.returncode == 128 + signal.SIGTERM, proc.stderr[-2000:]
+    assert read_rows(stopped)[-1]["step"] == steps_per_epoch + 2  # stopped in epoch 1, past its val pass
+    resumed = launch([f"resume={stopped}"], cache_dir)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    ref_rows, res_rows = read_rows(reference), read_rows(stopped)
+    assert [(r["step"], r["split"]) for r in res_rows] == [(r["step"], r["split"]) for r in ref_rows]
+    for ours, theirs in zip(res_rows, ref_rows, strict=True):
+        assert ours["loss"] == pytest.approx(theirs["loss"], rel=1e-4), ours["step"]
+    assert json.loads((stopped / "summary.json").read_text())["tokens"] == summary["tokens"]
