@@ -107,3 +107,18 @@ def test_data_check_on_an_unfinished_preparation_says_the_same_prepare_command_r
         assert err == f"error: {says}\n"
     else:
         assert out.startswith(f"{says}\n{data}: 25 of 28 rows are bad (quick check (no NaN/inf scan)): missing_file 25")
+
+
+def test_a_loss_mask_value_other_than_0_or_1_in_a_dataset_is_a_bad_row(tmp_path):
+    """Rows written by another tool (speculators' datasets read in place by data=online): -100 or 2 was trained as 1."""
+    import torch
+    from datasets import Dataset
+
+    from eagle3.data.check import check_dataset
+
+    rows = [{"input_ids": [1, 2, 3], "loss_mask": mask, "seq_len": 3} for mask in ([0, 1, 1], [0, -100, 1], [2, 0, 1])]
+    Dataset.from_list(rows).save_to_disk(str(tmp_path / "ds"))
+    torch.save({1: 1, 3: 3}, tmp_path / "ds" / "token_freq.pt")
+    report = check_dataset(tmp_path / "ds", hidden_states=False)
+    assert report.counts() == {"bad_loss_mask": 2} and sorted(report.bad) == [1, 2]
+    assert report.bad[1][1] == "loss_mask holds -100; its values are 1 (trained) and 0 (not trained)"
