@@ -1020,7 +1020,7 @@ def rows_path_problem(p: Path, first_line: bool = True) -> str | None:
         text = codecs.getincrementaldecoder("utf-8")().decode(head)  # a character cut at 4096 bytes is no error
     except UnicodeDecodeError:
         return "is not a JSONL file or JSON array (not UTF-8 text: a binary file? Parquet files end in .parquet)"
-    text = text.lstrip()
+    text = text.removeprefix("\ufeff").lstrip()  # a byte order mark, as Windows tools write one, is read past
     if not text:
         return "is empty" if not head or len(head) < 4096 else "starts with 4096 bytes of whitespace"
     if first_line and not text.startswith(("{", "[")):

@@ -225,3 +225,46 @@ def test_the_readme_opens_with_the_ci_commands():
     assert len(readme.read_text().splitlines()) <= 250
     assert [body.strip() for lang, body in blocks(readme)[:2]] == CI_COMMANDS
     assert "python -m pytest -q" in (ROOT / ".ci" / "run").read_text()
+
+
+def config_group_table() -> dict[str, list[str]]:
+    """README's config-group table: {group: the options its row lists, the backticked names of its second column}."""
+    section = (ROOT / "README.md").read_text().split("## Config groups", 1)[1].split("\n## ", 1)[0]
+    return {group: re.findall(r"`([^`]+)`", options)
+            for group, options in re.findall(r"^\| `([\w/]+)` \| ([^|]*) \|", section, re.M)}
+
+
+def hydra_options(group: str) -> list[str]:
+    """The options Hydra finds for `group`: conf/'s files, the schemas stored in code, the plugins' (eagle3_basic)."""
+    from hydra import initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+
+    from factories import CONF, registered_configs
+
+    registered_configs()
+    GlobalHydra.instance().clear()
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+        return GlobalHydra.instance().config_loader().get_group_options(group)
+
+
+def test_the_readme_config_group_table_lists_every_option_file_of_conf_and_nothing_else():
+    """Each group's row lists every conf/<group>/*.yaml (`sub/*`: the files of a folder of them), and every option
+    it lists exists: a file, or an option Hydra finds elsewhere (the default sweeper, a plugin's)."""
+    from factories import CONF
+
+    table = config_group_table()
+    assert {"model", "data", "experiment", "hydra/sweeper"} <= set(table)
+    groups = {d.relative_to(CONF).as_posix() for d in CONF.rglob("*") if d.is_dir() and any(d.glob("*.yaml"))}
+    # conf/hydra holds Hydra's own settings (train.yaml's `hydra: default`); a folder inside a group listed as
+    # `sub/*` holds options of that group.
+    folders = {f"{g}/{o[:-2]}" for g, listed in table.items() for o in listed if o.endswith("/*")}
+    assert groups - {"hydra"} - folders == set(table), "conf/'s groups against README's table"
+    for group, listed in table.items():
+        files = {p.relative_to(CONF / group).with_suffix("").as_posix() for p in (CONF / group).rglob("*.yaml")}
+        unlisted = sorted(f for f in files if f not in listed and not any(
+            o.endswith("/*") and f.startswith(o[:-1]) for o in listed))
+        assert not unlisted, f"README's config-group table: the {group} row lacks {unlisted}"
+        absent = [o for o in listed if o not in files and not (o.endswith("/*") and any(
+            f.startswith(o[:-1]) for f in files))]
+        if absent:
+            assert not set(absent) - set(hydra_options(group)), f"the {group} row lists options that do not exist"

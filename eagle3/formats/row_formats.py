@@ -23,6 +23,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Callable
+from dataclasses import dataclass
 from itertools import islice
 from pathlib import Path
 from typing import Any
@@ -34,18 +35,31 @@ from eagle3.formats.row_files import Unreadable, records
 Row = tuple[list[int], list[int]]  # (input_ids, loss_mask)
 
 
-class BadSamples:
-    """What happened to rows that could not be used as they were: an error, or counted skips."""
+@dataclass(frozen=True)
+class Options:
+    """How messages name the options the reading follows: a run's config keys, or prepare's flags (PREPARE)."""
 
-    def __init__(self, policy: BadSamplePolicy | str):
+    skip: str = "on_bad_sample=skip"
+    format: str = "data.format"
+
+
+PREPARE = Options(skip="--on-bad-sample skip", format="--format")
+
+
+class BadSamples:
+    """What happened to rows that could not be used as they were: an error, or counted skips. `options`: how the
+    messages name the options (a run's keys by default)."""
+
+    def __init__(self, policy: BadSamplePolicy | str, options: Options = Options()):
         self.policy = BadSamplePolicy(policy)  # its names are checked where it is declared (data.on_bad_sample)
+        self.options = options
         self.skipped: Counter[str] = Counter()
         self.examples: list[str] = []
         self.truncated = 0
 
     def bad(self, where: str, kind: str, detail: str) -> None:
         if self.policy == "error":
-            raise DataError(f"{where}: {detail} (on_bad_sample=skip leaves such rows out and counts them)")
+            raise DataError(f"{where}: {detail} ({self.options.skip} leaves such rows out and counts them)")
         self.skipped[kind] += 1
         if len(self.examples) < 5:
             self.examples.append(f"{where}: {detail}")
@@ -80,11 +94,12 @@ class Rows(list[Row]):
 
 
 class Formats:
-    """The format of a file's rows: the one set (data.format, --format), or with `auto` the first row's."""
+    """The format of a file's rows: the one set (data.format, --format: `key`), or with `auto` the first row's."""
 
-    def __init__(self, setting: RowFormat | str = RowFormat.auto):
+    def __init__(self, setting: RowFormat | str = RowFormat.auto, key: str = Options.format):
         self.format: RowFormat | None = None if RowFormat(setting) == RowFormat.auto else RowFormat(setting)
         self.format_from = "" if self.format is None else "set"
+        self.key = key
 
     def of(self, item: Any, where: str) -> RowFormat:
         """The format of the row `item` (at `where`), which must be the rows' format."""
@@ -95,7 +110,7 @@ class Formats:
         if self.format is None:
             self.format, self.format_from = found, f"detected from the first row ({where})"
         elif found != self.format:
-            source = "set by data.format" if self.format_from == "set" else self.format_from
+            source = f"set by {self.key}" if self.format_from == "set" else self.format_from
             raise RowProblem("other_format", f"a {found.value} row among {self.format.value} rows (the format was "
                                              f"{source})")
         return found
@@ -110,7 +125,7 @@ def conversation(item: dict[str, Any], form: RowFormat) -> list[dict[str, str]]:
         raise RowProblem("empty_loss_mask", f"an empty conversation ({FORMAT_KEYS[form]} has no turn)")
     role_key, text_key = ("role", "content") if form == RowFormat.messages else ("from", "value")
     messages = []
-    for i, turn in enumerate(turns):
+    for i, turn in enumerate(turns, start=1):  # numbered from 1, as records and lines are
         if not (isinstance(turn, dict) and isinstance(turn.get(role_key), str) and isinstance(turn.get(text_key), str)):
             raise RowProblem("malformed", f"turn {i} needs a {role_key} and a text {text_key}")
         role = turn[role_key]
@@ -135,7 +150,7 @@ def read_rows(path: Path, max_len: int, vocab_size: int, bad: BadSamples,
     `max_records`: only the file's first records are read (bad ones counted among them), never the rest of it."""
     if not (path.is_file() or path.is_dir()):
         raise DataError(f"{path} {path_kind(path, 'a regular file')}; expected {ROWS_FILES}")
-    formats = Formats(row_format)
+    formats = Formats(row_format, bad.options.format)
     rows = Rows()
     for where, item in islice(records(path), max_records):
         if isinstance(item, Unreadable):
@@ -178,7 +193,11 @@ def _parse(item: Any, where: str, formats: Formats, tokenize_chat) -> Row:
         ids, mask = item["input_ids"], item.get("loss_mask")
         if not (_ints(ids) and _ints(mask) and mask is not None and len(ids) == len(mask) and ids):
             raise RowProblem("malformed", "input_ids and loss_mask must be non-empty lists of integers of equal length")
-        return list(ids), [int(m != 0) for m in mask]
+        other = next((m for m in mask if m not in (0, 1)), None)
+        if other is not None:  # -100 is Hugging Face's ignore label, not a mask value: none is guessed at
+            raise RowProblem("bad_loss_mask", f"loss_mask holds {other} at position {mask.index(other)}; its values "
+                                              f"are 1 (trained) and 0 (not trained)")
+        return list(ids), list(mask)
     messages = conversation(item, form)
     if tokenize_chat is None:
         raise DataError(f"{where}: a conversation, but the verifier has no tokenizer with a chat template; "
@@ -235,7 +254,7 @@ class ChatTokenizer:
             through = self.render(messages[:i + 1], False)
             before = self.render(messages[:i], True) if i else self._header(message, through)
             if ids[:len(before)] != before or ids[:len(through)] != through or len(before) > len(through):
-                raise ValueError(f"the chat template renders turn {i} differently once later turns follow, so its "
+                raise ValueError(f"the chat template renders turn {i + 1} differently once later turns follow, so its "
                                  f"tokens cannot be located")
             end = len(through)
             if self.eos is not None and self.eos in through[len(before):]:

@@ -12,10 +12,12 @@ from __future__ import annotations
 
 import os
 import shutil
+import struct
 import sys
 import time
 from pathlib import Path
 
+from eagle3.config import path_kind
 from eagle3.errors import ConfigError, DataError
 
 MAGIC = b"GGUF"  # the first four bytes of every GGUF file
@@ -24,7 +26,8 @@ MAGIC = b"GGUF"  # the first four bytes of every GGUF file
 def check_paths(file: Path, out: Path) -> None:
     """Refuses (one message) a FILE that is not a readable GGUF file, and an OUT that exists or cannot be written."""
     if not file.is_file():
-        raise ConfigError(f"{file}: no such file")
+        exists = file.exists() or file.is_symlink()
+        raise ConfigError(f"{file} {path_kind(file, 'a GGUF file')}" if exists else f"{file}: no such file")
     try:
         with file.open("rb") as f:
             magic = f.read(4)
@@ -60,6 +63,29 @@ def from_gguf(file: Path, out: Path, say=None) -> Path:
     return out
 
 
+def cut_short(file: Path, where: str) -> str:
+    return (f"{file}: the file ends at byte {file.stat().st_size:,}, {where}: it was cut short (an interrupted "
+            f"download or copy?); fetch it again")
+
+
+def check_whole(file: Path) -> None:
+    """Refuses a GGUF file that ends before its header does or before the tensor data its header describes,
+    read by transformers' own GGUF reader (where this transformers has it: otherwise its loading says it)."""
+    try:
+        from transformers.integrations.gguf.reader import GgufHeader
+    except ImportError:
+        return
+    try:
+        header = GgufHeader.from_file(str(file))
+    except struct.error:
+        raise DataError(cut_short(file, "inside its header")) from None
+    except Exception:  # noqa: BLE001  (what else it cannot read, the loading says in its own words)
+        return
+    end = header.data_start + max((t.offset + t.nbytes for t in header.tensors), default=0)
+    if file.stat().st_size < end:
+        raise DataError(cut_short(file, f"inside its tensor data (its header says they end at byte {end:,})"))
+
+
 def convert(file: Path, out: Path, say) -> None:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -70,12 +96,15 @@ def convert(file: Path, out: Path, say) -> None:
         say(f"[{time.perf_counter() - start:6.1f} s] {what}")
 
     step(f"reading {file} ({file.stat().st_size / 2**20:.0f} MiB) and de-quantizing its tensors")
+    check_whole(file)
     directory, name = str(file.absolute().parent), file.name
     try:
         tokenizer = AutoTokenizer.from_pretrained(directory, gguf_file=name)
         loaded = AutoModelForCausalLM.from_pretrained(directory, gguf_file=name, dtype=torch.float32)
     except ImportError as e:
         raise ConfigError(f"reading GGUF files needs the gguf and accelerate packages ({e})") from None
+    except struct.error:  # a header read past the end of the file
+        raise DataError(cut_short(file, "inside its header")) from None
     except (OSError, ValueError, KeyError, RuntimeError) as e:
         raise DataError(f"{file}: transformers cannot read this GGUF file ({str(e).splitlines()[0][:300]})") from None
     step(f"building {type(loaded).__name__} without the GGUF quantization config")

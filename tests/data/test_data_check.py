@@ -1,5 +1,6 @@
 """The data check (eagle3.data.check): rows longer than data.total_seq_len are counted at start-up (a warning for a
-few, an error above a share, and a run whose rows would all be cut stops), and its options are checked."""
+few, an error above a share, and a run whose rows would all be cut stops), and its options are checked; rows that are
+not a prepared dataset, and a preparation that did not finish, are said to be what they are."""
 
 from __future__ import annotations
 
@@ -51,3 +52,73 @@ def test_data_check_refuses_a_vocabulary_size_below_one(tmp_path, capsys, value)
     with pytest.raises(SystemExit) as e:
         check_main([str(tmp_path), "--vocab-size", value])
     assert e.value.code == 2 and f"--vocab-size must be >= 1, got {value}" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("kind", ["jsonl", "conversations", "token_rows"])
+def test_data_check_on_rows_says_they_are_rows_for_prepare_or_data_online(kind, tmp_path, capsys):
+    """A datasets dir of conversations was said not to be "a dataset saved with datasets.save_to_disk"."""
+    from datasets import Dataset
+
+    from eagle3.data.check import main
+
+    conversation = {"conversations": [{"from": "human", "value": "w1"}, {"from": "gpt", "value": "w2"}]}
+    path = tmp_path / ("rows.jsonl" if kind == "jsonl" else "rows")
+    if kind == "jsonl":
+        path.write_text(json.dumps(conversation) + "\n")
+    else:  # token rows without seq_len are rows as a file holds them, not speculators' dataset
+        rows = [conversation] if kind == "conversations" else [{"input_ids": [1, 2], "loss_mask": [0, 1]}]
+        Dataset.from_list(rows).save_to_disk(str(path))
+        capsys.readouterr()  # datasets' progress bar
+    assert main([str(path)]) == 1
+    err = capsys.readouterr().err
+    what = "a rows file" if kind == "jsonl" else \
+        f"a datasets dir of rows (columns {'conversations' if kind == 'conversations' else 'input_ids, loss_mask'})"
+    assert err == (f"error: {path} is {what}, not a prepared dataset (Arrow rows with seq_len and their hidden "
+                   f"states): prepare it with python -m eagle3.data.prepare --model <verifier> --data {path} --out "
+                   f"<dir> (for data=offline), or train on it as it is with data=online data.path={path}\n")
+
+
+@pytest.mark.parametrize("stopped", ["before_its_rows", "among_its_hidden_states"])
+def test_data_check_on_an_unfinished_preparation_says_the_same_prepare_command_resumes_it(stopped, tmp_path, capsys):
+    """It listed the missing files without saying why they are missing."""
+    import torch
+
+    from eagle3.data.check import main
+    from eagle3.data.record import write_record
+    from factories import write_dataset
+
+    data = tmp_path / "my data"
+    if stopped == "before_its_rows":
+        data.mkdir()
+    else:
+        write_dataset(data, torch.float32)
+        torch.save({1: 3}, data / "token_freq.pt")
+        for i in range(3, 28):
+            (data / "hidden_states" / f"hs_{i}.safetensors").unlink()
+        capsys.readouterr()
+    write_record(data, {"format": 1, "aux_layer_ids": [1, 2, 3], "hidden_size": 32, "complete": False,
+                        "source": "/rows/share gpt.json"})
+    assert main([str(data), "--quick"]) == 1
+    out, err = capsys.readouterr()
+    says = (f"{data}: its preparation did not finish (eagle3_data.json says complete: false): run the same python -m "
+            f"eagle3.data.prepare command again (--data '/rows/share gpt.json' --out '{data}'), it resumes where it "
+            f"stopped")
+    if stopped == "before_its_rows":
+        assert err == f"error: {says}\n"
+    else:
+        assert out.startswith(f"{says}\n{data}: 25 of 28 rows are bad (quick check (no NaN/inf scan)): missing_file 25")
+
+
+def test_a_loss_mask_value_other_than_0_or_1_in_a_dataset_is_a_bad_row(tmp_path):
+    """Rows written by another tool (speculators' datasets read in place by data=online): -100 or 2 was trained as 1."""
+    import torch
+    from datasets import Dataset
+
+    from eagle3.data.check import check_dataset
+
+    rows = [{"input_ids": [1, 2, 3], "loss_mask": mask, "seq_len": 3} for mask in ([0, 1, 1], [0, -100, 1], [2, 0, 1])]
+    Dataset.from_list(rows).save_to_disk(str(tmp_path / "ds"))
+    torch.save({1: 1, 3: 3}, tmp_path / "ds" / "token_freq.pt")
+    report = check_dataset(tmp_path / "ds", hidden_states=False)
+    assert report.counts() == {"bad_loss_mask": 2} and sorted(report.bad) == [1, 2]
+    assert report.bad[1][1] == "loss_mask holds -100; its values are 1 (trained) and 0 (not trained)"

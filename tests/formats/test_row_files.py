@@ -11,6 +11,7 @@ prompt when there is no system turn and ends each turn with `<|im_end|>` and a n
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -180,14 +181,89 @@ def test_a_max_records_below_one_or_without_a_data_path_is_refused(overrides, sa
 def test_an_unknown_role_is_a_bad_row_with_its_number(chat, tmp_path):
     bot = {"id": "c", "conversations": [{"from": "human", "value": "w1"}, {"from": "bot", "value": "w2"}]}
     path = write(tmp_path / "rows.jsonl", [SHAREGPT[0], bot, SHAREGPT[2]], "jsonl")
-    with pytest.raises(DataError, match=r"rows.jsonl:2: turn 1 is from 'bot'; ShareGPT speakers are human, user, "
+    # Turns count from 1, as records and lines do: the second turn is turn 2.
+    with pytest.raises(DataError, match=r"rows.jsonl:2: turn 2 is from 'bot'; ShareGPT speakers are human, user, "
                                         r"gpt, assistant, system \(on_bad_sample=skip"):
         read(path, chat)
     rows, bad = read(path, chat, "skip")
     assert len(rows) == 2 and bad.skipped == {"unknown_role": 1}
     odd = {"messages": [{"role": "user", "content": "w1"}, {"role": "bot", "content": "w2"}]}
-    with pytest.raises(DataError, match=r"rows.jsonl:2: turn 1 has the role 'bot'"):
+    with pytest.raises(DataError, match=r"rows.jsonl:2: turn 2 has the role 'bot'"):
         read(write(tmp_path / "rows.jsonl", [MESSAGES[0], odd], "jsonl"), chat)
+
+
+@pytest.mark.parametrize("mask, value, at", [([0, 2, -1, 1], 2, 1), ([-100, -100, 1, 1], -100, 0),
+                                            ([0, 1, 1, -1], -1, 3)])
+def test_a_loss_mask_value_other_than_0_or_1_is_a_bad_row_with_its_number(mask, value, at, tmp_path):
+    """-100 (Hugging Face's ignore label), -1 or 2 became 1 and were trained: [0, 2, -1, 1] read as [0, 1, 1, 1]."""
+    path = write(tmp_path / "rows.jsonl", [TOKENS[0], {"input_ids": [5, 6, 7, 8], "loss_mask": mask}, TOKENS[1]],
+                 "jsonl")
+    with pytest.raises(DataError, match=rf"rows.jsonl:2: loss_mask holds {value} at position {at}; its values are 1 "
+                                        r"\(trained\) and 0 \(not trained\) \(on_bad_sample=skip leaves"):
+        read(path, None)
+    rows, bad = read(path, None, "skip")
+    assert list(rows) == [(r["input_ids"], r["loss_mask"]) for r in TOKENS] and bad.skipped == {"bad_loss_mask": 1}
+
+
+@pytest.mark.parametrize("policy", ["error", "skip"])
+@pytest.mark.parametrize("chunk", [7, 1 << 20])
+def test_a_syntax_error_inside_a_json_array_is_refused_with_how_much_of_the_file_it_leaves_unread(policy, chunk, chat,
+                                                                                                  tmp_path,
+                                                                                                  monkeypatch):
+    """No record past a syntax error can be found: under on_bad_sample=skip the rest of the file was dropped as
+    "1 skipped". Refused under either policy, naming the record, its line and byte, and what follows."""
+    import eagle3.formats.row_files as row_files
+
+    monkeypatch.setattr(row_files, "CHUNK", chunk)
+    text = json.dumps(SHAREGPT * 4, indent=2)
+    error = text.index('"id": "b_0"', text.index('"id": "b_0"') + 1) + len('"id"')  # record 6's first key
+    path = tmp_path / "rows.json"
+    path.write_text(text[:error] + " " + text[error + 1:])  # its colon gone: the decoder stops at "b_0" after it
+    size, line, at = len(text), text[:error].count("\n") + 1, error + 2
+    says = (f"rows.json: record 6: not JSON (Expecting ':' delimiter) at line {line}, byte {at:,} of {size:,}. A "
+            f"JSON array cannot be read past an error in it, so the {size - at:,} bytes after it "
+            f"({(size - at) / size:.0%} of the file) would go unread: refused, whatever the bad-row policy")
+    with pytest.raises(DataError, match=re.escape(says)):
+        read(path, chat, policy)
+    comma = text.index("\n  },", text.index('"id": "a_1"')) + 4  # after record 2
+    path.write_text(text[:comma] + ";" + text[comma + 1:])
+    with pytest.raises(DataError, match=r"record 3: not JSON \(expected , or \] after record 2, found ';"):
+        read(path, chat, policy)
+
+
+@pytest.mark.parametrize("chunk", [7, 1 << 20])
+def test_bytes_that_are_not_utf8_inside_a_json_array_are_refused_at_their_record(chunk, chat, tmp_path, monkeypatch):
+    import eagle3.formats.row_files as row_files
+
+    monkeypatch.setattr(row_files, "CHUNK", chunk)
+    data = json.dumps(SHAREGPT * 3, indent=2).encode()
+    at = data.index(b"w7", data.index(b"w7") + 1)  # in record 4
+    path = tmp_path / "rows.json"
+    path.write_bytes(data[:at] + b"\xff" + data[at:])
+    with pytest.raises(DataError, match=rf"rows.json: record 4: not UTF-8 text \(invalid start byte\), byte {at:,} "
+                                        rf"of {len(data) + 1:,}\. A JSON array cannot be read past"):
+        read(path, chat, "skip")
+
+
+@pytest.mark.parametrize("kind", ["jsonl", "json_array"])
+def test_a_utf8_byte_order_mark_at_the_start_of_a_file_is_read_past(kind, chat, tmp_path):
+    """Windows tools write one: a JSON array was read as JSONL, and a JSONL file's first row was a bad row."""
+    from eagle3.config import rows_path_problem
+
+    path = write(tmp_path / "rows.json", SHAREGPT, kind)
+    path.write_bytes(b"\xef\xbb\xbf" + path.read_bytes())
+    rows, bad = read(path, chat)
+    assert list(rows) == [chat(m["messages"]) for m in MESSAGES] and not bad.skipped
+    assert rows_path_problem(path) is None  # the run's check before it starts reads it as rows too
+
+
+def test_messages_name_prepares_flags_when_read_for_prepare(chat, tmp_path):
+    from eagle3.formats.row_formats import PREPARE
+
+    path = write(tmp_path / "rows.jsonl", SHAREGPT, "jsonl")
+    with pytest.raises(DataError, match=r"rows.jsonl:1: a sharegpt row among messages rows \(the format was set by "
+                                        r"--format\) \(--on-bad-sample skip leaves such rows out"):
+        read_rows(path, 10_000, len(WORDS), BadSamples("error", PREPARE), chat, "messages")
 
 
 def test_a_row_of_another_format_than_the_first_is_a_bad_row(chat, tmp_path):

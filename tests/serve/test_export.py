@@ -90,3 +90,12 @@ def test_export_of_a_good_checkpoint_still_works_and_an_unusable_out_is_refused(
     (tmp_path / "file").write_text("x")
     assert main([str(small_checkpoint), "--out", str(tmp_path / "file")]) != 0
     assert "is not an empty directory" in capsys.readouterr().err and (tmp_path / "file").read_text() == "x"
+
+
+def test_the_old_module_path_names_the_new_one():
+    """`python -m eagle3.export` (before the package's move into subpackages) printed a bare "No module named"."""
+    from commands import run_in_process
+
+    proc = run_in_process(["python", "-m", "eagle3.export", "ckpt", "--out", "drafter"])
+    assert proc.returncode == 1 and proc.stderr == ("error: eagle3.export moved to eagle3.serve.export: python -m "
+                                                    "eagle3.serve.export ckpt --out drafter\n")

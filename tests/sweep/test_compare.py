@@ -208,3 +208,10 @@ def test_compare_shows_the_readable_runs_and_names_a_cut_file(tmp_path, capsys):
     assert [line.split()[:2] for line in out.splitlines()[-3:]] == [["#0", "completed"], ["#1", "completed"],
                                                                     ["#2", "unreadable"]]
     assert "error: run #2: " in err and "2_optim.lr=0.003/summary.json: cannot be read" in err
+
+
+def test_the_old_module_path_names_the_new_one():
+    """`python -m eagle3.compare` (before the package's move into subpackages) printed a bare "No module named"."""
+    proc = run_in_process(["python", "-m", "eagle3.compare", "outputs/multirun/x y", "--format", "csv"])
+    assert proc.returncode == 1 and proc.stderr == ("error: eagle3.compare moved to eagle3.sweep.compare: python -m "
+                                                    "eagle3.sweep.compare 'outputs/multirun/x y' --format csv\n")
