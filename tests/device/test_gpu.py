@@ -252,16 +252,18 @@ def test_checkpoint_loads_with_speculators_on_the_gpu_and_reproduces_val(gpu_run
 
 
 def test_eval_accept_cli_on_cuda_is_lossless(gpu_run, tmp_path):
-    from eagle3.eval.accept import parse_args, run
+    from eagle3.cli.accept import parse_args
+    from eagle3.eval.accept import AcceptRequest, run
     from eagle3.eval.prompts import val_split_prompts
 
     run_dir, cfg, summary, _, verifier_dir, data_dir = gpu_run
     prompts = tmp_path / "prompts.jsonl"
     rows = val_split_prompts(data_dir, cfg.data.train_ratio, 4)
     prompts.write_text("".join(json.dumps({"input_ids": list(map(int, p))}) + "\n" for p in rows))
-    report = run(parse_args([str(run_dir / "checkpoints" / "best"), "--verifier", str(verifier_dir), "--prompts",
-                             str(prompts), "--device", "cuda", "--max-new-tokens", "24", "--out",
-                             str(tmp_path / "accept.json")]))
+    args = parse_args([str(run_dir / "checkpoints" / "best"), "--verifier", str(verifier_dir), "--prompts",
+                       str(prompts), "--device", "cuda", "--max-new-tokens", "24",
+                       "--out", str(tmp_path / "accept.json")])
+    report = run(AcceptRequest(**vars(args)))
     assert report["device"] == "cuda" and report["lossless"] is True  # run() raises LosslessError otherwise
     assert report["prompts"] == 4 and 1.0 <= report["accept_len"] <= 1 + report["k"]
     assert json.loads((tmp_path / "accept.json").read_text())["accept_len"] == report["accept_len"]
