@@ -211,7 +211,7 @@ def gpu_run(cache_dir, tmp_path_factory):
 def test_fused_loss_flex_attention_and_bf16_autocast_at_a_length_off_the_block_size(gpu_run):
     run_dir, cfg, summary, spy, _, _ = gpu_run
     assert cfg.data.total_seq_len == 200
-    assert_trained_on_cuda(summary, spy, length=256)  # rounded up to whole flex blocks (eagle3.train.rank.packed_len)
+    assert_trained_on_cuda(summary, spy, length=256)  # rounded up to whole flex blocks (eagle3.arch.packing.packed_len)
     assert all(torch.isfinite(torch.tensor(r["loss"])) for r in read_rows(run_dir))
 
 
