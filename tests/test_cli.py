@@ -103,12 +103,14 @@ def test_a_verb_whose_module_is_not_there_is_neither_listed_nor_run(monkeypatch)
     assert "later" not in verbs.available() and "later" not in front.help_text()
 
 
-@pytest.mark.parametrize("old,verb", [(["python", "-m", "eagle3.eval.speedup"], "speedup"),
-                                      (["python", "-m", "eagle3.serve"], "serve"),
-                                      (["python", "-m", "eagle3.verifier"], "verifier"),
-                                      (["python", "-m", "eagle3.sweep.compare"], "compare")])
-def test_an_older_path_runs_the_verb(old, verb):
-    proc = run_in_process([*old, "--help"])
+OLDER_PATHS = {"eagle3.data.prepare": "prepare", "eagle3.data.check": "check", "eagle3.eval.accept": "accept",
+               "eagle3.eval.speedup": "speedup", "eagle3.serve": "serve", "eagle3.serve.export": "export",
+               "eagle3.sweep.compare": "compare", "eagle3.verifier": "verifier", "eagle3.reference": "reference"}
+
+
+@pytest.mark.parametrize("module,verb", OLDER_PATHS.items())
+def test_an_older_path_runs_the_verb(module, verb):
+    proc = run_in_process(["python", "-m", module, "--help"])
     assert proc.returncode == 0 and f"usage: eagle3 {verb}" in proc.stdout, proc.stderr
 
 
