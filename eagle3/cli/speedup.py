@@ -145,7 +145,7 @@ def measured(args: argparse.Namespace, rates: list[float], source: str, ks: list
     for flag, value, low in (("--context", args.context, 2), ("--threads", args.threads or 1, 1)):
         if value < low:
             raise ConfigError(f"{flag} must be >= {low}, got {value}")
-    from eagle3.eval.measure import torch_threads  # torch: after the options are checked
+    from eagle3.device.threads import torch_threads  # torch: after the options are checked
     from eagle3.eval.speedup import default_clock, format_prediction, measure_costs, predict, wallclock
 
     verifier, draft, device = load_models(args)
@@ -177,7 +177,7 @@ def measured(args: argparse.Namespace, rates: list[float], source: str, ks: list
 def measured_draft_ms(args: argparse.Namespace) -> float:
     """One draft forward of the run's draft, measured here as --measure measures it (its --threads: give the
     threads the engine's worker runs with)."""
-    from eagle3.eval.measure import torch_threads
+    from eagle3.device.threads import torch_threads
     from eagle3.eval.speedup import default_clock, measure_costs
 
     verifier, draft, device = load_models(args)

@@ -69,9 +69,9 @@ def run(args: AcceptRequest) -> dict[str, Any]:
         if out.exists():
             raise ConfigError(f"{out} exists and is not overwritten; pass --out to write the report elsewhere")
 
-
     from eagle3.console import quiet_libraries
-    from eagle3.eval.measure import AcceptanceProbe, torch_threads
+    from eagle3.device.threads import torch_threads
+    from eagle3.eval.measure import AcceptanceProbe
     from eagle3.init.checkpoint import load_draft
     from eagle3.verifier.model import Verifier
 

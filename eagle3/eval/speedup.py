@@ -121,8 +121,8 @@ def measure_costs(verifier, draft, ks: Sequence[int], context_len: int, repeats:
 
     import torch
 
+    from eagle3.decoding.aux_layers import aux_layer_ids
     from eagle3.decoding.drafting import GREEDY, VerifierCache, choose, verify
-    from eagle3.eval.measure import aux_layer_ids
 
     aux_ids = aux_layer_ids(draft, verifier)
     device = next(verifier.parameters()).device
@@ -191,8 +191,8 @@ class DraftTimer:
     def __init__(self, verifier, draft, context_len: int, threads: int):
         import torch
 
+        from eagle3.decoding.aux_layers import aux_layer_ids
         from eagle3.decoding.drafting import VerifierCache
-        from eagle3.eval.measure import aux_layer_ids
 
         self.device, self.context_len, self.threads = next(verifier.parameters()).device, context_len, threads
         gen = torch.Generator().manual_seed(0)
@@ -206,7 +206,7 @@ class DraftTimer:
     def sample(self, n: int, keep: bool = True) -> None:
         import torch
 
-        from eagle3.eval.measure import torch_threads
+        from eagle3.device.threads import torch_threads
 
         with torch.no_grad(), torch_threads(self.threads):
             for _ in range(n):
@@ -281,8 +281,9 @@ def wallclock(verifier, draft, prompts: Sequence[Sequence[int]], ks: Sequence[in
     import functools
     import statistics
 
+    from eagle3.decoding.aux_layers import aux_layer_ids
     from eagle3.decoding.drafting import plain_decode, speculative_decode
-    from eagle3.eval.measure import acceptance, aux_layer_ids
+    from eagle3.eval.measure import acceptance
 
     aux_ids = aux_layer_ids(draft, verifier)
     device = next(verifier.parameters()).device
