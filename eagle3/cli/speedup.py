@@ -37,7 +37,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
     p = argparse.ArgumentParser(prog="eagle3 speedup", description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter,
-                                epilog=speedup.__doc__.split("\n\n", 1)[1])
+                                epilog=speedup.__doc__.split("\n\n", 2)[2])
     p.add_argument("--accept", type=Path, help="an eagle3.eval.accept report (accept_k*.json): measured rates")
     p.add_argument("--accept-rates", type=float, nargs="+", metavar="R", help="per-position accept rates r_0 r_1 ...")
     p.add_argument("--run", type=Path, help="a finished run dir: its best val full_acc_* as rates (an estimate) "

@@ -1,13 +1,10 @@
 """Measured acceptance: chain speculative decoding with the Hugging Face verifier and a trained draft.
 
-    eagle3 accept --run outputs/<date>/<time>                  # the run's best draft, val prompts
-    eagle3 accept CKPT --verifier DIR --prompts p.jsonl --k 4   # any checkpoint and verifier
-    eagle3 accept --run RUN --temperature 0.7                   # acceptance when serving at T
-
-Prints a table and writes a JSON report (`--out`; with `--run`, `<run>/accept_k<k>.json` by default, or
-`accept_k<k>_t<T>.json` at T > 0, never overwritten). At temperature 0 the speculative output is checked
-against the verifier's plain greedy decoding on every run; a difference exits non-zero naming the first
-prompt and position. At T > 0 it is speculative sampling (seeded), lossless in distribution.
+Its command line is `eagle3 accept` (eagle3/cli/accept.py). A measurement writes a JSON report (`--out`; with
+`--run`, `<run>/accept_k<k>.json` by default, or `accept_k<k>_t<T>.json` at T > 0, never overwritten). At
+temperature 0 the speculative output is checked against the verifier's plain greedy decoding on every run; a
+difference exits non-zero naming the first prompt and position. At T > 0 it is speculative sampling (seeded),
+lossless in distribution.
 """
 
 from __future__ import annotations

@@ -1,12 +1,6 @@
 """Does a drafter pay off? The serving speedup that per-position accept rates predict at given step costs.
 
-    eagle3 speedup --accept-rates 0.5 0.3 0.2 --baseline-ms 12.2 --verify-ms 30 --draft-ms 1
-    eagle3 speedup --accept RUN/accept_k3.json --run RUN --measure     # costs measured here
-    eagle3 speedup --run RUN --measure --wallclock                     # and checked by decoding
-    eagle3 speedup --accept RUN/serve_vllm_k5_t0.json \
-        --engine-costs RUN/serve_vllm_k1_t0.json RUN/serve_vllm_k5_t0.json   # costs of served runs (eagle3.serve)
-    eagle3 speedup --accept RUN/serve_vllm_k5_t0.json \
-        --engine-costs RUN/serve_vllm_k1_t0.json           # k=1 served, the draft timed by eagle3.serve meanwhile
+Its command line is `eagle3 speedup` (eagle3/cli/speedup.py).
 
 The model (one sequence, chain drafts, as eagle3.eval.accept decodes):
     tokens_per_step(k) = 1 + sum_{j<k} r_j        r_j: share of verify steps whose draft token j is accepted
