@@ -65,12 +65,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
-    return finish(lambda: prepare(args), interrupted=(
+    return finish(lambda: prepared(args), interrupted=(
         "interrupted (Ctrl-C): the hidden-state files written so far are kept, each whole, and the same command "
         "resumes from them"))
 
 
-def prepare(args: argparse.Namespace) -> int:
+def prepared(args: argparse.Namespace) -> int:
+    """The dataset written; a full disk is one message (DataError), like every refusal."""
     from eagle3.data.prepare import prepare
     from eagle3.formats.disk import disk_full, disk_full_error
 
