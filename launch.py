@@ -1,26 +1,11 @@
-"""The one entry point: compose the run config with Hydra and hand it to eagle3.run.launch.
+"""`python launch.py ARGS` is `eagle3 train ARGS` (eagle3/cli/train.py): Hydra's overrides, -m, --cfg job.
 
     python launch.py                                 # tiny default, CPU
     python launch.py optim.lr=3e-4 optim.epochs=2    # overrides
     python launch.py --cfg job                       # print the composed config
 """
 
-import hydra
-from omegaconf import DictConfig
-
-from eagle3.config import register_configs
-from eagle3.verifier.shape import register_resolvers
-
-register_configs()  # the schemas
-register_resolvers()  # model=auto: ${verifier_config:<path>,<key>}
-
-
-@hydra.main(version_base="1.3", config_path="conf", config_name="train")
-def main(cfg: DictConfig) -> float | None:
-    from eagle3.run.launch import launch
-
-    return launch(cfg)
-
+from eagle3.cli.train import main
 
 if __name__ == "__main__":
     try:

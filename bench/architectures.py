@@ -31,6 +31,7 @@ def run_row(run: Path) -> dict | None:
     from eagle3.config import validate
     from eagle3.data.sources import source_of
     from eagle3.plan.memory import make_plan
+    from eagle3.plan.parts import Machine, PlannedRun, SourceFacts
 
     summary_path, config_path = run / "summary.json", run / "resolved_config.yaml"
     if not (summary_path.is_file() and config_path.is_file()):
@@ -40,8 +41,7 @@ def run_row(run: Path) -> dict | None:
     plain.pop("run", None)
     cfg = validate(plain, dataset_required=False)
     terms = source_of(cfg.data).buffer_terms(cfg.model.draft, "cpu")
-    plan = make_plan(cfg.model.draft, cfg.data, cfg.optim, cfg.distributed, device_type="cpu", device_memory=None,
-                     device_memory_source="none", data_terms=terms)
+    plan = make_plan(PlannedRun.of(cfg), Machine("cpu"), SourceFacts(terms))
     return {"arm": arm(cfg.model.draft), "accept_len": summary["final"].get("accept_len"),
             "tau_sim": summary["best"]["tau_sim"], "trainable": plan.trainable_params,
             "flops": plan.flops_per_step, "peak": sum(t.bytes for t in plan.terms if t.on_device),

@@ -3,7 +3,7 @@
     python bench/forecast.py RUN                       # from the first 20% of RUN's tokens: final and n-gram crossing
     python bench/forecast.py RUN --share 0.1 --line 1.3 --json out.json
 
-Forecasts RUN from its val passes up to `--share` of its final tokens (as `python -m eagle3.cli.forecast RUN
+Forecasts RUN from its val passes up to `--share` of its final tokens (as `eagle3 forecast RUN
 --until-tokens ...` does) and prints, against what the run then did: the accept_len and tau_sim at its last val
 pass (measured accept_len where that pass was measured, else tau_sim x the pilot's ratio), with the forecast's 90%
 interval, and the tokens at which the curve passes `--line` (default: the n-gram baseline of the run's serve

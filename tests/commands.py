@@ -80,6 +80,18 @@ def exit_status(args: list[str]) -> int:
     return 0
 
 
+def exit_status_of(main, argv: list[str]) -> int:
+    """What `eagle3 VERB ARGV` exits with, `main` being the verb's main (eagle3/cli/VERB.py) run in this process:
+    a refusal's message (SystemExit's) printed on stderr, as the interpreter prints it."""
+    try:
+        return main(argv) or 0
+    except SystemExit as e:
+        if e.code is None or isinstance(e.code, int):
+            return e.code or 0
+        print(e.code, file=sys.stderr)
+        return 1
+
+
 @contextlib.contextmanager
 def restored_process_state(env: dict[str, str]):
     """os.environ (with `env` set), cwd (the root), SIGTERM/SIGINT handlers, the root logger (its handlers out of

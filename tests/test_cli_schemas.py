@@ -12,7 +12,7 @@ import pytest
     (["--max-new-tokens", "1"], "--max-new-tokens (eval.accept.max_new_tokens): must be >= 2"),
 ])
 def test_wallclock_options_are_refused_with_the_schema_message(argv, message):
-    from eagle3.eval.speedup import main
+    from eagle3.cli.speedup import main
 
     with pytest.raises(SystemExit) as e:  # refused before any model is loaded (there is none to load)
         main(["--accept-rates", "0.5", "--measure", *argv])
@@ -20,7 +20,7 @@ def test_wallclock_options_are_refused_with_the_schema_message(argv, message):
 
 
 def test_wallclock_options_take_their_help_from_the_schema(capsys):
-    from eagle3.eval.speedup import parse_args
+    from eagle3.cli.speedup import parse_args
 
     args = parse_args([])
     assert (args.num_prompts, args.max_new_tokens, args.device) == (8, 64, "auto")
@@ -36,7 +36,7 @@ def test_wallclock_options_take_their_help_from_the_schema(capsys):
     (["--max-new-tokens", "1"], "--max-new-tokens (eval.accept.max_new_tokens): must be >= 2"),
 ])
 def test_serve_options_are_refused_with_the_schema_message(argv, message, tmp_path):
-    from eagle3.serve.__main__ import main
+    from eagle3.cli.serve import main
 
     with pytest.raises(SystemExit) as e:  # refused before the run dir is read (there is none)
         main([str(tmp_path / "no-run"), *argv])
@@ -44,8 +44,8 @@ def test_serve_options_are_refused_with_the_schema_message(argv, message, tmp_pa
 
 
 def test_serve_options_take_their_defaults_and_help_from_the_schema(capsys):
+    from eagle3.cli.serve import parse_args
     from eagle3.config import AcceptEvalConfig
-    from eagle3.serve.__main__ import parse_args
 
     args, schema = parse_args(["RUN"]), AcceptEvalConfig()
     assert (args.num_prompts, args.max_new_tokens, args.temperature) == (schema.num_prompts, schema.max_new_tokens,

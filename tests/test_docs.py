@@ -1,11 +1,14 @@
 """The documentation cannot rot silently: every command it shows composes and passes the run's checks, every error
-example it shows is refused with the message it shows, every tool it names answers --help, every link resolves.
+example it shows is refused with the message it shows, every verb it names answers --help (the older
+`python -m` paths: tests/test_cli.py), every link
+resolves.
 
-Commands are taken from the fenced code blocks of README.md and docs/*.md. `python launch.py ...` in a bash (or
-unlabelled) block is composed in process with Hydra's compose API and put through the checks a sweep applies to each
-job before the first starts (`job_config_problem`: the typed config, its range checks, the device checks);
-a multirun (`-m`) command is composed once per sweep cell (an interval's two ends). `$ python launch.py ...` in a
-console block is an error example: it must be refused, with the first line shown after it. Paths that are
+Commands are taken from the fenced code blocks of README.md and docs/*.md. `eagle3 train ...` (or `eagle3 plan ...`,
+train with plan=true) in a bash (or unlabelled) block is composed in process with Hydra's compose API and put
+through the checks a sweep applies to each job before the first starts (`job_config_problem`: the typed config, its
+range checks, the device checks); a multirun (`-m`) command is composed once per sweep cell (an interval's two
+ends). `$ eagle3 train ...` in a console block is an error example: it must be refused, with the first line shown
+after it. Every other `eagle3 VERB` they run must be a verb that answers --help. Paths that are
 placeholders (`/data/ds`, `/models/verifier`, ...) are replaced by this test's own tiny files; a path not in
 PLACEHOLDERS stays as written, so a new placeholder fails here until it is added.
 """
@@ -14,15 +17,12 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import importlib.util
 import io
 import itertools
 import json
 import re
-import runpy
 import shlex
 import shutil
-import sys
 from pathlib import Path
 
 import pytest
@@ -40,9 +40,8 @@ PLACEHOLDERS = {
     "/data/ds": "dataset", "/data/k25": "dataset", "/data/k25_hs": "dataset",
     "rows.jsonl": "rows", "/ckpt/drafter": "drafter",
 }
-# Tools named in the docs whose module another branch adds; checked as soon as the module exists.
-PENDING_TOOLS = {"eagle3.serve": "python -m eagle3.serve comes with the vLLM serving work"}
-CI_COMMANDS = ["pip install -e . && python launch.py", "pip install -e '.[test]' && python -m pytest -q"]
+CI_COMMANDS = ["pip install -e . && eagle3 train", "pip install -e '.[test]' && python -m pytest -q"]
+TRAIN = ("eagle3 train", "eagle3 plan")  # the verbs whose words are Hydra overrides
 FENCE = re.compile(r"^```(\w*)\n(.*?)^```", re.S | re.M)
 
 
@@ -56,9 +55,9 @@ def command_lines(body: str) -> list[str]:
     return body.replace("\\\n", " ").splitlines()
 
 
-def documented(prefix: str, console: bool) -> list[tuple[str, str]]:
-    """(page name, command) for every `python launch.py` command of the pages' bash blocks, or with `console`
-    the error examples (`$ python launch.py ...`) of their console blocks."""
+def documented(prefix: str | tuple[str, ...], console: bool) -> list[tuple[str, str]]:
+    """(page name, command) for every command starting with `prefix` (`eagle3 train` ...) of the pages' bash blocks, or
+    with `console` the error examples (`$ eagle3 train ...`) of their console blocks."""
     found = []
     for page in PAGES:
         for lang, body in blocks(page):
@@ -75,8 +74,8 @@ def documented(prefix: str, console: bool) -> list[tuple[str, str]]:
     return found
 
 
-LAUNCH = documented("python launch.py", console=False)
-ERRORS = documented("python launch.py", console=True)
+LAUNCH = documented(TRAIN, console=False)
+ERRORS = documented(TRAIN, console=True)
 
 
 def shown_error(command: str) -> str:
@@ -119,8 +118,9 @@ def inputs(tmp_path_factory) -> dict[str, str]:
 
 
 def launch_args(command: str, inputs: dict[str, str]) -> tuple[list[str], bool]:
-    """(overrides with placeholders replaced, multirun) of a `python launch.py ...` command."""
-    words = shlex.split(command, comments=True)[2:]
+    """(overrides with placeholders replaced, multirun) of an `eagle3 train ...` or `eagle3 plan ...` command."""
+    verb, *words = shlex.split(command, comments=True)[1:]
+    words = ["plan=true", *words] if verb == "plan" else words
     multirun = bool({"-m", "--multirun"} & set(words))
     flags = {"-m", "--multirun", "--cfg", "job", "--resolve", "--help", "-h"}
     overrides = []
@@ -166,35 +166,68 @@ def test_the_docs_show_commands():
     assert len(LAUNCH) > 30 and len(ERRORS) >= 4
 
 
-@pytest.mark.parametrize("page,command", LAUNCH, ids=[f"{p}:{c[17:70]}" for p, c in LAUNCH])
+@pytest.mark.parametrize("page,command", LAUNCH, ids=[f"{p}:{c[13:70]}" for p, c in LAUNCH])
 def test_a_documented_command_composes(page, command, inputs):
     overrides, multirun = launch_args(command, inputs)
     for cell in sweep_cells(overrides) if multirun else [overrides]:
         assert problem(cell) is None, f"{page}: {command}\n  job {cell}: {problem(cell)}"
 
 
-@pytest.mark.parametrize("page,command", ERRORS, ids=[f"{p}:{c[17:70]}" for p, c in ERRORS])
+@pytest.mark.parametrize("page,command", ERRORS, ids=[f"{p}:{c[13:70]}" for p, c in ERRORS])
 def test_a_documented_error_is_refused_as_shown(page, command, inputs):
     found = problem(launch_args(command, inputs)[0])
     assert found is not None, f"{page}: {command} is shown failing, and it composes"
     assert shown_error(command) in found, f"{page}: {command}\n  shown: {shown_error(command)}\n  got: {found}"
 
 
-def tools() -> list[str]:
-    """Every `python -m eagle3.<tool>` the pages name, in code blocks or in the text."""
-    names = {m.group(1) for page in PAGES for m in re.finditer(r"python -m (eagle3(?:\.\w+)+)", page.read_text())}
-    return sorted(names)
+def group_table() -> dict[str, set[str]]:
+    """README's config-group table: group -> the options its row names (`name/*` for a folder of presets; Hydra's
+    own options, named without backticks, left out)."""
+    rows = re.findall(r"^\| `([\w/]+)` \| ([^|]+) \|", (ROOT / "README.md").read_text(), re.M)
+    return {group: set(re.findall(r"`([\w/*]+)`", options)) for group, options in rows}
 
 
-@pytest.mark.parametrize("tool", tools())
-def test_a_documented_tool_answers_help(tool, monkeypatch):
-    if tool in PENDING_TOOLS and importlib.util.find_spec(tool) is None:
-        pytest.skip(PENDING_TOOLS[tool])
-    monkeypatch.setattr(sys, "argv", [tool, "--help"])
+def test_the_readmes_group_table_names_every_option_of_conf_and_no_other():
+    table = group_table()
+    groups = [d for d in (ROOT / "conf").glob("**/") if d != ROOT / "conf" and any(d.glob("*.yaml"))
+              and d.parent.name != "experiment"]
+    assert groups
+    for folder in groups:
+        group = folder.relative_to(ROOT / "conf").as_posix()
+        options = {f.stem for f in folder.glob("*.yaml")} | {f"{d.name}/*" for d in folder.iterdir() if d.is_dir()}
+        if group == "hydra":  # hydra/default.yaml is the job's own settings, not a group option
+            continue
+        named = table.get(group, set())
+        # hydra/*: the options of Hydra and of hydra_plugins/ (eagle3_basic) are named beside conf/'s own
+        agrees = options <= named if group.startswith("hydra/") else named == options
+        assert agrees, f"README's row for `{group}` names {sorted(named)}; conf/{group}/ holds {sorted(options)}"
+
+
+def verbs() -> list[str]:
+    """Every `eagle3 VERB` the pages' code blocks run."""
+    return sorted({m.group(1) for page in PAGES for lang, body in blocks(page) if lang in ("", "bash", "console")
+                   for m in re.finditer(r"(?:^|\$ |&& )eagle3 (\w[\w-]*)", body, re.M)})
+
+
+def test_the_docs_run_their_tasks_as_eagle3_verbs():
+    assert {"train", "prepare", "check", "accept", "speedup", "serve", "export", "compare"} <= set(verbs())
+
+
+@pytest.mark.parametrize("verb", verbs())
+def test_a_documented_verb_is_one_and_answers_help(verb):
+    from eagle3.cli.__main__ import main
+    from eagle3.cli.verbs import available
+
+    assert verb in available(), f"the docs run `eagle3 {verb}`, which is no verb (eagle3/cli/verbs.py)"
+    if verb in TRAIN_VERBS:  # Hydra's --help composes the whole config: the compose tests above cover these
+        return
     out = io.StringIO()
     with contextlib.redirect_stdout(out), pytest.raises(SystemExit) as exited:
-        runpy.run_module(tool, run_name="__main__", alter_sys=True)  # as `python -m tool --help` runs it
-    assert exited.value.code in (0, None) and "usage:" in out.getvalue(), tool
+        main([verb, "--help"])
+    assert exited.value.code in (0, None) and f"usage: eagle3 {verb}" in out.getvalue(), verb
+
+
+TRAIN_VERBS = {prefix.split()[1] for prefix in TRAIN}
 
 
 def slug(heading: str) -> str:

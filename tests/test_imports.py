@@ -17,7 +17,7 @@ PACKAGE = Path(eagle3.__file__).parent
 LAYERS: list[list[str]] = [
     ["eagle3.errors"],
     ["eagle3.config"],
-    ["eagle3.safe_write", "eagle3.signal_scope", "eagle3.provenance", "eagle3.schema_cli"],
+    ["eagle3.safe_write", "eagle3.signal_scope", "eagle3.provenance"],
     ["eagle3.console"],
     ["eagle3.formats"],
     ["eagle3.arch"],
@@ -34,9 +34,11 @@ LAYERS: list[list[str]] = [
     ["eagle3.serve"],
     ["eagle3.sweep"],
     ["eagle3.run"],
-    ["eagle3.reference", "eagle3.compare", "eagle3.export"],  # the last two: old paths that name the new ones
-    ["eagle3.cli"],
+    ["eagle3.reference", "eagle3.compare", "eagle3.export"],  # the last two: old paths that name the new verbs
+    ["eagle3.cli"],  # the command line, `eagle3 VERB`: the only room that parses arguments
 ]
+# The top room: the only one whose modules may import argparse (a library module takes typed values, not options).
+CLI = "eagle3.cli"
 # Top-level modules of eagle3/ besides its subpackages (__init__.py not counted).
 TOP_LEVEL_MAX = 12
 
@@ -147,8 +149,38 @@ def test_eagle3_has_at_most_12_top_level_modules_besides_its_subpackages():
     assert len(top) <= TOP_LEVEL_MAX, f"{len(top)} top-level modules: {top}"
 
 
-# Line budgets: eagle3/run/launch.py reads top to bottom in one sitting, and every function in eagle3/ fits a screen.
-LAUNCH_MAX_LINES, FUNCTION_MAX_LINES = 250, 80
+def test_no_module_outside_the_command_line_imports_argparse():
+    parsing = sorted(module_name(f) for f in PACKAGE.rglob("*.py") if not module_name(f).startswith(CLI)
+                     and "argparse" in imports_anywhere(f.read_text()))
+    assert not parsing, f"library modules importing argparse (its parser belongs in eagle3/cli/): {parsing}"
+
+
+def imports_anywhere(source: str) -> set[str]:
+    """Every module name an import statement of `source` names, anywhere in it."""
+    found: set[str] = set()
+    for st in ast.walk(ast.parse(source)):
+        if isinstance(st, ast.Import):
+            found |= {a.name for a in st.names}
+        elif isinstance(st, ast.ImportFrom) and st.module and not st.level:
+            found.add(st.module)
+    return found
+
+
+def test_the_argparse_walk_sees_an_import_inside_a_function():
+    assert "argparse" in imports_anywhere("def f():\n    from argparse import Namespace\n")
+    assert "argparse" not in imports_anywhere("x = 'import argparse'\n")
+
+
+# Line budgets: eagle3/run/launch.py reads top to bottom in one sitting, every function in eagle3/ fits a screen, and
+# every module is one job's worth of reading.
+LAUNCH_MAX_LINES, FUNCTION_MAX_LINES, MODULE_MAX_LINES = 250, 60, 450
+# TEMPORARY: modules and functions over their budgets that other work was changing while the budgets were set. Each
+# entry is to be split by job (the issue that set the budgets) and removed from here; a new one is not to be added.
+OVER_BUDGET_MODULES = {
+    "eagle3/config.py",       # 1052 lines: schemas, the draft's flag rules, the verifier's shape checks, data sniffing
+    "eagle3/train/loop.py",   # 525 lines: the loop and the validation pass
+}
+OVER_BUDGET_FUNCTIONS: set[str] = set()
 
 
 def long_functions(source: str, limit: int = FUNCTION_MAX_LINES) -> list[tuple[str, int]]:
@@ -167,9 +199,20 @@ def test_the_walk_sees_a_long_function_nested_or_not():
     assert long_functions(nested, limit=4) == [("m", 6)]
 
 
-def test_launch_is_under_its_line_budget_and_no_function_in_eagle3_is_over_80_lines():
+def test_launch_is_under_its_line_budget_and_no_function_in_eagle3_is_over_60_lines():
     lines = len((PACKAGE / "run" / "launch.py").read_text().splitlines())
     assert lines < LAUNCH_MAX_LINES, f"eagle3/run/launch.py has {lines} lines (budget: under {LAUNCH_MAX_LINES})"
     long = [f"{file.relative_to(PACKAGE.parent)}: {name} ({length} lines)" for file in sorted(PACKAGE.rglob("*.py"))
-            for name, length in long_functions(file.read_text())]
+            for name, length in long_functions(file.read_text())
+            if f"{file.relative_to(PACKAGE.parent)}:{name}" not in OVER_BUDGET_FUNCTIONS]
     assert not long, f"functions over {FUNCTION_MAX_LINES} lines: " + "; ".join(long)
+
+
+def test_no_module_in_eagle3_is_over_450_lines():
+    sizes = {file.relative_to(PACKAGE.parent).as_posix(): len(file.read_text().splitlines())
+             for file in sorted(PACKAGE.rglob("*.py"))}
+    over = [f"{name} ({lines} lines)" for name, lines in sizes.items()
+            if lines > MODULE_MAX_LINES and name not in OVER_BUDGET_MODULES]
+    assert not over, f"modules over {MODULE_MAX_LINES} lines (split them by job): " + "; ".join(over)
+    back_in_budget = sorted(name for name in OVER_BUDGET_MODULES if sizes.get(name, 0) <= MODULE_MAX_LINES)
+    assert not back_in_budget, f"within the budget now, take them off OVER_BUDGET_MODULES: {back_in_budget}"

@@ -177,6 +177,8 @@ def test_the_reference_install_is_reused_once_stamped_and_built_again_without_it
 
     monkeypatch.setattr(reference, "download", no_network)
     monkeypatch.setenv("EAGLE3_CACHE", str(tmp_path / "cache"))
+    from eagle3.cli.reference import main
+
     with pytest.raises(SystemExit, match="^error: pip could not download .*: no network$"):
-        reference.main(["--install"])
+        main(["--install"])
     assert not (tmp_path / "cache" / "reference" / reference.STAMP).exists()

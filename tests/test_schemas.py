@@ -97,7 +97,7 @@ def config_message(override: str) -> str:
     (["--max-new-tokens", "1"], "eval.accept.max_new_tokens=1", "--max-new-tokens"),
 ])
 def test_eval_accept_refuses_an_option_with_its_schema_message(argv, override, flag, tmp_path):
-    from eagle3.eval.accept import main
+    from eagle3.cli.accept import main
 
     key = override.split("=")[0]
     with pytest.raises(SystemExit) as e:
@@ -106,8 +106,8 @@ def test_eval_accept_refuses_an_option_with_its_schema_message(argv, override, f
 
 
 def test_eval_accept_takes_its_defaults_and_help_from_the_schema(capsys):
+    from eagle3.cli.accept import parse_args
     from eagle3.config import AcceptEvalConfig
-    from eagle3.eval.accept import parse_args
 
     args, schema = parse_args([]), AcceptEvalConfig()
     assert (args.num_prompts, args.max_new_tokens, args.temperature) == (schema.num_prompts, schema.max_new_tokens,
@@ -122,7 +122,7 @@ def test_eval_accept_takes_its_defaults_and_help_from_the_schema(capsys):
 
 
 def test_data_check_refuses_a_total_seq_len_with_its_schema_message(tmp_path, capsys):
-    from eagle3.data.check import main
+    from eagle3.cli.check import main
 
     with pytest.raises(SystemExit) as e:
         main([str(tmp_path), "--total-seq-len", "1"])
@@ -132,8 +132,8 @@ def test_data_check_refuses_a_total_seq_len_with_its_schema_message(tmp_path, ca
 
 
 def test_data_prepare_takes_on_bad_sample_and_device_from_the_schemas(capsys):
+    from eagle3.cli.prepare import main
     from eagle3.config import BadSamplePolicy, Device
-    from eagle3.data.prepare import main
 
     with pytest.raises(SystemExit):
         main(["--help"])
@@ -289,7 +289,7 @@ def test_a_mask_token_for_a_draft_without_masked_slots_is_refused():
 
 def test_an_infinite_accept_temperature_is_refused_in_the_run_and_the_cli():
     """T=inf divides every logit to 0: a uniform draw, whatever the verifier and the draft say."""
-    from eagle3.eval.accept import main as accept_main
+    from eagle3.cli.accept import main as accept_main
 
     with pytest.raises(ConfigError, match=r"^eval.accept.temperature: must be >= 0 and finite, got inf$"):
         checked_config(["eval.accept.temperature=inf"])

@@ -78,11 +78,6 @@ def layer_config_kwargs(draft: DraftConfig) -> dict:
     )
 
 
-def layer_names(num_layers: int) -> list[str]:
-    """The state-dict prefix of each decoder layer (speculators' `layers.{i}.`)."""
-    return [f"layers.{i}." for i in range(num_layers)]
-
-
 def parameter_counts(draft: DraftConfig, train_lm_head: bool = False) -> dict[str, tuple[int, bool]]:
     """{tensor group: (elements, trainable)} of the Eagle3DraftModel speculators builds for `draft` from scratch
     (the flags it leaves null: speculators' defaults)."""
@@ -112,12 +107,6 @@ def parameter_counts(draft: DraftConfig, train_lm_head: bool = False) -> dict[st
         counts["embed_tokens (verifier's, trained)"] = counts.pop("embed_tokens (verifier's, frozen)")[0], True
         counts["mask_hidden (masked slots' aux states)"] = (n_aux * h, True)
     return counts
-
-
-def layer_weights(draft: DraftConfig) -> int:
-    """Elements of the decoder layers' matrices (attention and MLP), for the FLOP count."""
-    counts = parameter_counts(draft)
-    return counts["decoder layers: attention"][0] + counts["decoder layers: MLP"][0]
 
 
 def layer_step_elements(draft: DraftConfig, compute: int, norm: int, layers: int | None = None) -> int:

@@ -1,11 +1,11 @@
 """Forecast acceptance from a pilot run: where it ends up, and how many tokens and hours to beat n-gram or a target.
 
-    python -m eagle3.cli.forecast RUN                          # accept_len at 2x, 10x, 100x the tokens so far
-    python -m eagle3.cli.forecast RUN --target 1.5 --at 1M 10M # + tokens and hours to reach 1.5, these budgets
-    python -m eagle3.cli.forecast RUN --ngram 1.147            # the n-gram baseline (default: the run's serve report)
-    python -m eagle3.cli.forecast RUN --until 200              # from the val passes up to step 200 only
-    python -m eagle3.cli.forecast SWEEP --target 1.5           # every run of a sweep, ranked by tokens to 1.5
-    python -m eagle3.cli.forecast RUN --json                   # one JSON object (a list `at` of the budgets)
+    eagle3 forecast RUN                          # accept_len at 2x, 10x, 100x the tokens so far
+    eagle3 forecast RUN --target 1.5 --at 1M 10M # + tokens and hours to reach 1.5, these budgets
+    eagle3 forecast RUN --ngram 1.147            # the n-gram baseline (default: the run's serve report)
+    eagle3 forecast RUN --until 200              # from the val passes up to step 200 only
+    eagle3 forecast SWEEP --target 1.5           # every run of a sweep, ranked by tokens to 1.5
+    eagle3 forecast RUN --json                   # one JSON object (a list `at` of the budgets)
 
 Fits tau_sim(t) = a - b (t / t_ref)^-c to the val passes against trained tokens (eagle3.sweep.curve_fit), carried to
 measured accept_len by the ratio at measured checkpoints, with 90% bootstrap intervals (docs/forecast.md).
@@ -48,7 +48,7 @@ def positive(text: str) -> float:
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m eagle3.cli.forecast", description=__doc__.split("\n\n")[0],
+    p = argparse.ArgumentParser(prog="eagle3 forecast", description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter,
                                 epilog=__doc__.split("\n\n", 1)[1])
     p.add_argument("paths", nargs="+", type=Path, help="run dirs or sweep dirs")
@@ -95,8 +95,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     try:
         options = options_of(args)
-        from eagle3.sweep.compare import find_runs
         from eagle3.sweep.forecast import forecast_run, rank_reports
+        from eagle3.sweep.runs import find_runs
 
         runs = find_runs(args.paths)
         reports, refused = [], []

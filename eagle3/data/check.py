@@ -1,6 +1,6 @@
 """Checking a speculators-format dataset before it costs a GPU day.
 
-    python -m eagle3.data.check <data_dir> [--quick] [--total-seq-len N]
+    eagle3 check <data_dir> [--quick] [--total-seq-len N]
 
 Every row must have its `hidden_states/hs_<i>.safetensors`, with `hidden_states` of shape [seq_len, n_aux + 1,
 hidden] and `token_ids` equal to the row's `input_ids`; the token ids must lie in the vocabulary and the loss
@@ -14,7 +14,6 @@ rows stop the run, since then most of what was prepared is never trained on.
 
 from __future__ import annotations
 
-import argparse
 import shlex
 import sys
 from collections import Counter
@@ -25,11 +24,9 @@ from typing import Any
 import numpy as np
 from tqdm import tqdm
 
-from eagle3.config import DataConfig, check_total_seq_len
-from eagle3.errors import ConfigError, DataError, UserError
+from eagle3.errors import ConfigError, DataError
 from eagle3.formats.arrow_rows import ArrowRows
 from eagle3.formats.hidden_states import Problem, hidden_state_problem, hs_path
-from eagle3.schema_cli import add_fields, checked
 
 # Above this share of rows cut by data.total_seq_len, the start-up check stops the run instead of warning:
 # a long-tail row or two is normal, a tenth of the data losing its end is a config mistake.
@@ -213,41 +210,8 @@ def _row_problem(ids: np.ndarray, mask: np.ndarray, seq_len: int, vocab_size: in
     return None
 
 
-# NaN and inf are the values whose exponent bits are all ones: tested on the raw bits, nothing is converted.
+if __name__ == "__main__":  # the older path of `eagle3 check` (eagle3/cli/check.py)
+    import runpy
 
-
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m eagle3.data.check", description=__doc__.split("\n\n")[0])
-    parser.add_argument("data_dir", type=Path)
-    parser.add_argument("--quick", action="store_true", help="skip the NaN/inf scan (reads headers and token ids only)")
-    parser.add_argument("--vocab-size", type=int, help="the verifier's vocabulary size (default: from the record)")
-    flags = {"total_seq_len": "--total-seq-len"}
-    add_fields(parser, DataConfig, flags, "data", defaults={"total_seq_len": None},
-               helps={"total_seq_len": "also count the rows the trainer would cut to the run's total_seq_len"})
-    args = parser.parse_args(argv)
-    from eagle3.data.record import read_record
-
-    if args.vocab_size is not None and args.vocab_size < 1:
-        parser.error(f"--vocab-size must be >= 1, got {args.vocab_size}")
-    if args.total_seq_len is not None:
-        try:
-            checked(args, DataConfig, flags, "data", lambda data: check_total_seq_len(data.total_seq_len))
-        except ConfigError as e:
-            parser.error(str(e))
-
-    try:
-        vocab = args.vocab_size or ((read_record(args.data_dir) or {}).get("verifier") or {}).get("vocab_size")
-        report = check_dataset(args.data_dir, vocab_size=vocab, full=not args.quick, progress=True,
-                               total_seq_len=args.total_seq_len)
-        truncation = report.truncation_warning()
-    except UserError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 1
-    print(report.summary(first=10))
-    if truncation:
-        print(f"warning: {truncation}", file=sys.stderr)
-    return 1 if report.bad else 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+    sys.argv[0:1] = ["eagle3", "check"]
+    runpy.run_module("eagle3.cli", run_name="__main__")

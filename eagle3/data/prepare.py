@@ -1,6 +1,6 @@
 """Prepare EAGLE-3 training data from a local Hugging Face causal LM, in speculators' on-disk format.
 
-    python -m eagle3.data.prepare --model /models/verifier --data rows.jsonl --out /data/ds [--aux-layer-ids 2 16 29]
+    eagle3 prepare --model /models/verifier --data rows.jsonl --out /data/ds [--aux-layer-ids 2 16 29]
 
 --data is any rows file eagle3.formats.row_formats reads (token rows, messages or ShareGPT conversations; JSONL, a JSON
 array, Parquet or a datasets dir).
@@ -17,7 +17,6 @@ synthetic data is written.
 
 from __future__ import annotations
 
-import argparse
 import logging
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -25,16 +24,15 @@ from typing import Any
 
 import torch
 
-from eagle3.config import DataConfig, Device, HiddenStatesDtype, TokenRows
+from eagle3.config import Device
 from eagle3.console import shell_override
 from eagle3.data.record import read_record, write_record
 from eagle3.data.token_rows import save_rows
 from eagle3.device.choice import compute_dtype_on, resolve_runtime
-from eagle3.errors import ConfigError, DataError, UserError
+from eagle3.errors import ConfigError, DataError
 from eagle3.formats.cache import cache_key
 from eagle3.formats.row_formats import Row
 from eagle3.safe_write import refuse_links_in
-from eagle3.schema_cli import add_fields
 from eagle3.verifier.forward import write_hidden_states
 from eagle3.verifier.model import Verifier
 from eagle3.verifier.shape import default_aux_layer_ids
@@ -130,7 +128,7 @@ def _claim(out_dir: Path, record: dict[str, Any]) -> None:
                               f"one's); nothing was overwritten: choose another output dir")
         log.info("%s holds this preparation%s: resuming", out_dir, "" if existing.get("complete") else ", unfinished")
     elif out_dir.is_dir() and any(out_dir.iterdir()):
-        raise DataError(f"{out_dir} is not empty and was not written by python -m eagle3.data.prepare; nothing "
+        raise DataError(f"{out_dir} is not empty and was not written by eagle3 prepare; nothing "
                           f"was overwritten: choose another output dir")
     out_dir.mkdir(parents=True, exist_ok=True)
     write_record(out_dir, {**record, "complete": False})
@@ -145,74 +143,7 @@ def _rows_saved(out_dir: Path, count: int) -> bool:
         return False
 
 
-def main(argv: list[str] | None = None) -> int:
-    import sys
-
-    parser = argparse.ArgumentParser(prog="python -m eagle3.data.prepare",
-                                     description="Runs a local Hugging Face causal LM (in transformers, or "
-                                                 "served by vLLM) over data rows and writes them with its hidden "
-                                                 "states in speculators' format.")
-    parser.add_argument("--model", type=Path, required=True, help="local Hugging Face causal-LM dir (the verifier)")
-    parser.add_argument("--data", type=Path, required=True,
-                        help='rows: {"input_ids": [...], "loss_mask": [...]}, {"messages": [...]} or ShareGPT\'s '
-                             '{"conversations": [...]}, in a JSONL file, a JSON array, a Parquet file or a datasets '
-                             "dir (save_to_disk); conversations use the model dir's tokenizer and chat template, "
-                             "every assistant turn is trained (docs/data.md)")
-    parser.add_argument("--out", type=Path, required=True,
-                        help="output dataset dir (resumed if it holds this preparation)")
-    parser.add_argument("--aux-layer-ids", type=int, nargs="+",
-                        help="verifier layers fed to the draft, output_hidden_states indexing (default [2, N//2, N-3])")
-    parser.add_argument("--max-len", type=int, default=8192,
-                        help="tokens per row; longer rows are truncated and counted")
-    parser.add_argument("--batch-tokens", type=int, default=16384, help="padded tokens per verifier forward")
-    parser.add_argument("--device", default=Device.auto.value, choices=[d.value for d in Device])
-    # The options a run's `data` config also has default to its schema's values (eagle3/config.py DataConfig).
-    parser.add_argument("--dtype", default=DataConfig.hidden_states_dtype.value,
-                        choices=[d.value for d in HiddenStatesDtype],
-                        help="dtype the hidden states are stored in")
-    add_fields(parser, DataConfig, {"on_bad_sample": "--on-bad-sample"}, "data", helps={
-        "on_bad_sample": "a row that cannot be used: stop with its line number, or leave it out and count it"})
-    add_fields(parser, TokenRows, {"format": "--format", "max_records": "--max-records"}, "data", helps={
-        "format": "what the rows hold; auto: the first row's format (a row of another format is a bad row)",
-        "max_records": "read only the file's first N records (bad ones counted among them), never the rest"})
-    engine = parser.add_argument_group("the engine that computes the hidden states")
-    engine.add_argument("--engine", choices=ENGINES, default="transformers",
-                        help="transformers: the verifier loaded here (--device); vllm: vLLM in the serving engine's "
-                             "environment (python -m eagle3.serve --install; $EAGLE3_VLLM_PYTHON), on every GPU the "
-                             "options below give it, or the CPU; the same files either way")
-    engine.add_argument("--tensor-parallel-size", type=int, help="--engine vllm: GPUs per pipeline stage")
-    engine.add_argument("--pipeline-parallel-size", type=int, help="--engine vllm: pipeline stages")
-    engine.add_argument("--enable-expert-parallel", action="store_true",
-                        help="--engine vllm: MoE experts spread over the GPUs instead of split by tensor parallelism")
-    engine.add_argument("--quantization", help="--engine vllm: vLLM's quantization method (default: what the "
-                                               "verifier's config.json says, e.g. compressed-tensors)")
-    engine.add_argument("--engine-dtype", choices=["bfloat16", "float16", "float32"],
-                        help="--engine vllm: the dtype it computes in (default: bfloat16 on a GPU, float32 on a CPU)")
-    args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(message)s")
-    try:
-        prepare(args)
-    except UserError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 1
-    except KeyboardInterrupt:
-        print("interrupted (Ctrl-C): the hidden-state files written so far are kept, each whole, and the same "
-              "command resumes from them", file=sys.stderr)
-        return 128 + 2
-    except Exception as e:
-        from eagle3.formats.disk import disk_full, disk_full_error
-
-        if not disk_full(e, args.out):
-            raise
-        error = disk_full_error(args.out, "the prepared dataset", "the hidden-state files written so far are kept, "
-                                "each whole, and the same command resumes from them",
-                                "Free space, or give another --out")
-        print(f"error: {error}", file=sys.stderr)
-        return 1
-    return 0
-
-
-def prepare(args: argparse.Namespace) -> dict[str, Any]:
+def prepare(args: Any) -> dict[str, Any]:
     from eagle3.console import quiet_libraries
     from eagle3.formats.row_formats import PREPARE, BadSamples, ChatTokenizer, read_rows
 
@@ -267,13 +198,12 @@ def check_max_records(max_records: int | None) -> None:
                           f"record), got {max_records}")
 
 
-ENGINES = ("transformers", "vllm")
 ENGINE_FLAGS = {"tensor_parallel_size": "--tensor-parallel-size", "pipeline_parallel_size": "--pipeline-parallel-size",
                 "enable_expert_parallel": "--enable-expert-parallel", "quantization": "--quantization",
                 "engine_dtype": "--engine-dtype"}
 
 
-def engine_options_of(args: argparse.Namespace):
+def engine_options_of(args: Any):
     """--engine vllm's options (an EngineOptions), or None for --engine transformers, which takes none of them."""
     given = [flag for name, flag in ENGINE_FLAGS.items() if getattr(args, name) not in (None, False)]
     if args.engine == "transformers":
@@ -292,7 +222,7 @@ def engine_options_of(args: argparse.Namespace):
                          args.quantization, args.engine_dtype)
 
 
-def prepare_with_engine(args: argparse.Namespace, rows: Sequence[Row], aux: Sequence[int], dtype: torch.dtype,
+def prepare_with_engine(args: Any, rows: Sequence[Row], aux: Sequence[int], dtype: torch.dtype,
                         options, notes: dict[str, Any]) -> dict[str, Any]:
     """write_dataset's dataset with the hidden states computed by vLLM (eagle3/data/vllm_hidden_states.py): what it
     would refuse is refused before anything is written or started."""
@@ -327,5 +257,9 @@ def train_command(data_dir: Path, model_dir: Path, aux_layer_ids: Sequence[int])
     return " ".join(parts)
 
 
-if __name__ == "__main__":
-    raise SystemExit(main())
+if __name__ == "__main__":  # the older path of `eagle3 prepare` (eagle3/cli/prepare.py)
+    import runpy
+    import sys
+
+    sys.argv[0:1] = ["eagle3", "prepare"]
+    runpy.run_module("eagle3.cli", run_name="__main__")

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import json
 import logging
+import shutil
 import sys
 import threading
 import time
@@ -241,21 +242,24 @@ def regenerated_rows_dir(path: Path, verifier_dir: Path, settings: Regeneration,
                                      positions)
         took, tokens = time.perf_counter() - start, sum(len(g.ids) for g in generations)
         if took > 0 and tokens and not resumed:  # the plan's expected regeneration time (eagle3.plan.roofline)
-            from eagle3.plan.roofline import record_rate, regeneration_key
-
-            record_rate(Path(cache_dir), torch.device(device).type,
-                        regeneration_key(settings.engine.value, fingerprint["config_hash"]), tokens / took)
+            _remember_rate(cache_dir, device, settings, fingerprint["config_hash"], tokens / took)
         save_rows([(p + g.ids, [0] * len(p) + [1] * len(g.ids)) for p, g in zip(prompts, generations)], out)
         record = {"format": 1, "source": str(path.resolve()), **params, **row_format_record, **bad.as_dict(),
                   "generation": generation_counts(generations, eos)}
         write_text(out, out / ROWS_RECORD, json.dumps(record, indent=2) + "\n")
 
     rows_dir = build_once(target, build, what="regenerated responses")
-    if chunks_dir.is_dir():  # the rows are in place: the chunks they were assembled from are not needed again
-        import shutil
-
-        shutil.rmtree(chunks_dir, ignore_errors=True)
+    shutil.rmtree(chunks_dir, ignore_errors=True)  # the rows are in place: the chunks they came from are not needed
     return rows_dir
+
+
+def _remember_rate(cache_dir: str, device: str | torch.device, settings: Regeneration, verifier_hash: str,
+                   tokens_per_s: float) -> None:
+    """This machine's regeneration rate for this verifier and engine, which the plan's time estimate reads."""
+    from eagle3.plan.roofline import record_rate, regeneration_key
+
+    record_rate(Path(cache_dir), torch.device(device).type, regeneration_key(settings.engine.value, verifier_hash),
+                tokens_per_s)
 
 
 def with_engine(settings: Regeneration) -> Regeneration:

@@ -1,20 +1,17 @@
 """Measured acceptance: chain speculative decoding with the Hugging Face verifier and a trained draft.
 
-    python -m eagle3.eval.accept --run outputs/<date>/<time>                  # the run's best draft, val prompts
-    python -m eagle3.eval.accept CKPT --verifier DIR --prompts p.jsonl --k 4   # any checkpoint and verifier
-    python -m eagle3.eval.accept --run RUN --temperature 0.7                   # acceptance when serving at T
-
-Prints a table and writes a JSON report (`--out`; with `--run`, `<run>/accept_k<k>.json` by default, or
-`accept_k<k>_t<T>.json` at T > 0, never overwritten). At temperature 0 the speculative output is checked
-against the verifier's plain greedy decoding on every run; a difference exits non-zero naming the first
-prompt and position. At T > 0 it is speculative sampling (seeded), lossless in distribution.
+Its command line is `eagle3 accept` (eagle3/cli/accept.py). A measurement writes a JSON report (`--out`; with
+`--run`, `<run>/accept_k<k>.json` by default, or `accept_k<k>_t<T>.json` at T > 0, never overwritten). At
+temperature 0 the speculative output is checked against the verifier's plain greedy decoding on every run; a
+difference exits non-zero naming the first prompt and position. At T > 0 it is speculative sampling (seeded),
+lossless in distribution.
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -22,61 +19,31 @@ if TYPE_CHECKING:
     from eagle3.eval.prompts import Prompt
 
 
-# The options a training run's eval.accept also has: their defaults, help and checks are its schema's.
-SCHEMA_FLAGS = {"num_prompts": "--num-prompts", "k": "--k", "max_new_tokens": "--max-new-tokens",
-                "temperature": "--temperature"}
+@dataclass
+class AcceptRequest:
+    """What to measure: the options of `eagle3 accept` (eagle3/cli/accept.py, whose help says what each means),
+    with its defaults; num_prompts, k, max_new_tokens and temperature checked as eval.accept's."""
+    checkpoint: str | None = None
+    verifier: str | None = None
+    run: str | None = None
+    prompts: str | None = None
+    num_prompts: int = 8
+    k: int | None = None
+    max_new_tokens: int = 32
+    temperature: float = 0.0
+    seed: int = 0
+    cached: bool = True
+    out: str | None = None
+    device: str = "auto"
+    attn_impl: str = "sdpa"
+    threads: int | None = None
 
 
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    from eagle3.config import AcceptEvalConfig, Device
-    from eagle3.schema_cli import add_fields
-
-    p = argparse.ArgumentParser(prog="python -m eagle3.eval.accept", description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("checkpoint", nargs="?", help="draft checkpoint dir (speculators format); with --run: the "
-                                                 "run's checkpoints/best unless given")
-    p.add_argument("--verifier", help="verifier dir (local Hugging Face causal LM); with --run: the run's")
-    p.add_argument("--run", help="a finished run dir: checkpoint, verifier and val-split prompts from its "
-                                 "summary.json and resolved_config.yaml")
-    p.add_argument("--prompts", help="{\"input_ids\": [...]} rows or conversations ({\"messages\"}, ShareGPT's "
-                                     "{\"conversations\"}: up to the first assistant turn) in a JSONL file, a JSON "
-                                     "array, Parquet or a datasets dir (default with --run: the prompts of the run's "
-                                     "val split)")
-    add_fields(p, AcceptEvalConfig, SCHEMA_FLAGS, "eval.accept", defaults={"k": None}, helps={
-        "k": "draft tokens per verify step (default: the checkpoint's speculative_tokens, its training ttt_steps)"})
-    p.add_argument("--seed", type=int, default=0, help="seed of the sampling generator at temperature > 0 "
-                                                       "(a training run's val passes use its seed)")
-    p.add_argument("--no-cache", dest="cached", action="store_false",
-                   help="recompute every forward over the whole prefix (the slower reference harness)")
-    p.add_argument("--out", help="JSON report path (overwritten if it exists)")
-    p.add_argument("--device", default=Device.auto.value, choices=[d.value for d in Device])
-    p.add_argument("--attn-impl", default="sdpa", choices=["sdpa", "eager"], help="the draft's attention")
-    p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default on CPU: 1; many small "
-                                                             "forwards gain little from more, and lose a lot "
-                                                             "when the cores are shared)")
-    return p.parse_args(argv)
-
-
-def main(argv: list[str] | None = None) -> None:
-    args = parse_args(argv)
-    from eagle3.errors import UserError
-    from eagle3.eval.measure import LosslessError
-
-    try:
-        report = run(args)
-    except (UserError, LosslessError) as e:
-        raise SystemExit(f"error: {e}") from None
-    print(format_report(report))
-    print(f"report: {report['report_path']}" if report.get("report_path") else "report: not written (no --out)")
-
-
-def run(args: argparse.Namespace) -> dict[str, Any]:
-    from eagle3.config import AcceptEvalConfig
+def run(args: AcceptRequest) -> dict[str, Any]:
+    """Measures acceptance and writes the report (refused before measuring when it could not be written)."""
     from eagle3.device.choice import resolve_runtime
     from eagle3.errors import ConfigError
-    from eagle3.schema_cli import checked
 
-    checked(args, AcceptEvalConfig, SCHEMA_FLAGS, "eval.accept", AcceptEvalConfig.check_values)
     if args.out:  # before measuring: a report that cannot be written would lose the measurement
         from eagle3.rundir.files import output_dir_problem
 
@@ -99,9 +66,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         if out.exists():
             raise ConfigError(f"{out} exists and is not overwritten; pass --out to write the report elsewhere")
 
-
     from eagle3.console import quiet_libraries
-    from eagle3.eval.measure import AcceptanceProbe, torch_threads
+    from eagle3.device.threads import torch_threads
+    from eagle3.eval.measure import AcceptanceProbe
     from eagle3.init.checkpoint import load_draft
     from eagle3.verifier.model import Verifier
 
@@ -142,14 +109,15 @@ def write_report(out: Path, report: dict[str, Any], run_dir: Path | None) -> Non
         raise ConfigError(f"{out} appeared while measuring (another eval.accept?) and is not overwritten") from None
 
 
-def resolve_inputs(args: argparse.Namespace) -> tuple[Path, Path, tuple[Path, float] | None]:
+def resolve_inputs(args: AcceptRequest) -> tuple[Path, Path, tuple[Path, float] | None]:
     """(checkpoint, verifier dir, (data dir, train ratio) of the run's val split or None), checked to exist."""
     from eagle3.config import require_dir, run_config
     from eagle3.errors import ConfigError
     from eagle3.rundir.files import RESOLVED_CONFIG, SUMMARY, RunDir, checkpoint_dir
     from eagle3.verifier.model import Verifier
 
-    checkpoint, verifier, val_split = args.checkpoint, args.verifier, None
+    checkpoint: str | Path | None = args.checkpoint
+    verifier, val_split = args.verifier, None
     if args.run:
         run = RunDir(args.run)
         if not run.file(SUMMARY).is_file() or not run.file(RESOLVED_CONFIG).is_file():
@@ -192,33 +160,8 @@ def default_k(checkpoint: Path) -> int:
     return int(methods[0].get("speculative_tokens", 3))
 
 
-def format_report(r: dict[str, Any]) -> str:
-    """A short table: measured acceptance beside the teacher-forced estimate on the same sequences."""
-    sampled = r["temperature"] > 0
-    how = f"temperature {r['temperature']:g} (seed {r['seed']})" if sampled else "greedy"
-    lines = [
-        f"acceptance: k={r['k']}, {how}, {r['prompts']} prompts x {r['max_new_tokens']} new tokens, "
-        f"{r['verify_steps']} verify steps, {r['wall_s']:.1f} s ({'KV-cached' if r['cached'] else 'uncached'})",
-        f"{'accept_len':<14}{r['accept_len']:>10.4f}   measured: tokens per verify step (bonus token included)",
-        f"{'tau_sim':<14}{r['tau_sim']:>10.4f}   teacher-forced on the same sequences, "
-        f"ttt_steps={r['tau_sim_ttt_steps']}",
-        f"{'chain_len':<14}{r['chain_len_mean']:>10.4f}   mean over positions of the chain a draft started there "
-        f"would get accepted; harmonic mean {r['chain_len_harmonic']:.4f}" if r["chain_len_mean"] is not None else
-        f"{'chain_len':<14}{'-':>10}   (a P-EAGLE draft's training forward proposes no chains)",
-        f"{'position':<14}{'accept_rate':>12}{'full_acc':>12}",
-    ]
-    for j in range(max(r["k"], r["tau_sim_ttt_steps"])):
-        cells = [r["accept_rate"][j] if j < r["k"] else None, r["full_acc"][j] if j < len(r["full_acc"]) else None]
-        lines.append(f"{j:<14}" + "".join(f"{c:>12.4f}" if c is not None else f"{'-':>12}" for c in cells))
-    if sampled:
-        lines.append(f"sampled tokens outside the draft vocabulary: {100 * r['sampled_outside_draft_vocab']:.1f}%")
-        lines.append("lossless in distribution (speculative sampling; checked by the test suite, not per run)")
-    else:
-        lines.append(f"greedy tokens outside the draft vocabulary: {100 * r['greedy_outside_draft_vocab']:.1f}%")
-        lines.append(f"lossless: the speculative output equals the verifier's greedy output for all {r['prompts']} "
-                     "prompts")
-    return "\n".join(lines)
+if __name__ == "__main__":  # the older path of `eagle3 accept` (eagle3/cli/accept.py)
+    import runpy
 
-
-if __name__ == "__main__":
-    main(sys.argv[1:])
+    sys.argv[0:1] = ["eagle3", "accept"]
+    runpy.run_module("eagle3.cli", run_name="__main__")

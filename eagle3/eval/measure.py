@@ -15,15 +15,14 @@ token by token here.
 
 from __future__ import annotations
 
-import re
 import time
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Sequence
 from typing import Any
 
 import torch
 
 from eagle3.console import mapped_with_progress
+from eagle3.decoding.aux_layers import aux_layer_ids
 from eagle3.decoding.drafting import (
     Decode,
     Sampling,
@@ -35,6 +34,7 @@ from eagle3.decoding.drafting import (
     verifier_pass,
 )
 from eagle3.errors import ConfigError
+from eagle3.eval.metric_sums import accumulate, summarize
 from eagle3.eval.prompts import Prompt, check_prompts, prompt_origin
 
 
@@ -104,34 +104,6 @@ class AcceptanceProbe:
                 # T > 0: lossless in distribution, which the test suite checks (not per run: one sample says little).
                 "lossless": True if sampling.greedy else None,
                 "decode_s": decode_s, "wall_s": time.perf_counter() - start}
-
-
-@contextmanager
-def torch_threads(n: int | None) -> Iterator[None]:
-    """torch's CPU threads set to `n` for a while (None: unchanged). The measurement is many small sequential
-    forwards: on a small model a second thread gains little, and when another process busies the cores its
-    spinning threads make each forward tens of times slower (measured 9 ms -> 450 ms on 2 shared cores)."""
-    before = torch.get_num_threads()
-    if n is not None:
-        torch.set_num_threads(n)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(before)
-
-
-def aux_layer_ids(draft: torch.nn.Module, verifier: torch.nn.Module) -> list[int]:
-    """The draft's aux layer ids (its config, as saved in the checkpoint), checked against the verifier."""
-    ids = list(draft.config.eagle_aux_hidden_state_layer_ids or [])
-    layers = verifier.config.num_hidden_layers
-    if not ids or not all(0 <= i < layers for i in ids):
-        # Id == layers would be Hugging Face's post-norm output, not what vLLM or eagle3's data give.
-        raise ConfigError(f"the draft's eagle_aux_hidden_state_layer_ids {ids} must lie in [0, {layers}) for "
-                          f"this verifier of {layers} layers")
-    if draft.fc.in_features != len(ids) * verifier.config.hidden_size:
-        raise ConfigError(f"the draft's fc takes {draft.fc.in_features} inputs, but {len(ids)} aux layers of the "
-                          f"verifier give {len(ids) * verifier.config.hidden_size}: another verifier?")
-    return ids
 
 
 def acceptance(decodes: Sequence[Decode], k: int) -> dict[str, Any]:
@@ -236,23 +208,3 @@ def outside_draft_vocab(draft: torch.nn.Module, continuations: Sequence[list[int
         return 0.0
     t2d = draft.t2d.cpu()
     return sum(not bool(t2d[t]) for t in tokens) / len(tokens)
-
-
-def accumulate(into: dict[str, Any], metrics: dict[str, torch.Tensor]) -> None:
-    """Adds speculators' counted metrics (`<name>_sum`, `<name>_total`) into running sums. They stay tensors
-    on the device: reading one would wait for the GPU at every step."""
-    for k, v in metrics.items():
-        into[k] = into.get(k, 0.0) + v.detach()
-
-
-def summarize(sums: dict[str, float]) -> dict[str, float]:
-    """Ratios of the counted metrics (train rows: speculators' per-micro-batch means, averaged over the window's
-    micro-batches; val rows: token-weighted, see val_counts), and tau_sim = 1 + sum_k full_acc_k (simulated chain
-    acceptance length)."""
-    from speculators.train.utils import normalize_counted_metrics
-
-    metrics = normalize_counted_metrics(dict(sums))
-    if "loss" not in metrics:  # the val pass's counts (val_counts): the loss is the sum of the step losses
-        metrics["loss"] = sum(v for k, v in metrics.items() if re.fullmatch(r"loss_\d+", k))
-    metrics["tau_sim"] = 1.0 + sum(v for k, v in metrics.items() if k.startswith("full_acc_"))
-    return metrics

@@ -262,7 +262,6 @@ def init_pretrained(ctx: InitContext) -> tuple[Any, dict[str, Any]]:
     data_d2t, data_t2d = vocab_mapping(ctx.data_dir, draft.draft_vocab_size, draft.vocab_size)
     d2t, t2d = (old_d2t, old_t2d) if policy == "keep" else (data_d2t, data_t2d)
     model = new_draft(draft, flags, ctx.attn_impl, str(ctx.verifier_dir), t2d, d2t)
-
     model_state = model.state_dict()
     plan = plan_load(source.shapes, {k: tuple(v.shape) for k, v in model_state.items()}, skip)
     check_plan(plan, source)
@@ -270,17 +269,7 @@ def init_pretrained(ctx: InitContext) -> tuple[Any, dict[str, Any]]:
     with torch.no_grad():
         for key in plan["loaded"]:
             model_state[key].copy_(weights[key].to(model_state[key].dtype))
-        head = model.lm_head.weight  # the verifier's rows of the new vocabulary, as speculators initializes it
-        if policy in ("keep", "rebuild"):
-            head.copy_(old_lm_head.to(head.dtype))
-            copied = head.shape[0]
-        else:
-            position = torch.full((draft.vocab_size,), -1, dtype=torch.long)
-            position[old_ids] = torch.arange(len(old_ids))
-            source_row = position[new_ids]
-            kept = source_row >= 0
-            head[kept] = old_lm_head[source_row[kept]].to(head.dtype)
-            copied = int(kept.sum())
+        copied = copy_lm_head(model.lm_head.weight, old_lm_head, old_ids, new_ids, policy, draft.vocab_size)
     model.lm_head.weight.requires_grad_(bool(options(ctx).train_lm_head))
 
     freq = read_token_freq(ctx.data_dir)
@@ -312,6 +301,22 @@ def init_pretrained(ctx: InitContext) -> tuple[Any, dict[str, Any]]:
     }
     log_report(report)
     return model, report
+
+
+def copy_lm_head(head: torch.Tensor, old_lm_head: torch.Tensor, old_ids: torch.Tensor, new_ids: torch.Tensor,
+                 policy: str, vocab_size: int) -> int:
+    """The checkpoint's lm_head rows copied into the new draft's `head` (in place, under no_grad): all of them (keep,
+    rebuild), or those of the tokens both vocabularies hold (remap; the others keep the verifier's rows, as
+    speculators initializes them). How many rows came from the checkpoint."""
+    if policy in ("keep", "rebuild"):
+        head.copy_(old_lm_head.to(head.dtype))
+        return head.shape[0]
+    position = torch.full((vocab_size,), -1, dtype=torch.long)
+    position[old_ids] = torch.arange(len(old_ids))
+    source_row = position[new_ids]
+    kept = source_row >= 0
+    head[kept] = old_lm_head[source_row[kept]].to(head.dtype)
+    return int(kept.sum())
 
 
 def log_report(report: dict[str, Any]) -> None:

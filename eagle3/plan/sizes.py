@@ -15,7 +15,7 @@ from typing import Any
 
 from eagle3.config import SynthConfig, VerifierConfig
 from eagle3.errors import ConfigError
-from eagle3.plan.memory import DataStats, VerifierShape
+from eagle3.plan.parts import DataStats, VerifierShape
 from eagle3.verifier.model import Verifier
 
 GB = 1e9  # distributed.device_memory_gb is in GB (10^9 bytes), as GPU datasheets state it (H200: 141 GB)

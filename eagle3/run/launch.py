@@ -196,7 +196,7 @@ def show_plan(cfg: DictConfig, hydra, run_dir: Path) -> None:
     (a plan reads no data), prints the plan, and removes the run dir Hydra made for this job when nothing but
     Hydra's own files is in it, also when the config is refused. With `resume=<run dir>`: the plan of that run,
     from its own config."""
-    from eagle3.plan.memory import NO_FIT_STATUS, check_fits, format_plan
+    from eagle3.plan.report import NO_FIT_STATUS, check_fits, format_plan
 
     try:
         if cfg.resume:

@@ -7,10 +7,10 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING
 
-from eagle3.config import PretrainedInitConfig, TrainConfig
+from eagle3.config import TrainConfig
 
 if TYPE_CHECKING:
-    from eagle3.plan.memory import Plan
+    from eagle3.plan.parts import Plan
 
 log = logging.getLogger(__name__)
 
@@ -20,7 +20,8 @@ def run_plan(cfg: TrainConfig, measure: bool = False) -> Plan:
     time from this machine's cached matmul rates (eagle3.plan.roofline); `measure`: the shapes not cached yet are
     measured now (well under a second), as plan=true does."""
     from eagle3.data.sources import source_of
-    from eagle3.plan.memory import ACCEPT_VERIFIER, ROLLOUT_VERIFIER, Term, make_plan
+    from eagle3.plan.memory import make_plan
+    from eagle3.plan.parts import ACCEPT_VERIFIER, ROLLOUT_VERIFIER, Machine, PlannedRun, SourceFacts, Term, Verifiers
     from eagle3.plan.sizes import device_and_memory, verifier_shape, verifier_size
 
     draft, dist = cfg.model.draft, cfg.distributed
@@ -33,16 +34,11 @@ def run_plan(cfg: TrainConfig, measure: bool = False) -> Plan:
     if not online and (cfg.train.on_policy.enabled or cfg.eval.accept.enabled):
         loaded = Term(ROLLOUT_VERIFIER if cfg.train.on_policy.enabled else ACCEPT_VERIFIER,
                       *verifier_size(cfg.model.verifier))
-    train_lm_head = isinstance(cfg.init, PretrainedInitConfig) and cfg.init.train_lm_head
     data = source_of(cfg.data)
-    plan = make_plan(draft, cfg.data, cfg.optim, dist, device_type=kind, device_memory=memory,
-                     device_memory_source=source, train_lm_head=train_lm_head,
-                     data_terms=data.buffer_terms(draft, kind),
-                     data_stats=data.plan_stats(draft), no_rows_reason=data.no_rows_reason(),
-                     hidden_cache_bytes=data.hidden_cache_bytes(),
-                     loaded_verifier=loaded,
-                     online_verifier=verifier_shape(cfg.model.verifier) if online else None,
-                     matmul_rates=matmul_rates(cfg, kind, measure))
+    facts = SourceFacts(data.buffer_terms(draft, kind), data.plan_stats(draft), data.no_rows_reason(),
+                        data.hidden_cache_bytes())
+    plan = make_plan(PlannedRun.of(cfg), Machine(kind, memory, source, matmul_rates(cfg, kind, measure)), facts,
+                     Verifiers(online=verifier_shape(cfg.model.verifier) if online else None, loaded=loaded))
     plan.data_notes += data.plan_notes(cfg)
     return plan
 
@@ -64,7 +60,7 @@ def matmul_rates(cfg: TrainConfig, device_type: str, measure: bool):
 
 def refuse_if_it_cannot_fit(cfg: TrainConfig) -> None:
     """Stops a run whose planned peak per rank exceeds the device's memory (eagle3.plan.memory.check_fits)."""
-    from eagle3.plan.memory import check_fits, human
+    from eagle3.plan.report import check_fits, human
 
     plan = run_plan(cfg)
     check_fits(plan)

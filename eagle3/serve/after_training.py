@@ -1,9 +1,8 @@
-"""eval.serve.enabled=true: at the end of a run, its checkpoints/best served by vLLM as `python -m eagle3.serve
-RUN` would, on eval.accept's prompts, token budget and temperature."""
+"""eval.serve.enabled=true: at the end of a run, its checkpoints/best served by vLLM as `eagle3 serve RUN`
+would, on eval.accept's prompts, token budget and temperature."""
 
 from __future__ import annotations
 
-import argparse
 import logging
 from pathlib import Path
 
@@ -25,15 +24,15 @@ def serve_finished_run(run_dir: Path, eval_cfg: EvalConfig, seed: int) -> None:
     """Writes the run's serve_vllm_k<k>_t<T>.json reports and logs them; raises UserError (EngineError: the log
     it names) when serving fails. The servers are stopped on every way out, SIGTERM included."""
     from eagle3.engine.server import stop_on_signals
-    from eagle3.serve.__main__ import format_report, run
+    from eagle3.serve.report import format_report
+    from eagle3.serve.request import ServeRequest
+    from eagle3.serve.serving import run
 
     accept = eval_cfg.accept
-    args = argparse.Namespace(runs=[str(run_dir)], k=eval_cfg.serve.k, temperature=accept.temperature,
-                              prompts=accept.prompts, num_prompts=accept.num_prompts,
-                              max_new_tokens=accept.max_new_tokens, dtype="float32", port=None, seed=seed,
-                              python=eval_cfg.serve.python, startup_timeout=600.0,
-                              # the drafter alone at a run's end; python -m eagle3.serve RUN adds the n-gram baseline
-                              no_ngram=True, ngram_min=2, ngram_max=5)
+    args = ServeRequest(runs=[str(run_dir)], k=eval_cfg.serve.k, temperature=accept.temperature,
+                        prompts=accept.prompts, num_prompts=accept.num_prompts, max_new_tokens=accept.max_new_tokens,
+                        seed=seed, python=eval_cfg.serve.python,
+                        no_ngram=True)  # the drafter alone at a run's end; eagle3 serve RUN adds the n-gram baseline
     with stop_on_signals():
         reports = run(args)
     for report in reports:

@@ -1,7 +1,7 @@
 """Export a checkpoint for a serving engine.
 
-    python -m eagle3.serve.export outputs/.../checkpoints/best --out drafter              # speculators' format (vLLM)
-    python -m eagle3.serve.export outputs/.../checkpoints/best --format specforge --out d   # midlayer.* layout (SGLang)
+    eagle3 export outputs/.../checkpoints/best --out drafter              # speculators' format (vLLM)
+    eagle3 export outputs/.../checkpoints/best --format specforge --out d   # midlayer.* layout (SGLang)
     ... --verifier meta-llama/Llama-3.1-8B-Instruct   # the verifier `vllm serve <drafter>` loads
 
 The SpecForge layout renames `layers.0.*` to `midlayer.*`, leaves out embed_tokens (engines take it from
@@ -19,7 +19,6 @@ layout). A problem is one message, a non-zero exit, and nothing at --out; a rule
 
 from __future__ import annotations
 
-import argparse
 import json
 import shutil
 import sys
@@ -113,7 +112,7 @@ def export(checkpoint: Path, out: Path, fmt: str = "speculators", verifier: str 
     would read, or `out` is unusable."""
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise CheckpointError(f"--out {out} exists and is not an empty directory; nothing was overwritten")
-    files = checkpoint_files(checkpoint, "checkpoint (python -m eagle3.serve.export's first argument)")
+    files = checkpoint_files(checkpoint, "checkpoint (eagle3 export's first argument)")
     config = read_config(checkpoint)
     kind = config.get("speculators_model_type")
     if kind not in ("eagle3", "peagle"):
@@ -228,28 +227,8 @@ def _write(checkpoint: Path, files: list[Path], plan: Served, out: Path, fmt: st
     (out / "config.json").write_text(json.dumps(plan.config, indent=2) + "\n")
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m eagle3.serve.export", description=__doc__.split("\n\n")[0])
-    parser.add_argument("checkpoint", type=Path, help="a checkpoint dir, e.g. <run_dir>/checkpoints/best")
-    parser.add_argument("--format", choices=["speculators", "specforge"], default="speculators")
-    parser.add_argument("--out", type=Path, required=True, help="an empty or new directory")
-    parser.add_argument("--verifier", help="the verifier vLLM will load (hub id or path), written into the "
-                                           "speculators config; a local dir is also read to check the export")
-    args = parser.parse_args(argv)
-    if args.verifier is not None and not args.verifier.strip():
-        # An empty name would be written as the verifier vLLM loads, or silently dropped: neither is what was asked.
-        parser.error(f"--verifier {args.verifier!r} names no verifier; give the hub id or path vLLM will load, or "
-                     f"leave the option out to keep the checkpoint's")
-    try:
-        warnings = export(args.checkpoint, args.out, args.format, args.verifier)
-    except UserError as e:  # the checkpoint's, or the verifier's config.json
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    for warning in warnings:
-        print(f"warning: {warning}", file=sys.stderr)
-    print(f"wrote {args.format} checkpoint to {args.out}")
-    return 0
+if __name__ == "__main__":  # the older path of `eagle3 export` (eagle3/cli/export.py)
+    import runpy
 
-
-if __name__ == "__main__":
-    raise SystemExit(main())
+    sys.argv[0:1] = ["eagle3", "export"]
+    runpy.run_module("eagle3.cli", run_name="__main__")

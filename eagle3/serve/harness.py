@@ -44,8 +44,8 @@ class Harness:
 
     def load(self, checkpoint: Path) -> Harness:
         """The draft of `checkpoint` (kept when it is the one loaded already)."""
+        from eagle3.decoding.aux_layers import aux_layer_ids
         from eagle3.errors import ConfigError
-        from eagle3.eval.measure import aux_layer_ids
         from eagle3.init.checkpoint import load_draft
 
         if checkpoint != self.checkpoint:
@@ -80,7 +80,7 @@ class Harness:
         import torch
 
         from eagle3.decoding.drafting import Sampling, speculative_decode
-        from eagle3.eval.measure import torch_threads
+        from eagle3.device.threads import torch_threads
 
         sampling = Sampling(temperature, seed)
         with torch.no_grad(), torch_threads(1):
@@ -105,7 +105,7 @@ class Harness:
         import torch
 
         from eagle3.decoding.drafting import next_token_logits
-        from eagle3.eval.measure import torch_threads
+        from eagle3.device.threads import torch_threads
 
         found = []
         for i, (prompt, engine, harness) in enumerate(zip(prompts, engine_tokens, harness_tokens)):

@@ -1,9 +1,9 @@
 """Compare runs from their run dirs alone: a table ranked by best val tau_sim, and a plot.
 
-    python -m eagle3.sweep.compare outputs/multirun/2026-11-29/10-00-00            # a sweep dir
-    python -m eagle3.sweep.compare outputs/2026-11-29/10-00-00 outputs/...         # run dirs, or both
-    python -m eagle3.sweep.compare SWEEP --format csv --plot sweep.png
-    python -m eagle3.sweep.compare SWEEP --confirm 3       # + measured acceptance of the 3 best by tau_sim
+    eagle3 compare outputs/multirun/2026-11-29/10-00-00            # a sweep dir
+    eagle3 compare outputs/2026-11-29/10-00-00 outputs/...         # run dirs, or both
+    eagle3 compare SWEEP --format csv --plot sweep.png
+    eagle3 compare SWEEP --confirm 3       # + measured acceptance of the 3 best by tau_sim
 
 Columns: every config key whose value differs between the runs, then step-0, best and final val
 metrics. Runs are ranked by tau_sim (simulated acceptance length), not loss: acceptance can peak while
@@ -24,133 +24,17 @@ history to the plot.
 
 from __future__ import annotations
 
-import argparse
 import csv
 import io
 import json
 import sys
-from dataclasses import dataclass, field
-from pathlib import Path
-from typing import TYPE_CHECKING, Any
-
-import yaml
+from typing import Any
 
 from eagle3.errors import ConfigError
-from eagle3.rundir.files import FAILURE, RESOLVED_CONFIG, SUMMARY, RunDir, data_part_before_sources, flatten
-from eagle3.sweep.study import STUDY_FILE  # hydra_plugins/eagle3_optuna_sweeper keeps the study there, in the sweep dir
+from eagle3.sweep.runs import Run, find_runs, read_run  # noqa: F401  (find_runs, read_run: the runs compared)
 
 # Keys that differ between any two runs without saying anything about them.
 IGNORED_PREFIXES = ("run.", "resume")
-
-if TYPE_CHECKING:
-    from eagle3.rundir.progress import RunSummary
-
-
-@dataclass
-class Run:
-    path: Path
-    status: str                                   # completed | failed | incomplete | unreadable
-    config: dict[str, Any] = field(default_factory=dict)  # flattened: {"optim.lr": 1e-05, ...}
-    summary: RunSummary | None = None
-    val_rows: list[dict[str, Any]] = field(default_factory=list)
-    error: str | None = None
-
-    @property
-    def label(self) -> str:
-        head = self.path.name.split("_", 1)[0]
-        return f"#{head}" if head.isdigit() else self.path.name
-
-    @property
-    def best_tau(self) -> float | None:
-        return self.summary.best["tau_sim"] if self.summary else None
-
-
-def find_runs(paths: list[Path]) -> list[Run]:
-    """Run dirs under each path (a run dir itself, or a sweep dir holding run dirs), failed ones included."""
-    dirs: list[Path] = []
-    for path in paths:
-        if not path.is_dir():
-            raise SystemExit(f"error: {path} is not a directory")
-        if _is_run_dir(path):
-            dirs.append(path)
-            continue
-        found = sorted((d for d in path.iterdir() if d.is_dir() and _is_run_dir(d)), key=_job_order)
-        if not found:
-            raise SystemExit(f"error: {path} holds no run dirs (no resolved_config.yaml or failure.json in it "
-                             "or its sub-dirs)")
-        dirs.extend(found)
-    return [read_run(d) for d in dirs]
-
-
-def _is_run_dir(path: Path) -> bool:
-    return RunDir(path).is_run()
-
-
-def _job_order(path: Path) -> tuple[int, str]:
-    head = path.name.split("_", 1)[0]
-    return (int(head) if head.isdigit() else 1 << 30, path.name)
-
-
-def read_run(path: Path) -> Run:
-    """A run dir's files. One that cannot be read whole (cut by a kill or a full disk) makes the run "unreadable",
-    named in run.error, and the other runs are shown as usual; a metrics.jsonl line that is not a whole row is
-    left out with a warning (a kill can cut the last one; a resume drops it too)."""
-    room = RunDir(path)
-    config_file, summary_file, failure_file = (room.file(n) for n in (RESOLVED_CONFIG, SUMMARY, FAILURE))
-    bad: list[str] = []
-    config = _read(config_file, yaml.safe_load, bad) if config_file.is_file() else None
-    config = flatten(data_part_before_sources(config)) if isinstance(config, dict) else {}
-    if not config and (path / ".hydra" / "overrides.yaml").is_file():  # failed before its config was written
-        overrides = yaml.safe_load((path / ".hydra" / "overrides.yaml").read_text()) or []
-        config = {k: yaml.safe_load(v) for k, v in (o.split("=", 1) for o in overrides if "=" in o)}
-    rows = metrics_rows(path / "metrics.jsonl") if (path / "metrics.jsonl").is_file() else []
-    run = Run(path, "incomplete", config, val_rows=[r for r in rows if r.get("split") == "val"])
-    try:
-        if failure_file.is_file():
-            run.status, run.error = "failed", room.read_failure().error
-        elif summary_file.is_file():
-            summary = room.read_summary()
-            if not _is_summary(summary):
-                raise ConfigError(f"{summary_file}: not a run summary (no step0, best and final val rows)")
-            run.status, run.summary = "completed", summary
-    except ConfigError as e:
-        bad.append(str(e))
-    if bad:
-        run.status, run.error = "unreadable", "; ".join(bad)
-    return run
-
-
-def _is_summary(summary: RunSummary) -> bool:
-    """Whether a summary has the val rows the table shows."""
-    return all({"tau_sim", "loss", "step"} <= row.keys() for row in (summary.step0, summary.best, summary.final))
-
-
-def _read(file: Path, parse: Any, bad: list[str]) -> Any:
-    """`parse` of the file's text; None, with the reason added to `bad`, when it is not whole."""
-    try:
-        return parse(file.read_text(encoding="utf-8"))
-    except (OSError, ValueError, yaml.YAMLError) as e:  # ValueError: JSON, and UnicodeDecodeError
-        bad.append(f"{file}: cannot be read ({str(e).splitlines()[0]}; cut short by a kill or a full disk?)")
-        return None
-
-
-def metrics_rows(file: Path) -> list[dict[str, Any]]:
-    """The whole rows of a metrics.jsonl; a line that is not one is left out and named on stderr."""
-    rows = []
-    for n, line in enumerate(file.read_text(encoding="utf-8", errors="replace").splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            row = json.loads(line)
-        except ValueError:
-            row = None
-        if not isinstance(row, dict) or "step" not in row or (row.get("split") == "val" and "tau_sim" not in row):
-            print(f"warning: {file} line {n} is not a whole metrics row (cut short by a kill or a full disk?): "
-                  f"left out", file=sys.stderr)
-            continue
-        rows.append(row)
-    return rows
-
 
 def differing_keys(runs: list[Run]) -> list[str]:
     """Keys with more than one value among the runs that have them (a run that failed early has only its overrides)."""
@@ -338,103 +222,6 @@ def render(header: list[str], body: list[list[str]], fmt: str) -> str:
     return "\n".join(lines) + "\n"
 
 
-def plot(runs: list[Run], out: Path, history: StudyHistory | None = None) -> None:
-    """Val tau_sim and val loss against step for every run; per-position accuracy of the best run; the
-    study's objective by trial, if the sweep was an Optuna study."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    keys = differing_keys(runs)
-    evaluated = [r for r in rank(runs) if r.val_rows]
-    if not evaluated:
-        raise SystemExit("error: no run has val rows to plot")
-    fig, axes = plt.subplots(1, 3 + (history is not None), figsize=(17 + 5.5 * (history is not None), 5))
-    for run in evaluated:
-        name = ", ".join(f"{k.split('.')[-1]}={_fmt(run.config.get(k))}" for k in keys) or run.label
-        steps = [r["step"] for r in run.val_rows]
-        axes[0].plot(steps, [r["tau_sim"] for r in run.val_rows], marker="o", label=name)
-        axes[1].plot(steps, [r["loss"] for r in run.val_rows], marker="o", label=name)
-    best = evaluated[0]
-    positions = sorted(int(k.rsplit("_", 1)[1]) for k in best.val_rows[0] if k.startswith("full_acc_"))
-    for k in positions:
-        steps = [r["step"] for r in best.val_rows]
-        axes[2].plot(steps, [r[f"full_acc_{k}"] for r in best.val_rows], marker="o", label=f"full_acc_{k}")
-        axes[2].plot(steps, [r[f"cond_acc_{k}"] for r in best.val_rows], linestyle="--", label=f"cond_acc_{k}")
-    titles = ["val tau_sim (simulated acceptance length)", "val loss",
-              f"per-position val accuracy, best run {best.label}"]
-    ylabels = ["tau_sim", "loss", "accuracy"]
-    for ax, title, ylabel in zip(axes, titles, ylabels):
-        ax.set_title(title)
-        ax.set_xlabel("optimizer step")
-        ax.set_ylabel(ylabel)
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=8)
-    if history is not None:
-        plot_history(axes[3], history)
-    fig.tight_layout()
-    from eagle3.safe_write import replace_file
-
-    # whole, and never through a link at `out`
-    replace_file(out.parent, out, lambda tmp: fig.savefig(tmp, dpi=110, format=out.suffix.lower()[1:]))
-    plt.close(fig)
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m eagle3.sweep.compare", description=__doc__.split("\n\n")[0])
-    parser.add_argument("paths", nargs="+", type=Path, help="run dirs or sweep dirs")
-    parser.add_argument("--format", choices=["plain", "markdown", "csv"], default="plain")
-    parser.add_argument("--plot", type=Path, help="write a PNG of the val curves here")
-    parser.add_argument("--baseline", help="a run's label (first column, e.g. '#0'): adds the step at which each "
-                                           "run first reached that run's best tau_sim")
-    parser.add_argument("--baseline-ms", type=float, help="with --verify-ms: adds the serving speedup each run's "
-                                                           "accept rates predict (eagle3.eval.speedup) and ranks by "
-                                                           "it; the verifier's plain decoding, ms per token")
-    parser.add_argument("--verify-ms", type=float, help="the verifier's forward over a verify step's k+1 tokens, ms")
-    parser.add_argument("--draft-ms", type=float, default=0.0, help="one draft forward, ms (default 0)")
-    parser.add_argument("--rank-by", choices=["tau_sim", "served"], default="tau_sim",
-                        help="served: by the speedup vLLM measured (eagle3.serve's reports in the run dirs); "
-                             "default: by the predicted speedup when step costs are given, else by tau_sim")
-    parser.add_argument("--confirm", type=int, metavar="N", help="measure acceptance (eagle3.eval.accept --run) of "
-                        "the N best runs by tau_sim (those without an accept_k*.json yet), then rank the measured runs "
-                        "by tau_sim and by accept_len side by side (0: only the rankings)")
-    parser.add_argument("--forecast", action="store_true", help="adds the acceptance forecast's columns "
-                        "(python -m eagle3.cli.forecast): accept_len at 10x each run's tokens, its 90%% band, the "
-                        "fitted asymptote, the tokens to pass n-gram")
-    args = parser.parse_args(argv)
-    costs = None
-    if args.baseline_ms is not None or args.verify_ms is not None:
-        if args.baseline_ms is None or args.verify_ms is None or min(args.baseline_ms, args.verify_ms) <= 0 \
-                or args.draft_ms < 0:
-            raise SystemExit("error: the predicted speedup needs --baseline-ms and --verify-ms (> 0), "
-                             "and --draft-ms >= 0")
-        costs = {"baseline_ms": args.baseline_ms, "verify_ms": args.verify_ms, "draft_ms": args.draft_ms}
-    if args.plot and args.plot.suffix.lower() not in (".png", ".pdf", ".svg"):
-        raise SystemExit(f"error: --plot {args.plot}: give a .png, .pdf or .svg file name")
-    if args.plot and args.plot.is_symlink():  # before measuring anything; the plot is never written through one
-        from eagle3.safe_write import link_message
-
-        raise SystemExit(f"error: --plot: {link_message(args.plot.parent, args.plot, 'the plot')}")
-    runs = find_runs(args.paths)
-    failed_measurements = confirm(runs, args.confirm) if args.confirm is not None else []
-    sys.stdout.write(render(*table(runs, args.baseline, costs, args.rank_by, args.forecast), args.format))
-    if args.confirm is not None:
-        sys.stdout.write(rankings_text(runs, args.format))
-    if args.plot:
-        plot(runs, args.plot, study_history(args.paths))
-        print(f"plot: {args.plot}", file=sys.stderr)
-    for run in runs:  # the table says "not a result"; here is why
-        flagged = served_report(run)
-        if flagged and flagged.get("not_a_result"):
-            print(f"warning: run {run.label}: {flagged['path']} is not a result, not ranked: "
-                  f"{'; '.join(flagged['not_a_result'])}", file=sys.stderr)
-    unreadable = [r for r in runs if r.status == "unreadable"]
-    for run in unreadable:  # shown in the table with what its metrics hold; its numbers may be incomplete
-        print(f"error: run {run.label}: {run.error}", file=sys.stderr)
-    return 1 if failed_measurements or unreadable else 0
-
-
 # --- measured acceptance beside tau_sim (--confirm) -------------------------------------------------------------
 
 
@@ -452,7 +239,7 @@ def confirm(runs: list[Run], n: int) -> list[str]:
     """Measures acceptance of the n best completed runs by tau_sim that have no report yet; returns the
     runs whose measurement failed (each said on stderr), the others' reports are in their run dirs."""
     if n < 0:
-        raise SystemExit(f"error: --confirm must be >= 0, got {n}")
+        raise ConfigError(f"--confirm must be >= 0, got {n}")
     from eagle3.errors import UserError
     from eagle3.eval import accept
     from eagle3.eval.measure import LosslessError
@@ -473,7 +260,7 @@ def confirm(runs: list[Run], n: int) -> list[str]:
     for run in chosen:
         print(f"measuring acceptance of {run.label} ({run.path.name}) ...", file=sys.stderr, flush=True)
         try:
-            report = accept.run(accept.parse_args(["--run", str(run.path)]))
+            report = accept.run(accept.AcceptRequest(run=str(run.path)))
         except (UserError, LosslessError) as e:
             print(f"error: {run.label}: {e}", file=sys.stderr)
             failed.append(run.label)
@@ -512,58 +299,8 @@ def rankings_text(runs: list[Run], fmt: str) -> str:
             + render(header, body, fmt))
 
 
-# --- an Optuna study's history (sweeps made with hydra/sweeper=optuna) ------------------------------------------
+if __name__ == "__main__":  # the older path of `eagle3 compare` (eagle3/cli/compare.py)
+    import runpy
 
-
-@dataclass
-class StudyHistory:
-    objective: str
-    direction: str
-    trials: list[tuple[int, str, float | None]]   # (number, state, value) in trial order
-
-
-def study_history(paths: list[Path]) -> StudyHistory | None:
-    """The trials of the Optuna study in the one sweep dir given, if it holds one (optuna imported only then)."""
-    files = [p / STUDY_FILE for p in paths if (p / STUDY_FILE).is_file()]
-    if len(files) != 1 or len(paths) != 1:
-        return None
-    import optuna
-
-    optuna.logging.set_verbosity(optuna.logging.WARNING)
-    storage = f"sqlite:///{files[0].resolve()}"
-    names = optuna.get_all_study_names(storage)
-    if len(names) != 1:
-        return None
-    study = optuna.load_study(study_name=names[0], storage=storage)
-    trials = [(t.number, t.state.name, t.value) for t in study.get_trials(deepcopy=False)]
-    return StudyHistory(study.user_attrs.get("objective") or "objective", study.direction.name.lower(), trials)
-
-
-def best_so_far(history: StudyHistory) -> list[tuple[int, float]]:
-    """(trial number, best value among the completed trials up to it) at each completed trial."""
-    better = max if history.direction == "maximize" else min
-    out: list[tuple[int, float]] = []
-    for number, state, value in history.trials:
-        if state == "COMPLETE" and value is not None:
-            out.append((number, value if not out else better(out[-1][1], value)))
-    return out
-
-
-def plot_history(ax, history: StudyHistory) -> None:
-    done = [(n, v) for n, s, v in history.trials if s == "COMPLETE" and v is not None]
-    failed = [n for n, s, _ in history.trials if s == "FAIL"]
-    if done:
-        ax.plot(*zip(*done), "o", label=f"trial {history.objective}")
-        ax.step(*zip(*best_so_far(history)), where="post", label="best so far")
-    if failed:
-        low = min((v for _, v in done), default=0.0)
-        ax.plot(failed, [low] * len(failed), "x", color="red", label="failed")
-    ax.set_title(f"Optuna study: {history.objective} by trial ({history.direction})")
-    ax.set_xlabel("trial")
-    ax.set_ylabel(history.objective)
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())
+    sys.argv[0:1] = ["eagle3", "compare"]
+    runpy.run_module("eagle3.cli", run_name="__main__")

@@ -33,7 +33,7 @@ from eagle3.device.distributed import (
     unwrap,
 )
 from eagle3.errors import RunStopped
-from eagle3.eval.measure import accumulate, summarize
+from eagle3.eval.metric_sums import accumulate, summarize
 from eagle3.init.checkpoint import TRAINER_STATE, SaveFailed, save_checkpoint
 from eagle3.rundir.files import CHECKPOINTS, trained_config
 from eagle3.rundir.progress import Progress, Row, job_clock

@@ -91,8 +91,8 @@ def build_on_policy(cfg: OnPolicyConfig, model: torch.nn.Module, verifier: torch
                     k: int, device: torch.device, world: World, seed: int) -> OnPolicy:
     """This rank's OnPolicy for the (unwrapped) draft `model`: the verifier the run holds (data=online) or one
     loaded here, and this rank's share of the train prompts, short enough to leave room for the decoding."""
+    from eagle3.decoding.aux_layers import aux_layer_ids
     from eagle3.decoding.drafting import check_draft
-    from eagle3.eval.measure import aux_layer_ids
     from eagle3.verifier.model import Verifier
 
     check_draft(model)

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from eagle3.arch.activation_checkpointing import recompute_decoder_layers
+from eagle3.arch.packing import packed_len
 from eagle3.config import RunConfig, plain_config
 from eagle3.console import log_file, quiet_libraries, setup_rank_logging
 from eagle3.data.sources import source_of
@@ -76,21 +77,6 @@ def take_environment(launcher_env: dict[str, str]) -> None:
     os.environ.clear()
     os.environ.update(launcher_env)
     os.environ.update(per_rank)
-
-
-FLEX_BLOCK = 128  # flex attention's default block size, which speculators' block masks use
-
-
-def packed_len(total_seq_len: int, attn_impl: str, ttt_steps: int) -> int:
-    """Tokens per packed micro-batch: data.total_seq_len, rounded up to whole flex-attention blocks when flex
-    attention runs more than one TTT step. speculators extends the block mask by whole blocks at each TTT step,
-    so any other length fails at the second step ("block_mask was created for a larger length ...")."""
-    if attn_impl != "simple_flex_attention" or ttt_steps < 2 or total_seq_len % FLEX_BLOCK == 0:
-        return total_seq_len
-    padded = -(-total_seq_len // FLEX_BLOCK) * FLEX_BLOCK
-    log.warning("data.total_seq_len=%d packs %d tokens per micro-batch: flex attention with %d TTT steps needs a "
-                "multiple of %d", total_seq_len, padded, ttt_steps, FLEX_BLOCK)
-    return padded
 
 
 def micro_batch_len(cfg: RunConfig, runtime: Runtime) -> int:

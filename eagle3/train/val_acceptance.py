@@ -16,7 +16,8 @@ import torch
 
 from eagle3.config import AcceptEvalConfig
 from eagle3.device.distributed import World, barrier, unwrap
-from eagle3.eval.measure import AcceptanceProbe, LosslessError, torch_threads
+from eagle3.device.threads import torch_threads
+from eagle3.eval.measure import AcceptanceProbe, LosslessError
 
 log = logging.getLogger(__name__)
 

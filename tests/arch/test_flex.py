@@ -1,5 +1,5 @@
 """Flex attention (what CUDA runs train with) needs packed lengths of whole 128-token blocks once a draft runs
-more than one TTT step; the trainer rounds data.total_seq_len up to one (eagle3.train.rank.packed_len). Flex
+more than one TTT step; the trainer rounds data.total_seq_len up to one (eagle3.arch.packing.packed_len). Flex
 attention's forward also runs, unfused, on CPU, so this is checked here; tests/device/test_gpu.py trains with it."""
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from bench.gpu import SHAPES, build
+from eagle3.arch.packing import packed_len
 from eagle3.errors import ConfigError
-from eagle3.train.rank import packed_len
 from factories import checked_config
 
 pytestmark = pytest.mark.filterwarnings("ignore:flex_attention called without torch.compile")

@@ -88,7 +88,7 @@ def test_a_derived_verifier_is_related_but_moves_the_frequent_tokens(tmp_path):
 
 def test_the_check_cli_refuses_a_total_seq_len_no_micro_batch_can_hold(tmp_path, capsys):
     """--total-seq-len 0 used to run the check and advise preparing with --max-len 1."""
-    from eagle3.data.check import main
+    from eagle3.cli.check import main
 
     with pytest.raises(SystemExit) as stop:
         main([str(tmp_path), "--total-seq-len", "0"])
@@ -120,12 +120,13 @@ def test_check_and_training_refuse_a_token_freq_that_is_not_token_counts_alike(d
     message says what the file should be."""
     from fractions import Fraction
 
-    from eagle3.data.check import main
+    from commands import exit_status_of
+    from eagle3.cli.check import main
     from eagle3.errors import DataError
     from eagle3.formats.vocab import vocab_mapping
 
     torch.save({1: Fraction(1, 3)}, dataset / "token_freq.pt")  # a class no weights_only load allows
-    assert main([str(dataset)]) == 1
+    assert exit_status_of(main, [str(dataset)]) == 1
     out = capsys.readouterr()
     said = out.err.strip()
     assert said.startswith(f"error: {dataset / 'token_freq.pt'} is not a token-count file: torch.save of a "
@@ -139,7 +140,7 @@ def test_check_and_training_refuse_a_token_freq_that_is_not_token_counts_alike(d
 def test_check_says_what_a_token_row_dataset_is(tmp_path, capsys):
     """Rows without hidden states (what data=online and data=regenerate build and read) were "48 of 48 rows are bad:
     missing_file 48": they are a token-row dataset, checked as one, and the check says where it is usable."""
-    from eagle3.data.check import main
+    from eagle3.cli.check import main
     from eagle3.data.token_rows import save_rows
 
     save_rows([([1, 2, 3, 4], [0, 1, 1, 1]), ([5, 6, 7], [0, 0, 1])], tmp_path / "rows")

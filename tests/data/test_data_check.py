@@ -47,7 +47,7 @@ def test_a_total_seq_len_shorter_than_every_row_stops_the_run(tmp_path, cache_di
 def test_data_check_refuses_a_vocabulary_size_below_one(tmp_path, capsys, value):
     """--vocab-size 0 was taken as not given (the record's size was checked instead) and -5 counted every token
     as outside the vocabulary; either is refused before the dataset is read."""
-    from eagle3.data.check import main as check_main
+    from eagle3.cli.check import main as check_main
 
     with pytest.raises(SystemExit) as e:
         check_main([str(tmp_path), "--vocab-size", value])

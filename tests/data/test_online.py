@@ -251,7 +251,7 @@ def assert_same_metrics(run: Path, reference: Path, keys=("loss",), rel=1e-4) ->
 def prepared_fp32(verifier, rows, tmp_path_factory) -> tuple[Path, Path]:
     """The rows as a JSONL, and prepared from it as the README says (`python -m eagle3.data.prepare`'s own main,
     in this process: one interpreter start less)."""
-    from eagle3.data.prepare import main
+    from eagle3.cli.prepare import main
 
     tmp = tmp_path_factory.mktemp("online-e2e")
     jsonl = write_jsonl(tmp / "rows.jsonl", rows)

@@ -379,7 +379,7 @@ def test_readme_own_data_commands_run_as_printed_on_another_verifier(tmp_path, c
 
 
 def prepare_main(verifier_dir: Path, data: Path, out: Path) -> int:
-    from eagle3.data.prepare import main
+    from eagle3.cli.prepare import main
 
     return main(["--model", str(verifier_dir), "--data", str(data), "--out", str(out), "--aux-layer-ids",
                  *map(str, AUX), "--batch-tokens", "256"])
@@ -425,8 +425,8 @@ def test_prepare_removes_half_written_rows_on_a_full_disk(verifier, id_rows, tmp
 def test_prepare_refuses_aux_layer_ids_that_name_a_layer_twice(cache_dir, tmp_path, capsys):
     """A dataset of layers [2, 2] would cost the whole verifier pass and no run could train on it (a run refuses
     model.draft.aux_layer_ids=[2,2]); refused before a file is written."""
+    from eagle3.cli.prepare import main as prepare_main
     from eagle3.config import TinyVerifierConfig
-    from eagle3.data.prepare import main as prepare_main
     from eagle3.verifier.tiny import tiny_verifier_dir
 
     plain = OmegaConf.to_container(compose_cfg(), resolve=True)

@@ -211,7 +211,7 @@ def gpu_run(cache_dir, tmp_path_factory):
 def test_fused_loss_flex_attention_and_bf16_autocast_at_a_length_off_the_block_size(gpu_run):
     run_dir, cfg, summary, spy, _, _ = gpu_run
     assert cfg.data.total_seq_len == 200
-    assert_trained_on_cuda(summary, spy, length=256)  # rounded up to whole flex blocks (eagle3.train.rank.packed_len)
+    assert_trained_on_cuda(summary, spy, length=256)  # rounded up to whole flex blocks (eagle3.arch.packing.packed_len)
     assert all(torch.isfinite(torch.tensor(r["loss"])) for r in read_rows(run_dir))
 
 
@@ -252,16 +252,18 @@ def test_checkpoint_loads_with_speculators_on_the_gpu_and_reproduces_val(gpu_run
 
 
 def test_eval_accept_cli_on_cuda_is_lossless(gpu_run, tmp_path):
-    from eagle3.eval.accept import parse_args, run
+    from eagle3.cli.accept import parse_args
+    from eagle3.eval.accept import AcceptRequest, run
     from eagle3.eval.prompts import val_split_prompts
 
     run_dir, cfg, summary, _, verifier_dir, data_dir = gpu_run
     prompts = tmp_path / "prompts.jsonl"
     rows = val_split_prompts(data_dir, cfg.data.train_ratio, 4)
     prompts.write_text("".join(json.dumps({"input_ids": list(map(int, p))}) + "\n" for p in rows))
-    report = run(parse_args([str(run_dir / "checkpoints" / "best"), "--verifier", str(verifier_dir), "--prompts",
-                             str(prompts), "--device", "cuda", "--max-new-tokens", "24", "--out",
-                             str(tmp_path / "accept.json")]))
+    args = parse_args([str(run_dir / "checkpoints" / "best"), "--verifier", str(verifier_dir), "--prompts",
+                       str(prompts), "--device", "cuda", "--max-new-tokens", "24",
+                       "--out", str(tmp_path / "accept.json")])
+    report = run(AcceptRequest(**vars(args)))
     assert report["device"] == "cuda" and report["lossless"] is True  # run() raises LosslessError otherwise
     assert report["prompts"] == 4 and 1.0 <= report["accept_len"] <= 1 + report["k"]
     assert json.loads((tmp_path / "accept.json").read_text())["accept_len"] == report["accept_len"]

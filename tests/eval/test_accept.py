@@ -273,7 +273,7 @@ def test_accept_len_in_every_val_row(strong_run):
 
 
 def test_cli_run_and_prompt_files(strong_run, inputs, tmp_path):
-    from eagle3.eval.accept import main
+    from eagle3.cli.accept import main
 
     ids_file = tmp_path / "ids.jsonl"
     ids_file.write_text("".join(json.dumps({"input_ids": p}) + "\n" for p in inputs["prompts"][:2]))
@@ -310,7 +310,7 @@ def test_cli_run_and_prompt_files(strong_run, inputs, tmp_path):
 def test_cli_messages_with_a_chat_template(strong_run, inputs, tmp_path):
     from transformers import AutoTokenizer
 
-    from eagle3.eval.accept import main
+    from eagle3.cli.accept import main
 
     verifier = tmp_path / "verifier"
     shutil.copytree(inputs["summary"]["verifier_dir"], verifier)
@@ -361,7 +361,7 @@ def bad_cli_inputs(strong_run, inputs, tmp_path):
 
 
 def test_bad_cli_input_is_one_message(strong_run, inputs, tmp_path):
-    from eagle3.eval.accept import main
+    from eagle3.cli.accept import main
 
     for args, message in bad_cli_inputs(strong_run, inputs, tmp_path):
         with pytest.raises(SystemExit) as exit_info:
@@ -490,7 +490,7 @@ def test_sampling_is_lossless_in_distribution(spread_pair, rule):
 
 def test_speedup_measures_costs_and_checks_them_by_decoding(strong_run, tmp_path, capsys):
     """`eagle3.eval.speedup --measure --wallclock` on a real run: its report's structure (no timing is asserted)."""
-    from eagle3.eval.speedup import main
+    from eagle3.cli.speedup import main
 
     out = tmp_path / "speedup.json"
     main(["--run", str(strong_run), "--measure", "--wallclock", "--num-prompts", "2", "--max-new-tokens", "8",
@@ -529,7 +529,7 @@ def test_a_k_and_max_new_tokens_beyond_the_verifiers_positions_are_one_message()
 def test_accept_refuses_an_out_path_it_cannot_write_before_measuring(tmp_path):
     """--out <a directory> measured the whole acceptance, then died with IsADirectoryError; --out under a file
     likewise (NotADirectoryError)."""
-    from eagle3.eval.accept import main as accept_main
+    from eagle3.cli.accept import main as accept_main
 
     (tmp_path / "file").write_text("")
     under_a_file = tmp_path / "file" / "r.json"

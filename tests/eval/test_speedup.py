@@ -9,7 +9,8 @@ import sys
 
 import pytest
 
-from eagle3.eval.speedup import StepCosts, main, predict
+from eagle3.cli.speedup import main
+from eagle3.eval.speedup import StepCosts, predict
 from factories import ROOT, summary_json
 
 SEED_RATES = [0.5, 0.3, 0.2]  # acceptance length 2.0 at k = 3, as the seed run served
@@ -85,7 +86,7 @@ def test_bad_input_is_one_message(args, message):
 
 def test_given_costs_need_no_torch():
     """The arithmetic path (given costs) stays light: no torch import."""
-    code = ("import sys; from eagle3.eval.speedup import main; "
+    code = ("import sys; from eagle3.cli.speedup import main; "
             "main(['--accept-rates', '0.5', '--baseline-ms', '10', '--verify-ms', '12']); "
             "assert 'torch' not in sys.modules, 'torch imported'")
     proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
@@ -119,7 +120,7 @@ def test_compare_ranks_by_predicted_speedup(tmp_path):
     assert body[0][-3:] == [f"{2.3 / 15 * 10:.3f}", "3", "estimate"]
     assert body[1][-3:] == [f"{1.6 / 14 * 10:.3f}", "2", "measured"]  # k = 2 beats 1.077 at k = 1, 1.133 at 3
     with pytest.raises(SystemExit, match="needs --baseline-ms and --verify-ms"):
-        from eagle3.sweep.compare import main as compare_main
+        from eagle3.cli.compare import main as compare_main
         compare_main([str(tmp_path), "--verify-ms", "12"])
 
 
@@ -139,7 +140,7 @@ def test_compare_reads_greedy_accept_reports_only(tmp_path):
 
 
 def test_speedup_refuses_a_report_with_a_text_temperature_and_a_json_path_under_a_file(tmp_path):
-    from eagle3.eval.speedup import main
+    from eagle3.cli.speedup import main
 
     report = tmp_path / "accept_k2.json"
     report.write_text(json.dumps({"k": 2, "accept_rate": [0.8, 0.6], "temperature": "greedy"}))
@@ -155,7 +156,7 @@ def test_speedup_refuses_a_report_with_a_text_temperature_and_a_json_path_under_
                                    ["--baseline-ms", "12", "--verify-ms", "inf"],
                                    ["--baseline-ms", "12", "--verify-ms", "30", "--draft-ms", "inf"]])
 def test_speedup_refuses_infinite_step_costs(costs, capsys):
-    from eagle3.eval.speedup import main
+    from eagle3.cli.speedup import main
 
     with pytest.raises(SystemExit) as refused:
         main(["--accept-rates", "0.5", "0.3", *costs])

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from eagle3.eval.speedup import fit_step
-from eagle3.eval.speedup import main as speedup_main
+from eagle3.cli.speedup import main as speedup_main
+from eagle3.eval.engine_costs import fit_step
 
 # What the tiny default's vLLM CPU runs looked like: a fixed 1.3 plain steps per speculative step and 0.2 per
 # draft token, served at accept_len 1.3, 1.4, 1.45, 1.5 at k = 1, 2, 3, 5.

@@ -335,7 +335,7 @@ def test_a_run_that_does_not_fit_for_eval_accepts_verifier_is_told_to_measure_ac
     """8B in bf16 is 15.0 GiB: at 16 GB more than the device holds (the draft's knobs cannot help), at 24 GB the
     largest of a 36.9 GiB peak."""
     from eagle3.errors import ConfigError
-    from eagle3.plan.memory import check_fits
+    from eagle3.plan.report import check_fits
     from eagle3.run.plan_guard import run_plan
 
     verifier = _verifier_dir(tmp_path, "llama-8b", LLAMA_8B_CONFIG)
@@ -348,7 +348,7 @@ def test_a_run_that_does_not_fit_for_eval_accepts_verifier_is_told_to_measure_ac
 
 def test_on_policy_rollouts_hold_the_verifier_in_every_rank_and_eval_accept_reuses_it(tmp_path):
     from eagle3.errors import ConfigError
-    from eagle3.plan.memory import check_fits
+    from eagle3.plan.report import check_fits
     from eagle3.run.plan_guard import run_plan
 
     verifier = _verifier_dir(tmp_path, "llama-8b", LLAMA_8B_CONFIG)
@@ -491,7 +491,8 @@ def test_the_verifiers_planned_forward_is_within_25_percent_of_the_measured_one(
 
     from eagle3.config import OnlineDataConfig
     from eagle3.data.online import OnlineVerifier
-    from eagle3.plan.memory import VERIFIER_FORWARD, verifier_terms
+    from eagle3.plan.memory import verifier_terms
+    from eagle3.plan.parts import VERIFIER_FORWARD
     from eagle3.plan.sizes import shape_from_config
 
     config = dict(hidden_size=256, intermediate_size=896, num_hidden_layers=4, num_attention_heads=8,
@@ -520,8 +521,9 @@ def test_the_verifiers_planned_forward_is_within_25_percent_of_the_measured_one(
 def test_the_plan_times_a_step_at_this_machines_cached_kernel_rates_and_names_their_source(tmp_path):
     """plan=true's step time comes from the rates cached for this machine (eagle3.plan.roofline), named with where they
     came from; without any, an assumed share of a peak, said so; asked to measure, it measures and caches them."""
-    from eagle3.plan.memory import format_plan, step_matmuls
+    from eagle3.plan.report import format_plan
     from eagle3.plan.roofline import Rates, cache_file, machine_key, shape_key
+    from eagle3.plan.step_time import step_matmuls
     from eagle3.run.plan_guard import run_plan
     from factories import tiny_run_config
 
@@ -603,7 +605,7 @@ def test_on_cpu_the_fit_guard_checks_the_hosts_memory():
 
 
 def test_a_plan_that_does_not_fit_says_its_exit_status():
-    from eagle3.plan.memory import NO_FIT_STATUS, format_plan
+    from eagle3.plan.report import NO_FIT_STATUS, format_plan
     from eagle3.run.plan_guard import run_plan
 
     text = format_plan(run_plan(tiny_run_config(["device=cpu", "distributed.device_memory_gb=0.01"])))

@@ -84,7 +84,7 @@ def written_before_sources(plain: dict) -> dict:
 def test_an_interrupted_old_run_resumes_and_is_measured(cache_dir, tmp_path):
     import torch
 
-    from eagle3.eval.accept import main as accept
+    from eagle3.cli.accept import main as accept
     from eagle3.init.checkpoint import TRAINER_STATE
 
     run_dir = tmp_path / "run"

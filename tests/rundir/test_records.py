@@ -92,7 +92,7 @@ def test_a_dataset_without_readable_token_counts_is_one_data_error(tmp_path):
 
 
 def test_speedup_never_overwrites_its_json(tmp_path):
-    from eagle3.eval.speedup import main
+    from eagle3.cli.speedup import main
 
     target = tmp_path / "summary.json"
     target.write_text("{}")

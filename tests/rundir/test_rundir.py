@@ -171,14 +171,14 @@ def take_lock(run: Path) -> None:
 
 
 def accept(run: Path) -> None:
-    from eagle3.eval.accept import main
+    from eagle3.cli.accept import main
 
     main(["--run", str(run), "--k", "3"])
 
 
 def serve(run: Path) -> None:
     """eagle3.serve with an engine that fails as it starts (after its log is opened), as test_serve's fake one."""
-    from eagle3.serve.__main__ import main
+    from eagle3.cli.serve import main
     from factories import FAKE_ENGINE
 
     engine = run.parent / "fake-python"

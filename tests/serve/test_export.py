@@ -71,24 +71,27 @@ def unexpected_key(tensors):
 def test_export_refuses_a_bad_checkpoint_and_writes_nothing(small_checkpoint, tmp_path, capsys, fmt, edit, says):
     import re
 
-    from eagle3.serve.export import main
+    from commands import exit_status_of
+    from eagle3.cli.export import main
 
     out = tmp_path / "out"
-    assert main([str(broken_copy(small_checkpoint, tmp_path, edit)), "--format", fmt, "--out", str(out)]) != 0
+    assert exit_status_of(main, [str(broken_copy(small_checkpoint, tmp_path, edit)), "--format", fmt, "--out",
+                                 str(out)]) == 1
     err = capsys.readouterr().err
     assert err.startswith("error: ") and re.search(says, err), err
     assert not out.exists()
 
 
 def test_export_of_a_good_checkpoint_still_works_and_an_unusable_out_is_refused(small_checkpoint, tmp_path, capsys):
-    from eagle3.serve.export import main
+    from commands import exit_status_of
+    from eagle3.cli.export import main
 
     # speculators' flags (norm_before_residual=true): SGLang cannot serve it (tests/serve/test_export_parity.py),
     # vLLM can
     assert main([str(small_checkpoint), "--out", str(tmp_path / "ok")]) == 0
     assert (tmp_path / "ok" / "model.safetensors").is_file()
     (tmp_path / "file").write_text("x")
-    assert main([str(small_checkpoint), "--out", str(tmp_path / "file")]) != 0
+    assert exit_status_of(main, [str(small_checkpoint), "--out", str(tmp_path / "file")]) == 1
     assert "is not an empty directory" in capsys.readouterr().err and (tmp_path / "file").read_text() == "x"
 
 
@@ -97,5 +100,5 @@ def test_the_old_module_path_names_the_new_one():
     from commands import run_in_process
 
     proc = run_in_process(["python", "-m", "eagle3.export", "ckpt", "--out", "drafter"])
-    assert proc.returncode == 1 and proc.stderr == ("error: eagle3.export moved to eagle3.serve.export: python -m "
-                                                    "eagle3.serve.export ckpt --out drafter\n")
+    assert proc.returncode == 1 and proc.stderr == ("error: eagle3.export moved; the command is now: eagle3 export "
+                                                    "ckpt --out drafter\n")

@@ -11,7 +11,8 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from eagle3.serve.export import main
+from commands import exit_status_of
+from eagle3.cli.export import main
 from factories import verifier_config_dir, verifier_dir
 
 LLAMA3 = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
@@ -68,7 +69,7 @@ def broken(good, tmp_path, config=None, tensors=None):
 
 def run(checkpoint, tmp_path, capsys, *args):
     out = tmp_path / "out"
-    code = main([str(checkpoint), "--out", str(out), *args])
+    code = exit_status_of(main, [str(checkpoint), "--out", str(out), *args])
     err = capsys.readouterr().err
     assert (code == 0) == out.exists(), err  # a refusal writes nothing
     return code, err, (json.loads((out / "config.json").read_text()) if code == 0 else None)
@@ -103,7 +104,7 @@ def test_verifier_option_writes_the_id_vllm_loads(good, tmp_path, capsys):
 def test_norm_before_residual_true_is_refused_for_sglang_only(good, tmp_path, capsys):
     ckpt = broken(good, tmp_path, config=lambda c: c.update(norm_before_residual=True))
     code, err, _ = run(ckpt, tmp_path / "f", capsys, "--format", "specforge")
-    assert code == 2 and "sglang, norm flags: norm_before_residual=true" in err, err
+    assert code == 1 and "sglang, norm flags: norm_before_residual=true" in err, err
     assert run(ckpt, tmp_path / "s", capsys)[0] == 0
 
 
@@ -126,7 +127,7 @@ def test_sglang_aux_offset_follows_the_target_and_refuses_what_it_cannot_express
     deepseek = verifier_config_dir(tmp_path / "deepseek", model_type="deepseek_v3", vocab_size=64,
                                    max_position_embeddings=128)
     code, err, _ = run(good, tmp_path / "a", capsys, "--format", "specforge", "--verifier", str(deepseek))
-    assert code == 2 and "sglang, aux layers: eagle_config ids [0, 1, 2]: SGLang captures [0, 1, 2]" in err, err
+    assert code == 1 and "sglang, aux layers: eagle_config ids [0, 1, 2]: SGLang captures [0, 1, 2]" in err, err
     ckpt = broken(good, tmp_path, config=lambda c: c.update(eagle_aux_hidden_state_layer_ids=[2, 3, 4]))
     code, err, config = run(ckpt, tmp_path / "b", capsys, "--format", "specforge", "--verifier", str(deepseek))
     assert code == 0 and config["eagle_config"]["eagle_aux_hidden_state_layer_ids"] == [1, 2, 3], err
@@ -140,13 +141,13 @@ def test_sglang_aux_offset_follows_the_target_and_refuses_what_it_cannot_express
 def test_unstated_aux_layers_are_refused(good, tmp_path, capsys):
     ckpt = broken(good, tmp_path, config=lambda c: c.pop("eagle_aux_hidden_state_layer_ids"))
     code, err, _ = run(ckpt, tmp_path, capsys)
-    assert code == 2 and "does not state eagle_aux_hidden_state_layer_ids" in err, err
+    assert code == 1 and "does not state eagle_aux_hidden_state_layer_ids" in err, err
 
 
 def test_embed_tokens_other_than_the_verifiers_is_refused_for_vllm(good, tmp_path, capsys):
     ckpt = broken(good, tmp_path, tensors=lambda t: t | {"embed_tokens.weight": t["embed_tokens.weight"] + 1})
     code, err, _ = run(ckpt, tmp_path, capsys)
-    assert code == 2 and "vllm, embed_tokens: embed_tokens differs from the verifier's" in err, err
+    assert code == 1 and "vllm, embed_tokens: embed_tokens differs from the verifier's" in err, err
 
 
 @pytest.mark.parametrize("d2t, says", [
@@ -158,13 +159,13 @@ def test_a_bad_d2t_is_refused_by_both_engines(good, tmp_path, capsys, d2t, says)
     ckpt = broken(good, tmp_path, tensors=lambda t: t | {"d2t": d2t(t["d2t"])})
     for fmt in ("speculators", "specforge"):
         code, err, _ = run(ckpt, tmp_path / fmt, capsys, "--format", fmt)
-        assert code == 2 and "vocabulary: " + says in err.replace("sglang, ", "").replace("vllm, ", ""), err
+        assert code == 1 and "vocabulary: " + says in err.replace("sglang, ", "").replace("vllm, ", ""), err
 
 
 def test_another_vocabulary_than_the_verifiers_is_refused(good, tmp_path, capsys):
     other = verifier_config_dir(tmp_path / "other", model_type="llama", vocab_size=80, max_position_embeddings=128)
     code, err, _ = run(good, tmp_path, capsys, "--verifier", str(other))
-    assert code == 2 and "vocab_size=64, the verifier's 80" in err, err
+    assert code == 1 and "vocab_size=64, the verifier's 80" in err, err
 
 
 def test_rope_and_positions_other_than_the_verifiers_are_warned(good, tmp_path, capsys):
@@ -261,8 +262,8 @@ def test_a_missing_checkpoint_and_an_empty_verifier_are_refused_in_exports_own_w
     """export said "init.path: ..." (a run's key, not export's argument) of a missing checkpoint, and exported with
     `--verifier ''` (rc 0)."""
     code, err, _ = run(tmp_path / "missing", tmp_path, capsys)
-    assert code == 2 and err.strip() == (
-        f"error: checkpoint (python -m eagle3.serve.export's first argument): {tmp_path / 'missing'} does not exist; "
+    assert code == 1 and err.strip() == (
+        f"error: checkpoint (eagle3 export's first argument): {tmp_path / 'missing'} does not exist; "
         f"expected a draft checkpoint dir with config.json and model.safetensors (or a sharded index)"), err
     with pytest.raises(SystemExit) as refused:
         main([str(good), "--out", str(tmp_path / "out"), "--verifier", ""])

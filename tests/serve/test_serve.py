@@ -17,10 +17,10 @@ import pytest
 from omegaconf import OmegaConf
 
 from commands import launch, live_group_members, signals_as_a_shell_leaves_them
+from eagle3.cli.speedup import main as speedup_main
 from eagle3.config import validate
 from eagle3.engine import venv as engine_module
 from eagle3.errors import ConfigError
-from eagle3.eval.speedup import main as speedup_main
 from eagle3.serve.harness import side_by_side
 from eagle3.serve.metrics import SpecCounters, acceptance, spec_counters
 from factories import FAKE_ENGINE, ROOT, compose_cfg, fake_run_dir, summary_json
@@ -59,7 +59,7 @@ def fake_run(tmp_path, monkeypatch) -> dict[str, Path]:
 
 def serve_main(args: list[str]) -> str:
     """python -m eagle3.serve ARGS in process; the message it exits with (it must exit)."""
-    from eagle3.serve.__main__ import main
+    from eagle3.cli.serve import main
 
     with pytest.raises(SystemExit) as exit_info:
         main(args)
@@ -210,7 +210,7 @@ def test_each_serve_logs_under_names_of_its_own_and_an_older_log_is_kept(fake_ru
     message = serve_main(fake_args(fake_run))
     assert f"its log: {run / 'serve_vllm_plain_t0.2.log'}" in message, message
     assert old.read_text() == "the log an older report names"
-    from eagle3.serve.__main__ import new_log, write_report
+    from eagle3.serve.serving import new_log, write_report
 
     assert new_log(run, "serve_vllm_k7_t0") == run / "serve_vllm_k7_t0.log"
     assert new_log(run, "serve_vllm_k7_t0") == run / "serve_vllm_k7_t0.2.log"
@@ -481,8 +481,9 @@ def built_report(measured: dict[str, dict], first_plain: float | None = None) ->
     """eagle3.serve's report of `measured` (harness counts equal to the engine's), with its printed form."""
     import argparse
 
-    from eagle3.serve.__main__ import Served, build_report, format_report
     from eagle3.serve.metrics import acceptance
+    from eagle3.serve.report import build_report, format_report
+    from eagle3.serve.request import ServedRun as Served
 
     spec = measured["spec"]
     harness = {**acceptance(spec["counters"], 3), "tokens": spec["tokens"], "per_prompt": spec["per_prompt"]}
@@ -517,7 +518,7 @@ def test_a_plain_server_whose_speed_moved_under_the_measurement_is_flagged_as_no
 def test_compare_never_ranks_a_served_speedup_that_is_no_result(tmp_path, capsys):
     """A report with nothing accepted and a 4.71x speedup (written before eagle3.serve flagged such reports), and
     one eagle3.serve flagged, are shown as "not a result" and ranked below a real result."""
-    from eagle3.sweep.compare import main as compare_main
+    from eagle3.cli.compare import main as compare_main
 
     for name, tau in (("0_impossible", 2.0), ("1_real", 1.8), ("2_flagged", 1.7)):
         run = tmp_path / name
@@ -747,7 +748,7 @@ def test_vllm_against_the_harness_on_smollm2_at_t0_in_fp32_for_a_trained_checkpo
     verifier's two best tokens are nearly tied: the comparison passes when every divergence is such a near-tie
     and every other prompt's counts are the harness's. One prompt's answer ends within the 48 tokens: the engine,
     like the harness, decodes through the end-of-sequence token rather than masking it until 48 are made."""
-    from eagle3.serve.__main__ import main
+    from eagle3.cli.serve import main
     from eagle3.serve.metrics import padded
 
     prompts, run = tmp_path / "held_out.jsonl", smollm2_online_run
@@ -771,7 +772,7 @@ def test_vllm_against_the_harness_on_smollm2_at_t0_in_fp32_for_a_trained_checkpo
 @pytest.mark.parametrize("value", ["inf", "nan", "-1"])
 def test_serve_refuses_a_temperature_no_sampler_has_before_reading_the_run(tmp_path, value):
     """--temperature inf was served (vLLM samples uniformly) into serve_vllm_k<k>_tinf.json."""
-    from eagle3.serve.__main__ import main as serve_main
+    from eagle3.cli.serve import main as serve_main
 
     with pytest.raises(SystemExit, match=rf"^error: --temperature \(eval.accept.temperature\): must be >= 0 and "
                                          rf"finite, got {value}"):

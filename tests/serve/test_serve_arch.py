@@ -34,7 +34,7 @@ ARGS = ["--k", "3", "--num-prompts", "4", "--max-new-tokens", "24"]
 @pytest.fixture(scope="module")
 def served_runs(qwen3_eagle31_run, cache_dir, tmp_path_factory, engine_python) -> dict[str, Path]:  # noqa: F811
     """A run dir of each architecture, all served by one eagle3.serve command."""
-    from eagle3.serve.__main__ import main
+    from eagle3.cli.serve import main
 
     runs = {}
     for name, overrides in ARCHITECTURES.items():

@@ -54,7 +54,7 @@ def tiny_default_checkpoint(tmp_path):
 
 def test_the_specforge_export_loads_in_specforges_own_class(specforge_draft_class, tiny_default_checkpoint,
                                                             tmp_path, capsys):
-    from eagle3.serve.export import main as export_main
+    from eagle3.cli.export import main as export_main
 
     checkpoint, trained = tiny_default_checkpoint
     out = tmp_path / "sglang"

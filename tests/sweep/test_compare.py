@@ -145,7 +145,7 @@ def test_steps_to_reach_a_baselines_best(tmp_path):
 def test_confirm_says_why_the_runs_it_does_not_measure_are_not_measured(tmp_path, capsys):
     """--confirm 5 over a completed run that has its measurement, one more, and a failed run: it measures nothing
     and says of each run why."""
-    from eagle3.sweep.compare import main
+    from eagle3.cli.compare import main
 
     row = {"step": 0, "split": "val", "loss": 2.0, "tau_sim": 1.0}
     for name in ("0_measured", "1_measured"):
@@ -186,7 +186,7 @@ def test_compare_shows_step0_and_best_of_an_incomplete_run(tmp_path):
 
 
 def test_compare_shows_the_readable_runs_and_names_a_cut_file(tmp_path, capsys):
-    from eagle3.sweep.compare import main
+    from eagle3.cli.compare import main
 
     row = {"step": 0, "split": "val", "loss": 2.0, "tau_sim": 1.0}
     for n, lr in enumerate((0.001, 0.002, 0.003)):
@@ -213,5 +213,5 @@ def test_compare_shows_the_readable_runs_and_names_a_cut_file(tmp_path, capsys):
 def test_the_old_module_path_names_the_new_one():
     """`python -m eagle3.compare` (before the package's move into subpackages) printed a bare "No module named"."""
     proc = run_in_process(["python", "-m", "eagle3.compare", "outputs/multirun/x y", "--format", "csv"])
-    assert proc.returncode == 1 and proc.stderr == ("error: eagle3.compare moved to eagle3.sweep.compare: python -m "
-                                                    "eagle3.sweep.compare 'outputs/multirun/x y' --format csv\n")
+    assert proc.returncode == 1 and proc.stderr == ("error: eagle3.compare moved; the command is now: eagle3 compare "
+                                                    "'outputs/multirun/x y' --format csv\n")

@@ -316,9 +316,9 @@ def test_export_and_init_pretrained_refuse_a_checkpoint_with_bad_offsets(case, d
     """One message naming the file, nothing exported; init=pretrained's reading of the checkpoint says the same."""
     import shutil
 
+    from eagle3.cli.export import main
     from eagle3.errors import CheckpointError
     from eagle3.init.pretrained import read_source
-    from eagle3.serve.export import main
 
     broken = tmp_path / "broken"
     shutil.copytree(draft_checkpoint, broken)

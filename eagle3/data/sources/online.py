@@ -18,7 +18,7 @@ if TYPE_CHECKING:
     from eagle3.data.check import CheckReport
     from eagle3.data.loader import Loader
     from eagle3.data.online import OnlineVerifier
-    from eagle3.plan.memory import DataStats, Term
+    from eagle3.plan.parts import DataStats, Term
 
 log = logging.getLogger(__name__)
 

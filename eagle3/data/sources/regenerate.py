@@ -14,7 +14,7 @@ from eagle3.verifier.model import Verifier
 
 if TYPE_CHECKING:
     from eagle3.config import RunConfig, TrainConfig
-    from eagle3.plan.memory import DataStats
+    from eagle3.plan.parts import DataStats
 
 
 @register(RegenerateDataConfig)

@@ -13,7 +13,7 @@ from eagle3.data.sources.registry import register
 
 if TYPE_CHECKING:
     from eagle3.config import RunConfig
-    from eagle3.plan.memory import DataStats
+    from eagle3.plan.parts import DataStats
 
 
 @register(TinyDataConfig)
@@ -25,7 +25,7 @@ class TinySource(HiddenStateFilesSource[TinyDataConfig]):
                                      self.data.hidden_states_dtype.value)
 
     def plan_stats(self, draft: DraftConfig) -> DataStats | None:
-        from eagle3.plan.memory import DTYPE_BYTES
+        from eagle3.plan.parts import DTYPE_BYTES
         from eagle3.plan.sizes import synth_stats
 
         dtype_bytes = DTYPE_BYTES[self.data.hidden_states_dtype.value]

@@ -1,0 +1,43 @@
+"""`eagle3 train [OVERRIDES ...]`: compose the run config with Hydra and hand it to eagle3.run.launch.
+
+    eagle3 train                                  # tiny default, CPU
+    eagle3 train optim.lr=3e-4 optim.epochs=2     # overrides
+    eagle3 train -m optim.lr=3e-4,1e-3            # a sweep: one run dir per job
+    eagle3 train --cfg job                        # print the composed config (no torch)
+
+Hydra's own command line: every override, -m/--multirun, --cfg, --help and --hydra-help as `python launch.py`
+takes them (launch.py runs this module).
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import hydra
+from omegaconf import DictConfig
+
+from eagle3.config import register_configs
+from eagle3.verifier.shape import register_resolvers
+
+# conf/ of the checkout (an absolute path: Hydra then reads it wherever the command is started from).
+CONF = str(Path(__file__).resolve().parents[2] / "conf")
+
+register_configs()  # the schemas
+register_resolvers()  # model=auto: ${verifier_config:<path>,<key>}
+
+
+@hydra.main(version_base="1.3", config_path=CONF, config_name="train")
+def app(cfg: DictConfig) -> float | None:
+    from eagle3.run.launch import launch
+
+    return launch(cfg)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Hydra reads its arguments from sys.argv: `argv` (the words after the verb) replaces what follows the
+    program's name there. Hydra ends the process itself on a refused config (SystemExit)."""
+    if argv is not None:
+        sys.argv[1:] = argv
+    app()
+    return 0
