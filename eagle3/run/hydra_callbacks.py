@@ -11,7 +11,8 @@ from typing import Any
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 
-from eagle3.rundir.files import SweepIndex, output_dir_problem
+from eagle3.rundir.files import output_dir_problem
+from eagle3.rundir.sweep_index import SweepIndex
 
 
 class CheckOutputDir(Callback):

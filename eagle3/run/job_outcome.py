@@ -14,7 +14,8 @@ from typing import TYPE_CHECKING
 
 from eagle3.console import resume_command
 from eagle3.errors import ConfigError, StoppedBeforeTraining
-from eagle3.rundir.files import RESOLVED_CONFIG, FailureRecord, IndexEntry, RunDir, SweepIndex
+from eagle3.rundir.files import RESOLVED_CONFIG, FailureRecord, RunDir
+from eagle3.rundir.sweep_index import IndexEntry, SweepIndex
 from eagle3.sweep.study import STUDY_FILE
 
 if TYPE_CHECKING:

@@ -44,7 +44,7 @@ from hydra.plugins.sweeper import Sweeper
 from hydra.types import HydraContext, TaskFunction
 from omegaconf import DictConfig, OmegaConf
 
-from eagle3.rundir.files import IndexEntry, SweepIndex
+from eagle3.rundir.sweep_index import IndexEntry, SweepIndex
 from eagle3.sweep.study import STUDY_FILE  # in the sweep dir; eagle3.sweep.compare reads the study's history from it
 
 from .search_space import parse_search_space, to_override

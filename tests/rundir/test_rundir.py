@@ -11,8 +11,9 @@ import pytest
 
 from commands import launch, launch_process
 from eagle3.errors import ConfigError, UserError
-from eagle3.rundir.files import DataCheck, FailureRecord, IndexEntry, InitReport, RunDir, SweepIndex
+from eagle3.rundir.files import DataCheck, FailureRecord, InitReport, RunDir
 from eagle3.rundir.progress import Progress, RunSummary
+from eagle3.rundir.sweep_index import IndexEntry, SweepIndex
 from factories import summary_json
 
 ROW = {"step": 4, "split": "val", "epoch": 0, "loss": 2.5, "tau_sim": 1.25, "full_acc_0": 0.5}
