@@ -180,29 +180,6 @@ def test_a_documented_error_is_refused_as_shown(page, command, inputs):
     assert shown_error(command) in found, f"{page}: {command}\n  shown: {shown_error(command)}\n  got: {found}"
 
 
-def group_table() -> dict[str, set[str]]:
-    """README's config-group table: group -> the options its row names (`name/*` for a folder of presets; Hydra's
-    own options, named without backticks, left out)."""
-    rows = re.findall(r"^\| `([\w/]+)` \| ([^|]+) \|", (ROOT / "README.md").read_text(), re.M)
-    return {group: set(re.findall(r"`([\w/*]+)`", options)) for group, options in rows}
-
-
-def test_the_readmes_group_table_names_every_option_of_conf_and_no_other():
-    table = group_table()
-    groups = [d for d in (ROOT / "conf").glob("**/") if d != ROOT / "conf" and any(d.glob("*.yaml"))
-              and d.parent.name != "experiment"]
-    assert groups
-    for folder in groups:
-        group = folder.relative_to(ROOT / "conf").as_posix()
-        options = {f.stem for f in folder.glob("*.yaml")} | {f"{d.name}/*" for d in folder.iterdir() if d.is_dir()}
-        if group == "hydra":  # hydra/default.yaml is the job's own settings, not a group option
-            continue
-        named = table.get(group, set())
-        # hydra/*: the options of Hydra and of hydra_plugins/ (eagle3_basic) are named beside conf/'s own
-        agrees = options <= named if group.startswith("hydra/") else named == options
-        assert agrees, f"README's row for `{group}` names {sorted(named)}; conf/{group}/ holds {sorted(options)}"
-
-
 def verbs() -> list[str]:
     """Every `eagle3 VERB` the pages' code blocks run."""
     return sorted({m.group(1) for page in PAGES for lang, body in blocks(page) if lang in ("", "bash", "console")
