@@ -59,7 +59,8 @@ def test_data_check_on_rows_says_they_are_rows_for_prepare_or_data_online(kind, 
     """A datasets dir of conversations was said not to be "a dataset saved with datasets.save_to_disk"."""
     from datasets import Dataset
 
-    from eagle3.data.check import main
+    from commands import exit_status_of
+    from eagle3.cli.check import main
 
     conversation = {"conversations": [{"from": "human", "value": "w1"}, {"from": "gpt", "value": "w2"}]}
     path = tmp_path / ("rows.jsonl" if kind == "jsonl" else "rows")
@@ -69,7 +70,7 @@ def test_data_check_on_rows_says_they_are_rows_for_prepare_or_data_online(kind, 
         rows = [conversation] if kind == "conversations" else [{"input_ids": [1, 2], "loss_mask": [0, 1]}]
         Dataset.from_list(rows).save_to_disk(str(path))
         capsys.readouterr()  # datasets' progress bar
-    assert main([str(path)]) == 1
+    assert exit_status_of(main, [str(path)]) == 1
     err = capsys.readouterr().err
     what = "a rows file" if kind == "jsonl" else \
         f"a datasets dir of rows (columns {'conversations' if kind == 'conversations' else 'input_ids, loss_mask'})"
@@ -83,7 +84,8 @@ def test_data_check_on_an_unfinished_preparation_says_the_same_prepare_command_r
     """It listed the missing files without saying why they are missing."""
     import torch
 
-    from eagle3.data.check import main
+    from commands import exit_status_of
+    from eagle3.cli.check import main
     from eagle3.data.record import write_record
     from factories import write_dataset
 
@@ -98,7 +100,7 @@ def test_data_check_on_an_unfinished_preparation_says_the_same_prepare_command_r
         capsys.readouterr()
     write_record(data, {"format": 1, "aux_layer_ids": [1, 2, 3], "hidden_size": 32, "complete": False,
                         "source": "/rows/share gpt.json"})
-    assert main([str(data), "--quick"]) == 1
+    assert exit_status_of(main, [str(data), "--quick"]) == 1
     out, err = capsys.readouterr()
     says = (f"{data}: its preparation did not finish (eagle3_data.json says complete: false): run the same python -m "
             f"eagle3.data.prepare command again (--data '/rows/share gpt.json' --out '{data}'), it resumes where it "

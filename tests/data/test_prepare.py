@@ -379,10 +379,11 @@ def test_readme_own_data_commands_run_as_printed_on_another_verifier(tmp_path, c
 
 
 def prepare_main(verifier_dir: Path, data: Path, out: Path) -> int:
+    from commands import exit_status_of
     from eagle3.cli.prepare import main
 
-    return main(["--model", str(verifier_dir), "--data", str(data), "--out", str(out), "--aux-layer-ids",
-                 *map(str, AUX), "--batch-tokens", "256"])
+    return exit_status_of(main, ["--model", str(verifier_dir), "--data", str(data), "--out", str(out),
+                                 "--aux-layer-ids", *map(str, AUX), "--batch-tokens", "256"])
 
 
 def test_prepare_on_a_full_disk_keeps_whole_files_and_resumes(verifier, id_rows, tmp_path, monkeypatch, capsys):  # noqa: F811
@@ -425,6 +426,7 @@ def test_prepare_removes_half_written_rows_on_a_full_disk(verifier, id_rows, tmp
 def test_prepare_refuses_aux_layer_ids_that_name_a_layer_twice(cache_dir, tmp_path, capsys):
     """A dataset of layers [2, 2] would cost the whole verifier pass and no run could train on it (a run refuses
     model.draft.aux_layer_ids=[2,2]); refused before a file is written."""
+    from commands import exit_status_of
     from eagle3.cli.prepare import main as prepare_main
     from eagle3.config import TinyVerifierConfig
     from eagle3.verifier.tiny import tiny_verifier_dir
@@ -434,7 +436,7 @@ def test_prepare_refuses_aux_layer_ids_that_name_a_layer_twice(cache_dir, tmp_pa
     data = tmp_path / "rows.jsonl"
     data.write_text(json.dumps({"input_ids": [1, 2, 3, 4], "loss_mask": [0, 1, 1, 1]}) + "\n")
     out = tmp_path / "out"
-    assert prepare_main(["--model", str(verifier), "--data", str(data), "--out", str(out),
+    assert exit_status_of(prepare_main, ["--model", str(verifier), "--data", str(data), "--out", str(out),
                          "--aux-layer-ids", "2", "2", "--device", "cpu"]) == 1
     assert "error: aux layer ids [2, 2] name a layer twice" in capsys.readouterr().err
     assert not out.exists()
@@ -452,11 +454,12 @@ def test_a_prepare_data_path_that_is_no_file_says_what_it_is(tmp_path):
 
 def test_prepare_refuses_a_max_records_beyond_any_count_before_anything_is_written(tmp_path, capsys):
     """--max-records 99999999999999999999999 passed its check and died in itertools.islice with a traceback."""
-    from eagle3.data.prepare import main as prepare_main
+    from commands import exit_status_of
+    from eagle3.cli.prepare import main as prepare_main
 
     data = write_jsonl(tmp_path / "rows.jsonl", [{"input_ids": [1, 2, 3], "loss_mask": [0, 1, 1]}])
     out = tmp_path / "out"
-    assert prepare_main(["--model", str(tmp_path / "no-model"), "--data", str(data), "--out", str(out),
+    assert exit_status_of(prepare_main, ["--model", str(tmp_path / "no-model"), "--data", str(data), "--out", str(out),
                          "--max-records", "99999999999999999999999"]) == 1
     err = capsys.readouterr().err
     assert err.startswith("error: --max-records must be at least 1 and at most 9223372036854775807 (leave it out to "
@@ -466,10 +469,11 @@ def test_prepare_refuses_a_max_records_beyond_any_count_before_anything_is_writt
 
 def test_prepares_bad_row_messages_name_its_own_flags_not_a_runs_keys(verifier, tmp_path, capsys):
     """Raised under prepare, "data.format" and "on_bad_sample=skip" name options prepare does not have."""
-    from eagle3.data.prepare import main as prepare_main
+    from commands import exit_status_of
+    from eagle3.cli.prepare import main as prepare_main
 
     data = write_jsonl(tmp_path / "rows.jsonl", [{"conversations": [{"from": "human", "value": "w1"}]}])
-    assert prepare_main(["--model", str(verifier), "--data", str(data), "--out", str(tmp_path / "out"),
+    assert exit_status_of(prepare_main, ["--model", str(verifier), "--data", str(data), "--out", str(tmp_path / "out"),
                          "--aux-layer-ids", *map(str, AUX), "--format", "messages"]) == 1
     err = capsys.readouterr().err
     assert "a sharegpt row among messages rows (the format was set by --format) (--on-bad-sample skip leaves such " \
