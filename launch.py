@@ -7,10 +7,5 @@
 
 from eagle3.cli.train import main
 
-if __name__ == "__main__":
-    try:
-        main()
-    except KeyboardInterrupt:  # Ctrl-C outside the job's own handler (eagle3/run/launch.py): Hydra composing it
-        from eagle3.console import interrupted
-
-        raise interrupted("interrupted (Ctrl-C) before the run started; nothing was written") from None
+if __name__ == "__main__":  # Ctrl-C while Hydra composes: one line and exit 130 (eagle3/cli/train.py)
+    main()

@@ -74,7 +74,7 @@ def assert_trained(run_dir: Path, smollm2_dir: Path, steps: int) -> None:
 
 @pytest.mark.slow
 def test_smollm2_prepared_chat_rows_train_a_draft(smollm2_dir, chat_rows, tmp_path):
-    from eagle3.data.prepare import main as prepare
+    from eagle3.cli.prepare import main as prepare
 
     assert prepare(["--model", str(smollm2_dir), "--data", str(chat_rows), "--out", str(tmp_path / "ds"),
                     "--dtype", "float32", "--device", "cpu", "--max-len", "512"]) == 0

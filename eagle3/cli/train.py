@@ -39,5 +39,10 @@ def main(argv: list[str] | None = None) -> int:
     program's name there. Hydra ends the process itself on a refused config (SystemExit)."""
     if argv is not None:
         sys.argv[1:] = argv
-    app()
+    try:
+        app()
+    except KeyboardInterrupt:  # Ctrl-C outside the job's own handler (eagle3/run/launch.py): Hydra composing it
+        from eagle3.console import interrupted
+
+        raise interrupted("interrupted (Ctrl-C) before the run started; nothing was written") from None
     return 0

@@ -180,7 +180,7 @@ def test_only_the_verifier_module_opens_a_verifiers_config_json_and_loads_it():
 def test_from_gguf_stopped_by_ctrl_c_exits_130_with_one_line(monkeypatch, capsys, tmp_path):
     """It exited 1 (its message as SystemExit's), where every other command stopped by Ctrl-C exits 130."""
     import eagle3.verifier.gguf as gguf
-    from eagle3.verifier.__main__ import main
+    from eagle3.cli.verifier import main
 
     def converting(*args, **kwargs):
         raise KeyboardInterrupt
