@@ -20,6 +20,7 @@ import math
 import sys
 from pathlib import Path
 
+from eagle3.cli.tail import finish
 from eagle3.errors import ForecastError, UserError
 
 SUFFIXES = {"k": 1e3, "m": 1e6, "g": 1e9, "t": 1e12}
@@ -93,23 +94,23 @@ def options_of(args: argparse.Namespace):
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    try:
-        options = options_of(args)
-        from eagle3.sweep.forecast import forecast_run, rank_reports
-        from eagle3.sweep.runs import find_runs
+    return finish(lambda: forecast(args))
 
-        runs = find_runs(args.paths)
-        reports, refused = [], []
-        for run in runs:
-            try:
-                reports.append((run, forecast_run(run, options)))
-            except ForecastError as e:
-                refused.append({"run": str(run.path), "label": run.label, "error": str(e)})
-        if not reports:
-            raise ForecastError("; ".join(r["error"] for r in refused))
-    except UserError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 1
+
+def forecast(args: argparse.Namespace) -> int:
+    options = options_of(args)
+    from eagle3.sweep.forecast import forecast_run, rank_reports
+    from eagle3.sweep.runs import find_runs
+
+    runs = find_runs(args.paths)
+    reports, refused = [], []
+    for run in runs:
+        try:
+            reports.append((run, forecast_run(run, options)))
+        except ForecastError as e:
+            refused.append({"run": str(run.path), "label": run.label, "error": str(e)})
+    if not reports:
+        raise ForecastError("; ".join(r["error"] for r in refused))
     ranked = rank_reports([r for _, r in reports])
     print_reports(ranked, refused, args.json)
     if args.plot:
