@@ -7,6 +7,7 @@ import json
 import random
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -188,7 +189,8 @@ def test_chat_messages_train_on_the_assistant_turns(verifier, tmp_path):
     assert len(load_from_disk(str(tmp_path / "head"))) == 1
     assert json.loads((tmp_path / "head" / "eagle3_data.json").read_text())["max_records"] == 1
     proc = prepare(chat_model, data, tmp_path / "none", "--max-records", "0")
-    assert proc.returncode == 1 and proc.stderr.strip() == "error: --max-records must be at least 1, got 0"
+    assert proc.returncode == 1 and proc.stderr.strip() == ("error: --max-records must be at least 1 and at most "
+                                                            f"{sys.maxsize} (leave it out to read every record), got 0")
 
 
 @pytest.mark.slow
