@@ -283,13 +283,13 @@ def test_a_signal_in_the_first_val_pass_is_one_line_and_resume_starts_the_run_ag
     is told too."""
     from commands import signals_as_a_shell_leaves_them
     from eagle3.console import resume_command
-
     from eagle3.run.inputs import materialize_inputs
 
     run, overrides = tmp_path / "run", ["optim.max_steps=2", *SMALL_DATA, "logger.mode=disabled"]
     materialize_inputs(typed_run_config(cache_dir, run, overrides))  # built: stderr holds no progress bar of it
     script = SIGNAL_IN_THE_FIRST_VAL_PASS.format(name=signum.name, launch=str(ROOT / "launch.py"))
-    proc = subprocess.run([sys.executable, "-c", script, f"hydra.run.dir={run}", *overrides], cwd=ROOT, env={**os.environ, "EAGLE3_CACHE": str(cache_dir)},
+    proc = subprocess.run([sys.executable, "-c", script, f"hydra.run.dir={run}", *overrides], cwd=ROOT,
+                          env={**os.environ, "EAGLE3_CACHE": str(cache_dir)},
                           capture_output=True, text=True, timeout=1800, preexec_fn=signals_as_a_shell_leaves_them)
     assert proc.returncode == 128 + signum, proc.stderr[-3000:]
     assert proc.stderr.strip().splitlines() == [
