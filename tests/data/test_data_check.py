@@ -51,3 +51,18 @@ def test_data_check_refuses_a_vocabulary_size_below_one(tmp_path, capsys, value)
     with pytest.raises(SystemExit) as e:
         check_main([str(tmp_path), "--vocab-size", value])
     assert e.value.code == 2 and f"--vocab-size must be >= 1, got {value}" in capsys.readouterr().err
+
+
+def test_data_check_names_the_target_layers_a_dataset_lacks(tmp_path):
+    """A DFlash draft reads more verifier layers than EAGLE-3's three: data.check --aux-layer-ids says which ones
+    a prepared dataset lacks, before training would refuse it."""
+    import json as _json
+
+    from eagle3.data.check import main, missing_aux_layers
+
+    (tmp_path / "eagle3_data.json").write_text(_json.dumps({"aux_layer_ids": [1, 2, 3]}))
+    assert missing_aux_layers(tmp_path, [1, 2, 3]) is None
+    problem = missing_aux_layers(tmp_path, [0, 1, 2, 3])
+    assert problem is not None and "holds the hidden states of layers [1, 2, 3]" in problem
+    assert "it lacks layers [0]; prepare it again with --aux-layer-ids 0 1 2 3, or train with data=online" in problem
+    assert main([str(tmp_path), "--aux-layer-ids", "0", "1", "2", "3"]) == 1
