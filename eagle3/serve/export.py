@@ -127,8 +127,9 @@ def export(checkpoint: Path, out: Path, fmt: str = "speculators", verifier: str 
                               "export it with --format speculators, which vLLM serves")
     shapes = tensor_shapes(files)  # every header checked against its file's size: not safetensors, truncated
     check_checkpoint(checkpoint, shapes, expected_shapes(checkpoint))
+    warnings: list[str] = []
     if kind == "dflash":
-        written, warnings = dflash_config(checkpoint, config, verifier), []
+        written = dflash_config(checkpoint, config, verifier)
     else:
         plan, warnings = planned(checkpoint, files, config, fmt, verifier)
         written = plan.config
