@@ -920,6 +920,13 @@ class TrainConfig:
         self.eval.accept.check(self.distributed)
         self.eval.serve.check_values()  # P-EAGLE's rule for vLLM is the draft's (DraftConfig.check)
         self.train.on_policy.check(self.distributed)
+        dflash = self.model.draft.kind == DraftKind.dflash
+        _require(not (dflash and self.train.on_policy.enabled), "train.on_policy.enabled",
+                 "on-policy rollouts train an EAGLE-3 chain (eagle3/decoding/rollout.py), not a DFlash block: drop it "
+                 "for model.draft.kind=dflash")
+        _require(not (dflash and self.init.name != "scratch"), "init.name",
+                 f"init={self.init.name} reads EAGLE-3 and P-EAGLE checkpoints only; a DFlash draft starts from "
+                 "init=scratch")
         accept = self.eval.accept
         # accept_len exists only where the val pass that chose the best checkpoint measured acceptance.
         _require(self.objective != Objective.accept_len or (accept.enabled and accept.every == 1), "objective",

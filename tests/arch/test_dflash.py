@@ -44,7 +44,10 @@ def test_plan_counts_the_parameters_of_the_built_dflash_draft():
     (["model.draft.ttt_step_loss_decay=0.8"], r"model.draft.ttt_step_loss_decay: DFlash weighs"),
     (["model.draft.gradient_checkpointing=true"], r"model.draft.gradient_checkpointing: is not supported"),
     (["model.draft.aux_layer_ids=[1,2,4]"], r"model.draft.aux_layer_ids: \[1, 2, 4\] goes beyond the verifier's 4"),
-], ids=["block-vs-ttt", "ttt-0", "block-65", "eagle31", "flag", "decay", "checkpointing", "aux-ids"])
+    (["train.on_policy.enabled=true"], r"train.on_policy.enabled: on-policy rollouts train an EAGLE-3 chain"),
+    (["init=pretrained", "init.path=/nonexistent"], r"init.name: init=pretrained reads EAGLE-3 and P-EAGLE"),
+], ids=["block-vs-ttt", "ttt-0", "block-65", "eagle31", "flag", "decay", "checkpointing", "aux-ids", "on-policy",
+        "pretrained"])
 def test_bad_dflash_keys_are_refused_with_one_message_before_any_rank_starts(overrides, message):
     from omegaconf import OmegaConf
 
