@@ -153,10 +153,8 @@ def _activations(draft: DraftConfig, seq: int, attn_impl: str, device_type: str,
     neither.
     Before the steps: the input norm over the n aux states (2 nH) and the targets (T x draft vocab).
     """
-    if draft.kind == DraftKind.peagle:
-        return _peagle_activations(draft, seq, attn_impl, device_type)
-    if draft.kind == DraftKind.dflash:
-        return _dflash_activations(draft, seq, attn_impl, device_type)
+    if draft.kind != DraftKind.eagle3:
+        return _one_pass_activations(draft, seq, attn_impl, device_type)
     h, n_aux, steps = draft.hidden_size, len(draft.aux_layer_ids), draft.ttt_steps
     kvd, dv = draft.num_key_value_heads * draft.head_dim, draft.draft_vocab_size
     heads = draft.num_attention_heads
@@ -233,6 +231,12 @@ def _score_term(draft: DraftConfig, seq: int, attn_impl: str, c: int) -> Term:
     return Term("attention score term (sdpa on CPU, the TTT path): kernel output + log-sum-exp, no T x T matrix",
                 seq * (layers * (steps * heads * (draft.head_dim + 1) + repeated) * c + seq * steps),
                 "per step and layer, + KV repeated to the heads, + the last step's bool mask T x kT")
+
+
+def _one_pass_activations(draft: DraftConfig, seq: int, attn_impl: str, device_type: str) -> tuple[list[Term], int]:
+    """The kinds that draft in one pass: P-EAGLE over its sampled positions, DFlash over its anchor blocks."""
+    one_pass = _peagle_activations if draft.kind == DraftKind.peagle else _dflash_activations
+    return one_pass(draft, seq, attn_impl, device_type)
 
 
 def _peagle_activations(draft: DraftConfig, seq: int, attn_impl: str, device_type: str) -> tuple[list[Term], int]:
