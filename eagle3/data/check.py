@@ -190,6 +190,23 @@ def not_a_dataset(data_dir: Path, record: dict[str, Any], error: Exception) -> D
                      f"<dir> (for data=offline), or train on it as it is with data=online data.path={path}")
 
 
+def missing_aux_layers(data_dir: str | Path, wanted: list[int]) -> str | None:
+    """Why the dataset cannot feed a draft reading the verifier's layers `wanted` (a DFlash draft asks for more
+    than EAGLE-3's three), or None: its record (eagle3_data.json) names the layers its hidden states hold."""
+    from eagle3.data.record import read_record
+
+    held = (read_record(Path(data_dir)) or {}).get("aux_layer_ids")
+    if held is None:
+        return f"{data_dir} has no record of its aux layers (eagle3_data.json): prepare it with eagle3.data.prepare"
+    missing = [i for i in wanted if i not in held]
+    if list(held) == list(wanted):
+        return None
+    what = f"lacks layers {missing}" if missing else "holds them in another order or with others"
+    return (f"{data_dir} holds the hidden states of layers {list(held)} (Hugging Face output_hidden_states "
+            f"indexing), the draft asks for {list(wanted)}: it {what}; prepare it again with "
+            f"--aux-layer-ids {' '.join(map(str, wanted))}, or train with data=online")
+
+
 def count_truncated(seq_lens: np.ndarray, total_seq_len: int) -> Truncation:
     # A row of L tokens trains on L - 1 positions (inputs shifted by one against their targets); a micro-batch
     # holds total_seq_len of them, so rows with L - 1 > total_seq_len are cut.
@@ -221,6 +238,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("data_dir", type=Path)
     parser.add_argument("--quick", action="store_true", help="skip the NaN/inf scan (reads headers and token ids only)")
     parser.add_argument("--vocab-size", type=int, help="the verifier's vocabulary size (default: from the record)")
+    parser.add_argument("--aux-layer-ids", type=int, nargs="+", metavar="ID",
+                        help="the verifier layers the draft reads (model.draft.aux_layer_ids; a DFlash draft's "
+                             "target layers): refuse a dataset that does not hold exactly these")
     flags = {"total_seq_len": "--total-seq-len"}
     add_fields(parser, DataConfig, flags, "data", defaults={"total_seq_len": None},
                helps={"total_seq_len": "also count the rows the trainer would cut to the run's total_seq_len"})
@@ -236,6 +256,8 @@ def main(argv: list[str] | None = None) -> int:
             parser.error(str(e))
 
     try:
+        if args.aux_layer_ids is not None and (problem := missing_aux_layers(args.data_dir, args.aux_layer_ids)):
+            raise DataError(problem)
         vocab = args.vocab_size or ((read_record(args.data_dir) or {}).get("verifier") or {}).get("vocab_size")
         report = check_dataset(args.data_dir, vocab_size=vocab, full=not args.quick, progress=True,
                                total_seq_len=args.total_seq_len)

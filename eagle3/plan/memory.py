@@ -21,7 +21,7 @@ import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from eagle3.arch.draft import layer_step_elements, parameter_counts, sampled_share
+from eagle3.arch.draft import block_size, dflash_anchors, layer_step_elements, parameter_counts, sampled_share
 from eagle3.config import DataConfig, DistributedConfig, DraftConfig, DraftKind, OptimConfig
 from eagle3.device.choice import attn_impl_on
 from eagle3.errors import ConfigError
@@ -154,8 +154,8 @@ def _activations(draft: DraftConfig, seq: int, attn_impl: str, device_type: str,
     neither.
     Before the steps: the input norm over the n aux states (2 nH) and the targets (T x draft vocab).
     """
-    if draft.kind == DraftKind.peagle:
-        return _peagle_activations(draft, seq, attn_impl, device_type)
+    if draft.kind != DraftKind.eagle3:
+        return _one_pass_activations(draft, seq, attn_impl, device_type)
     h, n_aux, steps = draft.hidden_size, len(draft.aux_layer_ids), draft.ttt_steps
     kvd, dv = draft.num_key_value_heads * draft.head_dim, draft.draft_vocab_size
     heads = draft.num_attention_heads
@@ -234,6 +234,12 @@ def _score_term(draft: DraftConfig, seq: int, attn_impl: str, c: int) -> Term:
                 "per step and layer, + KV repeated to the heads, + the last step's bool mask T x kT")
 
 
+def _one_pass_activations(draft: DraftConfig, seq: int, attn_impl: str, device_type: str) -> tuple[list[Term], int]:
+    """The kinds that draft in one pass: P-EAGLE over its sampled positions, DFlash over its anchor blocks."""
+    one_pass = _peagle_activations if draft.kind == DraftKind.peagle else _dflash_activations
+    return one_pass(draft, seq, attn_impl, device_type)
+
+
 def _peagle_activations(draft: DraftConfig, seq: int, attn_impl: str, device_type: str) -> tuple[list[Term], int]:
     """P-EAGLE's one forward over the S COD-sampled positions (S = T x eagle3.arch.draft.sampled_share): the per-token
     terms of one EAGLE-3 step (its layer's keys and values included) at S tokens instead of k x T, the targets
@@ -258,6 +264,35 @@ def _peagle_activations(draft: DraftConfig, seq: int, attn_impl: str, device_typ
     ]
     score_grads = 2 * heads * sampled * sampled * 4 if attn_impl == "eager" else 0
     return terms, max(sampled * dv * (c + 3 * loss), score_grads)
+
+
+def _dflash_activations(draft: DraftConfig, seq: int, attn_impl: str, device_type: str) -> tuple[list[Term], int]:
+    """DFlash's one forward over Q = anchors x block query tokens (eagle3.arch.draft.dflash_anchors) against
+    T + Q keys (fc over the T aux states, then the blocks): per query token, each layer as a later EAGLE-3 layer
+    keeps it with its Qwen3 q/k norms; per key token and layer, the concatenated keys and values, k after its
+    norm and rotary (4 x kv*head_dim); once over T, fc's output and its hidden_norm; the targets and the loss over
+    Q; the Q x (T + Q) score term (sdpa: its bool mask, the fused kernel keeps no probabilities; eager:
+    speculators' float mask and the softmax; flex: log-sum-exp only). Checked against the measured peak
+    on CPU (bench/plan_memory.py --kind dflash); no gradient checkpointing (refused for dflash)."""
+    h, n_aux, dv, heads = draft.hidden_size, len(draft.aux_layer_ids), draft.draft_vocab_size, draft.num_attention_heads
+    kvd, qd, inter = draft.num_key_value_heads * draft.head_dim, heads * draft.head_dim, draft.intermediate_size
+    cuda = device_type == "cuda"
+    c, norm, loss = (2, 6, 2) if cuda else (4, 4, 4)
+    block = block_size(draft)
+    q = dflash_anchors(block, seq) * block
+    kv, n = seq + q, draft.num_layers
+    per_query = n * ((3 * qd + 4 * h + 4 * inter) * c + 2 * h * norm + (qd + kvd) * norm) + h * c
+    score = n * {"eager": c + heads * (4 + (2 if cuda else 0)), "sdpa": 1}.get(attn_impl, 0)
+    terms = [
+        Term("activations: fc over the aux states + hidden_norm", seq * (n_aux * h * c + h * (c + norm)),
+             f"T = {seq}"),
+        Term(f"activations: decoder layer x 1 pass over {q} block tokens", q * per_query + kv * n * 4 * kvd * c,
+             f"{q // block} anchors x block {block}; keys and values over T + Q"),
+        Term("activations: targets, final norm + loss", q * (dv * c + 2 * h * norm + 2 * dv * loss)),
+        Term(f"attention score term ({attn_impl}), Q x (T + Q)", q * kv * score if score else q * heads * 4),
+    ]
+    score_grads = 2 * heads * q * kv * 4 if attn_impl == "eager" else 0
+    return terms, max(q * dv * (c + 3 * loss), score_grads)
 
 
 def hidden_buffers(draft: DraftConfig, data: DataConfig, device_type: str, ring: int | None) -> list[Term]:
@@ -396,6 +431,8 @@ def step_matmuls(draft: DraftConfig, seq: int, train_lm_head: bool, checkpointin
            Matmul("draft: targets' head, once", ("mm", seq, h, dv), seq * 2 * dv * h)]
     share = 0.5 if attn_impl == "simple_flex_attention" else 1.0  # flex skips what its mask hides
     passes = 3 + (1 if checkpointing else 0)  # forward, backward (twice the forward), the recompute
+    if draft.kind == DraftKind.dflash:
+        return out[:1] + _dflash_matmuls(draft, seq, counts, passes, share)
     if draft.kind == DraftKind.peagle:  # one pass over the sampled positions, attending to each other
         s = round(seq * steps)
         out.append(Matmul("draft: attention", ("sdpa", s, heads, hd, s, 1),
@@ -410,6 +447,26 @@ def step_matmuls(draft: DraftConfig, seq: int, train_lm_head: bool, checkpointin
                           draft.num_layers * passes * 2 * 2 * qd * seq * attended))
     out.append(Matmul("draft: loss over the draft vocabulary x TTT", ("loss", seq, dv), draft.ttt_steps * seq * dv))
     return out
+
+
+def _dflash_matmuls(draft: DraftConfig, seq: int, counts: dict[str, tuple[int, bool]], passes: int,
+                    share: float) -> list[Matmul]:
+    """DFlash's matmuls after fc: the layers' projections over the Q block tokens (k/v also over the T context
+    states), the frozen lm_head and targets' head over Q, the attention of Q queries over T + Q keys, the loss."""
+    h, dv, heads, hd = draft.hidden_size, draft.draft_vocab_size, draft.num_attention_heads, draft.head_dim
+    qd, kvd = heads * hd, draft.num_key_value_heads * hd
+    block = block_size(draft)
+    q = dflash_anchors(block, seq) * block
+    attn_w, mlp_w = counts["decoder layers: attention"][0], counts["decoder layers: MLP"][0]
+    kv_w = draft.num_layers * 2 * h * kvd
+    return [Matmul("draft: decoder projections over the blocks (+ k/v over the context)", ("mm", q, h, qd),
+                   6 * (q * attn_w + seq * kv_w)),
+            Matmul("draft: decoder MLP over the blocks", ("mm", q, h, draft.intermediate_size), 6 * q * mlp_w),
+            Matmul("draft: lm_head over the blocks", ("mm", q, h, dv), q * 4 * dv * h),
+            Matmul("draft: targets' head over the blocks", ("mm", q, h, dv), q * 2 * dv * h),
+            Matmul("draft: attention, blocks over context + blocks", ("sdpa", q, heads, hd, seq + q, 1),
+                   draft.num_layers * passes * 2 * 2 * qd * q * (seq + q) * share),
+            Matmul("draft: loss over the draft vocabulary", ("loss", q, dv), q * dv)]
 
 
 def step_flops(draft: DraftConfig, seq: int, train_lm_head: bool, checkpointing: bool,

@@ -298,7 +298,8 @@ def serve_and_compare(args, engine, runs: list[Served]) -> list[dict[str, Any]]:
                 for served in [served for served in runs if k in served.outs]:
                     port = args.port or free_port()
                     cmd = server_command(engine, verifier_dir, port, args.dtype, served.checkpoint, k, args.seed,
-                                         parallel_drafting=draft_kind(served.checkpoint) == "peagle")
+                                         parallel_drafting=draft_kind(served.checkpoint) == "peagle",
+                                         method="dflash" if draft_kind(served.checkpoint) == "dflash" else "eagle3")
                     log = new_log(served.run_dir, f"serve_vllm_k{k}_t{t:g}")
                     logs = ", ".join(str(s.log) for s in (plain, baseline) if s is not None)
                     print(f"k={k}: starting the vLLM servers (logs: {log}, {logs})", file=sys.stderr, flush=True)
