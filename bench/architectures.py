@@ -21,6 +21,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 
 def arm(draft) -> str:
+    if draft.kind.value == "dflash":
+        return f"DFlash block {draft.ttt_steps + 1}, {draft.num_layers} x qwen3"
     name = "P-EAGLE" if draft.kind.value == "peagle" else "EAGLE-3.1" if draft.eagle31 else "EAGLE-3"
     return f"{name}, {draft.num_layers} x {draft.layer_type.value}"
 

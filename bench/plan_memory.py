@@ -3,6 +3,7 @@
     python bench/plan_memory.py          # prints planned / measured at a few shapes; --json FILE writes them
     python bench/plan_memory.py --num-layers 2 --layer-type qwen3   # the same for another draft architecture
     python bench/plan_memory.py --kind peagle                       # a P-EAGLE draft (COD-sampled positions)
+    python bench/plan_memory.py --kind dflash                       # a DFlash draft (anchor blocks, one pass)
 
 Measured: one AdamW step (zero_grad, forward, backward, step) of a real Eagle3DraftModel after a first step
 (so the optimizer state exists), under `LiveBytes`, a TorchDispatchMode that counts the bytes of every live
@@ -162,7 +163,7 @@ def main() -> None:
     parser.add_argument("--json", type=Path, help="write the results here")
     parser.add_argument("--num-layers", type=int, default=1, help="the draft's decoder layers")
     parser.add_argument("--layer-type", choices=["llama", "qwen3"], default="llama", help="their type")
-    parser.add_argument("--kind", choices=["eagle3", "peagle"], default="eagle3", help="the draft kind")
+    parser.add_argument("--kind", choices=["eagle3", "peagle", "dflash"], default="eagle3", help="the draft kind")
     args = parser.parse_args()
     from eagle3.console import quiet_libraries
 

@@ -52,10 +52,17 @@ class LayerType(str, Enum):
 
 class DraftKind(str, Enum):
     """How the draft proposes k tokens: eagle3, one forward per token (k TTT steps in training); peagle, all k in
-    one forward (P-EAGLE)."""
+    one forward (P-EAGLE); dflash, a block of k + 1 (the last verified token and k mask tokens) in one
+    non-causal forward (DFlash)."""
 
     eagle3 = "eagle3"
     peagle = "peagle"
+    dflash = "dflash"
+
+
+# model.draft.block_size's range for kind=dflash: the anchor and at least one draft token; at most what a
+# DFlash drafter is published with (16) times four.
+DFLASH_BLOCK_RANGE = (2, 64)
 
 
 # The draft's norm flags, its layer type and kind: the schema's values and rules (eagle3/arch/draft.py builds from
@@ -289,8 +296,12 @@ class DraftConfig:
     eagle31: bool = False
     # eagle3: one forward per draft token; peagle: P-EAGLE, all ttt_steps tokens in one forward (eagle3/arch/draft.py).
     kind: DraftKind = DraftKind.eagle3
-    # P-EAGLE's masked slots' input token (null: the verifier vocabulary's last id).
+    # P-EAGLE's and DFlash's masked slots' input token (null: the verifier vocabulary's last id).
     mask_token_id: int | None = None
+    # DFlash (kind=dflash): tokens per block, the last verified token and the ttt_steps tokens it drafts (null:
+    # ttt_steps + 1; set, it must equal ttt_steps + 1). Its decoder layers are speculators' Qwen3 DFlash layers
+    # (num_layers of them), reading the verifier's aux_layer_ids through fc.
+    block_size: int | None = None
     # Recompute the decoder layer in the backward instead of keeping its activations
     # (eagle3/arch/activation_checkpointing.py): less activation memory for about one more layer forward per TTT step.
     gradient_checkpointing: bool = False
@@ -317,9 +328,10 @@ class DraftConfig:
         if self.kind == DraftKind.peagle:
             _require(self.ttt_step_loss_decay == 1.0, "model.draft.ttt_step_loss_decay",
                      "P-EAGLE weighs its depths as speculators' PEagleDraftModel does (equally); leave it at 1.0")
-        _require(self.mask_token_id is None or self.kind == DraftKind.peagle, "model.draft.mask_token_id",
-                 f"is the input token of P-EAGLE's masked slots, and model.draft.kind={self.kind.value} has none: "
-                 f"drop it, or set model.draft.kind=peagle")
+        _require(self.mask_token_id is None or self.kind != DraftKind.eagle3, "model.draft.mask_token_id",
+                 f"is the input token of P-EAGLE's or DFlash's masked slots, and model.draft.kind="
+                 f"{self.kind.value} has none: drop it, or set model.draft.kind=peagle or dflash")
+        self._check_dflash()
         _require(self.mask_token_id is None or 0 <= self.mask_token_id < self.vocab_size, "model.draft.mask_token_id",
                  f"must be a token id in [0, model.draft.vocab_size={self.vocab_size}), got {self.mask_token_id}")
         _require(0 < self.draft_vocab_size <= self.vocab_size, "model.draft.draft_vocab_size",
@@ -337,6 +349,31 @@ class DraftConfig:
         _require(self.rope_scaling is None or (isinstance(self.rope_scaling, dict)
                                                and isinstance(self.rope_scaling.get("rope_type"), str)),
                  "model.draft.rope_scaling", "names its rope_type (llama3, yarn, linear, ...), or is null")
+
+    def _check_dflash(self) -> None:
+        """kind=dflash's own keys, and the EAGLE-3 keys it has no use for, refused when set."""
+        if self.kind != DraftKind.dflash:
+            _require(self.block_size is None, "model.draft.block_size",
+                     f"is DFlash's block, and model.draft.kind={self.kind.value} drafts no blocks: drop it, or set "
+                     f"model.draft.kind=dflash")
+            return
+        lo, hi = DFLASH_BLOCK_RANGE
+        _require(lo <= self.ttt_steps + 1 <= hi, "model.draft.ttt_steps",
+                 f"is {self.ttt_steps}: a DFlash block of ttt_steps + 1 tokens must hold {lo} to {hi} tokens")
+        _require(self.block_size is None or lo <= self.block_size <= hi, "model.draft.block_size",
+                 f"must be in [{lo}, {hi}] (the last verified token and 1 to {hi - 1} draft tokens), got "
+                 f"{self.block_size}")
+        _require(self.block_size is None or self.block_size == self.ttt_steps + 1, "model.draft.block_size",
+                 f"is {self.block_size}, which drafts {self.block_size - 1 if self.block_size else 0} tokens per "
+                 f"verify step, but model.draft.ttt_steps={self.ttt_steps}: set model.draft.ttt_steps="
+                 f"{(self.block_size or 1) - 1} too, or leave block_size null (ttt_steps + 1)")
+        set_flags = [k for k, v in run_flags(self).items() if v is not None] + (["eagle31"] if self.eagle31 else [])
+        _require(not set_flags, "model.draft.kind",
+                 f"dflash has none of EAGLE-3's norm flags ({', '.join(set_flags)} set): drop them")
+        _require(self.ttt_step_loss_decay == 1.0, "model.draft.ttt_step_loss_decay",
+                 "DFlash weighs its block positions by speculators' own decay (exp(-(j-1)/4)); leave it at 1.0")
+        _require(not self.gradient_checkpointing, "model.draft.gradient_checkpointing",
+                 "is not supported for kind=dflash (its activations are one block pass, see the plan)")
 
 
 @dataclass
@@ -883,6 +920,13 @@ class TrainConfig:
         self.eval.accept.check(self.distributed)
         self.eval.serve.check_values()  # P-EAGLE's rule for vLLM is the draft's (DraftConfig.check)
         self.train.on_policy.check(self.distributed)
+        dflash = self.model.draft.kind == DraftKind.dflash
+        _require(not (dflash and self.train.on_policy.enabled), "train.on_policy.enabled",
+                 "on-policy rollouts train an EAGLE-3 chain (eagle3/decoding/rollout.py), not a DFlash block: drop it "
+                 "for model.draft.kind=dflash")
+        _require(not (dflash and self.init.name != "scratch"), "init.name",
+                 f"init={self.init.name} reads EAGLE-3 and P-EAGLE checkpoints only; a DFlash draft starts from "
+                 "init=scratch")
         accept = self.eval.accept
         # accept_len exists only where the val pass that chose the best checkpoint measured acceptance.
         _require(self.objective != Objective.accept_len or (accept.enabled and accept.every == 1), "objective",

@@ -280,9 +280,10 @@ def test_a_fifo_or_a_device_as_data_path_is_named_for_what_it_is(tmp_path):
 
 
 def test_a_mask_token_for_a_draft_without_masked_slots_is_refused():
-    """model.draft.mask_token_id means something to P-EAGLE only; with the default kind=eagle3 it did nothing."""
+    """model.draft.mask_token_id means something to P-EAGLE and DFlash only; with the default kind=eagle3 it did
+    nothing."""
     with pytest.raises(ConfigError, match=r"^model.draft.mask_token_id: .* model.draft.kind=eagle3 has none: drop it, "
-                                          r"or set model.draft.kind=peagle$"):
+                                          r"or set model.draft.kind=peagle or dflash$"):
         checked_config(["model.draft.mask_token_id=5"])
     assert checked_config(["model.draft.kind=peagle", "model.draft.mask_token_id=5"]).model.draft.mask_token_id == 5
 

@@ -19,6 +19,14 @@ tokens in one forward, the first after the last verified token, the other k-1 at
 on COD-sampled positions (speculators' generate_cod_sample_indices: depth d keeps a share max(0.7^d, 0.2) of the
 positions) instead of k test-time-training steps over every position.
 
+DFlash (`model.draft.kind=dflash`, speculators' models/dflash, vLLM's `method: dflash`) drafts a block of
+block_size = ttt_steps + 1 tokens in one non-causal forward: the last verified token (the anchor) and ttt_steps
+mask tokens, each attending to the whole block and to fc over the verifier's aux states of every position before
+the anchor (those keys and values come from the verifier's states, not from the draft's own tokens). Its layers
+are speculators' Qwen3DFlashDecoderLayer (q/k norms; `layer_type` is not read); embed_tokens and lm_head are the
+verifier's, frozen. It trains on anchor blocks sampled over the sequence (speculators' select_anchors: at most
+DFLASH_MAX_ANCHORS, here as many as fill the packed length once).
+
 This module imports neither torch nor speculators: the plan and `launch.py --cfg job` read it.
 """
 
@@ -37,6 +45,21 @@ if TYPE_CHECKING:
 COD_RATIO, COD_RATIO_MIN = 0.7, 0.2
 
 
+# speculators' DFlash default (DFlashDraftModel.get_trainer_kwargs' max_anchors): anchor blocks per micro-batch.
+DFLASH_MAX_ANCHORS = 512
+
+
+def block_size(draft: DraftConfig) -> int:
+    """DFlash's tokens per block: the anchor (the last verified token) and ttt_steps draft tokens."""
+    return draft.ttt_steps + 1
+
+
+def dflash_anchors(block: int, total_seq_len: int) -> int:
+    """Anchor blocks one DFlash training forward runs: as many as fill the packed length once (block tokens
+    each), at most speculators' DFLASH_MAX_ANCHORS, at least one."""
+    return max(1, min(DFLASH_MAX_ANCHORS, total_seq_len // block))
+
+
 def mask_token(draft: DraftConfig) -> int:
     """The token id P-EAGLE's masked slots read: model.draft.mask_token_id, else the verifier vocabulary's last."""
     return draft.vocab_size - 1 if draft.mask_token_id is None else draft.mask_token_id
@@ -47,6 +70,8 @@ def sampled_share(draft: DraftConfig) -> float:
     steps), sum over depths of COD's kept share for P-EAGLE (one forward over all the sampled positions)."""
     if draft.kind == DraftKind.eagle3:
         return float(draft.ttt_steps)
+    if draft.kind == DraftKind.dflash:  # dflash_anchors blocks fill the packed length about once
+        return 1.0
     return sum(max(COD_RATIO ** d, COD_RATIO_MIN) for d in range(draft.ttt_steps))
 
 
@@ -57,7 +82,8 @@ def resolved_flags(draft: DraftConfig, init_defaults: dict[str, bool]) -> dict[s
 
 def structure(draft: DraftConfig) -> dict[str, object]:
     """The decoder's structure as a checkpoint's transformer_layer_config states it."""
-    return {"model_type": LayerType(draft.layer_type).value, "num_hidden_layers": draft.num_layers}
+    layer_type = LayerType.qwen3 if draft.kind == DraftKind.dflash else LayerType(draft.layer_type)
+    return {"model_type": layer_type.value, "num_hidden_layers": draft.num_layers}
 
 
 def layer_config_kwargs(draft: DraftConfig) -> dict:
@@ -81,6 +107,8 @@ def layer_config_kwargs(draft: DraftConfig) -> dict:
 def parameter_counts(draft: DraftConfig, train_lm_head: bool = False) -> dict[str, tuple[int, bool]]:
     """{tensor group: (elements, trainable)} of the Eagle3DraftModel speculators builds for `draft` from scratch
     (the flags it leaves null: speculators' defaults)."""
+    if draft.kind == DraftKind.dflash:
+        return dflash_parameter_counts(draft)
     flags = resolved_flags(draft, SPECULATORS_FLAGS)
     h, n_aux, n = draft.hidden_size, len(draft.aux_layer_ids), draft.num_layers
     q, kv = draft.num_attention_heads * draft.head_dim, draft.num_key_value_heads * draft.head_dim
@@ -109,6 +137,25 @@ def parameter_counts(draft: DraftConfig, train_lm_head: bool = False) -> dict[st
     return counts
 
 
+def dflash_parameter_counts(draft: DraftConfig) -> dict[str, tuple[int, bool]]:
+    """{tensor group: (elements, trainable)} of speculators' DFlashDraftModel for `draft`: Qwen3 DFlash layers
+    whose q/k/v read H-wide inputs (the block's and fc's), fc with its hidden_norm, the verifier's embedding and
+    heads frozen."""
+    h, n_aux, n = draft.hidden_size, len(draft.aux_layer_ids), draft.num_layers
+    q, kv = draft.num_attention_heads * draft.head_dim, draft.num_key_value_heads * draft.head_dim
+    return {
+        "embed_tokens (verifier's, frozen)": (draft.vocab_size * h, False),
+        "lm_head (draft vocab, verifier's, frozen)": (draft.draft_vocab_size * h, False),
+        "verifier_lm_head (targets, frozen)": (draft.draft_vocab_size * h, False),
+        "verifier_norm (frozen)": (h, False),
+        "fc (aux hidden states -> H)": (n_aux * h * h, True),
+        "decoder layers: attention": (n * (h * q + 2 * h * kv + q * h), True),
+        "decoder layers: MLP": (n * 3 * h * draft.intermediate_size, True),
+        # Per layer: input and post-attention norms, q_norm and k_norm over one head; fc's hidden_norm; the final norm.
+        "norms": (n * (2 * h + 2 * draft.head_dim) + 2 * h, True),
+    }
+
+
 def layer_step_elements(draft: DraftConfig, compute: int, norm: int, layers: int | None = None) -> int:
     """Bytes per token that autograd keeps for one TTT step through all decoder layers, without the cache and the
     attention score terms; `compute` is the compute dtype's size, `norm` a norm's saved bytes per element;
@@ -135,4 +182,4 @@ def draft_kind_of(config: Any) -> str:
     speculators_model_type (eagle3 when it states none, or is not a JSON object: the config class's own reading
     says what is wrong with it). The config is read by eagle3.init.checkpoint.draft_kind."""
     kind = config.get("speculators_model_type", "eagle3") if isinstance(config, dict) else "eagle3"
-    return DraftKind.peagle.value if kind == DraftKind.peagle.value else DraftKind.eagle3.value
+    return kind if kind in (DraftKind.peagle.value, DraftKind.dflash.value) else DraftKind.eagle3.value

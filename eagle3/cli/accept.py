@@ -86,7 +86,7 @@ def format_report(r: dict[str, Any]) -> str:
         f"ttt_steps={r['tau_sim_ttt_steps']}",
         f"{'chain_len':<14}{r['chain_len_mean']:>10.4f}   mean over positions of the chain a draft started there "
         f"would get accepted; harmonic mean {r['chain_len_harmonic']:.4f}" if r["chain_len_mean"] is not None else
-        f"{'chain_len':<14}{'-':>10}   (a P-EAGLE draft's training forward proposes no chains)",
+        f"{'chain_len':<14}{'-':>10}   (a P-EAGLE or DFlash draft's training forward proposes no chains)",
         f"{'position':<14}{'accept_rate':>12}{'full_acc':>12}",
     ]
     for j in range(max(r["k"], r["tau_sim_ttt_steps"])):

@@ -187,6 +187,23 @@ def not_a_dataset(data_dir: Path, record: dict[str, Any], error: Exception) -> D
                      f"<dir> (for data=offline), or train on it as it is with data=online data.path={path}")
 
 
+def missing_aux_layers(data_dir: str | Path, wanted: list[int]) -> str | None:
+    """Why the dataset cannot feed a draft reading the verifier's layers `wanted` (a DFlash draft asks for more
+    than EAGLE-3's three), or None: its record (eagle3_data.json) names the layers its hidden states hold."""
+    from eagle3.data.record import read_record
+
+    held = (read_record(Path(data_dir)) or {}).get("aux_layer_ids")
+    if held is None:
+        return f"{data_dir} has no record of its aux layers (eagle3_data.json): prepare it with eagle3 prepare"
+    missing = [i for i in wanted if i not in held]
+    if list(held) == list(wanted):
+        return None
+    what = f"lacks layers {missing}" if missing else "holds them in another order or with others"
+    return (f"{data_dir} holds the hidden states of layers {list(held)} (Hugging Face output_hidden_states "
+            f"indexing), the draft asks for {list(wanted)}: it {what}; prepare it again with "
+            f"--aux-layer-ids {' '.join(map(str, wanted))}, or train with data=online")
+
+
 def count_truncated(seq_lens: np.ndarray, total_seq_len: int) -> Truncation:
     # A row of L tokens trains on L - 1 positions (inputs shifted by one against their targets); a micro-batch
     # holds total_seq_len of them, so rows with L - 1 > total_seq_len are cut.

@@ -193,9 +193,11 @@ def check_max_records(max_records: int | None) -> None:
     """--max-records is at least 1 and a count a file can hold (Python's slices stop at sys.maxsize)."""
     import sys
 
-    if max_records is not None and not 1 <= max_records <= sys.maxsize:
-        raise ConfigError(f"--max-records must be at least 1 and at most {sys.maxsize} (leave it out to read every "
-                          f"record), got {max_records}")
+    if max_records is not None and max_records < 1:
+        raise ConfigError(f"--max-records must be at least 1, got {max_records}")
+    if max_records is not None and max_records > sys.maxsize:
+        raise ConfigError(f"--max-records {max_records} is more records than any file holds (at most {sys.maxsize}); "
+                          f"leave it out to read every record")
 
 
 ENGINE_FLAGS = {"tensor_parallel_size": "--tensor-parallel-size", "pipeline_parallel_size": "--pipeline-parallel-size",

@@ -9,7 +9,9 @@ from eagle3.errors import ConfigError
 
 def aux_layer_ids(draft: torch.nn.Module, verifier: torch.nn.Module) -> list[int]:
     """The draft's aux layer ids (its config, as saved in the checkpoint), checked against the verifier."""
-    ids = list(draft.config.eagle_aux_hidden_state_layer_ids or [])
+    config = draft.config  # DFlash's config names them aux_hidden_state_layer_ids
+    ids = list(getattr(config, "eagle_aux_hidden_state_layer_ids", None)
+               or getattr(config, "aux_hidden_state_layer_ids", None) or [])
     layers = verifier.config.num_hidden_layers
     if not ids or not all(0 <= i < layers for i in ids):
         # Id == layers would be Hugging Face's post-norm output, not what vLLM or eagle3's data give.

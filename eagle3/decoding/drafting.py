@@ -14,6 +14,12 @@ through the verifier) and aux states g_0..g_{m-1}, TTT step 0 at index m-1 propo
 feeds the draft's own hidden state of step j-1 at that index with its own token of step j-1 at position
 m+j, and attends to step 0's keys of the prefix plus the keys of its own chain (the diagonal blocks of
 speculators' training mask).
+
+A DFlash draft (speculators' DFlashDraftModel) proposes its k <= block_size - 1 tokens from one forward of the
+block [x_m, mask, ..., mask] at positions m..m+block_size-1, attending to the whole block and to fc over g_0..g_{m-1}
+(speculators' anchor-block mask for one document with the anchor at m); block slot j proposes x_{m+j}. The slots
+do not read each other's drafts, so at T > 0 each token is drawn from its slot's q and speculative sampling stays
+lossless.
 """
 
 from __future__ import annotations
@@ -165,6 +171,8 @@ class DraftChain:
         m = len(ids) - 1
         if aux.shape[0] != m:
             raise ValueError(f"aux states cover {aux.shape[0]} positions, expected {m} (all tokens but the last)")
+        if is_block(draft):
+            return propose_block(draft, ids, aux, k, sampling)
         if not self.cached or self.length >= m:
             self.cache, self.length = _new_cache(), 0
         start = self.length
@@ -220,6 +228,37 @@ class DraftChain:
         if sampling.greedy:
             return [to_target_id(draft, int(lg.argmax())) for lg in logits], logits
         return [sampling.draw(draft_probs(draft, lg, sampling)) for lg in logits], logits
+
+
+def is_block(draft: torch.nn.Module) -> bool:
+    """A DFlash draft (speculators' DFlashDraftModel): a block of tokens from one non-causal forward."""
+    return getattr(draft.config, "speculators_model_type", None) == "dflash"
+
+
+@torch.no_grad()
+def propose_block(draft: torch.nn.Module, ids: Sequence[int], aux: torch.Tensor, k: int,
+                  sampling: Sampling = GREEDY) -> tuple[list[int], list[torch.Tensor]]:
+    """DFlash's `k` draft tokens after `ids` and their logits (draft vocabulary), from one forward of its block,
+    line for line as `DFlashDraftModel._backbone_forward` runs one anchor's block (see the module doc); no mask:
+    every query sees the whole context and block. Recomputed at every proposal (the context's keys are fc over
+    the verifier's states, a cache would only save that)."""
+    block, m = draft.block_size, len(ids) - 1
+    if not 1 <= k <= block - 1:
+        raise ConfigError(f"k={k}: a DFlash draft of block_size {block} proposes 1 to {block - 1} tokens per verify "
+                          f"step")
+    device, dtype = draft.fc.weight.device, draft.fc.weight.dtype
+    context = draft.hidden_norm(draft.fc(aux.to(device, dtype).unsqueeze(0)))
+    tokens = torch.tensor([[ids[-1]] + [draft.mask_token_id] * (block - 1)], device=device)
+    hidden = draft.embed_tokens(tokens)
+    positions = torch.arange(m + block, device=device).unsqueeze(0)
+    position_embeddings = draft.rotary_emb(hidden, positions)
+    for layer in draft.layers:
+        hidden = layer(hidden_states=hidden, target_hidden=context, attention_mask=None, position_ids=positions,
+                       use_cache=False, position_embeddings=position_embeddings)
+    logits = list(draft.lm_head(draft.norm(hidden))[0, 1:k + 1])
+    if sampling.greedy:
+        return [to_target_id(draft, int(lg.argmax())) for lg in logits], logits
+    return [sampling.draw(draft_probs(draft, lg, sampling)) for lg in logits], logits
 
 
 def is_parallel(draft: torch.nn.Module) -> bool:
@@ -382,40 +421,3 @@ def speculative_decode(verifier: torch.nn.Module, draft: torch.nn.Module, prompt
         ids += drafts[:n] + [token]
         accepted.append(n)
     return Decode(tokens=ids[len(prompt):len(prompt) + max_new_tokens], accepted=accepted)
-
-
-@torch.no_grad()
-def plain_decode(verifier: torch.nn.Module, prompt: Sequence[int], max_new_tokens: int,
-                 sampling: Sampling = GREEDY, cached: bool = True) -> list[int]:
-    """The verifier alone, one token per forward (greedy or sampled): the reference of the lossless check and
-    the baseline speculative decoding is timed against. Uncached and greedy it is `greedy_decode`."""
-    if not cached:
-        ids = list(prompt)
-        for _ in range(max_new_tokens):
-            ids.append(choose(next_token_logits(verifier, ids), sampling))
-        return ids[len(prompt):]
-    verifier_cache = VerifierCache(verifier)
-    logits, _ = verifier_cache.forward(prompt)
-    tokens = [choose(logits[-1], sampling)]
-    while len(tokens) < max_new_tokens:
-        logits, _ = verifier_cache.forward(tokens[-1:])
-        tokens.append(choose(logits[-1], sampling))
-    return tokens
-
-
-@torch.no_grad()
-def greedy_decode(verifier: torch.nn.Module, prompt: Sequence[int], max_new_tokens: int) -> list[int]:
-    """The verifier's plain greedy decoding, by the same full-sequence forward as the speculative loop (fp32, no
-    cache). The speculative loop reads position m of a longer sequence where this reads the last position of a
-    sequence ending at m: equal in exact arithmetic, and in fp32 up to rounding that could only flip an exact
-    near-tie (which `first_difference` reports as such)."""
-    ids = list(prompt)
-    for _ in range(max_new_tokens):
-        ids.append(int(next_token_logits(verifier, ids).argmax()))
-    return ids[len(prompt):]
-
-
-@torch.no_grad()
-def next_token_logits(verifier: torch.nn.Module, ids: Sequence[int]) -> torch.Tensor:
-    device = next(verifier.parameters()).device
-    return verifier(input_ids=torch.tensor([list(ids)], device=device)).logits[0, -1].float()

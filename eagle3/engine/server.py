@@ -44,16 +44,17 @@ def check_port(port: int) -> None:
 
 
 def server_command(engine: Engine, verifier: Path, port: int, dtype: str, draft: Path | None, k: int,
-                   seed: int, ngram: tuple[int, int] | None = None, parallel_drafting: bool = False) -> list[str]:
+                   seed: int, ngram: tuple[int, int] | None = None, parallel_drafting: bool = False,
+                   method: str = "eagle3") -> list[str]:
     """The server of the verifier: with the drafter at `draft` (k tokens; `parallel_drafting` for a P-EAGLE draft,
-    whose kind the caller read: eagle3.init.checkpoint.draft_kind), or with vLLM's n-gram proposer (prompt lookup:
-    k tokens after a match of `ngram` = (min, max) tokens), or plain."""
+    `method` "dflash" for a DFlash one, whose kind the caller read: eagle3.init.checkpoint.draft_kind), or with
+    vLLM's n-gram proposer (prompt lookup: k tokens after a match of `ngram` = (min, max) tokens), or plain."""
     cmd = [str(engine.python), "-m", "vllm.entrypoints.openai.api_server", "--model", str(verifier),
            "--served-model-name", SERVED_NAME, "--host", "127.0.0.1", "--port", str(port), "--dtype", dtype,
            "--skip-tokenizer-init", "--seed", str(seed), "--max-num-seqs", "1", "--enforce-eager",
            *engine.server_options()[0]]
     if draft is not None:
-        spec = {"model": str(draft), "method": "eagle3", "num_speculative_tokens": k}
+        spec = {"model": str(draft), "method": method, "num_speculative_tokens": k}
         if parallel_drafting:  # P-EAGLE: vLLM's parallel drafting, all k tokens in one forward
             spec["parallel_drafting"] = True
         cmd += ["--speculative-config", json.dumps(spec)]

@@ -27,12 +27,10 @@ from eagle3.decoding.drafting import (
     Decode,
     Sampling,
     check_draft,
-    greedy_decode,
-    next_token_logits,
-    plain_decode,
     speculative_decode,
     verifier_pass,
 )
+from eagle3.decoding.plain import greedy_decode, next_token_logits, plain_decode
 from eagle3.errors import ConfigError
 from eagle3.eval.metric_sums import accumulate, summarize
 from eagle3.eval.prompts import Prompt, check_prompts, prompt_origin

@@ -276,7 +276,8 @@ def wallclock(verifier, draft, prompts: Sequence[Sequence[int]], ks: Sequence[in
     import statistics
 
     from eagle3.decoding.aux_layers import aux_layer_ids
-    from eagle3.decoding.drafting import plain_decode, speculative_decode
+    from eagle3.decoding.drafting import speculative_decode
+    from eagle3.decoding.plain import plain_decode
     from eagle3.eval.measure import acceptance
 
     aux_ids = aux_layer_ids(draft, verifier)

@@ -152,7 +152,8 @@ def load_draft(path: str | Path, attn_impl: str = "sdpa", device: str | torch.de
     from eagle3.init.build import draft_classes
 
     check_draft_files(Path(path))
-    model_class, config_class = draft_classes(draft_kind(Path(path)))
+    kind = draft_kind(Path(path))
+    model_class, config_class = draft_classes(kind)
     try:
         config = config_class.from_pretrained(str(path))
     except Exception as e:  # pydantic's or transformers' own errors for a config of another kind
@@ -163,7 +164,7 @@ def load_draft(path: str | Path, attn_impl: str = "sdpa", device: str | torch.de
     if verifier_dir is not None:
         config.speculators_config.verifier.name_or_path = str(verifier_dir)
     model = model_class.from_pretrained(str(path), config=config)
-    return use_ttt_attention(model).to(device)
+    return (model if kind == "dflash" else use_ttt_attention(model)).to(device)  # DFlash: no TTT steps
 
 
 def draft_kind(path: Path) -> str:

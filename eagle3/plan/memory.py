@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import math
 
-from eagle3.arch.draft import layer_step_elements, parameter_counts, sampled_share
+from eagle3.arch.draft import block_size, dflash_anchors, layer_step_elements, parameter_counts, sampled_share
 from eagle3.config import DataConfig, DraftConfig, DraftKind
 from eagle3.device.choice import attn_impl_on
 from eagle3.plan.parts import (
@@ -178,6 +178,37 @@ def _peagle_activations(draft: DraftConfig, seq: int, attn_impl: str, device_typ
     return terms, max(sampled * dv * (c + 3 * loss), score_grads)
 
 
+def _dflash_activations(draft: DraftConfig, seq: int, attn_impl: str, device_type: str,
+                        checkpointing: bool) -> tuple[list[Term], int]:
+    """DFlash's one forward over Q = anchors x block query tokens (eagle3.arch.draft.dflash_anchors) against
+    T + Q keys (fc over the T aux states, then the blocks): per query token, each layer as a later EAGLE-3 layer
+    keeps it with its Qwen3 q/k norms; per key token and layer, the concatenated keys and values, k after its
+    norm and rotary (4 x kv*head_dim); once over T, fc's output and its hidden_norm; the targets and the loss over
+    Q; the Q x (T + Q) score term (sdpa: its bool mask, the fused kernel keeps no probabilities; eager:
+    speculators' float mask and the softmax; flex: log-sum-exp only). Checked against the measured peak
+    on CPU (bench/plan_memory.py --kind dflash); no gradient checkpointing (refused for dflash: `checkpointing`
+    is not read)."""
+    h, n_aux, dv, heads = draft.hidden_size, len(draft.aux_layer_ids), draft.draft_vocab_size, draft.num_attention_heads
+    kvd, qd, inter = draft.num_key_value_heads * draft.head_dim, heads * draft.head_dim, draft.intermediate_size
+    cuda = device_type == "cuda"
+    c, norm, loss = (2, 6, 2) if cuda else (4, 4, 4)
+    block = block_size(draft)
+    q = dflash_anchors(block, seq) * block
+    kv, n = seq + q, draft.num_layers
+    per_query = n * ((3 * qd + 4 * h + 4 * inter) * c + 2 * h * norm + (qd + kvd) * norm) + h * c
+    score = n * {"eager": c + heads * (4 + (2 if cuda else 0)), "sdpa": 1}.get(attn_impl, 0)
+    terms = [
+        Term("activations: fc over the aux states + hidden_norm", seq * (n_aux * h * c + h * (c + norm)),
+             f"T = {seq}"),
+        Term(f"activations: decoder layer x 1 pass over {q} block tokens", q * per_query + kv * n * 4 * kvd * c,
+             f"{q // block} anchors x block {block}; keys and values over T + Q"),
+        Term("activations: targets, final norm + loss", q * (dv * c + 2 * h * norm + 2 * dv * loss)),
+        Term(f"attention score term ({attn_impl}), Q x (T + Q)", q * kv * score if score else q * heads * 4),
+    ]
+    score_grads = 2 * heads * q * kv * 4 if attn_impl == "eager" else 0
+    return terms, max(q * dv * (c + 3 * loss), score_grads)
+
+
 def hidden_buffers(draft: DraftConfig, data: DataConfig, device_type: str, ring: int | None) -> list[Term]:
     """What one micro-batch's hidden states take: `ring` buffers (the reader's prefetch + 1) in host memory and one
     on the device for hidden states read from files (eagle3/data/reader.py, train.to_device); `ring=None` for those
@@ -251,6 +282,11 @@ def verifier_terms(verifier: VerifierShape, draft: DraftConfig, data: DataConfig
     return terms
 
 
+# The kinds that draft in one pass (P-EAGLE over its sampled positions, DFlash over its anchor blocks); EAGLE-3's
+# TTT steps are _activations'.
+ONE_PASS_ACTIVATIONS = {DraftKind.peagle: _peagle_activations, DraftKind.dflash: _dflash_activations}
+
+
 def make_plan(run: PlannedRun, machine: Machine, source: SourceFacts, verifiers: Verifiers | None = None
               ) -> Plan:
     """The per-rank memory terms and the time per optimizer step of `run` on `machine`, with the data source's
@@ -282,7 +318,7 @@ def make_plan(run: PlannedRun, machine: Machine, source: SourceFacts, verifiers:
     elif world > 1:
         terms.append(Term("DDP gradient buckets", 4 * trainable, "a second copy of the gradients"))
     terms += source.terms  # the data source's hidden-state buffers (eagle3.data.sources: buffer_terms)
-    activations = _peagle_activations if draft.kind == DraftKind.peagle else _activations
+    activations = ONE_PASS_ACTIVATIONS.get(draft.kind, _activations)
     act_terms, transient = activations(draft, data.total_seq_len, attn, device_type, gradient_checkpointing)
     terms += act_terms
     terms.append(Term("largest transient of the backward", transient))

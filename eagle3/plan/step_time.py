@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from eagle3.arch.draft import parameter_counts, sampled_share
+from eagle3.arch.draft import block_size, dflash_anchors, parameter_counts, sampled_share
 from eagle3.config import DraftConfig, DraftKind
 from eagle3.plan.parts import PEAK_FLOPS, UTILIZATION, Machine, PlannedRun, Shape, VerifierShape
 
@@ -63,6 +63,8 @@ def step_matmuls(draft: DraftConfig, seq: int, train_lm_head: bool, checkpointin
            Matmul("draft: targets' head, once", ("mm", seq, h, dv), seq * 2 * dv * h)]
     share = 0.5 if attn_impl == "simple_flex_attention" else 1.0  # flex skips what its mask hides
     passes = 3 + (1 if checkpointing else 0)  # forward, backward (twice the forward), the recompute
+    if draft.kind == DraftKind.dflash:
+        return out[:1] + _dflash_matmuls(draft, seq, counts, passes, share)
     if draft.kind == DraftKind.peagle:  # one pass over the sampled positions, attending to each other
         s = round(seq * steps)
         out.append(Matmul("draft: attention", ("sdpa", s, heads, hd, s, 1),
@@ -77,6 +79,26 @@ def step_matmuls(draft: DraftConfig, seq: int, train_lm_head: bool, checkpointin
                           draft.num_layers * passes * 2 * 2 * qd * seq * attended))
     out.append(Matmul("draft: loss over the draft vocabulary x TTT", ("loss", seq, dv), draft.ttt_steps * seq * dv))
     return out
+
+
+def _dflash_matmuls(draft: DraftConfig, seq: int, counts: dict[str, tuple[int, bool]], passes: int,
+                    share: float) -> list[Matmul]:
+    """DFlash's matmuls after fc: the layers' projections over the Q block tokens (k/v also over the T context
+    states), the frozen lm_head and targets' head over Q, the attention of Q queries over T + Q keys, the loss."""
+    h, dv, heads, hd = draft.hidden_size, draft.draft_vocab_size, draft.num_attention_heads, draft.head_dim
+    qd, kvd = heads * hd, draft.num_key_value_heads * hd
+    block = block_size(draft)
+    q = dflash_anchors(block, seq) * block
+    attn_w, mlp_w = counts["decoder layers: attention"][0], counts["decoder layers: MLP"][0]
+    kv_w = draft.num_layers * 2 * h * kvd
+    return [Matmul("draft: decoder projections over the blocks (+ k/v over the context)", ("mm", q, h, qd),
+                   6 * (q * attn_w + seq * kv_w)),
+            Matmul("draft: decoder MLP over the blocks", ("mm", q, h, draft.intermediate_size), 6 * q * mlp_w),
+            Matmul("draft: lm_head over the blocks", ("mm", q, h, dv), q * 4 * dv * h),
+            Matmul("draft: targets' head over the blocks", ("mm", q, h, dv), q * 2 * dv * h),
+            Matmul("draft: attention, blocks over context + blocks", ("sdpa", q, heads, hd, seq + q, 1),
+                   draft.num_layers * passes * 2 * 2 * qd * q * (seq + q) * share),
+            Matmul("draft: loss over the draft vocabulary", ("loss", q, dv), q * dv)]
 
 
 def matmul_seconds(matmuls: list[Matmul], rates: dict[Shape, float]) -> float | None:

@@ -115,19 +115,27 @@ def export(checkpoint: Path, out: Path, fmt: str = "speculators", verifier: str 
     files = checkpoint_files(checkpoint, "checkpoint (eagle3 export's first argument)")
     config = read_config(checkpoint)
     kind = config.get("speculators_model_type")
-    if kind not in ("eagle3", "peagle"):
-        raise CheckpointError(f"{checkpoint}/config.json is not a speculators EAGLE-3 or P-EAGLE config")
+    if kind not in ("eagle3", "peagle", "dflash"):
+        raise CheckpointError(f"{checkpoint}/config.json is not a speculators EAGLE-3, P-EAGLE or DFlash config")
+    if kind == "dflash" and fmt != "speculators":
+        raise CheckpointError(f"{checkpoint} is a DFlash draft: the {fmt} layout is SGLang's EAGLE-3 drafter's; "
+                              "export it with --format speculators, which vLLM serves (method: dflash)")
     if kind == "peagle" and fmt != "speculators":
         raise CheckpointError(f"{checkpoint} is a P-EAGLE draft: the {fmt} layout (SGLang) has no parallel "
                               "drafting (its EAGLE-3 drafter has no mask token, mask_hidden or trained embedding); "
                               "export it with --format speculators, which vLLM serves")
     shapes = tensor_shapes(files)  # every header checked against its file's size: not safetensors, truncated
     check_checkpoint(checkpoint, shapes, expected_shapes(checkpoint))
-    plan, warnings = planned(checkpoint, files, config, fmt, verifier)
+    warnings: list[str] = []
+    if kind == "dflash":
+        written = dflash_config(checkpoint, config, verifier)
+    else:
+        plan, warnings = planned(checkpoint, files, config, fmt, verifier)
+        written = plan.config
     created = not out.exists()
     out.mkdir(parents=True, exist_ok=True)
     try:
-        _write(checkpoint, files, plan, out, fmt)
+        _write(checkpoint, files, written, out, fmt)
     except BaseException:
         # A failure while writing leaves no half export behind: `out` was empty or absent.
         for child in out.iterdir():
@@ -210,7 +218,25 @@ def embed_equal(files: list[Path], verifier_dir: Path | None) -> bool | None:
     return ours.shape == theirs.shape and torch.equal(ours, theirs.to(ours.dtype))
 
 
-def _write(checkpoint: Path, files: list[Path], plan: Served, out: Path, fmt: str) -> None:
+def dflash_config(checkpoint: Path, config: dict[str, Any], verifier: str | None) -> dict[str, Any]:
+    """A DFlash checkpoint's config.json as vLLM's speculators reader (`update_dflash`) needs it: the aux layer ids
+    and the mask token stated, the draft's RoPE in every key engines read, and the verifier vLLM loads."""
+    if not isinstance(config.get("aux_hidden_state_layer_ids"), list) or not isinstance(config.get("mask_token_id"),
+                                                                                        int):
+        raise CheckpointError(f"{checkpoint}/config.json does not state aux_hidden_state_layer_ids and "
+                              "mask_token_id: vLLM's DFlash reader requires both")
+    try:
+        rope = read_rope(config["transformer_layer_config"]) or Rope(10000.0)
+    except RopeError as e:
+        raise CheckpointError(f"{checkpoint}/config.json states {e}") from None
+    out = json.loads(json.dumps(config))
+    out["transformer_layer_config"].update(engine_keys(rope))
+    if verifier is not None:
+        out["speculators_config"]["verifier"]["name_or_path"] = verifier
+    return out
+
+
+def _write(checkpoint: Path, files: list[Path], config: dict[str, Any], out: Path, fmt: str) -> None:
     from safetensors.torch import save_file
 
     if fmt == "speculators":
@@ -224,7 +250,7 @@ def _write(checkpoint: Path, files: list[Path], plan: Served, out: Path, fmt: st
         written = tensor_shapes([out / "model.safetensors"])  # read back: what an engine will read
         if written != {k: tuple(v.shape) for k, v in renamed.items()}:
             raise CheckpointError(f"{out / 'model.safetensors'}: reads back other tensors than were written")
-    (out / "config.json").write_text(json.dumps(plan.config, indent=2) + "\n")
+    (out / "config.json").write_text(json.dumps(config, indent=2) + "\n")
 
 
 if __name__ == "__main__":  # the older path of `eagle3 export` (eagle3/cli/export.py)

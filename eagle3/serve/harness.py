@@ -104,7 +104,7 @@ class Harness:
         run the forward again."""
         import torch
 
-        from eagle3.decoding.drafting import next_token_logits
+        from eagle3.decoding.plain import next_token_logits
         from eagle3.device.threads import torch_threads
 
         found = []

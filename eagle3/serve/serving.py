@@ -153,6 +153,18 @@ def resolve_run(run_dir: Path, args: ServeRequest) -> ServedRun:
     return ServedRun(run_dir, checkpoint, verifier_dir, val_split, outs, trained_steps=trained)
 
 
+def draft_server_command(engine, verifier_dir: Path, port: int, args: ServeRequest, checkpoint: Path,
+                         k: int) -> list[str]:
+    """The speculative server's command for `checkpoint` at `k`: vLLM's parallel drafting for a P-EAGLE draft, its
+    dflash method for a DFlash one, eagle3 otherwise."""
+    from eagle3.engine.server import server_command
+    from eagle3.init.checkpoint import draft_kind
+
+    kind = draft_kind(checkpoint)
+    return server_command(engine, verifier_dir, port, args.dtype, checkpoint, k, args.seed,
+                          parallel_drafting=kind == "peagle", method="dflash" if kind == "dflash" else "eagle3")
+
+
 def serve_and_compare(args: ServeRequest, engine, runs: list[ServedRun]) -> list[dict[str, Any]]:
     """The plain server for the whole command (its log in the first run's dir); per k, an n-gram server of the
     verifier for the runs served at that k (unless --no-ngram; its log in the first run's dir too), and a
@@ -160,7 +172,6 @@ def serve_and_compare(args: ServeRequest, engine, runs: list[ServedRun]) -> list
     (and n-gram) server, so that every figure of a report is measured in the same minutes. Each report is written
     as it is done."""
     from eagle3.engine.server import free_port, running, server_command
-    from eagle3.init.checkpoint import draft_kind
     from eagle3.provenance import provenance
     from eagle3.serve.harness import Harness
     from eagle3.serve.session import measure
@@ -188,8 +199,7 @@ def serve_and_compare(args: ServeRequest, engine, runs: list[ServedRun]) -> list
                         ngram_port, new_log(runs[0].run_dir, f"serve_vllm_ngram_k{k}_t{t:g}"), engine))
                 for served in [served for served in runs if k in served.outs]:
                     port = args.port or free_port()
-                    cmd = server_command(engine, verifier_dir, port, args.dtype, served.checkpoint, k, args.seed,
-                                         parallel_drafting=draft_kind(served.checkpoint) == "peagle")
+                    cmd = draft_server_command(engine, verifier_dir, port, args, served.checkpoint, k)
                     log = new_log(served.run_dir, f"serve_vllm_k{k}_t{t:g}")
                     logs = ", ".join(str(s.log) for s in (plain, baseline) if s is not None)
                     print(f"k={k}: starting the vLLM servers (logs: {log}, {logs})", file=sys.stderr, flush=True)

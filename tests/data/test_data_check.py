@@ -124,3 +124,20 @@ def test_a_loss_mask_value_other_than_0_or_1_in_a_dataset_is_a_bad_row(tmp_path)
     report = check_dataset(tmp_path / "ds", hidden_states=False)
     assert report.counts() == {"bad_loss_mask": 2} and sorted(report.bad) == [1, 2]
     assert report.bad[1][1] == "loss_mask holds -100; its values are 1 (trained) and 0 (not trained)"
+
+
+def test_data_check_names_the_target_layers_a_dataset_lacks(tmp_path):
+    """A DFlash draft reads more verifier layers than EAGLE-3's three: eagle3 check --aux-layer-ids says which ones
+    a prepared dataset lacks, before training would refuse it."""
+    import json as _json
+
+    from commands import exit_status_of
+    from eagle3.cli.check import main
+    from eagle3.data.check import missing_aux_layers
+
+    (tmp_path / "eagle3_data.json").write_text(_json.dumps({"aux_layer_ids": [1, 2, 3]}))
+    assert missing_aux_layers(tmp_path, [1, 2, 3]) is None
+    problem = missing_aux_layers(tmp_path, [0, 1, 2, 3])
+    assert problem is not None and "holds the hidden states of layers [1, 2, 3]" in problem
+    assert "it lacks layers [0]; prepare it again with --aux-layer-ids 0 1 2 3, or train with data=online" in problem
+    assert exit_status_of(main, [str(tmp_path), "--aux-layer-ids", "0", "1", "2", "3"]) == 1

@@ -129,7 +129,7 @@ def test_verifier_states_are_those_training_data_has(inputs, tmp_path):
 def greedy_24(inputs) -> list[list[int]]:
     """The verifier's uncached greedy continuations (24 tokens) of the first 6 val prompts: they depend on no draft,
     so they are decoded once for every test that compares with them."""
-    from eagle3.decoding.drafting import greedy_decode
+    from eagle3.decoding.plain import greedy_decode
 
     return [greedy_decode(inputs["verifier"], prompt, 24) for prompt in inputs["prompts"][:6]]
 
@@ -137,7 +137,7 @@ def greedy_24(inputs) -> list[list[int]]:
 @pytest.fixture(scope="module")
 def plain_32(inputs) -> list[list[int]]:
     """The verifier's KV-cached plain decoding (32 tokens) of the first 6 val prompts, decoded once (no draft in it)."""
-    from eagle3.decoding.drafting import plain_decode
+    from eagle3.decoding.plain import plain_decode
 
     return [plain_decode(inputs["verifier"], prompt, 32) for prompt in inputs["prompts"][:6]]
 

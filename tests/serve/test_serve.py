@@ -621,7 +621,7 @@ def test_an_engine_leaving_the_harness_at_a_near_tie_is_equal_up_to_it_and_at_a_
     from transformers import LlamaForCausalLM
 
     from eagle3.config import TinyVerifierConfig
-    from eagle3.decoding.drafting import next_token_logits
+    from eagle3.decoding.plain import next_token_logits
     from eagle3.serve.harness import Harness
     from eagle3.verifier.tiny import tiny_verifier_dir
 

@@ -1,6 +1,6 @@
 """The draft architectures of eagle3/arch/draft.py served by vLLM on CPU: in fp32 at T=0 the engine's drafts and
 accepted tokens per position equal the harness's on the same prompts at k=3 (P-EAGLE's through vLLM's parallel
-drafting, all k tokens in one forward).
+drafting, all k tokens in one forward; DFlash's through vLLM's `method: dflash`, one block of k + 1 tokens).
 
 The default architecture is tests/serve/test_serve.py's (which also checks the harness of eagle3.serve against
 eagle3.eval.accept); here the others, one short training each (the counts need only agree, not be good; the Qwen3
@@ -27,6 +27,7 @@ ARCHITECTURES = {
     "qwen3_two_layers_eagle31": None,
     # trained long enough that vLLM accepts some of its tokens
     "peagle": ["optim.epochs=3", "optim.lr=3e-3", "model.draft.kind=peagle"],
+    "dflash": ["optim.epochs=3", "optim.lr=3e-3", "model.draft.kind=dflash"],
 }
 ARGS = ["--k", "3", "--num-prompts", "4", "--max-new-tokens", "24"]
 
@@ -76,3 +77,6 @@ def test_vllm_counts_what_the_harness_counts_per_architecture(served_runs, arch)
     if arch == "peagle":
         assert "parallel_drafting" in (served_runs[arch] / "serve_vllm_k3_t0.log").read_text()
         assert report["accepted_per_position"][0] > 0  # something to agree on
+    if arch == "dflash":
+        assert '"method": "dflash"' in (served_runs[arch] / "serve_vllm_k3_t0.log").read_text()
+        assert report["accepted_per_position"][0] > 0

@@ -241,10 +241,10 @@ def chat_rows(tmp_path_factory) -> tuple[Path, Path]:
 @pytest.mark.slow  # three short online runs of the issue's chat rows (12 steps): about a minute on 2 idle cores
 def test_epochs_of_chat_rows_of_many_lengths_train_every_row_once_and_resume_exactly_across_an_epoch(
         chat_rows, cache_dir, tmp_path):
-    """Issue 47: at total_seq_len=256 and seed 1 speculators' packing put these 28 train rows into 7, then 6
-    micro-batches, so epoch 1 ran out of them (StopIteration; with seed 0, 6 then 7: a row never trained); now both
-    epochs take the same steps and train every row once, and a run stopped in epoch 1 resumes to the uninterrupted
-    run's numbers."""
+    """Issue 47: at total_seq_len=256 and seed 1 speculators' packing put these 27 train rows into 7, then 6
+    micro-batches, so epoch 1 ran out of them (StopIteration; an epoch of more micro-batches than the first left
+    rows untrained, without a word); now both epochs take the same steps and train every row once, and a run
+    stopped in epoch 1 resumes to the uninterrupted run's numbers."""
     import json
     import signal
 
@@ -264,7 +264,7 @@ def test_epochs_of_chat_rows_of_many_lengths_train_every_row_once_and_resume_exa
     train_ratio = yaml.safe_load((reference / "resolved_config.yaml").read_text())["data"]["train_ratio"]
     seq_len = ArrowRows(summary["data_dir"]).seq_len
     train = seq_len[:int(len(seq_len) * train_ratio)]
-    assert len(set(train.tolist())) > 5  # rows of many lengths
+    assert len(set(train.tolist())) > 1  # rows of different lengths (31, 48 and 72 tokens)
     assert summary["tokens"] == 2 * sum(min(n - 1, 256) for n in train.tolist())  # every row once per epoch
     steps_per_epoch = summary["steps"] // 2
     assert [r["step"] for r in read_rows(reference) if r["split"] == "val"] == [0, steps_per_epoch, 2 * steps_per_epoch]
