@@ -6,7 +6,8 @@ this machine's counted roofline.
 OUT_DIR is the script's (times.txt, data/, seed_<s>/). The roofline of a stage is its FLOP per token (counted by the
 project's plan, `python launch.py ... plan=true`: the verifier's forward, the draft's step) at the matrix-multiply
 rates the plan measured on this machine at the step's shapes (its own roofline cache, both threads); a stage's share
-is measured tokens/s over that. Stages:
+is measured tokens/s over that (the hidden states' FLOP leave out the verifier's lm_head, which extraction does not
+run). Stages:
   hidden states   vLLM's extract_hidden_states over the dataset (tokens in the dataset / the stage's wall time,
                   the engine's start included)
   training        the run's trained tokens / its seconds in the loop (summary.json), packing's empty slots
@@ -75,7 +76,11 @@ def main() -> int:
     dataset_tokens = int(sum(rows["seq_len"]))
     hs_s = (t["hidden states done"] - t["hidden states (vLLM)"]).total_seconds()
     seq = plan["tokens_per_step"]
-    verifier_per_token = plan["verifier_flops"] / (seq + 1)
+    # the plan's verifier forward includes the lm_head (data=online computes the targets' logits); extraction
+    # computes hidden states only
+    verifier_cfg = json.loads((Path(summary["verifier_dir"]) / "config.json").read_text())
+    lm_head = 2 * verifier_cfg["hidden_size"] * verifier_cfg["vocab_size"]
+    verifier_per_token = plan["verifier_flops"] / (seq + 1) - lm_head
     draft_per_token = (plan["flops"] - plan["verifier_flops"]) / seq
     trained, loop_s, steps = summary["tokens"], summary["train_wall_s"], summary["steps"]
     phases = summary.get("phases_s") or {}
