@@ -70,20 +70,20 @@ def test_a_moved_and_a_copied_run_dir_each_resume_as_themselves(moved_and_copied
 
 @pytest.mark.slow
 def test_a_moved_and_a_copied_run_dir_evaluate_and_compare_as_themselves(moved_and_copied, capsys):
+    from eagle3.cli import compare as compare_cli
     from eagle3.eval import accept
-    from eagle3.sweep import compare
 
     moved, copy = moved_and_copied
-    report = accept.run(accept.parse_args(["--run", str(copy), "--num-prompts", "2", "--max-new-tokens", "4"]))
+    report = accept.run(accept.AcceptRequest(run=str(copy), num_prompts=2, max_new_tokens=4))
     assert Path(report["checkpoint"]) == copy / "checkpoints" / "best"
     assert Path(report["report_path"]).parent == copy
-    assert compare.main([str(moved), str(copy), "--confirm", "2"]) in (0, None)
+    assert compare_cli.main([str(moved), str(copy), "--confirm", "2"]) in (0, None)
     out = capsys.readouterr()
     assert "error" not in out.err, out.err
     assert (moved / "accept_k3.json").is_file()  # measured by --confirm in the moved dir, from its own checkpoint
     assert json.loads((moved / "accept_k3.json").read_text())["checkpoint"] == str(moved / "checkpoints" / "best")
     assert "measured acceptance" in out.out and "completed" in out.out
-    from eagle3.eval import speedup
+    from eagle3.cli import speedup
 
     speedup.main(["--run", str(moved), "--measure", "--context", "16"])  # the moved run's draft, timed here
     assert str(moved) in capsys.readouterr().out

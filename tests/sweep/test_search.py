@@ -200,7 +200,7 @@ def test_confirm_measures_the_two_best_and_prints_both_rankings(study_sweep, tmp
 @pytest.mark.parametrize("override, allowed", [
     ("model.draft.loss=kll", "Error merging override model.draft.loss=kll: Invalid value 'kll', expected one of "
                              "[kl_div, ce, rkl, jsd, tv, nla, lk_hybrid]"),
-    ("model.draft.kind=peegle", "expected one of [eagle3, peagle]"),
+    ("model.draft.kind=peegle", "expected one of [eagle3, peagle, dflash]"),
     ("data.on_bad_sample=maybe", "expected one of [error, skip]"),
     ("data.prefetch=x", "Value 'x' of type 'str' could not be converted to Integer"),
     ("data=nonsense", "Could not find 'data/nonsense' (options: offline, online, regenerate, tiny)"),

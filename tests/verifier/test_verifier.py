@@ -328,8 +328,10 @@ def test_export_and_init_pretrained_refuse_a_checkpoint_with_bad_offsets(case, d
              "reversed": lambda h: offsets(**{first: h[first]["data_offsets"][::-1]})(h),
              "overlapping": lambda h: offsets(**{second: [o - 4 for o in h[second]["data_offsets"]]})(h)}
     rewrite_header(broken / "model.safetensors", edits[case])
+    from commands import exit_status_of
+
     out = tmp_path / "out"
-    assert main([str(broken), "--out", str(out)]) != 0
+    assert exit_status_of(main, [str(broken), "--out", str(out)]) != 0
     err = capsys.readouterr().err
     assert err.startswith("error: ") and f"{broken / 'model.safetensors'}: not a safetensors file" in err, err
     assert err.count("\n") == 1 and not out.exists()
