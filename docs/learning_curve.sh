@@ -32,30 +32,7 @@ if [ ! -s "$E/held_out.json" ]; then
   stamp "split"
   # docs/real_model.sh's split: training conversations from the head half of the file (<= 4,000 characters, from
   # their first human turn), held-out prompts (first human turns) from its last 2,000 records, never trained on.
-  python - "$SHAREGPT" "$E" "$CONVERSATIONS" <<'PY'
-import json, sys
-from pathlib import Path
-from eagle3.formats.row_formats import SHAREGPT_ROLES
-from eagle3.formats.row_files import records
-rows = [r for _, r in records(Path(sys.argv[1])) if isinstance(r, dict)]
-
-def exchange(record, max_chars):
-    turns = record.get("conversations") or []
-    if not turns or any(t.get("from") not in SHAREGPT_ROLES or not (t.get("value") or "").strip() for t in turns):
-        return None
-    while turns and SHAREGPT_ROLES[turns[0]["from"]] != "user":
-        turns = turns[1:]
-    if len(turns) < 2 or sum(len(t["value"]) for t in turns) > max_chars:
-        return None
-    return {"id": record.get("id"), "conversations": turns}
-
-head, tail = rows[:len(rows) // 2], rows[-2000:]
-train = [r for r in (exchange(r, 4000) for r in head) if r][:int(sys.argv[3])]
-held = [{**r, "conversations": r["conversations"][:1]} for r in (exchange(r, 2000) for r in tail) if r][:64]
-Path(sys.argv[2], "train.json").write_text(json.dumps(train, indent=1))
-Path(sys.argv[2], "held_out.json").write_text(json.dumps(held, indent=1))
-print(f"train: {len(train)} conversations; held_out: {len(held)} prompts")
-PY
+  python docs/sharegpt_split.py "$SHAREGPT" "$E" --train "$CONVERSATIONS"
 fi
 
 stamp "hidden states (vLLM)"

@@ -33,36 +33,7 @@ stamp "split"
 # Slices of the ShareGPT file in its own format (a JSON array of {"id", "conversations"} records), read with the
 # project's reader: training conversations from the head of the file, held-out prompts from its tail, never trained
 # on. (The bare `python launch.py experiment=smollm2_sharegpt` trains on the file's first 200 records: also head.)
-python - "$SHAREGPT" "$E" "$REGEN_PROMPTS" <<'PY'
-import json, sys
-from pathlib import Path
-from eagle3.formats.row_formats import SHAREGPT_ROLES
-from eagle3.formats.row_files import records
-# every complete record: the wheel's file is cut mid-record, and the cut is the one unreadable record after them
-rows = [r for _, r in records(Path(sys.argv[1])) if isinstance(r, dict)]
-
-def exchange(record, max_chars):
-    """The record from its first human turn on, if every turn is a known speaker's with text and it is short."""
-    turns = record.get("conversations") or []
-    if not turns or any(t.get("from") not in SHAREGPT_ROLES or not (t.get("value") or "").strip() for t in turns):
-        return None
-    while turns and SHAREGPT_ROLES[turns[0]["from"]] != "user":
-        turns = turns[1:]
-    if len(turns) < 2 or sum(len(t["value"]) for t in turns) > max_chars:
-        return None
-    return {"id": record.get("id"), "conversations": turns}
-
-def write(name, records):
-    Path(f"{sys.argv[2]}/{name}.json").write_text(json.dumps(records, indent=1))
-    print(f"{name}: {len(records)} conversations")
-
-head, tail = rows[:len(rows) // 2], rows[-2000:]
-train = [r for r in (exchange(r, 4000) for r in head) if r][:400]
-first_turn = lambda r: {**r, "conversations": r["conversations"][:1]}
-write("train", train)                                                          # ShareGPT's own responses
-write("regen_prompts", [first_turn(r) for r in train[:int(sys.argv[3])]])      # first user turns, to regenerate
-write("held_out", [first_turn(r) for r in (exchange(r, 2000) for r in tail) if r][:64])  # never trained on
-PY
+python docs/sharegpt_split.py "$SHAREGPT" "$E" --train 400 --regen-prompts "$REGEN_PROMPTS"
 
 ENGINE=vllm   # regeneration by vLLM (python -m eagle3.serve --install above); transformers works too, slower
 REGEN="data.regenerate.engine=$ENGINE data.regenerate.temperature=0 data.regenerate.max_new_tokens=256"
