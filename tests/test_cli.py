@@ -58,6 +58,49 @@ def test_a_verbs_help_imports_neither_torch_nor_speculators(verb):
     assert probed(proc) == [], f"eagle3 {verb} --help imported {probed(proc)}"
 
 
+def test_train_help_lists_every_config_group_with_its_files_and_stored_schemas():
+    """Hydra lists the groups from conf/ and from the ConfigStore (the base_* schemas), copying its config
+    repository for each group; eagle3.cli.train has the copies share the store rather than copy it whole."""
+    from hydra.core.config_store import ConfigStore
+
+    from factories import CONF, registered_configs
+
+    registered_configs()
+    proc = run_in_process(["python", "-m", "eagle3.cli", "train", "--help"])
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    section = proc.stdout.split("== Configuration groups ==")[1].split("== Config ==")[0]
+    listed = dict(line.split(": ", 1) for line in section.splitlines() if ": " in line and "(" not in line)
+    expected = {}
+    for folder in sorted(p for p in CONF.rglob("*") if p.is_dir()):
+        group = folder.relative_to(CONF).as_posix()
+        if group.split("/")[0] == "hydra":  # Hydra's own groups: its --hydra-help lists them
+            continue
+        stored = ConfigStore.instance().repo
+        for part in group.split("/"):
+            stored = stored.get(part, {})
+        names = {p.stem for p in folder.glob("*.yaml")}
+        names |= {name.removesuffix(".yaml") for name in stored if name.endswith(".yaml")}
+        if names:
+            expected[group] = ", ".join(sorted(names))
+    assert listed == expected and "base_tiny" in listed["data"] and "tiny" in listed["model"]
+
+
+def test_copies_of_the_structured_config_source_share_the_store_and_load_copies_of_its_nodes():
+    import copy
+
+    from hydra._internal.sources_registry import SourcesRegistry
+    from hydra.core.config_store import ConfigStore
+
+    import eagle3.cli.train  # noqa: F401  (sets how Hydra's structured config source is copied)
+
+    source = SourcesRegistry.instance().resolve("structured")("schema", "structured://")
+    clone = copy.deepcopy(source)
+    assert clone is not source and clone.store is ConfigStore.instance() and clone.path == source.path == ""
+    loaded = clone.load_config("optim/base_optim")
+    loaded.config.lr = 123.0  # a test, or Hydra composing, changing what it loaded
+    assert source.load_config("optim/base_optim").config.lr != 123.0
+
+
 @pytest.mark.parametrize("args,message", [
     (["accept", "--temperature", "-1"], "--temperature (eval.accept.temperature): must be >= 0"),
     (["speedup", "--accept-rates", "0.5", "--measure", "--num-prompts", "0"], "--num-prompts"),

@@ -11,10 +11,15 @@ takes them (launch.py runs this module).
 
 from __future__ import annotations
 
+import copy
 import sys
 from pathlib import Path
+from typing import Any
 
 import hydra
+from hydra._internal.sources_registry import SourcesRegistry
+from hydra.core.plugins import Plugins
+from hydra.plugins.config_source import ConfigSource
 from omegaconf import DictConfig
 
 from eagle3.config import register_configs
@@ -25,6 +30,24 @@ CONF = str(Path(__file__).resolve().parents[2] / "conf")
 
 register_configs()  # the schemas
 register_resolvers()  # model=auto: ${verifier_config:<path>,<key>}
+
+
+def copy_sharing_the_store(source: ConfigSource, memo: dict[int, Any]) -> ConfigSource:
+    """A copy of Hydra's source of the structured configs that shares the process's one ConfigStore instead of
+    copying it whole. Hydra deep-copies its config repository for every group it lists, so `eagle3 train --help`
+    copied the store (every schema stored, Hydra's own and its plugins' configs) 92 times, two thirds of the
+    command's CPU time. Sharing it changes nothing read: the store hands out a deep copy of a node on every load
+    (ConfigStore.load), and nothing but ConfigStore.store() writes it."""
+    clone = copy.copy(source)
+    memo[id(source)] = clone
+    for name, value in vars(source).items():
+        if name != "store":
+            setattr(clone, name, copy.deepcopy(value, memo))
+    return clone
+
+
+Plugins.instance()  # Hydra's scan of its plugins registers the config source classes it then uses (its own copies)
+SourcesRegistry.instance().resolve("structured").__deepcopy__ = copy_sharing_the_store  # type: ignore[attr-defined]
 
 
 @hydra.main(version_base="1.3", config_path=CONF, config_name="train")
