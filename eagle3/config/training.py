@@ -144,9 +144,6 @@ class DistributedConfig:
     node_rank: int = MISSING
     rdzv_endpoint: str | None = MISSING     # host:port on node 0 that every node can reach; null: a free local port
     backend: Backend = Backend.auto         # auto: nccl on CUDA, gloo on CPU | nccl | gloo
-    # Elastic restarts are not offered: a restarted rank would build the draft anew, not resume it. Kept so that
-    # a run dir's resolved_config.yaml (max_restarts: 0) still reads; a failed run continues with resume=.
-    max_restarts: int = 0
 
     @property
     def world_size(self) -> int:
@@ -162,10 +159,6 @@ class DistributedConfig:
                 f"must be in [0, distributed.nnodes={self.nnodes})")
         require(self.nnodes == 1 or bool(self.rdzv_endpoint), "distributed.rdzv_endpoint",
                 "is required with more than one node: host:port of node 0, reachable from every node")
-        require(self.max_restarts == 0, "distributed.max_restarts",
-                "must be 0: a restarted rank would build the draft anew instead of resuming it, and train a second "
-                "history; after a failure continue the run from checkpoints/last with python launch.py "
-                "resume=<run dir>")
 
 
 @dataclass
