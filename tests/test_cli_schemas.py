@@ -1,5 +1,5 @@
 """The options eagle3.eval.speedup (--wallclock) and eagle3.serve share with a run's eval.accept and eval.serve:
-their defaults, help and checks come from AcceptEvalConfig and ServeEvalConfig (eagle3/config.py), as
+their defaults, help and checks come from AcceptEvalConfig and ServeEvalConfig (eagle3/config/training.py), as
 python -m eagle3.eval.accept's do (tests/test_schemas.py)."""
 
 from __future__ import annotations

@@ -16,6 +16,12 @@ PACKAGE = Path(eagle3.__file__).parent
 # modules or packages (a package holds everything under it); docs/development.md's layout section describes each.
 LAYERS: list[list[str]] = [
     ["eagle3.errors"],
+    # The schema, a leaf: its modules import errors and each other only, in this order; eagle3.config itself (the
+    # package's __init__) re-exports them all.
+    ["eagle3.config.checks"],
+    ["eagle3.config.model", "eagle3.config.data"],
+    ["eagle3.config.training"],
+    ["eagle3.config.typed"],
     ["eagle3.config"],
     ["eagle3.safe_write", "eagle3.signal_scope", "eagle3.provenance"],
     ["eagle3.console"],
@@ -141,7 +147,11 @@ def test_every_module_has_a_layer_and_none_imports_a_higher_layer():
 
 
 def test_the_schema_imports_nothing_of_eagle3_but_its_errors():
-    assert import_graph()["eagle3.config"] <= {"eagle3.errors"}
+    graph = import_graph()
+    schema = {m for m in graph if m == "eagle3.config" or m.startswith("eagle3.config.")}
+    assert len(schema) > 1, "the walk found the schema's modules"
+    outside = sorted(f"{m} -> {t}" for m in schema for t in graph[m] if t not in schema | {"eagle3.errors"})
+    assert not outside, f"the schema imports other eagle3 modules: {outside}"
 
 
 def test_eagle3_has_at_most_12_top_level_modules_besides_its_subpackages():
@@ -177,7 +187,6 @@ LAUNCH_MAX_LINES, FUNCTION_MAX_LINES, MODULE_MAX_LINES = 250, 60, 450
 # TEMPORARY: modules and functions over their budgets that other work was changing while the budgets were set. Each
 # entry is to be split by job (the issue that set the budgets) and removed from here; a new one is not to be added.
 OVER_BUDGET_MODULES = {
-    "eagle3/config.py",       # 1096 lines: schemas, the draft's flag rules, the verifier's shape checks, data sniffing
     "eagle3/train/loop.py",   # 525 lines: the loop and the validation pass
 }
 OVER_BUDGET_FUNCTIONS: set[str] = set()

@@ -1,4 +1,4 @@
-"""The schemas in eagle3/config.py are where a value is declared and checked: string choices are Enums (a typo fails
+"""The schemas in eagle3/config/ are where a value is declared and checked: string choices are Enums (a typo fails
 at composition, with Hydra's own message), `auto` is resolved once (eagle3.device.choice), each range is checked in one
 schema and the CLIs take their options from it, and the option files in conf/ state only what differs from it."""
 
@@ -117,7 +117,7 @@ def test_eval_accept_takes_its_defaults_and_help_from_the_schema(capsys):
         parse_args(["--help"])
     text = " ".join(capsys.readouterr().out.split())
     assert "sampling temperature (0: greedy; > 0: speculative sampling, seeded by `seed`) (default: 0, as " \
-           "eval.accept.temperature)" in text  # the comment next to the field in eagle3/config.py
+           "eval.accept.temperature)" in text  # the comment next to the field in eagle3/config/training.py
     assert "tokens generated per prompt (default: 32, as eval.accept.max_new_tokens)" in text
 
 
@@ -246,7 +246,7 @@ def test_option_files_hold_only_deltas_from_their_schemas(tmp_path):
     with initialize_config_dir(config_dir=str(conf), version_base="1.3"):
         restated = [line for rel, overrides in option_files(conf) for line in restated_lines(conf, rel, overrides)]
     assert not restated, "lines equal to what the schema (or the option they extend) already says; drop them " \
-                         "and move their comments onto the schema's field in eagle3/config.py:\n" + "\n".join(restated)
+                         "and move their comments onto the schema's field in eagle3/config/:\n" + "\n".join(restated)
 
 
 def test_a_signal_raises_in_the_block_and_the_handler_before_it_is_back():

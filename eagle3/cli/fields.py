@@ -1,4 +1,4 @@
-"""Command-line options from a schema's fields (eagle3/config.py), so a CLI restates neither a default, a choice nor
+"""Command-line options from a schema's fields (eagle3/config/), so a CLI restates neither a default, a choice nor
 a range check of a value a run's config also has.
 
 `add_fields` adds one option per field: its type, its default, its Enum's names as the choices, and its help from

@@ -37,7 +37,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         help="tokens per row; longer rows are truncated and counted")
     parser.add_argument("--batch-tokens", type=int, default=16384, help="padded tokens per verifier forward")
     parser.add_argument("--device", default=Device.auto.value, choices=[d.value for d in Device])
-    # The options a run's `data` config also has default to its schema's values (eagle3/config.py DataConfig).
+    # The options a run's `data` config also has default to its schema's values (eagle3/config/data.py DataConfig).
     parser.add_argument("--dtype", default=DataConfig.hidden_states_dtype.value,
                         choices=[d.value for d in HiddenStatesDtype],
                         help="dtype the hidden states are stored in")

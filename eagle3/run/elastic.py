@@ -70,6 +70,8 @@ def run_job(cfg: RunConfig, verifier_dir: Path, data_dir: Path,
     else:  # torchrun --node-rank: static ranks, so global rank 0 (the writer) is on node 0
         rdzv = {"rdzv_backend": "static", "rdzv_endpoint": dist.rdzv_endpoint,
                 "rdzv_configs": {"rank": dist.node_rank}, "run_id": "eagle3"}
+    # No elastic restarts: a restarted rank would build the draft anew instead of resuming it, and write a second
+    # history into the run dir; a failed run continues from checkpoints/last with resume=<run dir>.
     launch_config = LaunchConfig(min_nodes=dist.nnodes, max_nodes=dist.nnodes, nproc_per_node=dist.nproc_per_node,
                                  max_restarts=0, start_method="forkserver", **rdzv)
     os.environ.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // dist.nproc_per_node)))

@@ -1,4 +1,4 @@
-"""What launch.py does with a composed config: resolve it, type and check it once (eagle3/config.py's
+"""What launch.py does with a composed config: resolve it, type and check it once (eagle3/config/'s
 `run_config`), plan it (eagle3/plan/memory.py: refuse what cannot fit; plan=true prints the plan and stops), write the
 run dir (eagle3/rundir/files.py), build and check the inputs (eagle3/run/inputs.py), then run the rank in this process
 or start the ranks (eagle3/run/elastic.py). How the job ended is recorded by eagle3/run/job_outcome.py. Past

@@ -20,7 +20,7 @@ from eagle3.rundir.files import (
     SUMMARY,
     RunDir,
     config_changes,
-    data_part_before_sources,
+    todays_layout,
     trained_config,
 )
 
@@ -83,7 +83,7 @@ def load_for_resume(run_dir: Path, hydra) -> RunConfig:
     log.info("resuming %s", run_dir)
     trained = load_trainer_state(last, mmap=True).get("config")
     if trained is not None:  # through today's schemas, as the run's own config: an older layout compares as itself
-        trained = trained_config(plain_config(validate(data_part_before_sources(trained), dataset_required=False)))
+        trained = trained_config(plain_config(validate(todays_layout(trained), dataset_required=False)))
     changes = config_changes(trained, trained_config(plain_config(run_cfg))) if trained is not None else []
     if changes:  # e.g. fewer ranks (another global batch), or an lr the restored scheduler would not train at
         raise ConfigError(f"resume: {run_dir / RESOLVED_CONFIG} no longer says what {last} was trained with: "

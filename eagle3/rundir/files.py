@@ -64,7 +64,24 @@ def read_run_config(run_dir: Path, what: str = "resume") -> dict[str, Any]:
     if not isinstance(plain, dict) or not isinstance(plain.get("run", {}), dict):
         raise ConfigError(f"{what}: {config_file} is not a resolved run config (no mapping of keys to values)")
     plain["run"] = {**plain.get("run", {}), "dir": str(run_dir)}
-    return data_part_before_sources(plain)
+    return todays_layout(plain)
+
+
+# Keys a run config once had and has no longer, by part: an old run dir's are left out so that it still reads.
+# distributed.max_restarts: torch elastic's restarts, refused past 0 since a restarted rank would build the draft anew
+# instead of resuming it (eagle3/run/elastic.py passes 0); a failed run continues with resume=<run dir>.
+DELETED_KEYS = {"distributed": ("max_restarts",)}
+
+
+def todays_layout(plain: dict[str, Any]) -> dict[str, Any]:
+    """A plain run config as an older launcher wrote it (a run dir's resolved_config.yaml, a checkpoint's config)
+    in today's layout: its data part as below (data_part_before_sources), the keys since deleted (DELETED_KEYS) left
+    out; any other config as it is."""
+    plain = data_part_before_sources(plain)
+    for part, keys in DELETED_KEYS.items():
+        if isinstance(plain.get(part), dict):
+            plain = {**plain, part: {k: v for k, v in plain[part].items() if k not in keys}}
+    return plain
 
 
 def data_part_before_sources(plain: dict[str, Any]) -> dict[str, Any]:

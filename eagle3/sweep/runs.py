@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 import yaml
 
 from eagle3.errors import ConfigError
-from eagle3.rundir.files import FAILURE, RESOLVED_CONFIG, SUMMARY, RunDir, data_part_before_sources, flatten
+from eagle3.rundir.files import FAILURE, RESOLVED_CONFIG, SUMMARY, RunDir, flatten, todays_layout
 
 if TYPE_CHECKING:
     from eagle3.rundir.progress import RunSummary
@@ -71,7 +71,7 @@ def read_run(path: Path) -> Run:
     config_file, summary_file, failure_file = (room.file(n) for n in (RESOLVED_CONFIG, SUMMARY, FAILURE))
     bad: list[str] = []
     config = _read(config_file, yaml.safe_load, bad) if config_file.is_file() else None
-    config = flatten(data_part_before_sources(config)) if isinstance(config, dict) else {}
+    config = flatten(todays_layout(config)) if isinstance(config, dict) else {}
     if not config and (path / ".hydra" / "overrides.yaml").is_file():  # failed before its config was written
         overrides = yaml.safe_load((path / ".hydra" / "overrides.yaml").read_text()) or []
         config = {k: yaml.safe_load(v) for k, v in (o.split("=", 1) for o in overrides if "=" in o)}

@@ -13,7 +13,7 @@ from omegaconf import OmegaConf
 from commands import launch, sigterm_in_process_after_step_1
 from eagle3.config import plain_config, run_config, validate
 from eagle3.errors import ConfigError
-from eagle3.rundir.files import RESOLVED_CONFIG, read_run_config, trained_config
+from eagle3.rundir.files import RESOLVED_CONFIG, data_part_before_sources, read_run_config, trained_config
 from factories import ROOT, SMALL_DATA, compose_cfg
 
 OLD = ROOT / "tests" / "old_run_dirs"
@@ -71,13 +71,31 @@ def test_compare_shows_an_old_run_dirs_data_part_in_todays_keys(tmp_path):
     run = read_run(old_run_dir(tmp_path, "online"))
     assert run.config["data.shard_verifier"] is False
     assert not [k for k in run.config if k.startswith("data.online") or k == "data.prefetch"]
+    assert "distributed.max_restarts" not in run.config and run.config["distributed.strategy"] == "ddp"
+
+
+def test_a_deleted_key_of_an_old_run_dir_is_left_out_whatever_it_held(tmp_path):
+    """distributed.max_restarts is gone from the schema: the fixtures' `max_restarts: 0` (and a value from before it
+    was refused past 0) no longer types, and the run dir still reads without it."""
+    run_dir = old_run_dir(tmp_path, "tiny")
+    plain = yaml.safe_load((run_dir / RESOLVED_CONFIG).read_text())
+    assert plain["distributed"]["max_restarts"] == 0
+    with pytest.raises(ConfigError, match=r"distributed\.max_restarts: Key 'max_restarts' not in"):
+        run_config(data_part_before_sources({**plain, "run": {**plain["run"], "dir": str(run_dir)}}),
+                   dataset_required=False)
+    plain["distributed"]["max_restarts"] = 3
+    (run_dir / RESOLVED_CONFIG).write_text(yaml.safe_dump(plain))
+    old = read_run_config(run_dir)
+    assert "max_restarts" not in old["distributed"]
+    assert run_config(old, dataset_required=False).distributed.strategy.value == plain["distributed"]["strategy"]
 
 
 def written_before_sources(plain: dict) -> dict:
     """A data=tiny config as the launcher at 7a9ec4c wrote it (tests/old_run_dirs/tiny.yaml's layout)."""
     draft = {k: v for k, v in plain["model"]["draft"].items() if k not in ("kind", "mask_token_id")}
     data = {**plain["data"], "path": None, "online": {"enabled": False, "shard_verifier": False}}
-    return {**plain, "model": {**plain["model"], "draft": draft}, "data": data}
+    distributed = {**plain["distributed"], "max_restarts": 0}
+    return {**plain, "model": {**plain["model"], "draft": draft}, "data": data, "distributed": distributed}
 
 
 @pytest.mark.slow

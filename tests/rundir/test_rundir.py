@@ -96,20 +96,18 @@ def test_a_failed_run_writes_failure_json_through_its_record(tmp_path):
                                                             "Traceback (most recent call last): ...")
 
 
-def test_max_restarts_is_refused_with_the_way_to_resume():
-    """A restart of the worker group would rebuild the draft from its initializer and append a second history to
-    metrics.jsonl; the option is refused, and resume= named, before anything is written."""
-    from omegaconf import OmegaConf
-
-    from eagle3.config import validate
-    from factories import compose_cfg
-
-    plain = OmegaConf.to_container(compose_cfg(["distributed=ddp", "distributed.max_restarts=1"]), resolve=True,
-                                   enum_to_str=True)
-    with pytest.raises(ConfigError, match=r"distributed\.max_restarts.*resume=<run dir>"):
-        validate(plain)
-    plain = OmegaConf.to_container(compose_cfg(["distributed=ddp"]), resolve=True, enum_to_str=True)
-    assert validate(plain).distributed.max_restarts == 0  # a run dir's resolved_config.yaml says 0: it still reads
+@pytest.mark.parametrize("override", ["distributed.max_restarts=1", "+distributed.max_restarts=0"])
+def test_max_restarts_is_refused_as_an_unknown_key_before_anything_is_written(override, tmp_path):
+    """The key is gone (elastic restarts would rebuild the draft instead of resuming it; a run never restarts): Hydra
+    refuses it as a key the schema lacks, and added with `+`, typing the config does, in one line."""
+    run_dir = tmp_path / "run"
+    proc = launch([override, f"hydra.run.dir={run_dir}"], tmp_path / "cache", timeout=60)
+    assert proc.returncode != 0 and "Traceback" not in proc.stderr, proc.stderr
+    assert "Key 'max_restarts' not in 'DistributedConfig'" in proc.stderr, proc.stderr
+    if override.startswith("+"):
+        assert proc.stderr.strip().splitlines() == [
+            "error: distributed.max_restarts: Key 'max_restarts' not in 'DistributedConfig'"]
+    assert not run_dir.exists()
 
 
 def test_compare_reads_summary_json_through_its_record(tmp_path):
