@@ -178,7 +178,6 @@ LAUNCH_MAX_LINES, FUNCTION_MAX_LINES, MODULE_MAX_LINES = 250, 60, 450
 # entry is to be split by job (the issue that set the budgets) and removed from here; a new one is not to be added.
 OVER_BUDGET_MODULES = {
     "eagle3/config.py",       # 1096 lines: schemas, the draft's flag rules, the verifier's shape checks, data sniffing
-    "eagle3/train/loop.py",   # 525 lines: the loop and the validation pass
 }
 OVER_BUDGET_FUNCTIONS: set[str] = set()
 
