@@ -86,7 +86,7 @@ def not_finite_message(where: str, nonfinite_rows: int, rows_here: list[int], ra
     more, where_rank = ", ..." if len(rows_here) > 5 else "", f" on rank {rank}" if rank else ""
     named = f" ({shown}{more}{where_rank})" if rows_here else ""
     held = "get non-finite hidden states from the verifier" if online else "hold non-finite hidden states"
-    listing = "" if online else "; python -m eagle3.data.check <data dir> lists every bad row"
+    listing = "" if online else "; eagle3 check <data dir> lists every bad row"
     return (f"{where}: the val loss is not finite: {nonfinite_rows} val row(s) {held}{named}; it is not used to rank "
             f"checkpoints. {kept} data.on_bad_sample=skip leaves such rows out of validation (counted as skipped_rows "
             f"in each val row){listing}")
