@@ -86,8 +86,9 @@ def time_ours(model, draft, data, steps, warmup, device):
     from eagle3.device.choice import compute_dtype_on, loss_impl_on
     from eagle3.device.distributed import World
     from eagle3.rundir.progress import Progress
-    from eagle3.train.loop import StepLog, StepParts, count_step, log_train_row, make_scheduler, train_step
+    from eagle3.train.loop import StepParts, count_step, log_train_row, make_scheduler, train_step
     from eagle3.train.track import Tracker
+    from eagle3.train.train_rows import StepLog
 
     model = model.to(device)
     if device.type == "cpu":

@@ -179,7 +179,7 @@ def main() -> None:
     # Val passes: the first computes the val split's hidden states and keeps them, later ones read them back
     # (eagle3.data.online.HiddenStore). Between them, a pass of a loader that computes every time, for a reference
     # taken under the same load.
-    from eagle3.train.loop import run_validation
+    from eagle3.train.validation import run_validation
 
     cpu_val: list[float] = []
 

@@ -35,12 +35,14 @@ def main() -> None:
 
     from eagle3.console import quiet_libraries
     from eagle3.data.loader import LoaderSpec, build_loaders
+    from eagle3.data.reader import to_device
     from eagle3.device.distributed import World
     from eagle3.init import InitContext, build_draft
     from eagle3.run.inputs import materialize_inputs
     from eagle3.rundir.progress import Progress
-    from eagle3.train.loop import StepLog, StepParts, count_step, log_train_row, make_scheduler, to_device, train_step
+    from eagle3.train.loop import StepParts, count_step, log_train_row, make_scheduler, train_step
     from eagle3.train.track import Tracker
+    from eagle3.train.train_rows import StepLog
 
     quiet_libraries()
     cfg = tiny_run_config()

@@ -121,6 +121,6 @@ def shell_override(key: str, value: object) -> str:
 
 def resume_command(run_dir: Path | str) -> str:
     """The command that continues a run in place."""
-    return f"python launch.py {shell_override('resume', run_dir)}"
+    return f"eagle3 train {shell_override('resume', run_dir)}"
 
 

@@ -1,6 +1,7 @@
-"""Commands as a user types them, run by the tests: `python launch.py ARGS`, `python bench/SCRIPT.py ARGS` and
-`python -m MODULE ARGS` in this process (the exit status and console output the process would have, its state
-given back) or in a process of their own, and runs stopped by SIGTERM after their first step."""
+"""Commands as a user types them, run by the tests: `eagle3 VERB ARGS`, `python launch.py ARGS`,
+`python bench/SCRIPT.py ARGS` and `python -m MODULE ARGS` in this process (the exit status and console output the
+process would have, its state given back) or in a process of their own, and runs stopped by SIGTERM after their
+first step."""
 
 from __future__ import annotations
 
@@ -37,14 +38,16 @@ def launch_process(args: list[str], cache_dir: Path, timeout: int = 600, **env) 
 
 
 def run_in_process(argv: list[str], cache_dir: Path | None = None, **env) -> subprocess.CompletedProcess:
-    """A command line as a user types it, `python launch.py ARGS`, `python bench/SCRIPT.py ARGS` or
-    `python -m MODULE ARGS`, run in this process from the checkout's root: the exit status and console output the
+    """A command line as a user types it, `eagle3 VERB ARGS`, `python launch.py ARGS`, `python bench/SCRIPT.py ARGS`
+    or `python -m MODULE ARGS`, run in this process from the checkout's root: the exit status and console output the
     process would have, without importing torch and speculators afresh. The environment, cwd, signal handlers,
     logging and torch's RNG are given back as they were."""
+    if argv[:1] == ["eagle3"]:  # the console script: eagle3.cli's main, this checkout's
+        argv = ["python", "-m", "eagle3.cli", *argv[1:]]
     script = argv[1:2] == ["launch.py"] or (len(argv) > 1 and re.fullmatch(r"bench/\w+\.py", argv[1]) is not None)
     if argv[0] != "python" or not (script or argv[1:2] == ["-m"]):
-        raise ValueError(f"not `python launch.py ...`, `python bench/SCRIPT.py ...` or `python -m MODULE ...`: "
-                         f"{argv}")
+        raise ValueError(f"not `eagle3 VERB ...`, `python launch.py ...`, `python bench/SCRIPT.py ...` or "
+                         f"`python -m MODULE ...`: {argv}")
     if cache_dir is not None:
         env = {"EAGLE3_CACHE": str(cache_dir), "WANDB_SILENT": "true", **env}
     with restored_process_state(env), captured_console() as (out, err):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import re
+import shlex
 import subprocess
 import sys
 
@@ -35,7 +36,10 @@ def test_a_list_stays_a_list():
 
 
 def composed_resume(command: str) -> str:
-    """What `resume` the pasted command sets (run with --cfg job, so nothing trains)."""
+    """What `resume` the pasted `eagle3 ...` command sets (run with --cfg job, so nothing trains), with this
+    checkout's eagle3.cli as the console script."""
+    assert command.startswith("eagle3 "), command
+    command = command.replace("eagle3", f"{shlex.quote(sys.executable)} -m eagle3.cli", 1)
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     proc = subprocess.run(["bash", "-c", f"{command} --cfg job"], cwd=ROOT, env=env, capture_output=True, text=True,
                           timeout=120)
@@ -48,8 +52,8 @@ def composed_resume(command: str) -> str:
 def test_the_printed_resume_command_runs_for_awkward_run_dirs(name, tmp_path):
     run_dir = tmp_path / name
     command = resume_command(run_dir)
-    assert command.startswith("python launch.py ")
-    assert composed_resume(command.replace("python", sys.executable, 1)) == str(run_dir)
+    assert command.startswith("eagle3 train ")
+    assert composed_resume(command) == str(run_dir)
 
 
 @pytest.mark.slow  # runs launch.py
@@ -61,6 +65,6 @@ def test_the_command_in_the_refusal_to_overwrite_runs_as_printed(name, cache_dir
     proc = launch([hydra_override("hydra.run.dir", run_dir)], cache_dir, timeout=120)
     assert proc.returncode != 0 and "Traceback" not in proc.stderr
     # metrics.jsonl with no row past step 0: a run stopped before its first step, which resume= starts again
-    command = re.search(r"start it again from step 0 with (python launch\.py .*?), or choose", proc.stderr)
+    command = re.search(r"start it again from step 0 with (eagle3 train .*?), or choose", proc.stderr)
     assert command, proc.stderr[-2000:]
-    assert composed_resume(command.group(1).replace("python", sys.executable, 1)) == str(run_dir)
+    assert composed_resume(command.group(1)) == str(run_dir)

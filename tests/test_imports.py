@@ -186,9 +186,7 @@ def test_the_argparse_walk_sees_an_import_inside_a_function():
 LAUNCH_MAX_LINES, FUNCTION_MAX_LINES, MODULE_MAX_LINES = 250, 60, 450
 # TEMPORARY: modules and functions over their budgets that other work was changing while the budgets were set. Each
 # entry is to be split by job (the issue that set the budgets) and removed from here; a new one is not to be added.
-OVER_BUDGET_MODULES = {
-    "eagle3/train/loop.py",   # 525 lines: the loop and the validation pass
-}
+OVER_BUDGET_MODULES: set[str] = set()
 OVER_BUDGET_FUNCTIONS: set[str] = set()
 
 

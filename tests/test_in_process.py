@@ -1,5 +1,5 @@
-"""tests/commands.py's in-process runs of `python launch.py` and `python -m MODULE`: the exit status and console
-a process would have, and nothing of the test process left changed."""
+"""tests/commands.py's in-process runs of `eagle3 VERB`, `python launch.py` and `python -m MODULE`: the exit status and
+console a process would have, and nothing of the test process left changed."""
 
 from __future__ import annotations
 
@@ -40,5 +40,14 @@ def test_a_module_in_process_prints_its_error_as_the_interpreter_does(tmp_path):
     proc = run_in_process(["python", "-m", "eagle3.sweep.compare", str(tmp_path / "nowhere")])
     assert proc.returncode != 0 and proc.stderr.startswith("error: ") and "Traceback" not in proc.stderr
     assert str(tmp_path / "nowhere") in proc.stderr
-    with pytest.raises(ValueError, match="python launch.py"):
+    with pytest.raises(ValueError, match="eagle3 VERB"):
         run_in_process(["bash", "launch.py"])
+
+
+def test_a_printed_eagle3_command_runs_in_process_as_the_console_script_of_this_checkout(tmp_path):
+    """`eagle3 VERB ARGS`, as the library prints what to run next, is eagle3.cli's main here: the same config as
+    `python launch.py ARGS`."""
+    verb = run_in_process(["eagle3", "train", "--cfg", "job"], tmp_path / "cache")
+    old = launch(["--cfg", "job"], tmp_path / "cache")
+    assert verb.returncode == old.returncode == 0 and "optim:" in verb.stdout, verb.stderr[-2000:]
+    assert verb.stdout == old.stdout

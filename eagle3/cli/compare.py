@@ -29,14 +29,14 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--baseline", help="a run's label (first column, e.g. '#0'): adds the step at which each "
                                            "run first reached that run's best tau_sim")
     parser.add_argument("--baseline-ms", type=float, help="with --verify-ms: adds the serving speedup each run's "
-                                                           "accept rates predict (eagle3.eval.speedup) and ranks by "
+                                                           "accept rates predict (eagle3 speedup's model) and ranks by "
                                                            "it; the verifier's plain decoding, ms per token")
     parser.add_argument("--verify-ms", type=float, help="the verifier's forward over a verify step's k+1 tokens, ms")
     parser.add_argument("--draft-ms", type=float, default=0.0, help="one draft forward, ms (default 0)")
     parser.add_argument("--rank-by", choices=["tau_sim", "served"], default="tau_sim",
-                        help="served: by the speedup vLLM measured (eagle3.serve's reports in the run dirs); "
+                        help="served: by the speedup vLLM measured (eagle3 serve's reports in the run dirs); "
                              "default: by the predicted speedup when step costs are given, else by tau_sim")
-    parser.add_argument("--confirm", type=int, metavar="N", help="measure acceptance (eagle3.eval.accept --run) of "
+    parser.add_argument("--confirm", type=int, metavar="N", help="measure acceptance (eagle3 accept --run) of "
                         "the N best runs by tau_sim (those without an accept_k*.json yet), then rank the measured runs "
                         "by tau_sim and by accept_len side by side (0: only the rankings)")
     parser.add_argument("--forecast", action="store_true", help="adds the acceptance forecast's columns "

@@ -38,7 +38,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="eagle3 speedup", description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter,
                                 epilog=speedup.__doc__.split("\n\n", 2)[2])
-    p.add_argument("--accept", type=Path, help="an eagle3.eval.accept report (accept_k*.json): measured rates")
+    p.add_argument("--accept", type=Path, help="an eagle3 accept report (accept_k*.json): measured rates")
     p.add_argument("--accept-rates", type=float, nargs="+", metavar="R", help="per-position accept rates r_0 r_1 ...")
     p.add_argument("--run", type=Path, help="a finished run dir: its best val full_acc_* as rates (an estimate) "
                                             "unless --accept/--accept-rates; its draft and verifier for --measure")
@@ -51,7 +51,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                                                    "report at k=1: the cost of each draft token)")
     p.add_argument("--measure", action="store_true", help="measure the step costs here with the draft and verifier")
     p.add_argument("--engine-costs", type=Path, nargs="+", metavar="SERVE_JSON",
-                   help="step costs from eagle3.serve reports: step(k) = fixed + per_token * k plain steps, fitted "
+                   help="step costs from eagle3 serve reports: step(k) = fixed + per_token * k plain steps, fitted "
                         "to reports at two or more k (e.g. k=1 and the largest), or from one at k=1 with per_token "
                         "the draft forward's cost (the one eagle3.serve timed between its requests, or --measure, "
                         "or --draft-ms); the serve reports at every k beside "

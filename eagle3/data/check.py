@@ -72,7 +72,7 @@ class CheckReport:
             token_rows = (f"{self.data_dir} is a token-row dataset: Arrow rows without hidden states, by design (what "
                           f"data=online and data=regenerate train on, the verifier computing the hidden states in "
                           f"the loop). Train on it with data=online data.path={self.data_dir}; data=offline needs "
-                          f"hidden_states/hs_<i>.safetensors, which python -m eagle3.data.prepare writes.\n")
+                          f"hidden_states/hs_<i>.safetensors, which eagle3 prepare writes.\n")
         if self.unfinished:
             token_rows = f"{self.unfinished}\n"
         if not self.bad:
@@ -157,7 +157,7 @@ def unfinished(data_dir: Path, record: dict[str, Any]) -> str:
     """What a dataset whose preparation did not finish says: the same prepare command resumes it."""
     source = f"--data {shlex.quote(record['source'])} " if isinstance(record.get("source"), str) else ""
     return (f"{data_dir}: its preparation did not finish (eagle3_data.json says complete: false): run the same "
-            f"python -m eagle3.data.prepare command again ({source}--out {shlex.quote(str(data_dir))}), it resumes "
+            f"eagle3 prepare command again ({source}--out {shlex.quote(str(data_dir))}), it resumes "
             f"where it stopped")
 
 
@@ -183,7 +183,7 @@ def not_a_dataset(data_dir: Path, record: dict[str, Any], error: Exception) -> D
     what = f"a datasets dir of rows (columns {', '.join(columns)})" if columns else "a rows file"
     path = shlex.quote(str(data_dir))
     return DataError(f"{data_dir} is {what}, not a prepared dataset (Arrow rows with seq_len and their hidden "
-                     f"states): prepare it with python -m eagle3.data.prepare --model <verifier> --data {path} --out "
+                     f"states): prepare it with eagle3 prepare --model <verifier> --data {path} --out "
                      f"<dir> (for data=offline), or train on it as it is with data=online data.path={path}")
 
 

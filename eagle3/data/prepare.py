@@ -243,12 +243,12 @@ def prepare_with_engine(args: Any, rows: Sequence[Row], aux: Sequence[int], dtyp
 
 
 def train_command(data_dir: Path, model_dir: Path, aux_layer_ids: Sequence[int]) -> str:
-    """The launch.py command that trains on this data, runnable as printed: model=auto reads the draft's shape
+    """The `eagle3 train` command that trains on this data, runnable as printed: model=auto reads the draft's shape
     from the verifier's config.json; aux layer ids only when they differ from the default model=auto derives."""
 
     from eagle3.verifier.shape import verifier_config
 
-    parts = ["python launch.py model=auto", shell_override("model.verifier.path", model_dir.resolve()),
+    parts = ["eagle3 train model=auto", shell_override("model.verifier.path", model_dir.resolve()),
              "data=offline", shell_override("data.path", data_dir.resolve())]
     try:
         default = verifier_config(model_dir, "aux_layer_ids")

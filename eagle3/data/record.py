@@ -36,7 +36,7 @@ def read_record(data_dir: Path) -> dict[str, Any] | None:
     try:
         return json.loads(file.read_text())
     except ValueError as e:
-        raise DataError(f"{file}: not JSON ({e}); it is written by python -m eagle3.data.prepare") from None
+        raise DataError(f"{file}: not JSON ({e}); it is written by eagle3 prepare") from None
 
 
 def check_same_verifier(data_dir: Path, verifier_dir: Path) -> None:
@@ -58,12 +58,12 @@ def check_record(data_dir: Path, verifier_dir: Path, draft: DraftConfig) -> dict
     than the run's; warns when the data carries no record (speculators' own pipeline writes none)."""
     record = read_record(data_dir)
     if record is None:
-        log.warning("%s has no %s (not written by python -m eagle3.data.prepare): cannot check that its hidden "
+        log.warning("%s has no %s (not written by eagle3 prepare): cannot check that its hidden "
                     "states come from %s at aux layers %s", data_dir, RECORD, verifier_dir, draft.aux_layer_ids)
         return None
     if not record.get("complete", False):
         raise DataError(f"{data_dir}: its preparation did not finish ({RECORD} says complete: false); run the "
-                          f"same python -m eagle3.data.prepare command again, it resumes")
+                          f"same eagle3 prepare command again, it resumes")
     ours = Verifier(verifier_dir).fingerprint()
     theirs = record["verifier"]
     if theirs["config_hash"] != ours["config_hash"]:

@@ -105,7 +105,7 @@ def engine_python(given: str | None = None, key: str = "--python") -> Engine:
     source = key if given else PYTHON_ENV if os.environ.get(PYTHON_ENV) else None
     python = Path(given or os.environ.get(PYTHON_ENV) or default_dir() / "bin" / "python")
     if source is None and not python.exists():
-        raise EngineError(f"no vLLM environment at {python.parent.parent}: build it with python -m eagle3.serve "
+        raise EngineError(f"no vLLM environment at {python.parent.parent}: build it with eagle3 serve "
                           f"--install, or point {key} or ${PYTHON_ENV} at an interpreter that has vLLM")
     if not python.is_file() or not os.access(python, os.X_OK):
         raise EngineError(f"{source or 'the engine interpreter'}: {python} is not an executable file")
@@ -114,7 +114,7 @@ def engine_python(given: str | None = None, key: str = "--python") -> Engine:
     engine = probe(python, log)
     if engine is None:
         raise EngineError(f"{python} has no vLLM ({last_line(log)}); its output: {log}. Build an environment "
-                          "with python -m eagle3.serve --install")
+                          "with eagle3 serve --install")
     log.unlink(missing_ok=True)
     return engine
 

@@ -52,7 +52,7 @@ def served_step(path: Path, clock: str) -> ServedStep:
         if draft_ms is not None and not (math.isfinite(draft_ms) and draft_ms > 0):
             raise ValueError(draft_ms)
     except (ValueError, KeyError, TypeError):
-        raise ConfigError(f"--engine-costs: {path} is not an eagle3.serve report (serve_vllm_k*_t*.json)") from None
+        raise ConfigError(f"--engine-costs: {path} is not an eagle3 serve report (serve_vllm_k*_t*.json)") from None
     if not (speedup > 0 and plain > 0 and accept_len >= 1):
         raise ConfigError(f"--engine-costs: {path} has speedup {speedup}, plain tokens/s {plain}, accept_len "
                           f"{accept_len}; a measured report has positive ones")
@@ -85,13 +85,13 @@ def engine_costs(paths: Sequence[Path], max_k: int, clock: str = "wall", draft_m
     steps = [served_step(path, clock) for path in paths]
     if len(steps) == 1 and steps[0].k != 1:
         raise ConfigError(f"--engine-costs: {paths[0]} was served at k={steps[0].k}; the verify step is calibrated "
-                          "at k=1 (python -m eagle3.serve RUN --k 1), or give reports at two or more k")
-    timed_by = "given" if draft_ms is not None else "timed by eagle3.serve between the requests"
+                          "at k=1 (eagle3 serve RUN --k 1), or give reports at two or more k")
+    timed_by = "given" if draft_ms is not None else "timed by eagle3 serve between the requests"
     if len(steps) == 1 and draft_ms is None:
         draft_ms = steps[0].draft_ms
     if len(steps) == 1 and draft_ms is None:
         raise ConfigError(f"--engine-costs: one report ({paths[0]}, k=1) fixes step(1) alone, not how it grows with "
-                          "k, and it holds no draft_forward_ms (eagle3.serve times the draft since it writes one): "
+                          "k, and it holds no draft_forward_ms (eagle3 serve times the draft since it writes one): "
                           "give the draft forward's cost (--measure: measured here with the run's draft, or "
                           "--draft-ms), or reports at two or more k")
     if draft_ms is not None and not (math.isfinite(draft_ms) and draft_ms > 0):
@@ -110,7 +110,7 @@ def engine_costs(paths: Sequence[Path], max_k: int, clock: str = "wall", draft_m
         raise ConfigError("--engine-costs: the reports come from different served runs ("
                           + "; ".join(f"{s.path}: checkpoint {s.run[0]}, verifier {s.run[1]}, temperature {s.run[2]}"
                                       for s in steps) + "); fit the reports of one checkpoint, verifier and "
-                          "temperature (python -m eagle3.serve RUN --k 1 5)")
+                          "temperature (eagle3 serve RUN --k 1 5)")
     baseline_ms = sum(s.plain_ms for s in steps) / len(steps)
     if draft_ms is None:
         fixed, per_token = fit_step([(s.k, s.plain_steps) for s in steps])

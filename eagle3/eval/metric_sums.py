@@ -18,8 +18,8 @@ def accumulate(into: dict[str, Any], metrics: dict[str, torch.Tensor]) -> None:
 
 def summarize(sums: dict[str, float]) -> dict[str, float]:
     """Ratios of the counted metrics (train rows: speculators' per-micro-batch means, averaged over the window's
-    micro-batches; val rows: token-weighted, see val_counts), and tau_sim = 1 + sum_k full_acc_k (simulated chain
-    acceptance length)."""
+    micro-batches; val rows: token-weighted, see eagle3.train.validation.val_counts), and
+    tau_sim = 1 + sum_k full_acc_k (simulated chain acceptance length)."""
     from speculators.train.utils import normalize_counted_metrics
 
     metrics = normalize_counted_metrics(dict(sums))

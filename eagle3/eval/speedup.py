@@ -78,10 +78,10 @@ def rates_from_report(path: Path) -> tuple[list[float], str]:
         report = json.loads(path.read_text())
         rates = report["accept_rate"]
     except (ValueError, KeyError, TypeError):  # ValueError: not JSON, or not text
-        raise ConfigError(f"--accept: {path} is not an eagle3.eval.accept report (no accept_rate)") from None
+        raise ConfigError(f"--accept: {path} is not an eagle3 accept report (no accept_rate)") from None
     temperature = report.get("temperature", 0.0)
     if isinstance(temperature, bool) or not isinstance(temperature, (int, float)):
-        raise ConfigError(f"--accept: {path} states temperature {temperature!r}, not a number; an eagle3.eval.accept "
+        raise ConfigError(f"--accept: {path} states temperature {temperature!r}, not a number; an eagle3 accept "
                           f"report holds the temperature it measured at")
     return rates, f"measured: {path} (k={report.get('k')}, temperature {temperature:g})"
 
@@ -101,7 +101,7 @@ def rates_from_run(run: Path) -> tuple[list[float], str]:
     if not rates:
         raise ConfigError(f"--run: the best val row of {run} has no full_acc_* entries")
     return rates, (f"ESTIMATE: val full_acc_* of {run} (teacher-forced, step {best.get('step')}); served acceptance "
-                   "is usually lower, measure it with python -m eagle3.eval.accept")
+                   "is usually lower, measure it with eagle3 accept")
 
 
 def measure_costs(verifier, draft, ks: Sequence[int], context_len: int, repeats: int = 40,

@@ -26,10 +26,10 @@ def read_token_freq(data_dir: Path, vocab_size: int | None = None) -> dict[int, 
     own advice to unpickle it. With `vocab_size`, ids outside that vocabulary are left out (with a warning)."""
     file = Path(data_dir) / TOKEN_FREQ
     expected = ("a token-count file: torch.save of a {token id: count} dict of non-negative ints, as "
-                "python -m eagle3.data.prepare and speculators' save_token_frequency_distribution write it")
+                "eagle3 prepare and speculators' save_token_frequency_distribution write it")
     if not file.is_file():
         raise DataError(f"{data_dir} has no {TOKEN_FREQ} (the loss tokens' counts the draft vocabulary is built "
-                        "from); python -m eagle3.data.prepare writes it, as speculators' pipeline does")
+                        "from); eagle3 prepare writes it, as speculators' pipeline does")
     try:
         freq = torch.load(file, map_location="cpu", weights_only=True)
     except Exception:  # noqa: BLE001  (torch raises unpickling, zip, EOF and runtime errors alike)

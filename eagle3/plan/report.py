@@ -94,10 +94,10 @@ def check_fits(plan: Plan) -> None:
         knobs.append("model.draft.attn_impl=simple_flex_attention (no T x T score or mask matrix; CUDA only)")
     head = (f"this run needs about {human(plan.peak)} per rank, over {FIT_SHARE:.0%} of the device's "
             f"{human(plan.device_memory)} ({plan.device_memory_source})")
-    tail = "The whole plan: python launch.py plan=true <your overrides>"
+    tail = "The whole plan: eagle3 plan <your overrides>"
     if plan.online_verifier is not None:
         offline = ("offline data: the hidden states prepared once, with no verifier in the training ranks "
-                   "(python -m eagle3.data.prepare, or speculators' vLLM pipeline for a verifier that needs a "
+                   "(eagle3 prepare, or speculators' vLLM pipeline for a verifier that needs a "
                    "serving engine; then data=offline data.path=<that dataset>)")
         if plan.verifier_if_sharded is not None:
             fix = [f"data.shard_verifier=true (its weights divided over the {plan.world_size} ranks: about "
@@ -114,7 +114,7 @@ def check_fits(plan: Plan) -> None:
         raise ConfigError(f"{head}; {verifier}; the largest term is {big.name}: {human(big.bytes)}. To shrink it: "
                           f"{'; '.join(fix + knobs)}. {tail}")
     without = {ACCEPT_VERIFIER: "eval.accept.enabled=false (measured acceptance loads the whole verifier on rank 0 "
-                                "beside the draft; measure it after the run with python -m eagle3.eval.accept --run "
+                                "beside the draft; measure it after the run with eagle3 accept --run "
                                 "<run dir>, where the verifier fits)",
                ROLLOUT_VERIFIER: "train.on_policy.enabled=false (its rollouts hold the whole verifier in every rank)"}
     if big.name in without:

@@ -63,7 +63,7 @@ def check_data(cfg: RunConfig, verifier_dir: Path, data_dir: Path) -> list[int] 
         log.warning("%s: %d rows skipped while reading it (data.on_bad_sample=skip): %s", source_skips["source"],
                     sum(source_skips["counts"].values()), source_skips["counts"])
     if report.bad and policy == "error":
-        full_check = ("" if cfg.data.verifier_in_rank() else f"; python -m eagle3.data.check "
+        full_check = ("" if cfg.data.verifier_in_rank() else f"; eagle3 check "
                       f"{shlex.quote(str(data_dir))} checks everything, NaN included")
         raise DataError(f"{report.summary()}\ndata.on_bad_sample=skip trains without them (counted in "
                         f"data_check.json){full_check}")

@@ -66,7 +66,7 @@ def refuse_if_it_cannot_fit(cfg: TrainConfig) -> None:
     check_fits(plan)
     of = f"of {human(plan.device_memory)} ({plan.device_memory_source})" if plan.device_memory else \
         f"({plan.device_memory_source})"
-    log.info("plan: about %s per rank %s; python launch.py plan=true ... for the terms", human(plan.peak), of)
+    log.info("plan: about %s per rank %s; eagle3 plan ... for the terms", human(plan.peak), of)
 
 
 def check_devices(cfg: TrainConfig) -> None:

@@ -24,7 +24,7 @@ def format_report(r: dict[str, Any]) -> str:
     mapped = (f"accept_len = {ratio['value']:.3f} x tau_sim (the mean ratio at {ratio['measured_points']} measured "
               f"checkpoints: {', '.join(ratio['sources'])})" if ratio["measured_points"] else
               "no checkpoint of it measured: accept_len is read as tau_sim (teacher-forced, usually above what "
-              "serving accepts; measure with python -m eagle3.eval.accept --run RUN)")
+              "serving accepts; measure with eagle3 accept --run RUN)")
     lines = [f"run {r['label']} ({r['run']}): {len(r['points'])} val passes up to step {r['step']} "
              f"({tokens_text(r['tokens_so_far'])} tokens, {r['until']}), tau_sim {last['tau_sim']:.4f}",
              f"  fit: {curve['form']}, a={curve['a']:.3f} b={curve['b']:.3f} c={curve['c']:.3f} "
@@ -44,7 +44,7 @@ def format_report(r: dict[str, Any]) -> str:
     for goal in r["reach"]:
         lines.append("  " + goal_text(goal, r))
     if speedup:
-        lines.append(f"  speedup: eagle3.eval.speedup's model at {r['speedup_costs']}")
+        lines.append(f"  speedup: eagle3 speedup's model at {r['speedup_costs']}")
     later = [p for p in r["later"] if p["tokens"] > 0]
     if later:
         end = later[-1]

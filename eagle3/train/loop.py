@@ -1,22 +1,20 @@
 """The training loop: AdamW, warmup + decay, clipping, gradient accumulation, a val pass before any update
 and after each epoch, checkpoints `last` (resumable) and `best` (highest val tau_sim). Runs on CPU or GPU,
-in one process or many; speculators' own Trainer is CUDA-only.
+in one process or many; speculators' own Trainer is CUDA-only. The loop owns its counters (the run's Progress);
+the val pass is eagle3/train/validation.py's, the train rows and the bar eagle3/train/train_rows.py's.
 """
 
 from __future__ import annotations
 
 import logging
 import math
-import re
-import time
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
-from tqdm import tqdm
 
 from eagle3.config import RunConfig, TrainConfig, plain_config
 from eagle3.console import resume_command
@@ -33,21 +31,22 @@ from eagle3.device.distributed import (
     unwrap,
 )
 from eagle3.errors import RunStopped
-from eagle3.eval.metric_sums import accumulate, summarize
+from eagle3.eval.metric_sums import accumulate
 from eagle3.init.checkpoint import TRAINER_STATE, SaveFailed, save_checkpoint
 from eagle3.rundir.files import CHECKPOINTS, trained_config
 from eagle3.rundir.progress import Progress, Row, job_clock
 from eagle3.train.cadence import Cadence, Stop
 from eagle3.train.stop import StopRequest, stop_before_training
 from eagle3.train.track import Tracker
+from eagle3.train.train_rows import StepLog
+from eagle3.train.validation import run_validation
 
 if TYPE_CHECKING:
     from eagle3.data.loader import Loader
 
 log = logging.getLogger(__name__)
 
-__all__ = ["train", "Training", "Hook", "ValEntries", "StepParts", "train_step", "make_scheduler", "run_validation",
-           "summarize", "to_device", "RunStopped"]
+__all__ = ["train", "Training", "Hook", "ValEntries", "StepParts", "train_step", "make_scheduler", "RunStopped"]
 
 ExtraLoss = tuple[float, Callable[[], tuple[torch.Tensor, dict[str, torch.Tensor]]]]
 
@@ -326,43 +325,6 @@ def log_train_row(steps: StepLog, progress: Progress, world: World) -> None:
     steps.log(progress, sums)
 
 
-class StepLog:
-    """The console bar and the train rows. `window` collects the counted metrics of the steps since the last
-    row (train_step adds to it); it formats rows from the progress it is given and changes none of it."""
-
-    def __init__(self, tracker: Tracker, world: World, scheduler: Any, total_steps: int, progress: Progress):
-        self.tracker, self.scheduler = tracker, scheduler
-        self.window: dict[str, Any] = {}
-        self.grad_norm: torch.Tensor | float = float("nan")
-        self.start = time.perf_counter() - progress.train_wall_s
-        self.bar = tqdm(total=total_steps, initial=progress.step, desc="train", unit="step",
-                        disable=not world.is_main, dynamic_ncols=True)
-
-    def wall(self) -> float:
-        return time.perf_counter() - self.start
-
-    def count(self, grad_norm: torch.Tensor | None) -> None:
-        """A step was taken: the bar moves; a finite gradient norm is the one the next row shows."""
-        if grad_norm is not None:
-            self.grad_norm = grad_norm
-        self.bar.update()
-
-    def take_window(self) -> dict[str, Any]:
-        window, self.window = self.window, {}
-        return window
-
-    def log(self, progress: Progress, sums: dict[str, Any]) -> None:
-        row = {"step": progress.step, "split": "train", "epoch": progress.epoch, **summarize(sums),
-               "lr": self.scheduler.get_last_lr()[0], "grad_norm": float(self.grad_norm),
-               "tokens": progress.tokens, "tokens_per_s": progress.tokens / progress.train_wall_s,
-               "skipped_steps": progress.skipped_steps}
-        self.tracker.log(row)
-        self.bar.set_postfix(loss=f"{row['loss']:.3f}", acc0=f"{row.get('full_acc_0', 0):.3f}")
-
-    def close(self) -> None:
-        self.bar.close()
-
-
 def train_step(parts: StepParts, micro_batches: Iterator[Any], window: dict[str, Any],
                extra: Sequence[ExtraLoss] = ()) -> torch.Tensor | None:
     """One optimizer step over `parts.accum` micro-batches; adds their counted metrics to `window`; returns the
@@ -407,122 +369,3 @@ def make_scheduler(optimizer: torch.optim.Optimizer, kind: str, warmup_steps: in
 
     name = {"cosine": "cosine", "linear": "linear", "constant": "constant_with_warmup"}[kind]
     return get_scheduler(name, optimizer, num_warmup_steps=warmup_steps, num_training_steps=max(total_steps, 1))
-
-
-@torch.no_grad()
-def run_validation(model: torch.nn.Module, loader: Iterable, device: torch.device, autocast,
-                   call_kwargs: dict[str, Any], world: World = World(), *, on_bad_sample: str = "error",
-                   where: str = "the val pass") -> dict[str, float]:
-    """Val metrics of the weights over the whole val split (all ranks' shares), the same for any world size
-    or grad_accum: each step's loss token-weighted over the split (`val_counts`), accuracies as speculators
-    counts them, tau_sim from those, `loss` the sum of the step losses.
-
-    A pass whose sums are not finite is never returned: it raises ValNotFinite on every rank alike (the check
-    reads the sums reduced over ranks), naming `where`. With on_bad_sample="skip", documents whose hidden
-    states are not finite are taken out of their micro-batch before the forward and counted in
-    `skipped_rows`; then only weights that give a non-finite loss on finite inputs raise."""
-    skip = on_bad_sample == "skip"
-    sampler = getattr(loader, "batch_sampler", None)
-    counted = getattr(sampler, "counted", None)  # ValShardSampler: the packs after these only keep ranks in step
-    model.eval()
-    sums: dict[str, Any] = {}
-    bad_docs_by_pack: list[torch.Tensor] = []
-    for i, batch in enumerate(loader):
-        inputs = to_device(batch, device)
-        bad_docs = nonfinite_documents(inputs)
-        if skip:
-            inputs = without_documents(inputs, bad_docs)
-        with autocast:
-            _, _, metrics = model(**inputs, **call_kwargs)
-        counts = {**val_counts(metrics), "nonfinite_rows": bad_docs.sum()}
-        if counted is not None and i >= counted:
-            # A repeat: counted as nothing, but counted, so that every rank reduces the same keys.
-            counts = {k: torch.zeros_like(v) for k, v in counts.items()}
-        else:
-            bad_docs_by_pack.append(bad_docs)
-        accumulate(sums, counts)
-    sums = reduce_sums(sums, world)
-    nonfinite_rows = int(sums.pop("nonfinite_rows", 0))
-    if not all(math.isfinite(v) for v in sums.values()):
-        rows = []
-        if nonfinite_rows and sampler is not None and hasattr(loader, "split_rows"):
-            packs = list(sampler)
-            rows = sorted(int(loader.split_rows[packs[i][s]]) for i, bad in enumerate(bad_docs_by_pack)
-                          for s in bad.nonzero().flatten().tolist())
-        from eagle3.data.online import OnlineLoader
-
-        raise ValNotFinite(not_finite_message(where, nonfinite_rows, rows, world.rank,
-                                              online=isinstance(loader, OnlineLoader)))
-    metrics = summarize(sums)
-    if skip:
-        metrics["skipped_rows"] = nonfinite_rows
-    return metrics
-
-
-class ValNotFinite(RunStopped):
-    """A val pass gave a non-finite loss or accuracy: it must never rank a checkpoint."""
-
-
-def not_finite_message(where: str, nonfinite_rows: int, rows_here: list[int], rank: int, online: bool = False) -> str:
-    kept = "Checkpoints saved before this pass are kept (checkpoints/last: the last resumable state)."
-    if not nonfinite_rows:
-        return (f"{where}: the val loss is not finite although every val row's hidden states are finite, so the "
-                f"weights give it (diverged training or a broken init); it is not used to rank checkpoints. {kept} "
-                f"Lower optim.lr or check init")
-    shown = ", ".join(f"row {r}" if online else f"hs_{r}.safetensors" for r in rows_here[:5])
-    more, where_rank = ", ..." if len(rows_here) > 5 else "", f" on rank {rank}" if rank else ""
-    named = f" ({shown}{more}{where_rank})" if rows_here else ""
-    held = "get non-finite hidden states from the verifier" if online else "hold non-finite hidden states"
-    listing = "" if online else "; python -m eagle3.data.check <data dir> lists every bad row"
-    return (f"{where}: the val loss is not finite: {nonfinite_rows} val row(s) {held}{named}; it is not used to rank "
-            f"checkpoints. {kept} data.on_bad_sample=skip leaves such rows out of validation (counted as skipped_rows "
-            f"in each val row){listing}")
-
-
-def nonfinite_documents(inputs: dict[str, torch.Tensor]) -> torch.Tensor:
-    """Which documents of a micro-batch (by document id, [T] bool) have a non-finite value in the hidden
-    states the model reads for them. On the device, no sync."""
-    doc = inputs["document_ids"][0]
-    bad_positions = ~(torch.isfinite(inputs["hidden_states"][0]).all(-1)
-                      & torch.isfinite(inputs["verifier_last_hidden_states"][0]).all(-1))
-    # Slot 0 collects the padding (document id -1).
-    per_doc = torch.zeros(doc.numel() + 1, device=doc.device).index_add_(0, doc + 1, bad_positions.float())
-    return per_doc[1:] > 0
-
-
-def without_documents(inputs: dict[str, torch.Tensor], bad_docs: torch.Tensor) -> dict[str, torch.Tensor]:
-    """The micro-batch with `bad_docs` taken out: their hidden states zeroed (attention masks them from the
-    other documents, but 0 x NaN would still reach them) and their positions out of the loss and accuracies."""
-    doc = inputs["document_ids"]
-    drop = torch.cat([bad_docs.new_zeros(1), bad_docs])[doc + 1]  # [1, T]
-    out = dict(inputs)
-    for k in ("hidden_states", "verifier_last_hidden_states"):
-        out[k] = inputs[k].masked_fill(drop[..., None], 0)
-    out["loss_mask"] = inputs["loss_mask"].masked_fill(drop, 0)
-    return out
-
-
-STEP_METRIC = re.compile(r"(.+)_(\d+)_sum")
-
-
-def val_counts(metrics: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """A micro-batch's metrics as counts that add up over any packing of the split (float64, on the device).
-
-    speculators returns each step's loss (and loss term) as that micro-batch's mean over its loss-masked
-    positions with a total of 1, so summing them weights a micro-batch, not a token, and the result depends on
-    how the split is packed. Here each is weighted by the positions it averaged over (step k's full_acc_k
-    total), and the whole-batch loss_sum (the sum of step means) is dropped: the summary's loss is then the
-    sum over steps of the token-weighted step losses. The accuracy counts are already counts."""
-    out = {}
-    for key, value in metrics.items():
-        match = STEP_METRIC.fullmatch(key)
-        if match and match[1] not in ("full_acc", "cond_acc"):
-            positions = metrics[f"full_acc_{match[2]}_total"].double()
-            out[key] = value.detach().double() * positions
-            out[f"{match[1]}_{match[2]}_total"] = positions
-        elif key.endswith("_sum") or key.endswith("_total"):
-            if key not in ("loss_sum", "loss_total") and key not in out:
-                out[key] = value.detach().double()
-    return out
-
-

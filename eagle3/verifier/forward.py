@@ -55,7 +55,7 @@ def packing_problem(config) -> str | None:
     if other:
         return (f"its layers' attention includes {', '.join(other)}, which a packed row's per-document mask cannot "
                 f"confine (data=online packs documents; {' and '.join(PACKABLE_ATTENTION)} only); "
-                f"prepare its hidden states offline with python -m eagle3.data.prepare and use data=offline")
+                f"prepare its hidden states offline with eagle3 prepare and use data=offline")
     return None
 
 

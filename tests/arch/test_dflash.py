@@ -119,7 +119,7 @@ def test_the_loops_micro_batch_trains_as_speculators_dflash_forward_on_its_own_a
     from speculators.models.dflash import DFlashDraftModel
 
     from eagle3.arch.draft import dflash_anchors
-    from eagle3.train.loop import summarize
+    from eagle3.eval.metric_sums import summarize
 
     _, draft = small_dflash(3)
     ours, theirs = shifted_and_unshifted()

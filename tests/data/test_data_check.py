@@ -75,7 +75,7 @@ def test_data_check_on_rows_says_they_are_rows_for_prepare_or_data_online(kind, 
     what = "a rows file" if kind == "jsonl" else \
         f"a datasets dir of rows (columns {'conversations' if kind == 'conversations' else 'input_ids, loss_mask'})"
     assert err == (f"error: {path} is {what}, not a prepared dataset (Arrow rows with seq_len and their hidden "
-                   f"states): prepare it with python -m eagle3.data.prepare --model <verifier> --data {path} --out "
+                   f"states): prepare it with eagle3 prepare --model <verifier> --data {path} --out "
                    f"<dir> (for data=offline), or train on it as it is with data=online data.path={path}\n")
 
 
@@ -102,8 +102,8 @@ def test_data_check_on_an_unfinished_preparation_says_the_same_prepare_command_r
                         "source": "/rows/share gpt.json"})
     assert exit_status_of(main, [str(data), "--quick"]) == 1
     out, err = capsys.readouterr()
-    says = (f"{data}: its preparation did not finish (eagle3_data.json says complete: false): run the same python -m "
-            f"eagle3.data.prepare command again (--data '/rows/share gpt.json' --out '{data}'), it resumes where it "
+    says = (f"{data}: its preparation did not finish (eagle3_data.json says complete: false): run the same eagle3 "
+            f"prepare command again (--data '/rows/share gpt.json' --out '{data}'), it resumes where it "
             f"stopped")
     if stopped == "before_its_rows":
         assert err == f"error: {says}\n"

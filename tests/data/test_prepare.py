@@ -64,7 +64,7 @@ def prepared(verifier, id_rows, tmp_path_factory) -> Path:
     tmp = tmp_path_factory.mktemp("prepared")
     proc = prepare(verifier, write_jsonl(tmp / "rows.jsonl", id_rows), tmp / "data", "--dtype", "float32")
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert "python launch.py model=auto" in proc.stderr  # the next command, ready to paste
+    assert "eagle3 train model=auto" in proc.stderr  # the next command, ready to paste
     return tmp / "data"
 
 
@@ -358,7 +358,7 @@ def test_readme_own_data_commands_run_as_printed_on_another_verifier(tmp_path, c
                 "--out", str(data), "--device", "cpu"])
     assert proc.returncode == 0, proc.stderr[-3000:]
     printed = proc.stderr.split("train on it with:\n", 1)[1].strip().splitlines()[0]
-    assert printed.startswith("python launch.py model=auto ")
+    assert printed.startswith("eagle3 train model=auto ")
     proc = run(["python", "-m", "eagle3.data.check", str(data)])
     assert proc.returncode == 0 and "all good" in proc.stdout, proc.stdout + proc.stderr[-2000:]
     proc = run(["python", "-m", "eagle3.data.check", str(data), "--quick", "--total-seq-len", "30"])  # item 11

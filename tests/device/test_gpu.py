@@ -64,6 +64,7 @@ class Spy:
 
         import eagle3.train.loop
         import eagle3.train.rank
+        import eagle3.train.validation
 
         self.loss_impls, self.models, self.batches = [], [], []
         resolve, wrap, to_device = (speculators.losses.resolve_loss_config, eagle3.train.rank.wrap_model,
@@ -87,7 +88,8 @@ class Spy:
 
         monkeypatch.setattr(speculators.losses, "resolve_loss_config", spy_resolve)
         monkeypatch.setattr(eagle3.train.rank, "wrap_model", spy_wrap)
-        monkeypatch.setattr(eagle3.train.loop, "to_device", spy_to_device)
+        monkeypatch.setattr(eagle3.train.loop, "to_device", spy_to_device)  # the train steps'
+        monkeypatch.setattr(eagle3.train.validation, "to_device", spy_to_device)  # the val passes'
 
     def autocast_dtypes(self) -> set:
         """Output dtypes of the draft's fc layer in the forwards since this was called (bf16 under autocast)."""
@@ -151,7 +153,7 @@ def val_loss_of(checkpoint: Path, cfg: RunConfig, data_dir: Path, total_seq_len:
     from eagle3.data.loader import LoaderSpec, build_loaders
     from eagle3.device.choice import attn_impl_on
     from eagle3.init.checkpoint import load_draft
-    from eagle3.train.loop import run_validation
+    from eagle3.train.validation import run_validation
 
     draft, cuda = cfg.model.draft, device.type == "cuda"
     model = load_draft(checkpoint, "simple_flex_attention" if cuda else attn_impl_on(draft.attn_impl, "cpu"),
@@ -220,7 +222,7 @@ def test_bf16_autocast_reaches_the_draft(gpu_run):
     from speculators.losses import resolve_loss_config
 
     from eagle3.data.loader import LoaderSpec, build_loaders
-    from eagle3.train.loop import run_validation
+    from eagle3.train.validation import run_validation
 
     _, cfg, _, spy, _, data_dir = gpu_run
     model = spy.models[-1]

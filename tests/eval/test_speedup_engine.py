@@ -75,7 +75,7 @@ def test_one_report_at_k1_takes_the_draft_forward_eagle3_serve_timed_beside_it(t
     p = predict_from(tmp_path, 1)
     assert p["draft_ms"] == pytest.approx(2.0) and p["fixed_plain_steps"] == pytest.approx(FIXED)
     assert all(r["error"] == pytest.approx(0.0, abs=1e-12) for r in p["rows"] if "error" in r)
-    assert "timed by eagle3.serve between the requests" in p["costs_source"]
+    assert "timed by eagle3 serve between the requests" in p["costs_source"]
     given = predict_from(tmp_path, 1, extra=("--draft-ms", "5"))
     assert given["draft_ms"] == pytest.approx(5.0) and "5.000 ms, given" in given["costs_source"]
 
@@ -84,7 +84,7 @@ def test_one_report_at_k1_takes_the_draft_forward_eagle3_serve_timed_beside_it(t
 def test_a_report_whose_draft_timing_is_not_a_time_is_refused(tmp_path, timed):
     served(tmp_path, 1, draft_forward_ms=timed)
     served(tmp_path, 5)
-    with pytest.raises(SystemExit, match="is not an eagle3.serve report"):
+    with pytest.raises(SystemExit, match="is not an eagle3 serve report"):
         predict_from(tmp_path, 1)
 
 
@@ -188,13 +188,13 @@ def refused_prediction(tmp_path: Path, *reports: Path, extra: tuple[str, ...] = 
 @pytest.mark.parametrize("temperature", [None, "zero", -1.0])
 def test_a_serve_report_without_a_usable_temperature_is_one_message(tmp_path, temperature):
     report = edit_report(served(tmp_path, 1), temperature=temperature)
-    assert "is not an eagle3.serve report" in refused_prediction(tmp_path, report)
+    assert "is not an eagle3 serve report" in refused_prediction(tmp_path, report)
 
 
 def test_a_report_beside_the_first_that_is_no_serve_report_is_one_message(tmp_path):
     first = served(tmp_path, 1)
     (tmp_path / "serve_vllm_k2_t0.json").write_text('{"k": 2}')
-    assert "serve_vllm_k2_t0.json is not an eagle3.serve report" in refused_prediction(tmp_path, first,
+    assert "serve_vllm_k2_t0.json is not an eagle3 serve report" in refused_prediction(tmp_path, first,
                                                                                         extra=("--draft-ms", "1"))
 
 

@@ -45,7 +45,7 @@ def probe_loss(run_inputs, ctx: InitContext) -> float:
     from speculators.losses import resolve_loss_config
 
     from eagle3.data.loader import LoaderSpec, build_loaders
-    from eagle3.train.loop import run_validation
+    from eagle3.train.validation import run_validation
 
     resolved, _, data_dir = run_inputs
     model, _ = build_draft(ctx)

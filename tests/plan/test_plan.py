@@ -343,7 +343,7 @@ def test_a_run_that_does_not_fit_for_eval_accepts_verifier_is_told_to_measure_ac
                                      "data=offline", f"data.path={tmp_path}", f"distributed.device_memory_gb={gb}"]))
     with pytest.raises(ConfigError, match=re.escape(advice)) as refusal:
         check_fits(plan)
-    assert "python -m eagle3.eval.accept --run <run dir>" in str(refusal.value)
+    assert "eagle3 accept --run <run dir>" in str(refusal.value)
 
 
 def test_on_policy_rollouts_hold_the_verifier_in_every_rank_and_eval_accept_reuses_it(tmp_path):

@@ -70,7 +70,7 @@ def test_best_checkpoint_loads_with_speculators_and_reproduces_val_loss(trained_
 
     from eagle3.data.loader import LoaderSpec, build_loaders
     from eagle3.init.checkpoint import load_draft
-    from eagle3.train.loop import run_validation
+    from eagle3.train.validation import run_validation
 
     cfg = yaml.safe_load((trained_run / "resolved_config.yaml").read_text())
     summary = json.loads((trained_run / "summary.json").read_text())

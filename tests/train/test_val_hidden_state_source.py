@@ -12,7 +12,7 @@ from test_val_metrics import NAN_ROW, data_dir, nan_data_dir, validate  # noqa: 
 
 from eagle3.data.loader import LoaderSpec, build_loaders
 from eagle3.data.online import OnlineVerifier
-from eagle3.train.loop import ValNotFinite
+from eagle3.train.validation import ValNotFinite
 from factories import AUX, RATIO, H, T
 
 pytestmark = pytest.mark.filterwarnings("ignore:Found .* samples longer than batch_max_length")

@@ -77,7 +77,7 @@ def val_loader(data_dir: Path, **kwargs):
 def validate(loader, **kwargs) -> dict[str, float]:
     from speculators.losses import resolve_loss_config
 
-    from eagle3.train.loop import run_validation
+    from eagle3.train.validation import run_validation
 
     call = {"ttt_steps": 3, "ttt_step_loss_decay": 1.0, "loss_config": resolve_loss_config("kl_div", "eager")}
     return run_validation(draft_for_dataset({}), loader, torch.device("cpu"), nullcontext(), call, **kwargs)
@@ -121,7 +121,7 @@ def test_val_loss_is_token_weighted_over_the_split(data_dir):
 
 
 def test_non_finite_val_hidden_states_are_one_error_naming_the_row(nan_data_dir):
-    from eagle3.train.loop import ValNotFinite
+    from eagle3.train.validation import ValNotFinite
 
     with pytest.raises(ValNotFinite) as err:
         validate(val_loader(nan_data_dir), where="the val pass at step 7")
@@ -215,8 +215,9 @@ def test_a_val_pass_gone_non_finite_mid_run_keeps_the_last_checkpoint(probe_one_
     from eagle3.data.loader import LoaderSpec, build_loaders
     from eagle3.init import InitContext, build_draft
     from eagle3.init.checkpoint import load_trainer_state
-    from eagle3.train.loop import Training, ValEntries, ValNotFinite, train
+    from eagle3.train.loop import Training, ValEntries, train
     from eagle3.train.track import Tracker
+    from eagle3.train.validation import ValNotFinite
     from factories import typed_run_config
 
     source = Path(json.loads((probe_one_process / "summary.json").read_text())["data_dir"])
