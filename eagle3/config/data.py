@@ -61,7 +61,7 @@ MIN_SEQ_LEN = 2  # data.total_seq_len: one input token and its next token, the s
 
 
 def check_total_seq_len(value: int) -> None:
-    """data.total_seq_len's range (DataConfig.check; python -m eagle3.data.check --total-seq-len)."""
+    """data.total_seq_len's range (DataConfig.check; eagle3 check --total-seq-len)."""
     require(value >= MIN_SEQ_LEN, "data.total_seq_len",
             f"must be at least {MIN_SEQ_LEN}, got {value}: a packed micro-batch must hold one token and the next one "
             f"it predicts (training shifts each row by one)")
@@ -116,7 +116,7 @@ class HiddenStateFiles(DataConfig):
 @dataclass
 class OfflineDataConfig(HiddenStateFiles):
     name: str = "offline"
-    # Required: python launch.py data=offline data.path=/data/my_dataset; <path>/data-*.arrow (input_ids,
+    # Required: eagle3 train data=offline data.path=/data/my_dataset; <path>/data-*.arrow (input_ids,
     # loss_mask, seq_len), <path>/hidden_states/hs_<i>.safetensors, token_freq.pt
     path: str = MISSING
 
@@ -205,7 +205,7 @@ class OnlineDataConfig(TokenRows):
 class RegenerationEngine(str, Enum):
     auto = "auto"                   # vllm when its engine environment is there, else transformers (the log says which)
     transformers = "transformers"   # the verifier in this process: transformers' batched, KV-cached generate
-    vllm = "vllm"                   # the verifier served by vLLM (python -m eagle3.serve --install builds its venv)
+    vllm = "vllm"                   # the verifier served by vLLM (eagle3 serve --install builds its venv)
 
 
 @dataclass

@@ -173,7 +173,7 @@ class LoggerConfig:
 @dataclass
 class AcceptEvalConfig:
     """Measured acceptance at val passes: chain speculative decoding with the verifier in the training process
-    (eagle3/eval). Only for verifiers that fit beside the draft; off by default. `python -m eagle3.eval.accept`
+    (eagle3/eval). Only for verifiers that fit beside the draft; off by default. `eagle3 accept`
     takes its option defaults from here."""
 
     enabled: bool = False           # true: measure at val passes (not with FSDP across ranks)
@@ -188,7 +188,7 @@ class AcceptEvalConfig:
     temperature: float = 0.0        # sampling temperature (0: greedy; > 0: speculative sampling, seeded by `seed`)
 
     def check_values(self) -> None:
-        """Its values' ranges; also what `python -m eagle3.eval.accept` checks its options with."""
+        """Its values' ranges; also what `eagle3 accept` checks its options with."""
         for key, low in (("k", 1), ("num_prompts", 1), ("every", 1)):
             value = getattr(self, key)
             require(value >= low, f"eval.accept.{key}", f"must be >= {low}, got {value}")
@@ -204,7 +204,7 @@ class AcceptEvalConfig:
             return
         require(dist.strategy != Strategy.fsdp or dist.world_size == 1, "eval.accept.enabled",
                 "needs the whole draft in rank 0, and FSDP shards it; measure the saved checkpoint afterwards with "
-                "python -m eagle3.eval.accept --run <run dir>")
+                "eagle3 accept --run <run dir>")
         if self.prompts is not None:
             problem = rows_path_problem(Path(self.prompts))  # its rows are read at the first val pass
             require(problem is None, "eval.accept.prompts", f"{self.prompts} {problem}; expected {ROWS_FILES}")
@@ -212,7 +212,7 @@ class AcceptEvalConfig:
 
 @dataclass
 class ServeEvalConfig:
-    """At the end of a run, its checkpoints/best served by vLLM (python -m eagle3.serve RUN) on eval.accept's
+    """At the end of a run, its checkpoints/best served by vLLM (eagle3 serve RUN) on eval.accept's
     prompts, token budget and temperature; off by default."""
 
     enabled: bool = False
@@ -221,7 +221,7 @@ class ServeEvalConfig:
     python: str | None = None      # the engine's interpreter; null: $EAGLE3_VLLM_PYTHON, else the --install venv
 
     def check_values(self) -> None:
-        """Its values' ranges; also what `python -m eagle3.serve` checks its --k with."""
+        """Its values' ranges; also what `eagle3 serve` checks its --k with."""
         require(self.k is None or (len(self.k) > 0 and min(self.k) >= 1), "eval.serve.k",
                 f"must be null or a list of k >= 1, got {self.k}")
 

@@ -105,7 +105,7 @@ class TrainConfig:
             return
         require(not self.eval.accept.enabled, "eval.accept.enabled",
                 "measures on rank 0 with the whole verifier, and data.shard_verifier=true shards it across the "
-                "ranks; measure the saved checkpoint afterwards with python -m eagle3.eval.accept --run <run dir>")
+                "ranks; measure the saved checkpoint afterwards with eagle3 accept --run <run dir>")
         require(not self.train.on_policy.enabled, "train.on_policy.enabled",
                 "decodes with the whole verifier in each rank, and data.shard_verifier=true shards it across the "
                 "ranks")
