@@ -120,7 +120,8 @@ def test_the_learning_curve_script_runs_every_stage_and_measures_a_point_at_a_ti
     (out / "reference.txt").write_text(f"{smollm2_dir}\n{sharegpt_file}\n")  # the assets stage's output: built
     docs_csv = (ROOT / "docs" / "learning_curve.csv").read_bytes()
     ladder = " ".join(str(int(1000 * 1.25 ** i)) for i in range(-2, 12))  # one budget within 0.8-1.25x of any count
-    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}",
+    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}",  # this checkout's eagle3
+           "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
            "EAGLE3_CACHE": str(tmp_path / "cache"), "EAGLE3_VLLM_PYTHON": str(engine_python), "CONVERSATIONS": "8",
            "STEPS": "2", "BUDGETS": ladder, "NUM_PROMPTS": "2", "MAX_NEW_TOKENS": "4",
            "CURVE_PNG": str(out / "curve.png"), "CURVE_CSV": str(out / "curve.csv")}
