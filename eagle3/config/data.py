@@ -143,6 +143,10 @@ class TokenRows(DataConfig):
     # Only the first records of data.path are read (bad ones counted among them), the rest of the file never is:
     # the head of a large file such as ShareGPT's 125 MB JSON array. null: every record
     max_records: int | None = None
+    # Conversations (messages, ShareGPT rows) whose turns hold more than this many characters in all are left out
+    # before they are tokenized, counted in the rows' record (over_max_chars) and the log: a selection by length,
+    # such as docs/sharegpt_split.py's (<= 4,000). null: every conversation. Token rows have no characters: refused
+    max_chars: int | None = None
     # Disk (GB, 1e9 bytes) for the train rows' hidden states of the first epoch, read back by the later epochs
     # instead of running the verifier again (in the run dir, removed when the run ends; rows beyond it are computed
     # at every epoch). 0: off, every epoch runs the verifier over every row, nothing is written (a run with one
@@ -153,6 +157,8 @@ class TokenRows(DataConfig):
         super().check(dataset_required)
         require(self.max_records is None or 1 <= self.max_records < 2**63, "data.max_records",
                 f"must be null (every record) or at least 1 and below 2**63, got {self.max_records}")
+        require(self.max_chars is None or self.max_chars >= 1, "data.max_chars",
+                f"must be null (every conversation) or at least 1, got {self.max_chars}")
         require(math.isfinite(self.cache_gb) and self.cache_gb >= 0, "data.cache_gb",
                 f"must be >= 0 (0: off) and finite, got {self.cache_gb}")
         require(not (self.shard_verifier and self.cache_gb > 0), "data.cache_gb",
@@ -186,6 +192,9 @@ class OnlineDataConfig(TokenRows):
             require(self.max_records is None, "data.max_records",
                     "bounds the records read from data.path, and there is no data.path (rows are sampled from the "
                     "verifier; data.synth.num_samples says how many): drop data.max_records, or give data.path")
+            require(self.max_chars is None, "data.max_chars",
+                    "selects conversations read from data.path, and there is no data.path (rows are sampled from "
+                    "the verifier): drop data.max_chars, or give data.path")
             return
         changed = [f"data.synth.{k}" for k, v in vars(self.synth).items() if v != getattr(SynthConfig(), k)]
         require(not changed, changed[0] if changed else "data.synth",

@@ -56,10 +56,11 @@ PROMPT_ONLY_RULE = "A prompt-only row has one placeholder token of mask 1 at the
 
 
 def read_prompts(path: Path, verifier_dir: Path, vocab_size: int, bad: BadSamples,
-                 row_format: RowFormat | str = RowFormat.auto,
-                 max_records: int | None = None) -> tuple[list[list[int]], dict[str, str]]:
+                 row_format: RowFormat | str = RowFormat.auto, max_records: int | None = None,
+                 max_chars: int | None = None) -> tuple[list[list[int]], dict[str, str]]:
     """Every prompt of the prompt set at `path` (any rows file eagle3.formats.row_formats reads; its first `max_records`
-    records), in file order, and what the record says of the format its rows were read in."""
+    records, its conversations of at most `max_chars` characters), in file order, and what the record says of the
+    format its rows were read in."""
     chat: list[ChatTokenizer] = []  # built on the first messages row: input_ids rows need no tokenizer
 
     def tokenize_chat(messages: list[dict[str, Any]]) -> Row:
@@ -77,7 +78,7 @@ def read_prompts(path: Path, verifier_dir: Path, vocab_size: int, bad: BadSample
 
     rule = (f"data=regenerate regenerates each run of loss-mask 1, and \"{PROMPT_ONLY_RULE}\" (docs/regenerate.md): "
             f"append any token id to input_ids and a 1 to loss_mask")
-    rows = read_rows(path, sys.maxsize, vocab_size, bad, tokenize_chat, row_format, rule, max_records)
+    rows = read_rows(path, sys.maxsize, vocab_size, bad, tokenize_chat, row_format, rule, max_records, max_chars)
     return [prompt for row in rows for prompt in prompt_spans(row)], rows.record()
 
 
@@ -197,7 +198,8 @@ def weights_stamp(verifier_dir: Path) -> list[tuple[str, int, int]]:
 
 def regenerated_rows_dir(path: Path, verifier_dir: Path, settings: Regeneration, cache_dir: str,
                          on_bad_sample: str = "error", device: str | torch.device = "cpu",
-                         row_format: RowFormat = RowFormat.auto, max_records: int | None = None) -> Path:
+                         row_format: RowFormat = RowFormat.auto, max_records: int | None = None,
+                         max_chars: int | None = None) -> Path:
     """The dir of Arrow rows (prompt ids mask 0, the verifier's response mask 1) and token_freq.pt regenerated
     from the prompt set at `path` (its first `max_records` records), built into the cache on first use
     (data=online's token rows format)."""
@@ -217,7 +219,8 @@ def regenerated_rows_dir(path: Path, verifier_dir: Path, settings: Regeneration,
               "on_bad_sample": on_bad_sample, "device": "vllm" if vllm else torch.device(device).type,
               "dtype": engine_dtype() if vllm else str(dtype),
               **({"format": row_format.value} if row_format != RowFormat.auto else {}),
-              **({"max_records": max_records} if max_records is not None else {})}
+              **({"max_records": max_records} if max_records is not None else {}),
+              **({"max_chars": max_chars} if max_chars is not None else {})}
     target = Path(cache_dir) / "datasets" / f"regen-{cache_key(params)}"
     chunks_dir = target.with_name(f"{target.name}.chunks")
 
@@ -225,7 +228,7 @@ def regenerated_rows_dir(path: Path, verifier_dir: Path, settings: Regeneration,
         bad = BadSamples(on_bad_sample)
         positions, eos = verifier.positions, verifier.eos_ids()
         prompts, row_format_record = read_prompts(path, verifier_dir, fingerprint["vocab_size"], bad, row_format,
-                                                 max_records)
+                                                 max_records, max_chars)
         prompts = _with_room(prompts, positions, path, bad)
         resumed = chunks_dir.is_dir() and any(chunks_dir.glob("chunk-*.json"))  # its rate would count read chunks
         if vllm:

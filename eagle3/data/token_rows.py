@@ -65,7 +65,8 @@ def token_rows_dir(data: OnlineDataConfig, verifier_dir: Path, cache_dir: str) -
     params = {"jsonl_sha256": source_sha256(jsonl), "verifier": verifier["config_hash"],
               "tokenizer": tokenizer_hash(verifier_dir), "on_bad_sample": policy,
               **({"format": data.format.value} if data.format != RowFormat.auto else {}),
-              **({"max_records": data.max_records} if data.max_records is not None else {})}
+              **({"max_records": data.max_records} if data.max_records is not None else {}),
+              **({"max_chars": data.max_chars} if data.max_chars is not None else {})}
 
     def read(out: Path) -> None:
         from eagle3.formats.row_formats import BadSamples, ChatTokenizer, read_rows
@@ -80,7 +81,10 @@ def token_rows_dir(data: OnlineDataConfig, verifier_dir: Path, cache_dir: str) -
         bad = BadSamples(policy)
         # No truncation here: rows longer than the verifier's positions are the start-up check's to report.
         rows = read_rows(jsonl, sys.maxsize, verifier["vocab_size"], bad, tokenize_chat, data.format,
-                         max_records=data.max_records)
+                         max_records=data.max_records, max_chars=data.max_chars)
+        if bad.over_max_chars:
+            log.info("%s: %d conversations longer than data.max_chars=%d characters left out (a selection, counted "
+                     "in the rows' record as over_max_chars)", jsonl, bad.over_max_chars, data.max_chars)
         # The lines skipped are in the record: launch.check_data reports them at every run on these rows.
         save_rows(rows, out)
         _write_record(out, {"source": str(jsonl.resolve()), **params, **rows.record(), **bad.as_dict()})
@@ -104,13 +108,16 @@ def save_rows(rows: Sequence[Row], out_dir: Path) -> None:
 
 
 def refuse_max_records_of_a_dataset_dir(data: OnlineDataConfig) -> None:
-    """data.max_records bounds the records read from a rows file: a speculators-format dataset dir's rows are read as
-    they are, all of them (checked before the run dir is written: the launcher's refuse_early)."""
-    if data.max_records is None or data.path is None or not Path(data.path).is_dir():
+    """data.max_records bounds the records read from a rows file, data.max_chars selects its conversations: a
+    speculators-format dataset dir's rows are read as they are, all of them (checked before the run dir is written:
+    the launcher's refuse_early)."""
+    if (data.max_records is None and data.max_chars is None) or data.path is None or not Path(data.path).is_dir():
         return
     if speculators_rows(Path(data.path), data.format):
-        raise DataError(f"data.max_records: {data.path} is a speculators-format dataset dir, whose rows are read as "
-                        f"they are, all of them; drop data.max_records (it bounds the records read from a rows file)")
+        key, does = (("max_records", "bounds the records read from a rows file") if data.max_records is not None
+                     else ("max_chars", "selects the conversations read from a rows file"))
+        raise DataError(f"data.{key}: {data.path} is a speculators-format dataset dir, whose rows are read as "
+                        f"they are, all of them; drop data.{key} (it {does})")
 
 
 def speculators_rows(data_dir: Path, row_format: RowFormat = RowFormat.auto) -> bool:

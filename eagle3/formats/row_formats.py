@@ -56,6 +56,7 @@ class BadSamples:
         self.skipped: Counter[str] = Counter()
         self.examples: list[str] = []
         self.truncated = 0
+        self.over_max_chars = 0  # conversations left out by max_chars (a selection, not bad rows)
 
     def bad(self, where: str, kind: str, detail: str) -> None:
         if self.policy == "error":
@@ -65,7 +66,8 @@ class BadSamples:
             self.examples.append(f"{where}: {detail}")
 
     def as_dict(self) -> dict[str, Any]:
-        return {"skipped": dict(self.skipped), "skipped_examples": self.examples, "truncated": self.truncated}
+        return {"skipped": dict(self.skipped), "skipped_examples": self.examples, "truncated": self.truncated,
+                **({"over_max_chars": self.over_max_chars} if self.over_max_chars else {})}
 
 
 FORMAT_KEYS = {RowFormat.tokens: "input_ids", RowFormat.messages: "messages", RowFormat.sharegpt: "conversations"}
@@ -143,11 +145,13 @@ def conversation(item: dict[str, Any], form: RowFormat) -> list[dict[str, str]]:
 def read_rows(path: Path, max_len: int, vocab_size: int, bad: BadSamples,
               tokenize_chat: Callable[[list[dict[str, Any]]], Row] | None = None,
               row_format: RowFormat | str = RowFormat.auto, empty_mask_rule: str = "",
-              max_records: int | None = None) -> Rows:
+              max_records: int | None = None, max_chars: int | None = None) -> Rows:
     """The usable rows of a rows file or `datasets` dir (eagle3.formats.row_files), in file order, in `row_format`
     (auto: the first row's). `tokenize_chat` is needed only for conversations (messages and ShareGPT rows);
     `empty_mask_rule`, the reader's rule that a row whose loss mask is all 0 breaks, is added to its message.
-    `max_records`: only the file's first records are read (bad ones counted among them), never the rest of it."""
+    `max_records`: only the file's first records are read (bad ones counted among them), never the rest of it.
+    `max_chars`: conversations whose turns hold more characters in all are left out untokenized, counted in
+    `bad.over_max_chars` (token rows, which have no characters, are refused)."""
     if not (path.is_file() or path.is_dir()):
         raise DataError(f"{path} {path_kind(path, 'a regular file')}; expected {ROWS_FILES}")
     formats = Formats(row_format, bad.options.format)
@@ -157,9 +161,12 @@ def read_rows(path: Path, max_len: int, vocab_size: int, bad: BadSamples,
             bad.bad(where, item.kind, item.detail)
             continue
         try:
-            row = _parse(item, where, formats, tokenize_chat)
+            row = _parse(item, where, formats, tokenize_chat, max_chars)
         except RowProblem as e:
             bad.bad(where, e.kind, str(e))
+            continue
+        if row is None:
+            bad.over_max_chars += 1
             continue
         ids, mask = row
         if len(ids) > max_len:
@@ -177,6 +184,8 @@ def read_rows(path: Path, max_len: int, vocab_size: int, bad: BadSamples,
             rows.append((ids, mask))
     if not rows:
         skipped = f" ({sum(bad.skipped.values())} rows skipped: {dict(bad.skipped)})" if bad.skipped else ""
+        if bad.over_max_chars:
+            skipped += f" ({bad.over_max_chars} conversations longer than data.max_chars={max_chars} characters)"
         raise DataError(f"{path} holds no usable rows{skipped}")
     assert formats.format is not None  # a row was read
     rows.format, rows.format_from = formats.format, formats.format_from
@@ -187,9 +196,13 @@ def _ints(values: Any) -> bool:
     return isinstance(values, list) and all(isinstance(v, int) and not isinstance(v, bool) for v in values)
 
 
-def _parse(item: Any, where: str, formats: Formats, tokenize_chat) -> Row:
+def _parse(item: Any, where: str, formats: Formats, tokenize_chat, max_chars: int | None = None) -> Row | None:
+    """The row `item` as (input_ids, loss_mask); None for a conversation longer than `max_chars` characters."""
     form = formats.of(item, where)
     if form == RowFormat.tokens:
+        if max_chars is not None:
+            raise DataError(f"{where}: a token row, and data.max_chars={max_chars} selects conversations by their "
+                            f"characters; token rows have none: drop data.max_chars (data.max_chars=null)")
         ids, mask = item["input_ids"], item.get("loss_mask")
         if not (_ints(ids) and _ints(mask) and mask is not None and len(ids) == len(mask) and ids):
             raise RowProblem("malformed", "input_ids and loss_mask must be non-empty lists of integers of equal length")
@@ -199,6 +212,8 @@ def _parse(item: Any, where: str, formats: Formats, tokenize_chat) -> Row:
                                               f"are 1 (trained) and 0 (not trained)")
         return list(ids), list(mask)
     messages = conversation(item, form)
+    if max_chars is not None and sum(len(m["content"]) for m in messages) > max_chars:
+        return None
     if tokenize_chat is None:
         raise DataError(f"{where}: a conversation, but the verifier has no tokenizer with a chat template; "
                         f"give input_ids and loss_mask instead")

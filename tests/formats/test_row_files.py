@@ -178,6 +178,49 @@ def test_a_max_records_below_one_or_without_a_data_path_is_refused(overrides, sa
         validate(plain, dataset_required=False)
 
 
+def test_max_chars_leaves_out_longer_conversations_untokenized_and_counts_them_not_as_bad_rows(chat, tmp_path):
+    """data.max_chars: a selection by length (docs/sharegpt_split.py's <= 4,000 characters), over every turn's text;
+    the conversations left out are counted apart from bad rows, so on_bad_sample=error does not stop on them."""
+    lengths = [sum(len(t["value"]) for t in r["conversations"]) for r in SHAREGPT]
+    assert lengths == [17, 11, 13]
+    path = write(tmp_path / "rows.jsonl", SHAREGPT, "jsonl")
+    bad = BadSamples("error")
+    tokenized = []
+
+    def counting(messages):
+        tokenized.append(messages)
+        return chat(messages)
+
+    rows = read_rows(path, 10_000, len(WORDS), bad, counting, max_chars=13)
+    assert list(rows) == [chat(m["messages"]) for m in MESSAGES[1:]]
+    assert tokenized == [m["messages"] for m in MESSAGES[1:]]  # the long one is never rendered
+    assert bad.over_max_chars == 1 and not bad.skipped and bad.as_dict()["over_max_chars"] == 1
+    assert "over_max_chars" not in BadSamples("error").as_dict()
+    with pytest.raises(DataError, match=r"holds no usable rows \(3 conversations longer than data.max_chars=10 "):
+        read_rows(path, 10_000, len(WORDS), BadSamples("skip"), chat, max_chars=10)
+
+
+def test_max_chars_refuses_token_rows_which_have_no_characters(tmp_path):
+    path = write(tmp_path / "rows.jsonl", TOKENS, "jsonl")
+    with pytest.raises(DataError, match=r"rows.jsonl:1: a token row, and data.max_chars=5 selects conversations by "
+                                        r"their characters; token rows have none: drop data.max_chars"):
+        read_rows(path, 10_000, len(WORDS), BadSamples("skip"), max_chars=5)
+
+
+@pytest.mark.parametrize("overrides, says", [
+    (["data.path=rows.jsonl", "data.max_chars=0"], "data.max_chars: must be null (every conversation) or at least 1"),
+    (["data.max_chars=4000"], "data.max_chars: selects conversations read from data.path, and there is no data.path")])
+def test_a_max_chars_below_one_or_without_a_data_path_is_refused(overrides, says):
+    from omegaconf import OmegaConf
+
+    from eagle3.config import ConfigError, validate
+    from factories import compose_cfg
+
+    plain = OmegaConf.to_container(compose_cfg(["data=online", *overrides]), resolve=True, enum_to_str=True)
+    with pytest.raises(ConfigError, match="^" + re.escape(says)):
+        validate(plain, dataset_required=False)
+
+
 def test_an_unknown_role_is_a_bad_row_with_its_number(chat, tmp_path):
     bot = {"id": "c", "conversations": [{"from": "human", "value": "w1"}, {"from": "bot", "value": "w2"}]}
     path = write(tmp_path / "rows.jsonl", [SHAREGPT[0], bot, SHAREGPT[2]], "jsonl")
@@ -311,7 +354,7 @@ def test_a_datasets_dir_of_token_rows_refuses_a_conversation_format(tmp_path):
     assert not speculators_rows(write(tmp_path / "chat", SHAREGPT, "dataset"))  # read as a rows file's rows
 
 
-def test_max_records_is_refused_for_a_speculators_dataset_dir_read_whole(tmp_path):
+def test_max_records_and_max_chars_are_refused_for_a_speculators_dataset_dir_read_whole(tmp_path):
     from eagle3.config import OnlineDataConfig
     from eagle3.data.token_rows import token_rows_dir
 
@@ -319,6 +362,9 @@ def test_max_records_is_refused_for_a_speculators_dataset_dir_read_whole(tmp_pat
     with pytest.raises(DataError, match=r"^data.max_records: .*ds is a speculators-format dataset dir, whose rows are "
                                         r"read as they are, all of them; drop data.max_records"):
         token_rows_dir(OnlineDataConfig(path=str(path), max_records=1), tmp_path / "verifier", str(tmp_path / "c"))
+    with pytest.raises(DataError, match=r"^data.max_chars: .*ds is a speculators-format dataset dir, whose rows are "
+                                        r"read as they are, all of them; drop data.max_chars \(it selects"):
+        token_rows_dir(OnlineDataConfig(path=str(path), max_chars=9), tmp_path / "verifier", str(tmp_path / "c"))
 
 
 def test_max_records_with_a_speculators_dataset_dir_is_refused_before_the_run_dir_is_made(tmp_path):
