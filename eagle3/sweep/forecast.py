@@ -28,7 +28,7 @@ MIN_RISE = 0.02               # tau_sim above its start the curve must have rise
 BUDGETS = (2.0, 10.0, 100.0)  # the budgets always forecast, as multiples of the tokens so far
 # the anneal term's r (its gain over a full anneal, in the curve's slopes per e-fold of tokens): mean and sd.
 # Calibrated on the SmolLM2 reference runs (docs/forecast.md, "The schedule"); --anneal-prior sets another.
-ANNEAL_PRIOR = (2.3, 1.0)
+ANNEAL_PRIOR = (2.1, 1.0)
 
 
 class RunLike(Protocol):
