@@ -148,7 +148,9 @@ def print_reports(ranked: list[dict], refused: list[dict], as_json: bool) -> Non
     print("\n\n".join(format_report(r) for r in ranked))
     if len(ranked) > 1:
         goal = ranked[0]["reach"][0]["name"] if ranked[0]["reach"] else None
-        print(f"\n{len(ranked)} runs ranked by " + (f"tokens to {goal}:" if goal else "accept_len at 10x:"))
+        by_end = all(r.get("planned_end") for r in ranked)
+        print(f"\n{len(ranked)} runs ranked by " + (f"tokens to {goal}:" if goal else "accept_len at the end of the "
+                                                     "planned run:" if by_end else "accept_len at 10x:"))
         print(ranking_text(ranked))
     for r in refused:
         print(f"not forecast: {r['label']}: {r['error']}", file=sys.stderr)

@@ -7,7 +7,11 @@ the points where the run's checkpoints were measured (eval.accept in the run, ac
 serve_vllm_k<k>_t0.json). From it: the accept_len expected at token budgets (2x, 10x, 100x the tokens so far, and
 any asked), the tokens and hours to reach a target and to pass the n-gram baseline, and the serving speedup
 eagle3.eval.speedup's model predicts at those acceptances; each with a 90% bootstrap interval (over the fit's
-residuals and the measured ratios). The report is a plain dict (`forecast_run`); `format_report` prints it.
+residuals and the measured ratios). Where the run's lr schedule and planned steps are known (eagle3.sweep.schedule)
+the curve is fitted against effective tokens (tokens x lr / peak) with an anneal term (what lowering the lr gains,
+r x the curve's slope per e-fold x the anneal done, r from a prior the points update), and followed along the planned
+run to its end, beyond it to the ends of longer runs of the recipe. The report is a plain dict (`forecast_run`);
+`format_report` prints it.
 No argparse here: eagle3/cli/forecast.py is the command.
 """
 
@@ -451,11 +455,16 @@ class Speedup:
 
 def rank_reports(reports: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """By the tokens to the target (else to n-gram): fewest first; then the runs that do not get there within their
-    horizon, then those without the goal (no n-gram served), each by accept_len at 10x their tokens so far."""
+    horizon, then those without the goal (no n-gram served), each by accept_len at the end of its planned run where
+    every run is a pilot of a planned run (which recipe ends best), else at 10x their tokens so far."""
+    by_end = all(r.get("planned_end") for r in reports)
+
     def key(report: dict[str, Any]) -> tuple[int, float]:
         goals = report["reach"]
         if goals and goals[0]["within"] and goals[0]["tokens"] is not None:
             return (0, goals[0]["tokens"])
+        if by_end:
+            return (1 if goals else 2, -report["planned_end"]["accept_len"])
         at10 = next(a for a in report["at"] if math.isclose(a["tokens"], 10 * report["tokens_so_far"]))
         return (1 if goals else 2, -at10["accept_len"])
     return sorted(reports, key=key)

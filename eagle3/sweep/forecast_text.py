@@ -92,14 +92,17 @@ def goal_text(goal: dict[str, Any], r: dict[str, Any]) -> str:
 def ranking_text(reports: list[dict[str, Any]]) -> str:
     """Runs side by side in the order given (eagle3.sweep.forecast.rank_reports)."""
     goal = reports[0]["reach"][0]["name"] if reports[0]["reach"] else None
-    header = ["rank", "run", "tokens so far", "accept_len@10x", "asymptote"]
+    by_end = all(r.get("planned_end") for r in reports)
+    header = ["rank", "run", "tokens so far", *(["planned end"] if by_end else []), "accept_len@10x", "asymptote"]
     if goal:
         header.append(f"tokens to {goal}")
     rows = [header]
     for i, r in enumerate(reports, 1):
         at10 = max((a for a in r["at"] if a["tokens"] <= 10.0001 * r["tokens_so_far"]), key=lambda a: a["tokens"])
-        cells = [str(i), r["label"], tokens_text(r["tokens_so_far"]), f"{at10['accept_len']:.3f}",
-                 f"{r['curve']['asymptote_accept_len']:.3f}"]
+        end = r.get("planned_end") or {}
+        cells = [str(i), r["label"], tokens_text(r["tokens_so_far"]),
+                 *([f"{end['accept_len']:.3f} at {tokens_text(end['tokens'])}"] if by_end else []),
+                 f"{at10['accept_len']:.3f}", f"{r['curve']['asymptote_accept_len']:.3f}"]
         if goal:
             g = r["reach"][0] if r["reach"] else None
             cells.append("-" if g is None else tokens_text(g["tokens"]) if g["within"] else

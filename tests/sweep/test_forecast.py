@@ -195,6 +195,17 @@ def test_noisy_pilots_of_a_cosine_run_hold_its_end_in_their_band(tmp_path):
     assert covered >= 8
 
 
+def test_pilots_of_planned_runs_are_ranked_by_the_accept_len_their_runs_end_at(tmp_path):
+    truths = {"0_low": Curve(4.0, 2.6, 0.03, 400e3, r=0.5), "1_high": Curve(4.0, 2.6, 0.03, 400e3, r=2.5),
+              "2_mid": Curve(4.0, 2.6, 0.03, 400e3, r=1.5)}
+    for name, truth in truths.items():
+        cosine_run(tmp_path / "sweep" / name, truth, 1000)
+    out = run_in_process(["python", "-m", "eagle3.cli.forecast", str(tmp_path / "sweep"), "--until", "700"])
+    assert out.returncode == 0, out.stderr
+    assert "3 runs ranked by accept_len at the end of the planned run:" in out.stdout
+    ranks = [line.split()[1] for line in out.stdout.splitlines()[-3:]]
+    assert ranks == ["#1", "#2", "#0"]
+
 def test_the_planned_total_comes_from_the_summary_then_launch_log_then_max_steps(tmp_path):
     path = cosine_run(tmp_path / "cos", ANNEALED, 1000)
     config = {"optim.scheduler": "cosine", "optim.warmup_ratio": 0.03}
