@@ -24,7 +24,8 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from eagle3.errors import ForecastError
-from eagle3.sweep.curve_fit import PARAMETERS, Curve, Fit, fit_curve
+from eagle3.sweep.curve_fit import PARAMETERS, Fit, fit_curve
+from eagle3.sweep.forecast_model import FORM, FORM_ANNEALED, Model
 from eagle3.sweep.schedule import Schedule, schedule_of
 
 MIN_POINTS = PARAMETERS + 1   # val passes after step 0 the curve needs
@@ -200,74 +201,6 @@ def cut(points: list[Point], options: Options) -> list[Point]:
 
 # --- the forecast ----------------------------------------------------------------------------------------------
 
-FORM = "tau_sim(t) = a - b * (t / t_ref) ** -c"
-FORM_ANNEALED = "tau_sim(t) = a - b * ((t / t_ref) ** -c - r * c * u), t: effective tokens, u: anneal done"
-
-
-@dataclass
-class Model:
-    """accept_len = ratio * tau_sim, its refits each with a ratio drawn from the measured ones. With a schedule,
-    tau_sim is the curve at effective tokens (tokens x lr / peak, summed) and the anneal done (u = 1 - lr / peak):
-    along the planned run up to its end, and beyond it at the end of a longer run of the same recipe (its schedule
-    stretched: mean_multiplier x tokens effective, fully annealed)."""
-
-    fit: Fit
-    ratio: float
-    ratios: list[float]
-    schedule: Schedule | None = None
-    sources: list[str] = field(default_factory=list)
-    ceiling: float = math.inf   # 1 + k: tau_sim cannot pass it
-
-    def where(self, tokens: float) -> tuple[float, float]:
-        """(effective tokens, anneal done) of a checkpoint at `tokens` (the planned run's, or a longer run's end)."""
-        return (tokens, 0.0) if self.schedule is None else self.schedule.at_tokens(tokens)
-
-    def point_where(self, p: Point) -> tuple[float, float]:
-        return (p.tokens, 0.0) if self.schedule is None else self.schedule.at_point(p.step, p.tokens)
-
-    def value(self, curve: Curve, tokens: float) -> float:
-        return curve(*self.where(tokens))
-
-    def accept(self, tokens: float) -> float:
-        return self.ratio * self.value(self.fit.curve, tokens)
-
-    def accept_band(self, tokens: float) -> tuple[float, float]:
-        return self.fit.band([r * self.value(c, tokens) for r, c in zip(self.ratios, self.fit.refits)])
-
-    def crossing(self, curve: Curve, y: float) -> float:
-        """The tokens at which tau_sim first reaches y: along the planned run, else the length of a longer run of
-        the recipe that ends there (inf: none does)."""
-        import numpy as np
-
-        s = self.schedule
-        if s is None:
-            return curve.tokens_to(y)
-        effective, anneal = s.planned
-        steps = np.arange(1, s.total_steps + 1)
-        with np.errstate(divide="ignore"):   # a first warmup step trains at lr 0: no effective tokens yet
-            values = curve.a - curve.b * ((effective[1:] / curve.t_ref) ** -curve.c
-                                          - curve.r * curve.c * anneal[1:])
-        above = np.nonzero(values >= y)[0]
-        if len(above):
-            i = int(above[0])
-            if i == 0:
-                return float(s.tokens_per_step)
-            v0, v1 = values[i - 1], values[i]
-            return float((steps[i - 1] + (y - v0) / (v1 - v0)) * s.tokens_per_step)
-        return max(curve.tokens_to(y, s.end_anneal) / s.mean_multiplier, s.planned_tokens)
-
-    def tokens_to(self, accept_len: float) -> float:
-        return self.crossing(self.fit.curve, accept_len / self.ratio)
-
-    def tokens_band(self, accept_len: float) -> tuple[float, float]:
-        return self.fit.band([self.crossing(c, accept_len / r) for r, c in zip(self.ratios, self.fit.refits)])
-
-    def asymptote(self, curve: Curve, ratio: float) -> float:
-        """accept_len the recipe tends to with more tokens (annealed at the end where the schedule anneals)."""
-        u = self.schedule.end_anneal if self.schedule is not None else 0.0
-        return ratio * min(curve.a + curve.gain * u, self.ceiling)
-
-
 def ratio_of(used: list[Point], refits: int, seed: int) -> tuple[float, list[float], list[str]]:
     """The mean measured accept_len / tau_sim over the measured points (1.0 where none is), one resampled mean per
     refit, and the points' sources."""
@@ -364,7 +297,7 @@ def until_text(options: Options) -> str:
 
 
 def point_dict(p: Point, model: Model) -> dict[str, Any]:
-    fitted = model.ratio * model.fit.curve(*model.point_where(p)) if p.tokens > 0 else None
+    fitted = model.ratio * model.fit.curve(*model.point_where(p.step, p.tokens)) if p.tokens > 0 else None
     return {"step": p.step, "tokens": p.tokens, "tau_sim": p.tau_sim, "accept_len": p.accept_len,
             "source": p.source, "fitted_accept_len": fitted}
 
