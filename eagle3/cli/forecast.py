@@ -8,7 +8,9 @@
     eagle3 forecast RUN --json                   # one JSON object (a list `at` of the budgets)
 
 Fits tau_sim(t) = a - b (t / t_ref)^-c to the val passes against trained tokens (eagle3.sweep.curve_fit), carried to
-measured accept_len by the ratio at measured checkpoints, with 90% bootstrap intervals (docs/forecast.md).
+measured accept_len by the ratio at measured checkpoints, with 90% bootstrap intervals (docs/forecast.md). Where the
+run's lr schedule is known (cosine, linear or constant over its planned steps), t counts tokens x lr / peak and an
+anneal term adds what the lr's decay gains: the planned run's end is forecast from a pilot of its first steps.
 It refuses runs with fewer than 4 val passes after step 0, or whose tau_sim has not risen 0.02 above its start.
 """
 
@@ -69,6 +71,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--draft-ms", type=float, default=0.0, help="one draft forward, ms (default 0)")
     p.add_argument("--horizon", type=positive, default=1000.0, help="'not within N tokens' beyond this multiple of "
                                                                     "the tokens so far (default 1000)")
+    p.add_argument("--anneal-prior", type=float, nargs=2, metavar=("MEAN", "SD"),
+                   help="the prior of the anneal term's r, the tau_sim a full anneal adds in slopes per e-fold of "
+                        "tokens (default 2.3 1.0, from SmolLM2's reference runs; docs/forecast.md)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument("--plot", type=Path, help="write a PNG of the points, the fitted curve and its band here")
     p.add_argument("--wandb", action="store_true", help="also write the forecast into the run's wandb run "
@@ -86,10 +91,17 @@ def options_of(args: argparse.Namespace):
         raise UserError(f"--until {args.until}: give a step after step 0")
     if args.plot and args.plot.suffix.lower() not in (".png", ".pdf", ".svg"):
         raise UserError(f"--plot {args.plot}: give a .png, .pdf or .svg file name")
+    if args.anneal_prior is not None and not (args.anneal_prior[0] >= 0 and args.anneal_prior[1] > 0):
+        raise UserError(f"--anneal-prior {args.anneal_prior[0]:g} {args.anneal_prior[1]:g}: give a mean >= 0 and an "
+                        "sd > 0")
     costs = None if args.baseline_ms is None else {"baseline_ms": args.baseline_ms, "verify_ms": args.verify_ms,
                                                    "draft_ms": args.draft_ms}
-    return Options(target=args.target, ngram=args.ngram, at=list(args.at), until_step=args.until,
-                   until_tokens=args.until_tokens, tokens_per_s=args.tokens_per_s, costs=costs, horizon=args.horizon)
+    options = Options(target=args.target, ngram=args.ngram, at=list(args.at), until_step=args.until,
+                      until_tokens=args.until_tokens, tokens_per_s=args.tokens_per_s, costs=costs,
+                      horizon=args.horizon)
+    if args.anneal_prior is not None:
+        options.anneal_prior = (args.anneal_prior[0], args.anneal_prior[1])
+    return options
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -136,7 +148,9 @@ def print_reports(ranked: list[dict], refused: list[dict], as_json: bool) -> Non
     print("\n\n".join(format_report(r) for r in ranked))
     if len(ranked) > 1:
         goal = ranked[0]["reach"][0]["name"] if ranked[0]["reach"] else None
-        print(f"\n{len(ranked)} runs ranked by " + (f"tokens to {goal}:" if goal else "accept_len at 10x:"))
+        by_end = all(r.get("planned_end") for r in ranked)
+        print(f"\n{len(ranked)} runs ranked by " + (f"tokens to {goal}:" if goal else "accept_len at the end of the "
+                                                     "planned run:" if by_end else "accept_len at 10x:"))
         print(ranking_text(ranked))
     for r in refused:
         print(f"not forecast: {r['label']}: {r['error']}", file=sys.stderr)

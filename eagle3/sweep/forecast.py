@@ -7,7 +7,11 @@ the points where the run's checkpoints were measured (eval.accept in the run, ac
 serve_vllm_k<k>_t0.json). From it: the accept_len expected at token budgets (2x, 10x, 100x the tokens so far, and
 any asked), the tokens and hours to reach a target and to pass the n-gram baseline, and the serving speedup
 eagle3.eval.speedup's model predicts at those acceptances; each with a 90% bootstrap interval (over the fit's
-residuals and the measured ratios). The report is a plain dict (`forecast_run`); `format_report` prints it.
+residuals and the measured ratios). Where the run's lr schedule and planned steps are known (eagle3.sweep.schedule)
+the curve is fitted against effective tokens (tokens x lr / peak) with an anneal term (what lowering the lr gains,
+r x the curve's slope per e-fold x the anneal done, r from a prior the points update), and followed along the planned
+run to its end, beyond it to the ends of longer runs of the recipe. The report is a plain dict (`forecast_run`);
+`format_report` prints it.
 No argparse here: eagle3/cli/forecast.py is the command.
 """
 
@@ -21,10 +25,15 @@ from typing import Any, Protocol
 
 from eagle3.errors import ForecastError
 from eagle3.sweep.curve_fit import PARAMETERS, Fit, fit_curve
+from eagle3.sweep.forecast_model import FORM, FORM_ANNEALED, Model
+from eagle3.sweep.schedule import Schedule, schedule_of
 
 MIN_POINTS = PARAMETERS + 1   # val passes after step 0 the curve needs
 MIN_RISE = 0.02               # tau_sim above its start the curve must have risen
 BUDGETS = (2.0, 10.0, 100.0)  # the budgets always forecast, as multiples of the tokens so far
+# the anneal term's r (its gain over a full anneal, in the curve's slopes per e-fold of tokens): mean and sd.
+# Calibrated on the SmolLM2 reference runs (docs/forecast.md, "The schedule"); --anneal-prior sets another.
+ANNEAL_PRIOR = (2.1, 1.0)
 
 
 class RunLike(Protocol):
@@ -51,6 +60,7 @@ class Options:
     horizon: float = 1000.0                # "not within N tokens": N = horizon x the tokens so far
     bootstrap: int = 400
     seed: int = 0
+    anneal_prior: tuple[float, float] = ANNEAL_PRIOR
 
 
 @dataclass
@@ -191,30 +201,6 @@ def cut(points: list[Point], options: Options) -> list[Point]:
 
 # --- the forecast ----------------------------------------------------------------------------------------------
 
-FORM = "tau_sim(t) = a - b * (t / t_ref) ** -c"
-
-
-@dataclass
-class Model:
-    """accept_len(t) = ratio * tau_sim(t), its refits each with a ratio drawn from the measured ones."""
-
-    fit: Fit
-    ratio: float
-    ratios: list[float]
-
-    def accept(self, tokens: float) -> float:
-        return self.ratio * self.fit.curve(tokens)
-
-    def accept_band(self, tokens: float) -> tuple[float, float]:
-        return self.fit.band([r * c(tokens) for r, c in zip(self.ratios, self.fit.refits)])
-
-    def tokens_to(self, accept_len: float) -> float:
-        return self.fit.curve.tokens_to(accept_len / self.ratio)
-
-    def tokens_band(self, accept_len: float) -> tuple[float, float]:
-        return self.fit.band([c.tokens_to(accept_len / r) for r, c in zip(self.ratios, self.fit.refits)])
-
-
 def ratio_of(used: list[Point], refits: int, seed: int) -> tuple[float, list[float], list[str]]:
     """The mean measured accept_len / tau_sim over the measured points (1.0 where none is), one resampled mean per
     refit, and the points' sources."""
@@ -238,39 +224,66 @@ def forecast_run(run: RunLike, options: Options) -> dict[str, Any]:
     check_points(run, used)
     fitted = [p for p in used if p.tokens > 0]
     k = ttt_steps(run)
-    fit = fit_curve([p.tokens for p in fitted], [p.tau_sim for p in fitted], ceiling=1.0 + k,
-                    bootstrap=options.bootstrap, seed=options.seed)
-    ratio, ratios, sources = ratio_of(used, len(fit.refits), options.seed)
-    model = Model(fit, ratio, ratios)
+    schedule = schedule_of(run.path, run.config, run.summary, fitted[-1].tokens, fitted[-1].step)
+    model = fit_model(used, fitted, schedule, k, options)
+    fit = model.fit
     so_far = fitted[-1].tokens
     horizon = options.horizon * so_far
     budgets = sorted({*(m * so_far for m in BUDGETS), *options.at})
+    planned = schedule is not None and schedule.planned_tokens > so_far * 1.0001
+    if planned:
+        assert schedule is not None
+        budgets = sorted({*budgets, schedule.planned_tokens})
     tps = options.tokens_per_s or tokens_per_s_of(run)
     speedup = Speedup.of(run, used[-1].step, options.costs)
     ngram = (options.ngram, "given") if options.ngram is not None else ngram_of(run)
     goals = [("target", options.target, "given")] if options.target is not None else []
     if ngram is not None:
         goals.append(("n-gram", ngram[0], ngram[1]))
-    curve = fit.curve
+    curve, ratio, ratios = fit.curve, model.ratio, model.ratios
     return {
         "run": str(run.path), "label": run.label, "k": k, "until": until_text(options),
         "step": used[-1].step, "tokens_so_far": so_far, "tokens_per_s": tps, "horizon_tokens": horizon,
         "points": [point_dict(p, model) for p in used],
         "later": [point_dict(p, model) for p in points if p not in used],
-        "curve": {"form": FORM, "a": curve.a, "b": curve.b, "c": curve.c, "t_ref": curve.t_ref, "rms": fit.rms,
-                  "asymptote_accept_len": ratio * curve.a,
-                  "asymptote_band": list(fit.band([r * c.a for r, c in zip(ratios, fit.refits)])),
+        "curve": {"form": FORM_ANNEALED if schedule else FORM, "a": curve.a, "b": curve.b, "c": curve.c,
+                  "t_ref": curve.t_ref, "r": curve.r, "gain": curve.gain, "rms": fit.rms,
+                  "asymptote_accept_len": model.asymptote(curve, ratio),
+                  "asymptote_band": list(fit.band([model.asymptote(c, r) for r, c in zip(ratios, fit.refits)])),
                   # a at 1 + k: the points do not bend yet, the asymptote is not known from them
                   "asymptote_at_ceiling": curve.a >= k + 1.0 - 1e-6},
+        "schedule": schedule_dict(schedule, options, fit),
         "ratio": {"value": ratio, "measured_points": sum(p.accept_len is not None for p in used),
-                  "sources": sources},
+                  "sources": model.sources},
         "speedup_costs": speedup.source if speedup else None,
         "at": [budget_dict(t, model, speedup) for t in budgets],
+        "planned_end": budget_dict(schedule.planned_tokens, model, speedup) | {"steps": schedule.total_steps}
+        if planned and schedule is not None else None,
         "band": [dict(zip(("tokens", "accept_len", "low", "high"), (t, model.accept(t), *model.accept_band(t))))
                  for t in geometric(fitted[0].tokens, max(budgets), 40)],
         "reach": [goal_dict(name, value, source, model, used, so_far, horizon, tps, speedup)
                   for name, value, source in goals],
     }
+
+
+def fit_model(used: list[Point], fitted: list[Point], schedule: Schedule | None, k: int, options: Options) -> Model:
+    """The curve through the fitted points (with the anneal term where the schedule is known) and the ratio."""
+    where = [(p.tokens, 0.0) if schedule is None else schedule.at_point(p.step, p.tokens) for p in fitted]
+    anneal = [u for _, u in where] if schedule is not None else None
+    fit = fit_curve([x for x, _ in where], [p.tau_sim for p in fitted], ceiling=1.0 + k, bootstrap=options.bootstrap,
+                    seed=options.seed, anneal=anneal, prior=options.anneal_prior if anneal is not None else None)
+    ratio, ratios, sources = ratio_of(used, len(fit.refits), options.seed)
+    return Model(fit, ratio, ratios, schedule, sources, 1.0 + k)
+
+
+def schedule_dict(schedule: Schedule | None, options: Options, fit: Fit) -> dict[str, Any] | None:
+    if schedule is None:
+        return None
+    return {"kind": schedule.kind, "warmup_ratio": schedule.warmup_ratio, "total_steps": schedule.total_steps,
+            "source": schedule.source, "tokens_per_step": schedule.tokens_per_step,
+            "planned_tokens": schedule.planned_tokens, "mean_multiplier": schedule.mean_multiplier,
+            "anneal_prior": list(options.anneal_prior),
+            "gain_band": list(fit.band([c.gain for c in fit.refits]))}
 
 
 def geometric(start: float, end: float, n: int) -> list[float]:
@@ -284,8 +297,9 @@ def until_text(options: Options) -> str:
 
 
 def point_dict(p: Point, model: Model) -> dict[str, Any]:
+    fitted = model.ratio * model.fit.curve(*model.point_where(p.step, p.tokens)) if p.tokens > 0 else None
     return {"step": p.step, "tokens": p.tokens, "tau_sim": p.tau_sim, "accept_len": p.accept_len,
-            "source": p.source, "fitted_accept_len": model.accept(p.tokens) if p.tokens > 0 else None}
+            "source": p.source, "fitted_accept_len": fitted}
 
 
 def budget_dict(tokens: float, model: Model, speedup: Speedup | None) -> dict[str, Any]:
@@ -310,7 +324,7 @@ def goal_dict(name: str, value: float, source: str, model: Model, used: list[Poi
         tokens, (low, high) = model.tokens_to(value), model.tokens_band(value)
     out["within"] = tokens <= horizon
     out.update({"tokens": finite(tokens), "low": finite(low), "high": finite(high)})
-    out["never"] = value >= model.ratio * model.fit.curve.a   # the fitted asymptote stays below it
+    out["never"] = value >= model.asymptote(model.fit.curve, model.ratio)   # the fitted asymptote stays below it
     if tps:
         out["tokens_per_s"] = tps
         for key, t in (("hours", tokens), ("hours_low", low), ("hours_high", high)):
@@ -374,11 +388,16 @@ class Speedup:
 
 def rank_reports(reports: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """By the tokens to the target (else to n-gram): fewest first; then the runs that do not get there within their
-    horizon, then those without the goal (no n-gram served), each by accept_len at 10x their tokens so far."""
+    horizon, then those without the goal (no n-gram served), each by accept_len at the end of its planned run where
+    every run is a pilot of a planned run (which recipe ends best), else at 10x their tokens so far."""
+    by_end = all(r.get("planned_end") for r in reports)
+
     def key(report: dict[str, Any]) -> tuple[int, float]:
         goals = report["reach"]
         if goals and goals[0]["within"] and goals[0]["tokens"] is not None:
             return (0, goals[0]["tokens"])
+        if by_end:
+            return (1 if goals else 2, -report["planned_end"]["accept_len"])
         at10 = next(a for a in report["at"] if math.isclose(a["tokens"], 10 * report["tokens_so_far"]))
         return (1 if goals else 2, -at10["accept_len"])
     return sorted(reports, key=key)

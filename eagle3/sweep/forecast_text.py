@@ -34,13 +34,18 @@ def format_report(r: dict[str, Any]) -> str:
              + (f" (at the ceiling, 1 + k = {r['k'] + 1}: the points do not bend yet, so the asymptote is not known "
                 "from them; the curve is read as a straight line in log-tokens)" if curve["asymptote_at_ceiling"]
                 else "")]
+    if r.get("schedule"):
+        lines.append("  " + schedule_text(r))
     speedup = r["speedup_costs"] is not None
     lines.append((f"  {'tokens':>10}  {'accept_len':>10}  {'90% interval':<17}"
                   + ("  pred. speedup" if speedup else "")).rstrip())
+    end = r.get("planned_end")
     for a in r["at"]:
         band = band_text(a["low"], a["high"])
         lines.append((f"  {tokens_text(a['tokens']):>10}  {a['accept_len']:>10.3f}  {band:<17}"
-                     + (f"  {a['speedup']:.3f}x" if speedup else "")).rstrip())
+                     + (f"  {a['speedup']:.3f}x" if speedup else "")
+                     + (f"  the planned run's end (step {end['steps']})" if end and a["tokens"] == end["tokens"]
+                        else "")).rstrip())
     for goal in r["reach"]:
         lines.append("  " + goal_text(goal, r))
     if speedup:
@@ -52,6 +57,17 @@ def format_report(r: dict[str, Any]) -> str:
         lines.append(f"  after --until: step {end['step']} ({tokens_text(end['tokens'])} tokens) reached tau_sim "
                      f"{end['tau_sim']:.4f}{measured}; forecast {end['fitted_accept_len']:.3f}")
     return "\n".join(lines)
+
+
+def schedule_text(r: dict[str, Any]) -> str:
+    """The schedule line: what the forecast knows of the lr to come, and what the anneal adds."""
+    s, curve = r["schedule"], r["curve"]
+    low, high = s["gain_band"]
+    return (f"schedule: {s['kind']} over {s['total_steps']} steps ({s['source']}; {tokens_text(s['planned_tokens'])} "
+            f"tokens), warmup {s['warmup_ratio']:g}: t counts tokens x lr / peak; a full anneal adds "
+            f"{curve['gain']:+.3f} tau_sim [{low:+.3f}, {high:+.3f}] (r={curve['r']:.2f} x the slope per e-fold; "
+            f"prior {s['anneal_prior'][0]:g} +- {s['anneal_prior'][1]:g}); beyond the planned end: the end of a "
+            "longer run of this recipe")
 
 
 def goal_text(goal: dict[str, Any], r: dict[str, Any]) -> str:
@@ -76,14 +92,17 @@ def goal_text(goal: dict[str, Any], r: dict[str, Any]) -> str:
 def ranking_text(reports: list[dict[str, Any]]) -> str:
     """Runs side by side in the order given (eagle3.sweep.forecast.rank_reports)."""
     goal = reports[0]["reach"][0]["name"] if reports[0]["reach"] else None
-    header = ["rank", "run", "tokens so far", "accept_len@10x", "asymptote"]
+    by_end = all(r.get("planned_end") for r in reports)
+    header = ["rank", "run", "tokens so far", *(["planned end"] if by_end else []), "accept_len@10x", "asymptote"]
     if goal:
         header.append(f"tokens to {goal}")
     rows = [header]
     for i, r in enumerate(reports, 1):
         at10 = max((a for a in r["at"] if a["tokens"] <= 10.0001 * r["tokens_so_far"]), key=lambda a: a["tokens"])
-        cells = [str(i), r["label"], tokens_text(r["tokens_so_far"]), f"{at10['accept_len']:.3f}",
-                 f"{r['curve']['asymptote_accept_len']:.3f}"]
+        end = r.get("planned_end") or {}
+        cells = [str(i), r["label"], tokens_text(r["tokens_so_far"]),
+                 *([f"{end['accept_len']:.3f} at {tokens_text(end['tokens'])}"] if by_end else []),
+                 f"{at10['accept_len']:.3f}", f"{r['curve']['asymptote_accept_len']:.3f}"]
         if goal:
             g = r["reach"][0] if r["reach"] else None
             cells.append("-" if g is None else tokens_text(g["tokens"]) if g["within"] else

@@ -15,6 +15,7 @@ from eagle3.errors import ForecastError
 from eagle3.sweep.compare import read_run
 from eagle3.sweep.curve_fit import Curve, fit_curve
 from eagle3.sweep.forecast import Options, forecast_run
+from eagle3.sweep.schedule import Schedule, schedule_of
 from factories import SMALL_DATA
 
 # docs/forecast.md's example: a SmolLM2-135M drafter's probe (issue 48), tokens -> val tau_sim, harness accept_len
@@ -124,6 +125,96 @@ def test_an_unfinished_run_dir_written_before_rows_recorded_tokens_is_refused(tm
     old = run_dir(tmp_path / "old", SMOLLM2, tokens=False, summary=None)
     with pytest.raises(ForecastError, match="do not record the tokens trained .* no summary.json"):
         forecast_run(read_run(old), Options())
+
+
+# --- the schedule: a pilot of a cosine run knows the lr its remaining steps will have ------------------------------
+
+COSINE = "optim:\n  eval_every: 50\n  scheduler: cosine\n  warmup_ratio: 0.03\n  lr: 0.0005\n"
+
+
+def cosine_run(path: Path, truth: Curve, total: int, tokens_per_step: float = 780.0, noise: float = 0.0,
+               seed: int = 0) -> Path:
+    """A run dir of an unfinished cosine run planned for `total` steps (its launch.log says so), val passes every
+    50 steps whose tau_sim is `truth` at their effective tokens and anneal."""
+    import numpy as np
+
+    schedule = Schedule("cosine", 0.03, total, tokens_per_step, "")
+    rng = np.random.default_rng(seed)
+    points = [(s, s * tokens_per_step, truth(*schedule.at_point(s, s * tokens_per_step))
+               + noise * rng.standard_normal(), None) for s in range(50, total + 1, 50)]
+    run_dir(path, points)
+    (path / "resolved_config.yaml").write_text("model:\n  draft:\n    ttt_steps: 3\n" + COSINE)
+    (path / "launch.log").write_text(f"[eagle3.train.loop][INFO] - training 5,091,264 parameters for {total} steps "
+                                     f"({total} per epoch, 1 micro-batches each on 1 ranks), lr 0.0005\n")
+    return path
+
+
+# the SmolLM2 reference run's shape: a straight line in log-tokens, and a full anneal worth 2.5 slopes per e-fold
+ANNEALED = Curve(4.0, 2.6, 0.03, 400e3, r=2.5)
+
+
+def test_the_schedule_is_transformers_cosine_with_warmup_as_the_reference_run_logged_it():
+    m = Schedule("cosine", 0.03, 1341, 778.0, "").multipliers()
+    # the lr /work/exp/lc/seed_0's train rows logged after steps 10, 500 and 1340 (lr 5e-4): the next step's
+    for step, lr in ((10, 0.00012195121951219512), (500, 0.0003613391408583757), (1340, 7.299999702503612e-10)):
+        assert m[step] * 5e-4 == pytest.approx(lr, rel=1e-6, abs=1e-12)
+
+
+def test_a_pilot_of_a_cosine_run_forecasts_its_annealed_end_which_the_fit_in_tokens_misses(tmp_path):
+    total = 1000
+    run = read_run(cosine_run(tmp_path / "cos", ANNEALED, total))
+    truth_end = run.val_rows[-1]["tau_sim"]
+    pilot = Options(until_step=200, at=[total * 780.0], anneal_prior=(2.5, 0.5))
+    report = forecast_run(run, pilot)
+    assert report["schedule"]["total_steps"] == total and report["schedule"]["source"] == "launch.log"
+    end = report["planned_end"]
+    assert end["steps"] == total and end["tokens"] == pytest.approx(total * 780.0)
+    assert abs(end["accept_len"] - truth_end) < 0.01 and end["low"] <= truth_end <= end["high"]
+    # the same points without the schedule (a config that does not name one): the fit in tokens, short by > 0.08
+    (run.path / "resolved_config.yaml").write_text("model:\n  draft:\n    ttt_steps: 3\noptim:\n  eval_every: 50\n")
+    old = forecast_run(read_run(run.path), pilot)
+    assert old["schedule"] is None and old["planned_end"] is None
+    at_end = next(a for a in old["at"] if a["tokens"] == total * 780.0)
+    assert truth_end - at_end["accept_len"] > 0.08
+
+
+def test_points_well_into_the_anneal_move_its_gain_from_a_wrong_prior_to_the_truth(tmp_path):
+    run = read_run(cosine_run(tmp_path / "cos", ANNEALED, 1000))
+    early, late = (forecast_run(run, Options(until_step=until, anneal_prior=(1.0, 1.0), bootstrap=50))["curve"]["r"]
+                   for until in (200, 700))
+    assert abs(late - ANNEALED.r) < 0.3 and early < late
+
+
+def test_noisy_pilots_of_a_cosine_run_hold_its_end_in_their_band(tmp_path):
+    truth_end = ANNEALED(*Schedule("cosine", 0.03, 1000, 780.0, "").at_point(1000, 780e3))
+    covered = 0
+    for seed in range(10):
+        run = read_run(cosine_run(tmp_path / f"cos{seed}", ANNEALED, 1000, noise=0.01, seed=seed))
+        end = forecast_run(run, Options(until_step=250, bootstrap=200, seed=seed))["planned_end"]
+        covered += end["low"] <= truth_end <= end["high"]
+    assert covered >= 8
+
+
+def test_pilots_of_planned_runs_are_ranked_by_the_accept_len_their_runs_end_at(tmp_path):
+    truths = {"0_low": Curve(4.0, 2.6, 0.03, 400e3, r=0.5), "1_high": Curve(4.0, 2.6, 0.03, 400e3, r=2.5),
+              "2_mid": Curve(4.0, 2.6, 0.03, 400e3, r=1.5)}
+    for name, truth in truths.items():
+        cosine_run(tmp_path / "sweep" / name, truth, 1000)
+    out = run_in_process(["python", "-m", "eagle3.cli.forecast", str(tmp_path / "sweep"), "--until", "700"])
+    assert out.returncode == 0, out.stderr
+    assert "3 runs ranked by accept_len at the end of the planned run:" in out.stdout
+    ranks = [line.split()[1] for line in out.stdout.splitlines()[-3:]]
+    assert ranks == ["#1", "#2", "#0"]
+
+def test_the_planned_total_comes_from_the_summary_then_launch_log_then_max_steps(tmp_path):
+    path = cosine_run(tmp_path / "cos", ANNEALED, 1000)
+    config = {"optim.scheduler": "cosine", "optim.warmup_ratio": 0.03}
+    assert schedule_of(path, config, None, 7800.0, 10).total_steps == 1000
+    assert schedule_of(path, config, type("S", (), {"steps": 1200})(), 7800.0, 10).total_steps == 1200
+    (path / "launch.log").unlink()
+    assert schedule_of(path, config, None, 7800.0, 10) is None
+    assert schedule_of(path, config | {"optim.max_steps": 300}, None, 7800.0, 10).source == "optim.max_steps"
+    assert schedule_of(path, {"optim.scheduler": "cosine_with_restarts"}, None, 7800.0, 10) is None
 
 
 def test_several_runs_are_ranked_by_the_tokens_they_need_to_reach_the_target(tmp_path):
