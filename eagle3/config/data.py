@@ -74,7 +74,9 @@ class DataConfig:
     ranks and the plan ask of a source is its behaviour, eagle3/data/sources/ (a `Source` looked up by name)."""
 
     name: str = MISSING
-    total_seq_len: int = 1024       # tokens packed into one batch (per rank)
+    # tokens packed into one batch (per rank). On SmolLM2 at ~55k tokens, 1,024-token steps reached accept_len 1.16
+    # where 3,072-token ones reached 1.04-1.09: more updates for the same tokens (docs/learning_curve.md)
+    total_seq_len: int = 1024
     train_ratio: float = 0.9        # the first share of the rows trains, the rest validates
     # The dtype hidden states are stored in (offline files) or rounded to (computed in the loop, as files store them)
     hidden_states_dtype: HiddenStatesDtype = HiddenStatesDtype.bfloat16

@@ -105,7 +105,9 @@ class OptimConfig:
     weight_decay: float = 0.0       # AdamW decoupled weight decay
     betas: list[float] = field(default_factory=lambda: [0.9, 0.95])   # AdamW betas
     grad_clip: float = 0.5          # max global grad norm
-    scheduler: Scheduler = Scheduler.cosine   # cosine | linear | constant (after warmup)
+    # cosine | linear | constant (after warmup). Cosine decays over the run's planned steps: on SmolLM2 its last 40%
+    # added ~0.1 to tau_sim, so a budget chosen in advance, the decay ending on it, is part of a recipe
+    scheduler: Scheduler = Scheduler.cosine
     # micro-batches per optimizer step on each rank; global batch in tokens = data.total_seq_len * grad_accum *
     # world size
     grad_accum: int = 1

@@ -134,7 +134,8 @@ def test_the_safetensors_index_is_read_by_one_function_with_one_error(tmp_path):
 CONFIG_JSON = {
     "verifier/model.py": "the verifier's config.json: its one reader",
     "init/files.py": "a draft checkpoint's config.json: its one reader (read_config)",
-    "config.py": "init.path must hold a checkpoint's config.json (its existence, not read)",
+    "config/model.py": "model.verifier.path must hold a config.json (its existence, not read)",
+    "config/training.py": "init.path must hold a checkpoint's config.json (its existence, not read)",
     "eval/accept.py": "the checkpoint argument must hold a config.json (its existence, not read)",
     "serve/export.py": "writes the exported checkpoint's config.json",
     "provenance.py": "hashes a checkpoint's files, config.json among them (bytes, not parsed)",
