@@ -48,6 +48,26 @@ COD_RATIO, COD_RATIO_MIN = 0.7, 0.2
 # speculators' DFlash default (DFlashDraftModel.get_trainer_kwargs' max_anchors): anchor blocks per micro-batch.
 DFLASH_MAX_ANCHORS = 512
 
+# What a DFlash checkpoint states so that vLLM runs its block non-causally, as it trains. speculators reads
+# sliding_window_non_causal for sliding-window layers only (full attention is always bidirectional) and these drafts
+# have none, so it changes nothing in training or the harness; vLLM's speculators reader (0.32) makes it every
+# layer's causality (dflash_config.causal = not the flag), so speculators' default, false, runs the block causally
+# there (docs/serving.md#dflash).
+DFLASH_NON_CAUSAL = "sliding_window_non_causal"
+
+
+def dflash_engine_causal(config: Any) -> bool:
+    """Whether vLLM runs the block of a DFlash checkpoint whose parsed config.json is `config` causally: when it
+    does not state DFLASH_NON_CAUSAL true (vllm's update_dflash: causal = not the flag, absent read as true)."""
+    return isinstance(config, dict) and config.get(DFLASH_NON_CAUSAL, True) is not True
+
+
+def has_sliding_layers(config: Any) -> bool:
+    """Whether a draft checkpoint's parsed config.json states sliding-window layers in its
+    transformer_layer_config (layer_types)."""
+    layers = config.get("transformer_layer_config") if isinstance(config, dict) else None
+    return isinstance(layers, dict) and "sliding_attention" in (layers.get("layer_types") or [])
+
 
 def block_size(draft: DraftConfig) -> int:
     """DFlash's tokens per block: the anchor (the last verified token) and ttt_steps draft tokens."""

@@ -6,7 +6,7 @@ import functools
 
 import torch
 
-from eagle3.arch.draft import block_size, dflash_anchors, layer_config_kwargs, mask_token
+from eagle3.arch.draft import DFLASH_NON_CAUSAL, block_size, dflash_anchors, layer_config_kwargs, mask_token
 from eagle3.arch.rope import Rope, rope_parameters
 from eagle3.arch.ttt_attention import use_ttt_attention
 from eagle3.config import DraftConfig, DraftKind, LayerType
@@ -47,14 +47,15 @@ def new_draft(draft: DraftConfig, flags: dict[str, bool], attn_impl: str, verifi
               t2d: torch.Tensor | None, d2t: torch.Tensor | None):
     """The draft as speculators builds one for training: embed_tokens from the verifier, lm_head = the
     verifier's lm_head rows of the draft vocabulary (frozen), the rest freshly initialized (P-EAGLE: its
-    embedding trained, its mask token and k = ttt_steps in its config)."""
+    embedding trained, its mask token and k = ttt_steps in its config; DFlash: DFLASH_NON_CAUSAL stated, so that
+    vLLM runs its block non-causally, as it trains)."""
     model_class, _ = draft_classes(draft.kind)
     if draft.kind == DraftKind.dflash:
         return model_class.from_training_args(
             verifier_config=draft_layer_config(draft, attn_impl), t2d=t2d, d2t=d2t,
             verifier_name_or_path=verifier_dir, target_layer_ids=list(draft.aux_layer_ids),
             draft_vocab_size=draft.draft_vocab_size, block_size=block_size(draft), mask_token_id=mask_token(draft),
-            draft_attn_impl=attn_impl, trust_remote_code=False)
+            draft_attn_impl=attn_impl, trust_remote_code=False, **{DFLASH_NON_CAUSAL: True})
     peagle = draft.kind == DraftKind.peagle
     extra = {"mask_token_id": mask_token(draft), "num_depths": draft.ttt_steps} if peagle else {}
     return use_ttt_attention(model_class.from_training_args(
@@ -85,7 +86,8 @@ def bare_draft(draft: DraftConfig, flags: dict[str, bool], device: str | torch.d
     model_class, config_class = draft_classes(draft.kind)
     extra: dict = {"mask_token_id": mask_token(draft)} if draft.kind != DraftKind.eagle3 else {}
     if draft.kind == DraftKind.dflash:
-        extra.update(aux_hidden_state_layer_ids=list(draft.aux_layer_ids), block_size=block_size(draft))
+        extra.update(aux_hidden_state_layer_ids=list(draft.aux_layer_ids), block_size=block_size(draft),
+                     **{DFLASH_NON_CAUSAL: True})
     else:
         extra.update(eagle_aux_hidden_state_layer_ids=list(draft.aux_layer_ids), **flags)
     config = config_class(

@@ -25,6 +25,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from eagle3.arch.draft import DFLASH_NON_CAUSAL, has_sliding_layers
 from eagle3.arch.rope import Rope, RopeError, engine_keys, read_rope
 from eagle3.errors import UserError
 from eagle3.formats.tensorfile import INDEX
@@ -220,7 +221,9 @@ def embed_equal(files: list[Path], verifier_dir: Path | None) -> bool | None:
 
 def dflash_config(checkpoint: Path, config: dict[str, Any], verifier: str | None) -> dict[str, Any]:
     """A DFlash checkpoint's config.json as vLLM's speculators reader (`update_dflash`) needs it: the aux layer ids
-    and the mask token stated, the draft's RoPE in every key engines read, and the verifier vLLM loads."""
+    and the mask token stated, the draft's RoPE in every key engines read, the verifier vLLM loads, and (a draft
+    without sliding-window layers) sliding_window_non_causal true, without which vLLM runs the block causally
+    (eagle3.arch.draft.DFLASH_NON_CAUSAL; speculators reads it for sliding-window layers only)."""
     if not isinstance(config.get("aux_hidden_state_layer_ids"), list) or not isinstance(config.get("mask_token_id"),
                                                                                         int):
         raise CheckpointError(f"{checkpoint}/config.json does not state aux_hidden_state_layer_ids and "
@@ -231,6 +234,8 @@ def dflash_config(checkpoint: Path, config: dict[str, Any], verifier: str | None
         raise CheckpointError(f"{checkpoint}/config.json states {e}") from None
     out = json.loads(json.dumps(config))
     out["transformer_layer_config"].update(engine_keys(rope))
+    if not has_sliding_layers(out):
+        out[DFLASH_NON_CAUSAL] = True
     if verifier is not None:
         out["speculators_config"]["verifier"]["name_or_path"] = verifier
     return out

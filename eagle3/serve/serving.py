@@ -60,6 +60,9 @@ def run(args: ServeRequest) -> list[dict[str, Any]]:
                       f"trained for (ttt_steps; speculative_tokens in {served.checkpoint / 'config.json'}): draft "
                       f"positions past {served.trained_steps} come from a model never trained on them, so expect "
                       "their acceptance near 0 and the speculative server slower for each", file=sys.stderr)
+        causal = causal_dflash(served.checkpoint)
+        if causal:
+            print(f"warning: {served.run_dir}: {causal}", file=sys.stderr)
     with holding(runs):  # before any server starts: one serve (or run, or resume) of a run at a time
         return serve_and_compare(args, engine, runs)
 
@@ -151,6 +154,26 @@ def resolve_run(run_dir: Path, args: ServeRequest) -> ServedRun:
     trained = default_k(checkpoint)
     outs = {k: run_dir / f"serve_vllm_k{k}_t{args.temperature:g}.json" for k in dict.fromkeys(args.k or [trained])}
     return ServedRun(run_dir, checkpoint, verifier_dir, val_split, outs, trained_steps=trained)
+
+
+def causal_dflash(checkpoint: Path) -> str | None:
+    """Why vLLM will not run the block of the DFlash checkpoint as it trained (its config.json does not state
+    sliding_window_non_causal true: it was written before eagle3 stated it, or by speculators), else None."""
+    from eagle3.arch.draft import DFLASH_NON_CAUSAL, dflash_engine_causal, draft_kind_of, has_sliding_layers
+    from eagle3.init.files import CheckpointError, read_config
+
+    try:
+        config = read_config(checkpoint)
+    except CheckpointError:
+        return None  # the server's own reading says what is wrong with it
+    if draft_kind_of(config) != "dflash" or has_sliding_layers(config) or not dflash_engine_causal(config):
+        return None
+    stated = json.dumps(config.get(DFLASH_NON_CAUSAL))
+    return (f"{checkpoint / 'config.json'} states {DFLASH_NON_CAUSAL}: {stated}, which vLLM reads as 'run every "
+            "layer causally': it will run the DFlash block causally, unlike its training and "
+            "the harness, so its drafts and accepted counts will differ from the harness's (docs/serving.md#dflash);"
+            f" set \"{DFLASH_NON_CAUSAL}\": true there (speculators reads it for sliding-window layers only, which "
+            "this draft has none of) to serve it as trained")
 
 
 def draft_server_command(engine, verifier_dir: Path, port: int, args: ServeRequest, checkpoint: Path,

@@ -79,6 +79,49 @@ def small_dflash(k: int = 3, full_vocab: bool = False, **overrides):
     return draft_cfg, draft
 
 
+
+def test_a_dflash_draft_states_a_non_causal_block_for_vllm_which_speculators_reads_for_no_layer_of_it():
+    """vLLM's speculators reader makes sliding_window_non_causal every layer's causality (docs/serving.md#dflash);
+    speculators reads it for sliding-window layers only, and a draft built here has none."""
+    from eagle3.arch.draft import dflash_engine_causal
+
+    _, draft = small_dflash()
+    config = draft.config.to_dict()
+    assert config["sliding_window_non_causal"] is True and not dflash_engine_causal(config)
+    assert not draft.uses_sliding_window_attn and draft.sliding_window_indices == []
+
+
+def dflash_checkpoint_config(**overrides) -> dict:
+    config = {"speculators_model_type": "dflash", "aux_hidden_state_layer_ids": [1, 2, 3], "mask_token_id": 1023,
+              "transformer_layer_config": {"rope_parameters": {"rope_theta": 10000.0, "rope_type": "default"}},
+              "speculators_config": {"verifier": {"name_or_path": "/v"}}, **overrides}
+    return config
+
+
+def test_export_states_a_non_causal_block_for_a_checkpoint_written_before_eagle3_stated_it(tmp_path):
+    from eagle3.serve.export import dflash_config
+
+    old = dflash_checkpoint_config(sliding_window_non_causal=False)
+    assert dflash_config(tmp_path, old, None)["sliding_window_non_causal"] is True
+    assert old["sliding_window_non_causal"] is False  # the checkpoint's own config is left as it is
+    sliding = dflash_checkpoint_config(sliding_window_non_causal=False)
+    sliding["transformer_layer_config"]["layer_types"] = ["sliding_attention"]
+    assert dflash_config(tmp_path, sliding, None)["sliding_window_non_causal"] is False  # read as speculators does
+
+
+def test_serve_warns_of_a_dflash_checkpoint_vllm_would_run_causally(tmp_path):
+    from eagle3.serve.serving import causal_dflash
+
+    for name, config in {"old": dflash_checkpoint_config(sliding_window_non_causal=False),
+                         "new": dflash_checkpoint_config(sliding_window_non_causal=True),
+                         "speculators_default_absent": dflash_checkpoint_config(),
+                         "eagle3": {"speculators_model_type": "eagle3", "sliding_window_non_causal": False}}.items():
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "config.json").write_text(json.dumps(config))
+    warning = causal_dflash(tmp_path / "old")
+    assert warning is not None and "sliding_window_non_causal: false" in warning and "causally" in warning
+    assert [causal_dflash(tmp_path / n) for n in ("new", "speculators_default_absent", "eagle3")] == [None] * 3
+
 def shifted_and_unshifted(seed: int = 0, docs=(20, 13), n_aux: int = 3, h: int = 128):
     """A packed micro-batch of two documents as the loop gives it (speculators' shift_batch per document) and the
     same documents in DFlash's own alignment, as speculators' trainer feeds its DFlash model."""
@@ -217,6 +260,7 @@ def test_dflash_trains_resumes_exactly_after_sigterm_exports_and_is_measured(cac
     assert exported.returncode == 0, exported.stderr[-3000:]
     config = json.loads((out_dir / "config.json").read_text())
     assert config["speculators_model_type"] == "dflash" and config["block_size"] == 4
+    assert config["sliding_window_non_causal"] is True  # trained so: vLLM runs the block non-causally
     model = DFlashDraftModel.from_pretrained(str(out_dir))
     assert type(model) is DFlashDraftModel and model.mask_token_id == 1023 and model.t2d is not None
 

@@ -13,6 +13,7 @@ three; tests/arch/test_draft_arch.py trains and exports each combination on its 
 from __future__ import annotations
 
 import json
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -81,4 +82,23 @@ def test_vllm_counts_what_the_harness_counts_per_architecture(served_runs, arch)
         assert '"method": "dflash"' in (served_runs[arch] / "serve_vllm_k3_t0.log").read_text()
         # The tiny DFlash drafter of this budget accepts nothing at k=3 in the engine or the harness, so the arm
         # checks that vLLM loads and serves the export with method dflash, drafts at every verify step as the harness
-        # does, counts what it counts and stays lossless (above); equal counts with tokens accepted are not shown.
+        # does, counts what it counts and stays lossless (above); equal counts with tokens accepted are not shown
+        # (trained 10 epochs it accepted 4 tokens of one prompt, 20 epochs none: no budget to rely on, and on this
+        # verifier a causal block drafts the same tokens). That vLLM runs the block as trained, non-causally, is
+        # checked by test_vllm_reads_a_trained_dflash_checkpoint_as_a_non_causal_block.
+
+
+@pytest.mark.slow
+def test_vllm_reads_a_trained_dflash_checkpoint_as_a_non_causal_block(served_runs, engine_python):
+    """vLLM's speculators reader runs every layer of a DFlash block causally unless the checkpoint states
+    sliding_window_non_causal true (docs/serving.md#dflash); a checkpoint trained here states it, so vLLM runs the
+    block non-causally, as it was trained and as the harness runs it."""
+    code = ("import sys\n"
+            "from vllm.model_executor.models.qwen3_dflash import dflash_has_any_non_causal\n"
+            "from vllm.transformers_utils.configs.speculators.base import SpeculatorsConfig\n"
+            "print(dflash_has_any_non_causal(SpeculatorsConfig.from_pretrained(sys.argv[1])))")
+    checkpoint = served_runs["dflash"] / "checkpoints" / "best"
+    proc = subprocess.run([str(engine_python), "-c", code, str(checkpoint)], capture_output=True, text=True,
+                          timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.split()[-1] == "True"
