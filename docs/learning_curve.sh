@@ -29,9 +29,9 @@ stamp() { echo "$(date -u +%FT%TZ) $*" | tee -a "$E/times.txt"; }
 stamp "commit $(git rev-parse --short HEAD 2>/dev/null || echo unknown)"
 
 stamp "assets"
-[ -s "$E/reference.txt" ] || python -m eagle3.reference --install > "$E/reference.txt"
+[ -s "$E/reference.txt" ] || eagle3 reference --install > "$E/reference.txt"
 SMOL=$(sed -n 1p "$E/reference.txt"); SHAREGPT=$(sed -n 2p "$E/reference.txt")
-[ -n "${EAGLE3_VLLM_PYTHON:-}" ] || python -m eagle3.serve --install > /dev/null
+[ -n "${EAGLE3_VLLM_PYTHON:-}" ] || eagle3 serve --install > /dev/null
 
 if [ ! -s "$E/held_out.json" ]; then
   stamp "split"
@@ -41,7 +41,7 @@ if [ ! -s "$E/held_out.json" ]; then
 fi
 
 stamp "hidden states (vLLM)"
-python -m eagle3.data.prepare --model "$SMOL" --data "$E/train.json" --out "$E/data" --engine vllm \
+eagle3 prepare --model "$SMOL" --data "$E/train.json" --out "$E/data" --engine vllm \
   --max-len "$SEQ" --on-bad-sample skip --dtype float32
 stamp "hidden states done"
 
@@ -70,8 +70,8 @@ for seed in $SEEDS; do
   [ -f "$run/summary.json" ] && continue
   stamp "train seed $seed"
   snapshots "$run" & watcher=$!
-  if [ -f "$run/checkpoints/last/trainer_state.pt" ]; then python launch.py resume="$run"
-  else python launch.py $TRAIN seed=$seed hydra.run.dir="$run"; fi
+  if [ -f "$run/checkpoints/last/trainer_state.pt" ]; then eagle3 train resume="$run"
+  else eagle3 train $TRAIN seed=$seed hydra.run.dir="$run"; fi
   kill $watcher 2>/dev/null || true
   python bench/learning_curve.py snapshot "$run" --name ck_final > /dev/null   # the end (kept when there)
   stamp "trained seed $seed"
@@ -85,9 +85,9 @@ stamp "vLLM k=3 T=0: every point beside plain, the first beside n-gram"
 SERVE="--prompts $E/held_out.json --num-prompts $NUM_PROMPTS --max-new-tokens $MAX_NEW_TOKENS --k 3 --temperature 0"
 mapfile -t POINTS < <(python bench/learning_curve.py unmeasured "$E")
 if [ "${#POINTS[@]}" -gt 0 ]; then
-  python -m eagle3.serve "${POINTS[0]}" $SERVE || stamp "eagle3.serve exited $? (see its reports)"
-  [ "${#POINTS[@]}" -gt 1 ] && { python -m eagle3.serve "${POINTS[@]:1}" $SERVE --no-ngram \
-    || stamp "eagle3.serve exited $? (see its reports)"; }
+  eagle3 serve "${POINTS[0]}" $SERVE || stamp "eagle3 serve exited $? (see its reports)"
+  [ "${#POINTS[@]}" -gt 1 ] && { eagle3 serve "${POINTS[@]:1}" $SERVE --no-ngram \
+    || stamp "eagle3 serve exited $? (see its reports)"; }
 fi
 stamp "curve"
 python bench/learning_curve.py report "$E" --png "$CURVE_PNG" --csv "$CURVE_CSV"
