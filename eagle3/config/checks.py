@@ -27,7 +27,6 @@ def require_temperature(key: str, value: float, greedy: bool = True) -> None:
             f"must be > 0 and finite (it samples, never greedy), got {value}")
 
 
-
 def path_kind(p: Path, wanted: str) -> str:
     """Why `p` is not `wanted` ("a directory", ...), said after its name: "does not exist", "is a FIFO (named pipe),
     not a directory", ... (the mode only: a FIFO is never opened, reading it would block)."""

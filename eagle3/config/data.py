@@ -31,7 +31,6 @@ class RowFormat(str, Enum):
     sharegpt = "sharegpt"   # {"conversations": [{"from", "value"}, ...]} (ShareGPT's)
 
 
-
 @dataclass
 class SynthConfig:
     """Sequences sampled from the verifier itself (like regenerated responses): a random prompt masked out of the
@@ -267,7 +266,6 @@ class TinyDataConfig(HiddenStateFiles):
         self.synth.check()
 
 
-
 # The data sources' schemas by `data.name`; eagle3.data.sources.registry adds a new source's (add_data_schema).
 DATA_SCHEMAS: dict[str, type[DataConfig]] = {
     "offline": OfflineDataConfig, "online": OnlineDataConfig, "regenerate": RegenerateDataConfig,
@@ -275,13 +273,11 @@ DATA_SCHEMAS: dict[str, type[DataConfig]] = {
 }
 
 
-
 def data_schema(name: object) -> type[DataConfig]:
     """The schema of the data source `name`; one ConfigError naming the known ones for another."""
     if not isinstance(name, str) or name not in DATA_SCHEMAS:
         raise ConfigError(f"data.name: {name!r} is no data source; known: {', '.join(sorted(DATA_SCHEMAS))}")
     return DATA_SCHEMAS[name]
-
 
 
 ROWS_FILES = ("a JSONL file or JSON array of {\"input_ids\", \"loss_mask\"}, {\"messages\"} or ShareGPT "

@@ -33,7 +33,6 @@ class DraftKind(str, Enum):
     dflash = "dflash"
 
 
-
 # model.draft.block_size's range for kind=dflash: the anchor and at least one draft token; at most what a
 # DFlash drafter is published with (16) times four.
 DFLASH_BLOCK_RANGE = (2, 64)
@@ -112,7 +111,6 @@ def shape_problems(config: dict[str, Any]) -> list[str]:
     return problems
 
 
-
 class AttnImpl(str, Enum):
     """The draft's attention; auto: flex attention on CUDA, sdpa on CPU (flex has no CPU backward)."""
 
@@ -132,7 +130,6 @@ class DraftLoss(str, Enum):
     tv = "tv"
     nla = "nla"
     lk_hybrid = "lk_hybrid"
-
 
 
 @dataclass

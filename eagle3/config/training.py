@@ -27,11 +27,9 @@ class LoggerMode(str, Enum):
     disabled = "disabled"
 
 
-
 class Strategy(str, Enum):
     ddp = "ddp"
     fsdp = "fsdp"
-
 
 
 class Backend(str, Enum):
@@ -40,7 +38,6 @@ class Backend(str, Enum):
     auto = "auto"
     nccl = "nccl"
     gloo = "gloo"
-
 
 
 class VocabPolicy(str, Enum):
@@ -91,7 +88,6 @@ class PretrainedInitConfig(InitConfig):
 
 # init.name -> its options' schema: how a run dir's resolved config finds the type of its `init`.
 INIT_SCHEMAS: dict[str, type[InitConfig]] = {"scratch": ScratchInitConfig, "pretrained": PretrainedInitConfig}
-
 
 
 @dataclass
@@ -228,7 +224,6 @@ class ServeEvalConfig:
                 f"must be null or a list of k >= 1, got {self.k}")
 
 
-
 @dataclass
 class EvalConfig:
     accept: AcceptEvalConfig = field(default_factory=AcceptEvalConfig)
@@ -264,7 +259,6 @@ class OnPolicyConfig:
 @dataclass
 class LoopConfig:
     on_policy: OnPolicyConfig = field(default_factory=OnPolicyConfig)
-
 
 
 def lr_advice(optim: OptimConfig, init: InitConfig) -> tuple[str, bool]:

@@ -37,14 +37,12 @@ class Objective(str, Enum):
     accept_len = "accept_len"
 
 
-
 class Device(str, Enum):
     """Where a run trains; auto: a CUDA GPU when torch sees one, else the CPU (eagle3/device/choice.py resolves it)."""
 
     auto = "auto"
     cpu = "cpu"
     cuda = "cuda"
-
 
 
 @dataclass
@@ -199,7 +197,6 @@ def plain_config(cfg: TrainConfig) -> dict[str, Any]:
     plain = OmegaConf.to_container(OmegaConf.structured(cfg), enum_to_str=True)
     assert isinstance(plain, dict)
     return {str(k): v for k, v in plain.items()}
-
 
 
 def add_data_schema(schema: type[DataConfig]) -> None:

@@ -37,3 +37,4 @@ class ServedRun:
     prompts: list = field(default_factory=list)
     source: str = ""
     trained_steps: int = 3  # the draft's ttt_steps (its config's speculative_tokens): the k it was trained for
+    kind: str = "eagle3"    # the draft kind its config states (eagle3.init.checkpoint.draft_kind), read once

@@ -60,7 +60,7 @@ def run(args: ServeRequest) -> list[dict[str, Any]]:
                       f"trained for (ttt_steps; speculative_tokens in {served.checkpoint / 'config.json'}): draft "
                       f"positions past {served.trained_steps} come from a model never trained on them, so expect "
                       "their acceptance near 0 and the speculative server slower for each", file=sys.stderr)
-        causal = causal_dflash(served.checkpoint)
+        causal = causal_dflash(served.checkpoint) if served.kind == "dflash" else None
         if causal:
             print(f"warning: {served.run_dir}: {causal}", file=sys.stderr)
     with holding(runs):  # before any server starts: one serve (or run, or resume) of a run at a time
@@ -140,6 +140,7 @@ def check_served_prompts(served: ServedRun, max_new_tokens: int) -> None:
 def resolve_run(run_dir: Path, args: ServeRequest) -> ServedRun:
     from eagle3.errors import ConfigError
     from eagle3.eval.accept import AcceptRequest, default_k, resolve_inputs
+    from eagle3.init.checkpoint import draft_kind
     from eagle3.rundir.files import RESOLVED_CONFIG, SUMMARY
 
     if not run_dir.is_dir():
@@ -153,7 +154,8 @@ def resolve_run(run_dir: Path, args: ServeRequest) -> ServedRun:
                                                                                    prompts=args.prompts))
     trained = default_k(checkpoint)
     outs = {k: run_dir / f"serve_vllm_k{k}_t{args.temperature:g}.json" for k in dict.fromkeys(args.k or [trained])}
-    return ServedRun(run_dir, checkpoint, verifier_dir, val_split, outs, trained_steps=trained)
+    return ServedRun(run_dir, checkpoint, verifier_dir, val_split, outs, trained_steps=trained,
+                     kind=draft_kind(checkpoint))
 
 
 def causal_dflash(checkpoint: Path) -> str | None:
@@ -176,15 +178,14 @@ def causal_dflash(checkpoint: Path) -> str | None:
             "this draft has none of) to serve it as trained")
 
 
-def draft_server_command(engine, verifier_dir: Path, port: int, args: ServeRequest, checkpoint: Path,
+def draft_server_command(engine, verifier_dir: Path, port: int, args: ServeRequest, served: ServedRun,
                          k: int) -> list[str]:
-    """The speculative server's command for `checkpoint` at `k`: vLLM's parallel drafting for a P-EAGLE draft, its
-    dflash method for a DFlash one, eagle3 otherwise."""
+    """The speculative server's command for the served run's checkpoint at `k`: vLLM's parallel drafting for a
+    P-EAGLE draft, its dflash method for a DFlash one, eagle3 otherwise."""
     from eagle3.engine.server import server_command
-    from eagle3.init.checkpoint import draft_kind
 
-    kind = draft_kind(checkpoint)
-    return server_command(engine, verifier_dir, port, args.dtype, checkpoint, k, args.seed,
+    kind = served.kind
+    return server_command(engine, verifier_dir, port, args.dtype, served.checkpoint, k, args.seed,
                           parallel_drafting=kind == "peagle", method="dflash" if kind == "dflash" else "eagle3")
 
 
@@ -222,7 +223,7 @@ def serve_and_compare(args: ServeRequest, engine, runs: list[ServedRun]) -> list
                         ngram_port, new_log(runs[0].run_dir, f"serve_vllm_ngram_k{k}_t{t:g}"), engine))
                 for served in [served for served in runs if k in served.outs]:
                     port = args.port or free_port()
-                    cmd = draft_server_command(engine, verifier_dir, port, args, served.checkpoint, k)
+                    cmd = draft_server_command(engine, verifier_dir, port, args, served, k)
                     log = new_log(served.run_dir, f"serve_vllm_k{k}_t{t:g}")
                     logs = ", ".join(str(s.log) for s in (plain, baseline) if s is not None)
                     print(f"k={k}: starting the vLLM servers (logs: {log}, {logs})", file=sys.stderr, flush=True)
