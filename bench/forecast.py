@@ -138,11 +138,16 @@ def main(argv: list[str] | None = None) -> int:
                    help="the anneal term's prior (default: eagle3.sweep.forecast.ANNEAL_PRIOR)")
     p.add_argument("--json", type=Path, help="write the numbers here")
     args = p.parse_args(argv)
+    from eagle3.safe_write import write_text
     from eagle3.sweep.compare import read_run
     from eagle3.sweep.forecast import ngram_of, points_of, tokens_text
 
+    if not args.run.is_dir():
+        raise SystemExit(f"error: {args.run} is not a run dir")
     run = read_run(args.run)
     points = points_of(run)
+    if not points:
+        raise SystemExit(f"error: {args.run} has no val pass to check a forecast against")
     line = args.line if args.line is not None else (ngram_of(run) or (None, ""))[0]
     measured = measured_rows(args.measured)
     prior = tuple(args.anneal_prior) if args.anneal_prior else None
@@ -152,7 +157,7 @@ def main(argv: list[str] | None = None) -> int:
         show(args.run, r)
     if args.json:
         out = results[0] if len(results) == 1 else {"run": str(args.run), "pilots": results}
-        args.json.write_text(json.dumps(out, indent=1) + "\n")
+        write_text(args.json.absolute().parent, args.json.absolute(), json.dumps(out, indent=1) + "\n")
     return 0 if all("refused" not in r for r in results) else 1
 
 
