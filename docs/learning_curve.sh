@@ -1,6 +1,6 @@
 #!/bin/bash
 # docs/real_model.md's learning curve: SmolLM2-135M-Instruct's EAGLE-3 drafter trained on up to ~1M tokens of
-# unique ShareGPT conversations (hidden states from vLLM, stored once; training over them, 1,024-token steps),
+# unique ShareGPT conversations (hidden states from vLLM, stored once; training over them, 768-token steps),
 # measured in vLLM at token budgets of ~50k, 100k, 200k, 500k and 1M on the 32 held-out prompts x 32 tokens of
 # docs/real_model.sh (k=3, T=0), beside vLLM's n-gram speculation and plain decoding.
 #   bash docs/learning_curve.sh [OUT_DIR]        # about 1.5 hours of an idle 2-core CPU; resumable: run it again
@@ -8,10 +8,12 @@
 # its start and end go to OUT_DIR/times.txt. Knobs (environment):
 #   CONVERSATIONS=2000   training conversations from the head half of ShareGPT (~1.07M tokens at 1,024 a row)
 #   SEEDS="0"            training seeds; each is one run (the curve's points are checkpoints of it)
-#   LR=5e-4  VOCAB=8192  SEQ=1024   the recipe (experiment=smollm2_sharegpt's)
+#   LR=5e-4  VOCAB=8192  SEQ=768     the recipe (experiment=smollm2_sharegpt's): tokens a step (rows longer are cut)
+#   MAX_LEN=1024         tokens a conversation keeps when its hidden states are computed (prepare --max-len)
 #   BUDGETS="50000 100000 200000 500000 1000000"   tokens at which a checkpoint is measured (the nearest kept one)
 #   NUM_PROMPTS=32 MAX_NEW_TOKENS=32                held-out prompts measured, tokens generated per prompt
-#   STEPS=               optim.max_steps of each run (empty: one epoch over the conversations, the recipe's)
+#   STEPS=1392           optim.max_steps of each run: ~1.04M tokens, one epoch (979k at SEQ=768) and 6% of a
+#                        second; empty: one epoch
 #   CURVE_PNG=docs/learning_curve.png CURVE_CSV=docs/learning_curve.csv   where the curve's picture and CSV go
 #   EAGLE3_VLLM_PYTHON   an interpreter that has vLLM, used instead of building the engine's venv
 set -euo pipefail
@@ -19,10 +21,10 @@ cd "$(dirname "$0")/.."
 E=$(realpath -m "${1:-outputs/learning_curve}")
 CONVERSATIONS=${CONVERSATIONS:-2000}
 SEEDS=${SEEDS:-0}
-LR=${LR:-5e-4}; VOCAB=${VOCAB:-8192}; SEQ=${SEQ:-1024}
+LR=${LR:-5e-4}; VOCAB=${VOCAB:-8192}; SEQ=${SEQ:-768}; MAX_LEN=${MAX_LEN:-1024}
 BUDGETS=${BUDGETS:-50000 100000 200000 500000 1000000}
 NUM_PROMPTS=${NUM_PROMPTS:-32}; MAX_NEW_TOKENS=${MAX_NEW_TOKENS:-32}
-STEPS=${STEPS:-}
+STEPS=${STEPS-1392}
 CURVE_PNG=${CURVE_PNG:-docs/learning_curve.png}; CURVE_CSV=${CURVE_CSV:-docs/learning_curve.csv}
 mkdir -p "$E"
 stamp() { echo "$(date -u +%FT%TZ) $*" | tee -a "$E/times.txt"; }
@@ -42,7 +44,7 @@ fi
 
 stamp "hidden states (vLLM)"
 eagle3 prepare --model "$SMOL" --data "$E/train.json" --out "$E/data" --engine vllm \
-  --max-len "$SEQ" --on-bad-sample skip --dtype float32
+  --max-len "$MAX_LEN" --on-bad-sample skip --dtype float32
 stamp "hidden states done"
 
 # Each run keeps a copy of checkpoints/last at every checkpoint_every save (about 19k tokens apart) in
