@@ -9,11 +9,11 @@
 #   CONVERSATIONS=2000   training conversations from the head half of ShareGPT (~1.07M tokens at 1,024 a row)
 #   SEEDS="0"            training seeds; each is one run (the curve's points are checkpoints of it)
 #   LR=5e-4  VOCAB=8192  SEQ=768     the recipe (experiment=smollm2_sharegpt's): tokens a step (rows longer are cut)
-#   MAX_LEN=1024         tokens a conversation keeps when its hidden states are computed (prepare --max-len)
+#   MAX_LEN=$((SEQ+1))   tokens a conversation keeps (prepare --max-len): a row of n tokens fills n - 1 positions
 #   BUDGETS="50000 100000 200000 500000 1000000"   tokens at which a checkpoint is measured (the nearest kept one)
 #   NUM_PROMPTS=32 MAX_NEW_TOKENS=32                held-out prompts measured, tokens generated per prompt
-#   STEPS=1392           optim.max_steps of each run: ~1.04M tokens, one epoch (979k at SEQ=768) and 6% of a
-#                        second; empty: one epoch
+#   STEPS=1396           optim.max_steps of each run: ~1.04M tokens, one epoch (1,303 steps, 974k tokens at
+#                        SEQ=768) and 7% of a second; empty: one epoch
 #   CURVE_PNG=docs/learning_curve.png CURVE_CSV=docs/learning_curve.csv   where the curve's picture and CSV go
 #   EAGLE3_VLLM_PYTHON   an interpreter that has vLLM, used instead of building the engine's venv
 set -euo pipefail
@@ -21,10 +21,10 @@ cd "$(dirname "$0")/.."
 E=$(realpath -m "${1:-outputs/learning_curve}")
 CONVERSATIONS=${CONVERSATIONS:-2000}
 SEEDS=${SEEDS:-0}
-LR=${LR:-5e-4}; VOCAB=${VOCAB:-8192}; SEQ=${SEQ:-768}; MAX_LEN=${MAX_LEN:-1024}
+LR=${LR:-5e-4}; VOCAB=${VOCAB:-8192}; SEQ=${SEQ:-768}; MAX_LEN=${MAX_LEN:-$((SEQ + 1))}
 BUDGETS=${BUDGETS:-50000 100000 200000 500000 1000000}
 NUM_PROMPTS=${NUM_PROMPTS:-32}; MAX_NEW_TOKENS=${MAX_NEW_TOKENS:-32}
-STEPS=${STEPS-1392}
+STEPS=${STEPS-1396}
 CURVE_PNG=${CURVE_PNG:-docs/learning_curve.png}; CURVE_CSV=${CURVE_CSV:-docs/learning_curve.csv}
 mkdir -p "$E"
 stamp() { echo "$(date -u +%FT%TZ) $*" | tee -a "$E/times.txt"; }
