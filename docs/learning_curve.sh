@@ -12,8 +12,8 @@
 #   MAX_LEN=$((SEQ+1))   tokens a conversation keeps (prepare --max-len): a row of n tokens fills n - 1 positions
 #   BUDGETS="50000 100000 200000 500000 1000000"   tokens at which a checkpoint is measured (the nearest kept one)
 #   NUM_PROMPTS=32 MAX_NEW_TOKENS=32                held-out prompts measured, tokens generated per prompt
-#   STEPS=1396           optim.max_steps of each run: ~1.04M tokens, one epoch (1,303 steps, 974k tokens at
-#                        SEQ=768) and 7% of a second; empty: one epoch
+#   STEPS=1396           optim.max_steps of each run (at most two epochs): ~1.04M tokens, one epoch (1,303
+#                        steps, 974k tokens at SEQ=768) and 7% of a second; empty: one epoch
 #   CURVE_PNG=docs/learning_curve.png CURVE_CSV=docs/learning_curve.csv   where the curve's picture and CSV go
 #   EAGLE3_VLLM_PYTHON   an interpreter that has vLLM, used instead of building the engine's venv
 set -euo pipefail
@@ -66,7 +66,7 @@ snapshots() {
 TRAIN="model=auto model.verifier.path=$SMOL model.draft.draft_vocab_size=$VOCAB data=offline data.path=$E/data"
 TRAIN="$TRAIN data.total_seq_len=$SEQ data.train_ratio=0.99 init=scratch optim=adamw optim.lr=$LR"
 TRAIN="$TRAIN optim.warmup_ratio=0.03 optim.eval_every=50 optim.checkpoint_every=25 logger.mode=disabled"
-[ -z "$STEPS" ] || TRAIN="$TRAIN optim.max_steps=$STEPS"
+[ -z "$STEPS" ] || TRAIN="$TRAIN optim.epochs=2 optim.max_steps=$STEPS"   # steps past one epoch go on into a second
 for seed in $SEEDS; do
   run="$E/seed_$seed"
   [ -f "$run/summary.json" ] && continue
