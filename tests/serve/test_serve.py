@@ -733,42 +733,6 @@ def test_serving_shows_a_progress_bar_over_the_prompts_on_stderr(capsys):
     assert "serving (plain, ngram, spec)" in err and "/3 [" in err and out == ""
 
 
-# "hello!": SmolLM2's answer ends (<|im_end|> its best token) within the 48 tokens, which both sides decode through
-HELD_OUT = ["Write a short poem about the sea.", "Explain what a computer is to a child.",
-            "Give me three tips for learning to cook.", "hello!"]
-
-
-@pytest.mark.slow
-def test_vllm_against_the_harness_on_smollm2_at_t0_in_fp32_for_a_trained_checkpoint(smollm2_online_run,
-                                                                                   engine_python, tmp_path):
-    """A real 30-layer verifier: a draft trained for 3 steps on ShareGPT chat rows (data=online, model=auto; the
-    run test_reference checks, trained once for both), served at k=3 on 4 held-out chat prompts x 48 tokens beside
-    a plain server (no n-gram baseline: two server starts). vLLM's
-    and transformers' fp32 kernels round differently, so a prompt may leave the harness's tokens where the
-    verifier's two best tokens are nearly tied: the comparison passes when every divergence is such a near-tie
-    and every other prompt's counts are the harness's. One prompt's answer ends within the 48 tokens: the engine,
-    like the harness, decodes through the end-of-sequence token rather than masking it until 48 are made."""
-    from eagle3.cli.serve import main
-    from eagle3.serve.metrics import padded
-
-    prompts, run = tmp_path / "held_out.jsonl", smollm2_online_run
-    prompts.write_text("".join(json.dumps({"messages": [{"role": "user", "content": q}]}) + "\n" for q in HELD_OUT))
-    main([str(run), "--prompts", str(prompts), "--k", "3", "--num-prompts", "4", "--max-new-tokens", "48",
-          "--no-ngram", "--python", str(engine_python)])  # exits 1 when the comparison fails
-    report = json.loads((run / "serve_vllm_k3_t0.json").read_text())
-    harness = report["harness"]
-    assert report["dtype"] == "float32" and report["prompts"] == 4 and report["drafts"] > 0
-    assert harness["equal"] is True and report["same_tokens_as_plain"], harness["verdict"]
-    diverged = harness["diverged_prompts"]
-    assert all(d["near_tie"] and d["relative_gap"] <= 1e-3 for d in harness.get("divergences", [])), harness
-    assert [d["prompt"] for d in harness.get("divergences", [])] == diverged
-    for i, (engine, ours) in enumerate(zip(report["per_prompt"]["engine"], report["per_prompt"]["harness"])):
-        if i not in diverged:
-            assert engine["drafts"] == ours["drafts"] and padded(engine["per_position"], 3) == ours["per_position"]
-    assert report["verify_steps"] == report["drafts"]
-    no_server_left(run)
-
-
 @pytest.mark.parametrize("value", ["inf", "nan", "-1"])
 def test_serve_refuses_a_temperature_no_sampler_has_before_reading_the_run(tmp_path, value):
     """--temperature inf was served (vLLM samples uniformly) into serve_vllm_k<k>_tinf.json."""

@@ -5,10 +5,11 @@ drafting, all k tokens in one forward; DFlash's through vLLM's `method: dflash`,
 The default architecture is tests/serve/test_serve.py's (which also checks the harness of eagle3.serve against
 eagle3.eval.accept); here the others, one short training each (the counts need only agree, not be good; the Qwen3
 one is the reference run test_draft_arch resumes against, trained once for both by tests/conftest.py), served by
-one `python -m eagle3.serve RUN RUN ...` beside one plain server of their common verifier and the n-gram
-baseline's server at k=3. The axes of the one-forward-per-token drafts (decoder layer, depth, EAGLE-3.1's norms)
-are in one draft, so that each server start (two processes importing vLLM, half a minute on 2 cores) checks all
-three; tests/arch/test_draft_arch.py trains and exports each combination on its own."""
+one `python -m eagle3.serve RUN RUN ...` beside one plain server of their common verifier at k=3 (no n-gram
+baseline: tests/test_reference.py's learning-curve test serves it on SmolLM2, whose real prompts it drafts on).
+The axes of the one-forward-per-token drafts (decoder layer, depth, EAGLE-3.1's norms) are in one draft, so that
+each server start (two processes importing vLLM, half a minute on 2 cores) checks all three;
+tests/arch/test_draft_arch.py trains and exports each combination on its own."""
 
 from __future__ import annotations
 
@@ -30,7 +31,7 @@ ARCHITECTURES = {
     "peagle": ["optim.epochs=3", "optim.lr=3e-3", "model.draft.kind=peagle"],
     "dflash": ["optim.epochs=3", "optim.lr=3e-3", "model.draft.kind=dflash"],
 }
-ARGS = ["--k", "3", "--num-prompts", "4", "--max-new-tokens", "24"]
+ARGS = ["--k", "3", "--num-prompts", "4", "--max-new-tokens", "24", "--no-ngram"]
 
 
 @pytest.fixture(scope="module")
@@ -54,7 +55,7 @@ def served_runs(qwen3_eagle31_run, cache_dir, tmp_path_factory, engine_python) -
 def test_one_plain_server_serves_beside_every_run(served_runs):
     logs = {name: sorted(p.name for p in run.glob("serve_vllm_*.log")) for name, run in served_runs.items()}
     first, *others = served_runs
-    assert logs == {first: ["serve_vllm_k3_t0.log", "serve_vllm_ngram_k3_t0.log", "serve_vllm_plain_t0.log"],
+    assert logs == {first: ["serve_vllm_k3_t0.log", "serve_vllm_plain_t0.log"],
                     **{name: ["serve_vllm_k3_t0.log"] for name in others}}
     for run in served_runs.values():
         no_server_left(run)
@@ -68,12 +69,7 @@ def test_vllm_counts_what_the_harness_counts_per_architecture(served_runs, arch)
     assert report["drafts"] == report["harness"]["drafts"] > 0
     assert report["accepted_per_position"] == report["harness"]["accepted_per_position"]
     assert report["harness"]["equal"] and report["same_tokens_as_plain"]
-    # the n-gram baseline, served beside each run in the same turns: counted over all its verify steps
-    ngram, plain_steps = report["ngram"], 4 * 24  # a prefill and 23 one-token steps per prompt without a draft
-    assert ngram["k"] == 3 and ngram["prompt_lookup_min"] == 2 and ngram["same_tokens_as_plain"]
-    assert ngram["drafts"] <= ngram["verify_steps"] <= plain_steps - 4
-    assert ngram["accept_len"] == pytest.approx(1 + ngram["accepted"] / ngram["verify_steps"])
-    assert ngram["tokens_per_s"] > 0 and report["plain_tokens_per_s"] > 0
+    assert "ngram" not in report and report["plain_tokens_per_s"] > 0
     assert report["verify_steps"] == report["drafts"]  # a drafter drafts at every verify step
     if arch == "peagle":
         assert "parallel_drafting" in (served_runs[arch] / "serve_vllm_k3_t0.log").read_text()
