@@ -444,3 +444,31 @@ def assert_chain_equals_speculators_forward(draft, verifier, ids: list[int], aux
     for j in range(k):
         torch.testing.assert_close(logits[j], captured[j][m - 1], rtol=1e-5, atol=1e-5)
     return drafts
+
+
+# Hidden-state files of two engines compared (eagle3 prepare --engine vllm against --engine transformers)
+HIDDEN_STATE_TOLERANCE = 1e-5  # relative, per position: fp32 on a CPU in two implementations
+
+
+def relative_differences(states, reference):
+    """Per slot, the largest over positions of |states - reference| / |reference| (norms over the hidden size)."""
+    diff = (states.double() - reference.double()).norm(dim=-1) / reference.double().norm(dim=-1).clamp_min(1e-30)
+    return diff.amax(dim=0)
+
+
+def worst_differences(data: Path, reference: Path, rows: int) -> list[float]:
+    """relative_differences of every row's file in `data` against `reference`'s, the worst per slot; the token
+    ids must be equal."""
+    import torch
+    from safetensors.torch import load_file
+
+    worst = None
+    for i in range(rows):
+        a = load_file(str(data / "hidden_states" / f"hs_{i}.safetensors"))
+        b = load_file(str(reference / "hidden_states" / f"hs_{i}.safetensors"))
+        assert torch.equal(a["token_ids"], b["token_ids"]) and a["token_ids"].dtype == torch.long
+        assert a["hidden_states"].shape == b["hidden_states"].shape and a["hidden_states"].dtype == torch.float32
+        d = relative_differences(a["hidden_states"], b["hidden_states"])
+        worst = d if worst is None else torch.maximum(worst, d)
+    assert worst is not None
+    return worst.tolist()

@@ -1,7 +1,8 @@
 """`python -m eagle3.data.prepare --engine vllm`: vLLM's hidden states, written in speculators' format, equal to
 --engine transformers' (fp32 on a CPU: 1e-5 relative per position, every aux slot and the last) on the tiny
-verifier and on SmolLM2, resumable to the same bytes, checked and trained on; and everything it refuses refused
-before an engine starts. One engine start per verifier for the equality (module fixtures), one more for resuming."""
+verifier (on SmolLM2: tests/test_reference.py, on the learning-curve script's data), resumable to the same bytes,
+checked and trained on; and everything it refuses refused before an engine starts. One engine start for the
+equality (a module fixture), one more for resuming."""
 
 from __future__ import annotations
 
@@ -25,9 +26,9 @@ from test_prepare import run_module, train_on, write_jsonl
 from commands import live_group_members, run_in_process, signals_as_a_shell_leaves_them
 from eagle3.verifier.model import Verifier
 from eagle3.verifier.tiny import tiny_verifier_dir
-from factories import ROOT, compose_cfg, verifier_config_dir
+from factories import HIDDEN_STATE_TOLERANCE as TOLERANCE
+from factories import ROOT, compose_cfg, relative_differences, verifier_config_dir, worst_differences
 
-TOLERANCE = 1e-5  # relative, per position: fp32 on a CPU in two implementations
 AUX = [3, 1, 2]   # not ascending: vLLM returns layers in ascending order, the file holds them in this one
 
 
@@ -37,25 +38,6 @@ def prepare(verifier: Path, rows: Path, out: Path, *extra, python: Path | None =
                            "--out", str(out), "--dtype", "float32", *map(str, extra)], **env)
 
 
-def relative_differences(states: torch.Tensor, reference: torch.Tensor) -> torch.Tensor:
-    """Per slot, the largest over positions of |states - reference| / |reference| (norms over the hidden size)."""
-    diff = (states.double() - reference.double()).norm(dim=-1) / reference.double().norm(dim=-1).clamp_min(1e-30)
-    return diff.amax(dim=0)
-
-
-def worst_differences(data: Path, reference: Path, rows: int) -> list[float]:
-    """relative_differences of every row's file in `data` against `reference`'s, the worst per slot; the token
-    ids must be equal."""
-    worst = None
-    for i in range(rows):
-        a = load_file(str(data / "hidden_states" / f"hs_{i}.safetensors"))
-        b = load_file(str(reference / "hidden_states" / f"hs_{i}.safetensors"))
-        assert torch.equal(a["token_ids"], b["token_ids"]) and a["token_ids"].dtype == torch.long
-        assert a["hidden_states"].shape == b["hidden_states"].shape and a["hidden_states"].dtype == torch.float32
-        d = relative_differences(a["hidden_states"], b["hidden_states"])
-        worst = d if worst is None else torch.maximum(worst, d)
-    assert worst is not None
-    return worst.tolist()
 
 
 @pytest.fixture(scope="module")
@@ -313,24 +295,6 @@ def test_resuming_an_engine_preparation_gives_identical_files(tiny_datasets, ver
     # Another engine's preparation is not resumed into the same dir.
     proc = prepare(verifier, tiny_rows, reference, "--engine", "vllm", "--aux-layer-ids", *AUX, python=engine_python)
     assert proc.returncode == 1 and "holds another preparation (its engine differ" in proc.stderr
-
-
-@pytest.fixture(scope="module")
-def smollm2_datasets(smollm2_dir, tmp_path_factory, engine_python) -> tuple[Path, Path]:  # noqa: F811
-    """SmolLM2-135M's hidden states (aux ids [2, 15, 27], the default) of 6 short rows by vLLM and transformers."""
-    tmp = tmp_path_factory.mktemp("smollm2")
-    rows = write_jsonl(tmp / "rows.jsonl", token_rows(6, 49152, 8, 40, seed=1))
-    return by_both_engines(smollm2_dir, rows, tmp, engine_python)
-
-
-@pytest.mark.slow
-def test_engine_hidden_states_equal_transformers_on_smollm2(smollm2_datasets):
-    engine, reference = smollm2_datasets
-    worst = worst_differences(engine, reference, 6)
-    assert max(worst) < TOLERANCE, worst
-    assert json.loads((engine / "eagle3_data.json").read_text())["aux_layer_ids"] == [2, 15, 27]
-    proc = run_module("eagle3.data.check", engine)
-    assert proc.returncode == 0 and "6 rows, all good (full check)" in proc.stdout, proc.stdout + proc.stderr
 
 
 # ---- the engine's process: stopped on every way out ----
