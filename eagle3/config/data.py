@@ -182,10 +182,16 @@ class OnlineDataConfig(TokenRows):
     # are (hidden states are not read). null: rows sampled as data.synth says
     path: str | None = None
     synth: SynthConfig = field(default_factory=SynthConfig)   # only without data.path
+    # Tokens a row keeps when read: a longer row is cut (counted in the rows' record as truncated), as `eagle3
+    # prepare --max-len` cuts them; data.total_seq_len + 1 lets a step hold each row whole, where the trainer would
+    # cut a longer one itself and refuse data with more than 10% of such rows. null: every row as it is
+    max_len: int | None = None
 
     def check(self, dataset_required: bool = True) -> None:
         super().check(dataset_required)
         self.synth.check()
+        require(self.max_len is None or self.max_len >= MIN_SEQ_LEN, "data.max_len",
+                f"must be null (rows as they are) or at least {MIN_SEQ_LEN}, got {self.max_len}")
         if self.path is None:
             require(self.format == RowFormat.auto, "data.format",
                     f"describes data.path's rows, and there is no data.path (rows are sampled from the verifier): "
@@ -196,6 +202,9 @@ class OnlineDataConfig(TokenRows):
             require(self.max_chars is None, "data.max_chars",
                     "selects conversations read from data.path, and there is no data.path (rows are sampled from "
                     "the verifier): drop data.max_chars, or give data.path")
+            require(self.max_len is None, "data.max_len",
+                    "cuts the rows read from data.path, and there is no data.path (rows are sampled from the "
+                    "verifier, data.synth.prompt_len + response_len tokens each): drop data.max_len, or give data.path")
             return
         changed = [f"data.synth.{k}" for k, v in vars(self.synth).items() if v != getattr(SynthConfig(), k)]
         require(not changed, changed[0] if changed else "data.synth",

@@ -66,7 +66,8 @@ def token_rows_dir(data: OnlineDataConfig, verifier_dir: Path, cache_dir: str) -
               "tokenizer": tokenizer_hash(verifier_dir), "on_bad_sample": policy,
               **({"format": data.format.value} if data.format != RowFormat.auto else {}),
               **({"max_records": data.max_records} if data.max_records is not None else {}),
-              **({"max_chars": data.max_chars} if data.max_chars is not None else {})}
+              **({"max_chars": data.max_chars} if data.max_chars is not None else {}),
+              **({"max_len": data.max_len} if data.max_len is not None else {})}
 
     def read(out: Path) -> None:
         from eagle3.formats.row_formats import BadSamples, ChatTokenizer, read_rows
@@ -79,9 +80,11 @@ def token_rows_dir(data: OnlineDataConfig, verifier_dir: Path, cache_dir: str) -
             return chat[0](messages)
 
         bad = BadSamples(policy)
-        # No truncation here: rows longer than the verifier's positions are the start-up check's to report.
-        rows = read_rows(jsonl, sys.maxsize, verifier["vocab_size"], bad, tokenize_chat, data.format,
+        # Cut at data.max_len alone: rows longer than the verifier's positions are the start-up check's to report.
+        rows = read_rows(jsonl, data.max_len or sys.maxsize, verifier["vocab_size"], bad, tokenize_chat, data.format,
                          max_records=data.max_records, max_chars=data.max_chars)
+        if bad.truncated:
+            log.info("%s: %d rows cut to data.max_len=%d tokens", jsonl, bad.truncated, data.max_len)
         if bad.over_max_chars:
             log.info("%s: %d conversations longer than data.max_chars=%d characters left out (a selection, counted "
                      "in the rows' record as over_max_chars)", jsonl, bad.over_max_chars, data.max_chars)
@@ -111,11 +114,14 @@ def refuse_max_records_of_a_dataset_dir(data: OnlineDataConfig) -> None:
     """data.max_records bounds the records read from a rows file, data.max_chars selects its conversations: a
     speculators-format dataset dir's rows are read as they are, all of them (checked before the run dir is written:
     the launcher's refuse_early)."""
-    if (data.max_records is None and data.max_chars is None) or data.path is None or not Path(data.path).is_dir():
+    given = [(key, does) for key, does in (("max_records", "bounds the records read from a rows file"),
+                                           ("max_chars", "selects the conversations read from a rows file"),
+                                           ("max_len", "cuts the rows read from a rows file"))
+             if getattr(data, key, None) is not None]
+    if not given or data.path is None or not Path(data.path).is_dir():
         return
     if speculators_rows(Path(data.path), data.format):
-        key, does = (("max_records", "bounds the records read from a rows file") if data.max_records is not None
-                     else ("max_chars", "selects the conversations read from a rows file"))
+        key, does = given[0]
         raise DataError(f"data.{key}: {data.path} is a speculators-format dataset dir, whose rows are read as "
                         f"they are, all of them; drop data.{key} (it {does})")
 

@@ -354,7 +354,7 @@ def test_a_datasets_dir_of_token_rows_refuses_a_conversation_format(tmp_path):
     assert not speculators_rows(write(tmp_path / "chat", SHAREGPT, "dataset"))  # read as a rows file's rows
 
 
-def test_max_records_and_max_chars_are_refused_for_a_speculators_dataset_dir_read_whole(tmp_path):
+def test_max_records_max_chars_and_max_len_are_refused_for_a_speculators_dataset_dir_read_whole(tmp_path):
     from eagle3.config import OnlineDataConfig
     from eagle3.data.token_rows import token_rows_dir
 
@@ -365,6 +365,9 @@ def test_max_records_and_max_chars_are_refused_for_a_speculators_dataset_dir_rea
     with pytest.raises(DataError, match=r"^data.max_chars: .*ds is a speculators-format dataset dir, whose rows are "
                                         r"read as they are, all of them; drop data.max_chars \(it selects"):
         token_rows_dir(OnlineDataConfig(path=str(path), max_chars=9), tmp_path / "verifier", str(tmp_path / "c"))
+    with pytest.raises(DataError, match=r"^data.max_len: .*ds is a speculators-format dataset dir, whose rows are "
+                                        r"read as they are, all of them; drop data.max_len \(it cuts"):
+        token_rows_dir(OnlineDataConfig(path=str(path), max_len=9), tmp_path / "verifier", str(tmp_path / "c"))
 
 
 def test_max_records_with_a_speculators_dataset_dir_is_refused_before_the_run_dir_is_made(tmp_path):
@@ -439,6 +442,47 @@ def test_chat_rows_read_into_the_cache_record_their_detected_format(chat_dir, tm
     assert record["row_format_from"] == f"detected from the first row ({data}: row 1)"
     with pytest.raises(DataError, match=r"ds: row 1: a sharegpt row among messages rows"):
         token_rows_dir(OnlineDataConfig(path=str(data), format=RowFormat.messages), verifier, str(tmp_path / "c2"))
+
+
+def test_max_len_cuts_the_rows_read_into_the_cache_and_counts_them(chat_dir, tmp_path):
+    """data.max_len: rows cut as `eagle3 prepare --max-len` cuts them (the reference recipe's total_seq_len + 1),
+    counted in the rows' record; another max_len is another cache entry, never the uncut rows."""
+    import shutil
+
+    from datasets import load_from_disk
+
+    from eagle3.config import OnlineDataConfig
+    from eagle3.data.token_rows import read_rows_record, token_rows_dir
+
+    verifier = tmp_path / "verifier"
+    shutil.copytree(chat_dir, verifier)
+    verifier_config_dir(verifier, model_type="llama", vocab_size=len(WORDS))
+    data = write(tmp_path / "rows.jsonl", SHAREGPT, "jsonl")
+    whole = token_rows_dir(OnlineDataConfig(path=str(data)), verifier, str(tmp_path / "cache"))
+    lengths = [int(n) for n in load_from_disk(str(whole))["seq_len"]]
+    cut_at = sorted(lengths)[len(lengths) // 2]
+    cut = token_rows_dir(OnlineDataConfig(path=str(data), max_len=cut_at), verifier, str(tmp_path / "cache"))
+    assert cut != whole
+    rows = load_from_disk(str(cut))
+    assert [int(n) for n in rows["seq_len"]] == [min(n, cut_at) for n in lengths]
+    assert [list(map(int, r)) for r in rows["input_ids"]] == [
+        list(map(int, r))[:cut_at] for r in load_from_disk(str(whole))["input_ids"]]
+    record = read_rows_record(cut)
+    assert record is not None and record["truncated"] == sum(n > cut_at for n in lengths) > 0
+
+
+@pytest.mark.parametrize("overrides, says", [
+    (["data.path=rows.jsonl", "data.max_len=1"], "data.max_len: must be null (rows as they are) or at least 2"),
+    (["data.max_len=769"], "data.max_len: cuts the rows read from data.path, and there is no data.path")])
+def test_a_max_len_below_two_or_without_a_data_path_is_refused(overrides, says):
+    from omegaconf import OmegaConf
+
+    from eagle3.config import ConfigError, validate
+    from factories import compose_cfg
+
+    plain = OmegaConf.to_container(compose_cfg(["data=online", *overrides]), resolve=True, enum_to_str=True)
+    with pytest.raises(ConfigError, match="^" + re.escape(says)):
+        validate(plain, dataset_required=False)
 
 
 @pytest.mark.slow
