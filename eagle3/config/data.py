@@ -148,6 +148,11 @@ class TokenRows(DataConfig):
     # before they are tokenized, counted in the rows' record (over_max_chars) and the log: a selection by length,
     # such as docs/sharegpt_split.py's (<= 4,000). null: every conversation. Token rows have no characters: refused
     max_chars: int | None = None
+    # Tokens a row keeps (a regenerated row: its prompt and response): a longer row is cut, counted in the rows'
+    # record as truncated, as `eagle3 prepare --max-len` cuts them; data.total_seq_len + 1 lets a step hold each
+    # row whole, where the trainer would cut a longer one itself and refuse data with more than 10% of such rows.
+    # null: every row as it is
+    max_len: int | None = None
     # Disk (GB, 1e9 bytes) for the train rows' hidden states of the first epoch, read back by the later epochs
     # instead of running the verifier again (in the run dir, removed when the run ends; rows beyond it are computed
     # at every epoch). 0: off, every epoch runs the verifier over every row, nothing is written (a run with one
@@ -160,6 +165,8 @@ class TokenRows(DataConfig):
                 f"must be null (every record) or at least 1 and below 2**63, got {self.max_records}")
         require(self.max_chars is None or self.max_chars >= 1, "data.max_chars",
                 f"must be null (every conversation) or at least 1, got {self.max_chars}")
+        require(self.max_len is None or self.max_len >= MIN_SEQ_LEN, "data.max_len",
+                f"must be null (rows as they are) or at least {MIN_SEQ_LEN}, got {self.max_len}")
         require(math.isfinite(self.cache_gb) and self.cache_gb >= 0, "data.cache_gb",
                 f"must be >= 0 (0: off) and finite, got {self.cache_gb}")
         require(not (self.shard_verifier and self.cache_gb > 0), "data.cache_gb",
@@ -182,16 +189,10 @@ class OnlineDataConfig(TokenRows):
     # are (hidden states are not read). null: rows sampled as data.synth says
     path: str | None = None
     synth: SynthConfig = field(default_factory=SynthConfig)   # only without data.path
-    # Tokens a row keeps when read: a longer row is cut (counted in the rows' record as truncated), as `eagle3
-    # prepare --max-len` cuts them; data.total_seq_len + 1 lets a step hold each row whole, where the trainer would
-    # cut a longer one itself and refuse data with more than 10% of such rows. null: every row as it is
-    max_len: int | None = None
 
     def check(self, dataset_required: bool = True) -> None:
         super().check(dataset_required)
         self.synth.check()
-        require(self.max_len is None or self.max_len >= MIN_SEQ_LEN, "data.max_len",
-                f"must be null (rows as they are) or at least {MIN_SEQ_LEN}, got {self.max_len}")
         if self.path is None:
             require(self.format == RowFormat.auto, "data.format",
                     f"describes data.path's rows, and there is no data.path (rows are sampled from the verifier): "

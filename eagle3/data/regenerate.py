@@ -199,10 +199,10 @@ def weights_stamp(verifier_dir: Path) -> list[tuple[str, int, int]]:
 def regenerated_rows_dir(path: Path, verifier_dir: Path, settings: Regeneration, cache_dir: str,
                          on_bad_sample: str = "error", device: str | torch.device = "cpu",
                          row_format: RowFormat = RowFormat.auto, max_records: int | None = None,
-                         max_chars: int | None = None) -> Path:
-    """The dir of Arrow rows (prompt ids mask 0, the verifier's response mask 1) and token_freq.pt regenerated
-    from the prompt set at `path` (its first `max_records` records), built into the cache on first use
-    (data=online's token rows format)."""
+                         max_chars: int | None = None, max_len: int | None = None) -> Path:
+    """The dir of Arrow rows (prompt ids mask 0, the verifier's response mask 1; each cut to `max_len` tokens)
+    and token_freq.pt regenerated from the prompt set at `path` (its first `max_records` records), built into the
+    cache on first use (data=online's token rows format)."""
     from eagle3.data.token_rows import ROWS_RECORD, save_rows, tokenizer_hash
     from eagle3.formats.row_files import source_sha256
 
@@ -220,7 +220,8 @@ def regenerated_rows_dir(path: Path, verifier_dir: Path, settings: Regeneration,
               "dtype": engine_dtype() if vllm else str(dtype),
               **({"format": row_format.value} if row_format != RowFormat.auto else {}),
               **({"max_records": max_records} if max_records is not None else {}),
-              **({"max_chars": max_chars} if max_chars is not None else {})}
+              **({"max_chars": max_chars} if max_chars is not None else {}),
+              **({"max_len": max_len} if max_len is not None else {})}
     target = Path(cache_dir) / "datasets" / f"regen-{cache_key(params)}"
     chunks_dir = target.with_name(f"{target.name}.chunks")
 
@@ -246,7 +247,9 @@ def regenerated_rows_dir(path: Path, verifier_dir: Path, settings: Regeneration,
         took, tokens = time.perf_counter() - start, sum(len(g.ids) for g in generations)
         if took > 0 and tokens and not resumed:  # the plan's expected regeneration time (eagle3.plan.roofline)
             _remember_rate(cache_dir, device, settings, fingerprint["config_hash"], tokens / took)
-        save_rows([(p + g.ids, [0] * len(p) + [1] * len(g.ids)) for p, g in zip(prompts, generations)], out)
+        rows = [(p + g.ids, [0] * len(p) + [1] * len(g.ids)) for p, g in zip(prompts, generations)]
+        bad.truncated = sum(len(ids) > (max_len or len(ids)) for ids, _ in rows)
+        save_rows([(ids[:max_len], mask[:max_len]) for ids, mask in rows], out)
         record = {"format": 1, "source": str(path.resolve()), **params, **row_format_record, **bad.as_dict(),
                   "generation": generation_counts(generations, eos)}
         write_text(out, out / ROWS_RECORD, json.dumps(record, indent=2) + "\n")

@@ -102,6 +102,18 @@ def test_greedy_rows_equal_the_verifiers_greedy_continuation(verifier, tmp_path)
     assert record["generation"] == {"responses": 7, "tokens": 63, "truncated": 7, "empty": 0, "eos_token_ids": []}
 
 
+def test_max_len_cuts_each_prompt_and_response_and_counts_the_rows_cut(verifier, tmp_path):
+    """data.max_len on regenerated rows: each row (prompt + response) cut to it, the rows cut counted in the
+    record, a cache entry of its own beside the uncut rows'."""
+    prompts = write_jsonl(tmp_path / "prompts.jsonl", id_prompts(7))
+    settings = Regeneration(engine=HF, temperature=0.0, max_new_tokens=9, batch_size=7)
+    whole = read_rows(regenerated_rows_dir(prompts, verifier, settings, str(tmp_path / "cache")))
+    cut_dir = regenerated_rows_dir(prompts, verifier, settings, str(tmp_path / "cache"), max_len=16)
+    assert read_rows(cut_dir) == [(ids[:16], mask[:16]) for ids, mask in whole]
+    record = json.loads((cut_dir / "eagle3_rows.json").read_text())
+    assert record["truncated"] == sum(len(ids) > 16 for ids, _ in whole) > 0 and record["max_len"] == 16
+
+
 def test_sampled_rows_reproduce_from_their_seed_whatever_the_batch(verifier, tmp_path):
     from eagle3.verifier.model import Verifier
 

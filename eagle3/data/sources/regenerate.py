@@ -27,7 +27,7 @@ class RegenerateSource(TokenRowsSource[RegenerateDataConfig]):
 
         return regenerated_rows_dir(Path(self.data.path), verifier_dir, self.data.regenerate, cfg.cache_dir,
                                     self.data.on_bad_sample.value, runtime_of(cfg).device(), self.data.format,
-                                    self.data.max_records, self.data.max_chars)
+                                    self.data.max_records, self.data.max_chars, self.data.max_len)
 
     def plan_stats(self, draft: DraftConfig) -> DataStats | None:
         return None
