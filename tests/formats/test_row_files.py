@@ -209,8 +209,10 @@ def test_max_chars_refuses_token_rows_which_have_no_characters(tmp_path):
 
 @pytest.mark.parametrize("overrides, says", [
     (["data.path=rows.jsonl", "data.max_chars=0"], "data.max_chars: must be null (every conversation) or at least 1"),
-    (["data.max_chars=4000"], "data.max_chars: selects conversations read from data.path, and there is no data.path")])
-def test_a_max_chars_below_one_or_without_a_data_path_is_refused(overrides, says):
+    (["data.max_chars=4000"], "data.max_chars: selects conversations read from data.path, and there is no data.path"),
+    (["data.path=rows.jsonl", "data.max_len=1"], "data.max_len: must be null (rows as they are) or at least 2"),
+    (["data.max_len=769"], "data.max_len: cuts the rows read from data.path, and there is no data.path")])
+def test_a_max_chars_or_max_len_out_of_range_or_without_a_data_path_is_refused(overrides, says):
     from omegaconf import OmegaConf
 
     from eagle3.config import ConfigError, validate
@@ -469,20 +471,6 @@ def test_max_len_cuts_the_rows_read_into_the_cache_and_counts_them(chat_dir, tmp
         list(map(int, r))[:cut_at] for r in load_from_disk(str(whole))["input_ids"]]
     record = read_rows_record(cut)
     assert record is not None and record["truncated"] == sum(n > cut_at for n in lengths) > 0
-
-
-@pytest.mark.parametrize("overrides, says", [
-    (["data.path=rows.jsonl", "data.max_len=1"], "data.max_len: must be null (rows as they are) or at least 2"),
-    (["data.max_len=769"], "data.max_len: cuts the rows read from data.path, and there is no data.path")])
-def test_a_max_len_below_two_or_without_a_data_path_is_refused(overrides, says):
-    from omegaconf import OmegaConf
-
-    from eagle3.config import ConfigError, validate
-    from factories import compose_cfg
-
-    plain = OmegaConf.to_container(compose_cfg(["data=online", *overrides]), resolve=True, enum_to_str=True)
-    with pytest.raises(ConfigError, match="^" + re.escape(says)):
-        validate(plain, dataset_required=False)
 
 
 @pytest.mark.slow
