@@ -248,8 +248,7 @@ def regenerated_rows_dir(path: Path, verifier_dir: Path, settings: Regeneration,
         if took > 0 and tokens and not resumed:  # the plan's expected regeneration time (eagle3.plan.roofline)
             _remember_rate(cache_dir, device, settings, fingerprint["config_hash"], tokens / took)
         rows = [(p + g.ids, [0] * len(p) + [1] * len(g.ids)) for p, g in zip(prompts, generations)]
-        bad.truncated = sum(len(ids) > (max_len or len(ids)) for ids, _ in rows)
-        save_rows([(ids[:max_len], mask[:max_len]) for ids, mask in rows], out)
+        save_rows(cut_rows(rows, max_len, bad), out)
         record = {"format": 1, "source": str(path.resolve()), **params, **row_format_record, **bad.as_dict(),
                   "generation": generation_counts(generations, eos)}
         write_text(out, out / ROWS_RECORD, json.dumps(record, indent=2) + "\n")
@@ -257,6 +256,13 @@ def regenerated_rows_dir(path: Path, verifier_dir: Path, settings: Regeneration,
     rows_dir = build_once(target, build, what="regenerated responses")
     shutil.rmtree(chunks_dir, ignore_errors=True)  # the rows are in place: the chunks they came from are not needed
     return rows_dir
+
+
+def cut_rows(rows: list[tuple[list[int], list[int]]], max_len: int | None,
+             bad: BadSamples) -> list[tuple[list[int], list[int]]]:
+    """`rows` (ids, loss mask) cut to `max_len` tokens (None: as they are), the rows cut counted in `bad`."""
+    bad.truncated = sum(max_len is not None and len(ids) > max_len for ids, _ in rows)
+    return [(ids[:max_len], mask[:max_len]) for ids, mask in rows]
 
 
 def _remember_rate(cache_dir: str, device: str | torch.device, settings: Regeneration, verifier_hash: str,

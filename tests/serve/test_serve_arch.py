@@ -6,7 +6,7 @@ The default architecture is tests/serve/test_serve.py's (which also checks the h
 eagle3.eval.accept); here the others, one short training each (the counts need only agree, not be good; the Qwen3
 one is the reference run test_draft_arch resumes against, trained once for both by tests/conftest.py), served by
 one `python -m eagle3.serve RUN RUN ...` beside one plain server of their common verifier at k=3 (no n-gram
-baseline: tests/test_reference.py's learning-curve test serves it on SmolLM2, whose real prompts it drafts on).
+baseline: tests/test_reference.py's learning-curve tests serve it on SmolLM2 and check its counts).
 The axes of the one-forward-per-token drafts (decoder layer, depth, EAGLE-3.1's norms) are in one draft, so that
 each server start (two processes importing vLLM, half a minute on 2 cores) checks all three;
 tests/arch/test_draft_arch.py trains and exports each combination on its own."""
