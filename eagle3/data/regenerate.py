@@ -261,7 +261,7 @@ def regenerated_rows_dir(path: Path, verifier_dir: Path, settings: Regeneration,
 def cut_rows(rows: list[tuple[list[int], list[int]]], max_len: int | None,
              bad: BadSamples) -> list[tuple[list[int], list[int]]]:
     """`rows` (ids, loss mask) cut to `max_len` tokens (None: as they are), the rows cut counted in `bad`."""
-    bad.truncated = sum(max_len is not None and len(ids) > max_len for ids, _ in rows)
+    bad.truncated += sum(max_len is not None and len(ids) > max_len for ids, _ in rows)
     return [(ids[:max_len], mask[:max_len]) for ids, mask in rows]
 
 

@@ -44,7 +44,7 @@ ROWS_RECORD = "eagle3_rows.json"  # where the rows came from, and the JSONL rows
 def token_rows_dir(data: OnlineDataConfig, verifier_dir: Path, cache_dir: str) -> Path:
     """The dir of Arrow rows and token_freq.pt this online run reads, built into the cache on first use."""
     if data.path is not None and Path(data.path).is_dir() and speculators_rows(Path(data.path), data.format):
-        refuse_max_records_of_a_dataset_dir(data)
+        refuse_row_selection_of_a_dataset_dir(data)
         return rows_with_counts(Path(data.path))
     given = Verifier(verifier_dir)
     verifier = given.fingerprint()
@@ -110,14 +110,14 @@ def save_rows(rows: Sequence[Row], out_dir: Path) -> None:
     save_token_frequency_distribution(dataset, str(out_dir / "token_freq.pt"))
 
 
-def refuse_max_records_of_a_dataset_dir(data: OnlineDataConfig) -> None:
-    """data.max_records bounds the records read from a rows file, data.max_chars selects its conversations: a
-    speculators-format dataset dir's rows are read as they are, all of them (checked before the run dir is written:
-    the launcher's refuse_early)."""
+def refuse_row_selection_of_a_dataset_dir(data: OnlineDataConfig) -> None:
+    """data.max_records bounds the records read from a rows file, data.max_chars selects its conversations and
+    data.max_len cuts its rows: a speculators-format dataset dir's rows are read as they are, all of them (checked
+    before the run dir is written: the launcher's refuse_early)."""
     given = [(key, does) for key, does in (("max_records", "bounds the records read from a rows file"),
                                            ("max_chars", "selects the conversations read from a rows file"),
                                            ("max_len", "cuts the rows read from a rows file"))
-             if getattr(data, key, None) is not None]
+             if getattr(data, key) is not None]
     if not given or data.path is None or not Path(data.path).is_dir():
         return
     if speculators_rows(Path(data.path), data.format):

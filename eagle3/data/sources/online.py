@@ -89,9 +89,9 @@ class OnlineSource(TokenRowsSource[OnlineDataConfig]):
     """Rows from data.path, or without one sampled from the verifier as data.synth says."""
 
     def refuse_early(self, cfg: TrainConfig) -> None:
-        from eagle3.data.token_rows import refuse_max_records_of_a_dataset_dir
+        from eagle3.data.token_rows import refuse_row_selection_of_a_dataset_dir
 
-        refuse_max_records_of_a_dataset_dir(self.data)
+        refuse_row_selection_of_a_dataset_dir(self.data)
 
     def token_rows(self, cfg: RunConfig, verifier_dir: Path) -> Path:
         from eagle3.data.token_rows import token_rows_dir
