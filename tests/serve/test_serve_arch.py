@@ -2,13 +2,14 @@
 accepted tokens per position equal the harness's on the same prompts at k=3 (P-EAGLE's through vLLM's parallel
 drafting, all k tokens in one forward; DFlash's through vLLM's `method: dflash`, one block of k + 1 tokens).
 
-The default architecture is tests/serve/test_serve.py's (which also checks the harness of eagle3.serve against
-eagle3.eval.accept); here the others, one short training each (the counts need only agree, not be good; the Qwen3
-one is the reference run test_draft_arch resumes against, trained once for both by tests/conftest.py), served by
-one `python -m eagle3.serve RUN RUN ...` beside one plain server of their common verifier at k=3 (no n-gram
-baseline: tests/test_reference.py's learning-curve tests serve it on SmolLM2 and check its counts).
-The axes of the one-forward-per-token drafts (decoder layer, depth, EAGLE-3.1's norms) are in one draft, so that
-each server start (two processes importing vLLM, half a minute on 2 cores) checks all three;
+The default architecture is served on SmolLM2 by tests/test_reference.py's learning-curve tests (the harness of
+eagle3.serve is checked against eagle3.eval.accept by tests/serve/test_serve.py); here the others, one short
+training each (the counts need only agree, not be good; the Qwen3 one is the reference run test_draft_arch resumes
+against, trained once for both by tests/conftest.py), served by one `python -m eagle3.serve RUN RUN ...` beside one
+plain server of their common verifier at k=3 (no n-gram baseline: tests/test_reference.py's learning-curve tests
+serve it on SmolLM2 and check its counts). The axes of the one-forward-per-token drafts (decoder layer, depth,
+EAGLE-3.1's norms) are in one draft, so that each server start (two processes importing vLLM, half a minute on 2
+cores) checks all three;
 tests/arch/test_draft_arch.py trains and exports each combination on its own."""
 
 from __future__ import annotations
@@ -18,9 +19,8 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from test_serve import no_server_left
 
-from commands import launch
+from commands import launch, no_server_left
 from factories import SMALL_DATA
 
 ARCHITECTURES = {
