@@ -98,7 +98,8 @@ def token_rows_dir(data: OnlineDataConfig, verifier_dir: Path, cache_dir: str) -
 def save_rows(rows: Sequence[Row], out_dir: Path) -> None:
     """`rows` as Arrow rows (input_ids, loss_mask, seq_len; torch format) and their loss tokens' counts."""
     from datasets import Dataset
-    from speculators.train.vocab_mapping import save_token_frequency_distribution
+
+    from eagle3.formats.vocab import TOKEN_FREQ, write_token_freq
 
     dataset = Dataset.from_dict({
         "input_ids": [ids for ids, _ in rows],
@@ -106,8 +107,7 @@ def save_rows(rows: Sequence[Row], out_dir: Path) -> None:
         "seq_len": [len(ids) for ids, _ in rows],
     }).with_format("torch")
     dataset.save_to_disk(str(out_dir))
-    (out_dir / "token_freq.pt").unlink(missing_ok=True)  # speculators keeps an existing one
-    save_token_frequency_distribution(dataset, str(out_dir / "token_freq.pt"))
+    write_token_freq(rows, out_dir / TOKEN_FREQ)
 
 
 def refuse_row_selection_of_a_dataset_dir(data: OnlineDataConfig) -> None:
@@ -151,10 +151,11 @@ def rows_with_counts(data_dir: Path) -> Path:
     if (data_dir / "token_freq.pt").is_file():
         return data_dir
     from datasets import load_from_disk
-    from speculators.train.vocab_mapping import save_token_frequency_distribution
+
+    from eagle3.formats.vocab import write_token_freq
 
     try:
-        dataset = load_from_disk(str(data_dir)).with_format("torch")
+        dataset = load_from_disk(str(data_dir))
     except Exception as e:  # noqa: BLE001  (datasets raises several types for a dir it cannot read)
         raise DataError(f"data.path: {data_dir} is not a dataset saved with datasets.save_to_disk ({e})") from None
     log.info("%s has no token_freq.pt: counting its loss tokens for the draft vocabulary", data_dir)
@@ -162,7 +163,8 @@ def rows_with_counts(data_dir: Path) -> Path:
     try:
         refuse_links(data_dir, data_dir / "token_freq.pt", "token_freq.pt")
         fresh_temp(data_dir, tmp)
-        save_token_frequency_distribution(dataset, str(tmp))
+        batches = dataset.select_columns(["input_ids", "loss_mask"]).iter(batch_size=1024)  # not all in memory
+        write_token_freq(((ids, mask) for b in batches for ids, mask in zip(b["input_ids"], b["loss_mask"])), tmp)
         os.replace(tmp, data_dir / "token_freq.pt")
     except LinkRefused as e:
         raise DataError(f"data.path: {data_dir} has no token_freq.pt, and {e}") from None

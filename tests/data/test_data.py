@@ -65,6 +65,31 @@ def test_hidden_states_are_the_configured_layers(tmp_path):
     assert sum(freq.values()) == 5 + 2  # loss-masked tokens only
 
 
+def test_token_counts_are_the_file_speculators_writes_for_the_same_rows(tmp_path):
+    """token_freq.pt as eagle3 writes it (eagle3.formats.vocab, without importing speculators) is the dict
+    speculators' save_token_frequency_distribution writes for the same rows, and both draft vocabularies built
+    from it are speculators' (build_vocab_mappings_from_distribution)."""
+    from datasets import Dataset
+    from speculators.train.vocab_mapping import (build_vocab_mappings_from_distribution,
+                                                 save_token_frequency_distribution)
+
+    from eagle3.formats.vocab import read_token_freq, vocab_mapping, write_token_freq
+
+    gen = torch.Generator().manual_seed(0)
+    rows = [(torch.randint(0, 50, (n,), generator=gen).tolist(), [0] * (n // 3) + [1] * (n - n // 3))
+            for n in (5, 17, 40, 3)]
+    ours, theirs = tmp_path / "ours", tmp_path / "theirs"
+    ours.mkdir()
+    write_token_freq(rows, ours / "token_freq.pt")
+    dataset = Dataset.from_dict({"input_ids": [i for i, _ in rows], "loss_mask": [m for _, m in rows]})
+    save_token_frequency_distribution(dataset.with_format("torch"), str(theirs / "token_freq.pt"))
+    freq = read_token_freq(ours)
+    assert freq == torch.load(theirs / "token_freq.pt", weights_only=True) and sum(freq.values()) == 4 + 12 + 27 + 2
+    d2t, t2d = vocab_mapping(ours, 16, 50)
+    expected = build_vocab_mappings_from_distribution(freq, 16, 50)
+    assert torch.equal(d2t, expected[0]) and torch.equal(t2d, expected[1])
+
+
 def test_synthetic_dataset_is_cached_by_its_parameters(tmp_path):
     verifier = tiny_verifier_dir(TINY, str(tmp_path))
     first = synthetic_dataset_dir(verifier, SYNTH, [1, 2, 3], str(tmp_path))
