@@ -70,8 +70,10 @@ def test_token_counts_are_the_file_speculators_writes_for_the_same_rows(tmp_path
     speculators' save_token_frequency_distribution writes for the same rows, and both draft vocabularies built
     from it are speculators' (build_vocab_mappings_from_distribution)."""
     from datasets import Dataset
-    from speculators.train.vocab_mapping import (build_vocab_mappings_from_distribution,
-                                                 save_token_frequency_distribution)
+    from speculators.train.vocab_mapping import (
+        build_vocab_mappings_from_distribution,
+        save_token_frequency_distribution,
+    )
 
     from eagle3.formats.vocab import read_token_freq, vocab_mapping, write_token_freq
 
