@@ -230,7 +230,7 @@ def regenerated_rows_dir(path: Path, verifier_dir: Path, settings: Regeneration,
         positions, eos = verifier.positions, verifier.eos_ids()
         prompts, row_format_record = read_prompts(path, verifier_dir, fingerprint["vocab_size"], bad, row_format,
                                                  max_records, max_chars)
-        prompts = _with_room(prompts, positions, path, bad)
+        prompts = _with_room(prompts, positions, path, bad, max_len)
         resumed = chunks_dir.is_dir() and any(chunks_dir.glob("chunk-*.json"))  # its rate would count read chunks
         if vllm:
             from eagle3.data.regenerate_vllm import served
@@ -293,18 +293,25 @@ def with_engine(settings: Regeneration) -> Regeneration:
     return replace(settings, engine=RegenerationEngine.vllm)
 
 
-def _with_room(prompts: list[list[int]], positions: int | None, path: Path, bad: BadSamples) -> list[list[int]]:
-    """The prompts that leave the verifier a position to generate into; the others are bad samples."""
+def _with_room(prompts: list[list[int]], positions: int | None, path: Path, bad: BadSamples,
+               max_len: int | None = None) -> list[list[int]]:
+    """The prompts that leave the verifier a position to generate into, and a response token within data.max_len
+    (a row is cut to it: a longer prompt would be generated for and then cut to no loss token); the others are bad
+    samples, found before anything is generated."""
     kept = []
     for number, prompt in enumerate(prompts, start=1):
         if not prompt:
             bad.bad(f"{path}: prompt {number}", "empty_prompt", "a response with no token before it to continue")
-        elif positions is None or len(prompt) < positions:
-            kept.append(prompt)
-        else:
+        elif positions is not None and len(prompt) >= positions:
             bad.bad(f"{path}: prompt {number}", "prompt_too_long",
                     f"{len(prompt)} tokens leave no room for a response within the verifier's "
                     f"{positions} positions")
+        elif max_len is not None and len(prompt) >= max_len:
+            bad.bad(f"{path}: prompt {number}", "prompt_too_long",
+                    f"{len(prompt)} tokens leave no response token within data.max_len={max_len}, to which "
+                    "each row is cut")
+        else:
+            kept.append(prompt)
     if not kept:
         raise DataError(f"{path}: no prompt to regenerate a response for ({dict(bad.skipped)} skipped)")
     return kept

@@ -18,7 +18,7 @@ from eagle3.config import Regeneration, RegenerationEngine, TinyVerifierConfig
 from eagle3.data import regenerate as regen
 from eagle3.data.generation import Generation
 from eagle3.data.regenerate import regenerated_rows_dir
-from eagle3.errors import ConfigError
+from eagle3.errors import ConfigError, DataError
 from eagle3.verifier.tiny import tiny_verifier_dir
 from factories import ROOT, chat_tokenizer, chat_words
 
@@ -112,6 +112,24 @@ def test_max_len_cuts_each_prompt_and_response_and_counts_the_rows_cut(verifier,
     assert read_rows(cut_dir) == [(ids[:16], mask[:16]) for ids, mask in whole]
     record = json.loads((cut_dir / "eagle3_rows.json").read_text())
     assert record["truncated"] == sum(len(ids) > 16 for ids, _ in whole) > 0 and record["max_len"] == 16
+
+
+def test_a_prompt_that_leaves_no_response_token_within_max_len_is_a_bad_sample_before_generating(verifier,
+                                                                                                   tmp_path):
+    """A prompt of data.max_len tokens or more would be answered and then cut to a row with no loss token: it is
+    refused (data.on_bad_sample=error) or left out and counted (skip) before anything is generated."""
+    rows = id_prompts(7)
+    prompts = write_jsonl(tmp_path / "prompts.jsonl", rows)
+    lengths = [r["loss_mask"].index(1) for r in rows]
+    max_len = sorted(lengths)[3]  # the prompts at least this long leave no response token
+    settings = Regeneration(engine=HF, temperature=0.0, max_new_tokens=9, batch_size=7)
+    first = next(i for i, n in enumerate(lengths, start=1) if n >= max_len)
+    with pytest.raises(DataError, match=rf"prompt {first}\b.*leave no response token within data.max_len={max_len}"):
+        regenerated_rows_dir(prompts, verifier, settings, str(tmp_path / "cache"), max_len=max_len)
+    kept = read_rows(regenerated_rows_dir(prompts, verifier, settings, str(tmp_path / "cache"), max_len=max_len,
+                                          on_bad_sample="skip"))
+    assert [len(ids) - sum(mask) for ids, mask in kept] == [n for n in lengths if n < max_len]
+    assert all(sum(mask) > 0 for _, mask in kept)
 
 
 def test_sampled_rows_reproduce_from_their_seed_whatever_the_batch(verifier, tmp_path):
