@@ -151,6 +151,7 @@ class TokenRows(DataConfig):
     # Tokens a row keeps (a regenerated row: its prompt and response): a longer row is cut, counted in the rows'
     # record as truncated, as `eagle3 prepare --max-len` cuts them; data.total_seq_len + 1 lets a step hold each
     # row whole, where the trainer would cut a longer one itself and refuse data with more than 10% of such rows.
+    # A prompt to regenerate that is max_len tokens or longer is a bad sample (data.on_bad_sample), never answered.
     # null: every row as it is
     max_len: int | None = None
     # Disk (GB, 1e9 bytes) for the train rows' hidden states of the first epoch, read back by the later epochs
