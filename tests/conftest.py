@@ -72,11 +72,15 @@ def group_of(item) -> str | None:
 def shared_fixtures_keep_their_module_on_one_worker(items) -> None:
     """Under pytest-xdist's --dist loadgroup (pyproject.toml) a test that uses a fixture built once per module
     (or class) runs on the worker that runs the rest of its module, so that the fixture is built once; every other
-    test goes to whichever worker is free, so that one long module does not leave the other worker idle."""
+    test goes to whichever worker is free, so that one long module does not leave the other worker idle. The tests
+    that start vLLM (engine_python) are one group, on one worker in turn: two fleets of vLLM processes at once on 2
+    cores took longer than one after the other (490 s against 472 s for the full tier, BENCHMARKS.md)."""
     for item in items:
         defs = getattr(item, "_fixtureinfo", None)
         scopes = {d.scope for fixturedefs in (defs.name2fixturedefs.values() if defs else ()) for d in fixturedefs}
-        if scopes & {"module", "class", "package"}:
+        if "engine_python" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.xdist_group("vllm"))
+        elif scopes & {"module", "class", "package"}:
             item.add_marker(pytest.mark.xdist_group(item.module.__name__))
 
 
