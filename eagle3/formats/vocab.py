@@ -52,13 +52,19 @@ def read_token_freq(data_dir: Path, vocab_size: int | None = None) -> dict[int, 
 
 
 def write_token_freq(rows: Iterable[tuple[Sequence[int], Sequence[int]]], file: Path) -> None:
-    """`file` as speculators' save_token_frequency_distribution writes token_freq.pt ({token id: count} over the rows'
-    loss tokens, torch.save of a dict of ints; tests/formats/test_row_files.py holds the two equal), from (input ids,
-    loss mask) rows of ints. Counted here: importing speculators for its counter costs a process 8 seconds."""
+    """`file` (a new name: never written through a link or over a file) as speculators'
+    save_token_frequency_distribution writes token_freq.pt ({token id: count} over the rows' loss tokens, torch.save
+    of a dict of ints; tests/data/test_data.py holds the two equal), from (input ids, loss mask) rows of ints.
+    Counted here: importing speculators for its counter costs a process 8 seconds. A row whose mask is not one value
+    per id is a DataError, before anything is written."""
     counts: Counter[int] = Counter()
-    for ids, mask in rows:
-        counts.update(int(token) for token, kept in zip(ids, mask, strict=True) if kept)
-    torch.save(dict(counts), file)
+    for number, (ids, mask) in enumerate(rows, start=1):
+        if len(ids) != len(mask):
+            raise DataError(f"{file.parent}: row {number} has {len(ids)} input ids and {len(mask)} loss mask values; "
+                            "a row needs one mask value per id")
+        counts.update(int(token) for token, kept in zip(ids, mask) if kept)
+    with open_write(file.parent, file, "x", binary=True) as f:
+        torch.save(dict(counts), f)
 
 
 def vocab_mapping(data_dir: Path, draft_vocab_size: int, target_vocab_size: int) -> tuple[torch.Tensor, torch.Tensor]:

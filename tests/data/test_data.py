@@ -92,6 +92,20 @@ def test_token_counts_are_the_file_speculators_writes_for_the_same_rows(tmp_path
     assert torch.equal(d2t, expected[0]) and torch.equal(t2d, expected[1])
 
 
+def test_a_row_whose_mask_is_not_one_value_per_id_is_one_message_and_no_counts_are_written(tmp_path):
+    from datasets import Dataset
+
+    from eagle3.data.token_rows import rows_with_counts
+
+    rows = tmp_path / "rows"
+    Dataset.from_dict({"input_ids": [[5, 6, 7], [3, 4, 5, 6]], "loss_mask": [[0, 1, 1], [1, 1]],
+                       "seq_len": [3, 4]}).save_to_disk(str(rows))
+    files = sorted(p.name for p in rows.iterdir())
+    with pytest.raises(DataError, match=rf"^{rows}: row 2 has 4 input ids and 2 loss mask values"):
+        rows_with_counts(rows)
+    assert sorted(p.name for p in rows.iterdir()) == files  # no token_freq.pt, no temporary file
+
+
 def test_synthetic_dataset_is_cached_by_its_parameters(tmp_path):
     verifier = tiny_verifier_dir(TINY, str(tmp_path))
     first = synthetic_dataset_dir(verifier, SYNTH, [1, 2, 3], str(tmp_path))
