@@ -148,6 +148,7 @@ def load_draft(path: str | Path, attn_impl: str = "sdpa", device: str | torch.de
     verifier path the checkpoint recorded: speculators reads the verifier's lm_head and norm (not saved in
     the checkpoint) and checks the aux layer ids from there.
     """
+    from eagle3.arch.masks import use_broadcast_masks
     from eagle3.arch.ttt_attention import use_ttt_attention
     from eagle3.init.build import draft_classes
 
@@ -164,7 +165,8 @@ def load_draft(path: str | Path, attn_impl: str = "sdpa", device: str | torch.de
     if verifier_dir is not None:
         config.speculators_config.verifier.name_or_path = str(verifier_dir)
     model = model_class.from_pretrained(str(path), config=config)
-    return (model if kind == "dflash" else use_ttt_attention(model)).to(device)  # DFlash: no TTT steps
+    model = model if kind == "dflash" else use_ttt_attention(model)  # DFlash: no TTT steps
+    return use_broadcast_masks(model).to(device)
 
 
 def draft_kind(path: Path) -> str:
