@@ -152,6 +152,25 @@ def typed_run_config(cache_dir: Path, run_dir: Path, overrides: list[str]):
     return run_config(plain)
 
 
+def small_run(cache_dir: Path, run_dir: Path, overrides: list[str]):
+    """The pieces of a tiny run, built as the launcher builds them, for driving eagle3.train.loop.train directly."""
+    import torch
+
+    from eagle3.data.loader import LoaderSpec, build_loaders
+    from eagle3.init import InitContext, build_draft
+    from eagle3.run.inputs import materialize_inputs
+
+    cfg = typed_run_config(cache_dir, run_dir, overrides)
+    run_dir.mkdir(parents=True)
+    verifier_dir, data_dir = materialize_inputs(cfg)
+    draft = cfg.model.draft
+    loaders = build_loaders(data_dir, LoaderSpec(cfg.data.total_seq_len, draft.hidden_size, len(draft.aux_layer_ids),
+                                                 cfg.data.train_ratio, cfg.seed))
+    torch.manual_seed(cfg.seed)  # as eagle3/train/rank.py seeds before the draft is built
+    model, _ = build_draft(InitContext(draft, cfg.init, verifier_dir, data_dir, "sdpa", []))
+    return cfg, model, loaders
+
+
 def tiny_run_config(overrides: list[str] | None = None):
     """The typed run config of the tiny default with `overrides` and no wandb, as bench/common.py's
     tiny_run_config types it, composed by compose_cfg."""

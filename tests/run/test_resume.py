@@ -165,11 +165,10 @@ def test_a_save_stopped_between_its_renames_resumes_from_the_whole_one(stopped_r
 @pytest.mark.slow
 def test_a_full_disk_during_a_save_keeps_last_and_prints_the_resume_line(cache_dir, tmp_path, monkeypatch):
     """optim.checkpoint_every=2: `last` is saved at step 2, and the save at step 4 finds the disk full."""
-    from test_reliability import small_run
-
     from eagle3.init.checkpoint import SaveFailed, load_trainer_state
     from eagle3.train.loop import Training, train
     from eagle3.train.track import Tracker
+    from factories import small_run
 
     run_dir = tmp_path / "run dir"
     cfg, model, loaders = small_run(cache_dir, run_dir, ["optim.max_steps=6", "optim.checkpoint_every=2"])

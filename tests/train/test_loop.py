@@ -144,11 +144,9 @@ def test_a_registered_hook_is_called_at_each_loop_point_with_the_loops_counters(
     """A feature plugs in as a hook on the object the loop is handed, not as a parameter of `train`: the loop calls
     it at the step-0 val pass, its start, before and after each optimizer step, at each val pass and at its end,
     and the entries its on_val returns land in the val rows."""
-    from test_reliability import small_run
-
     from eagle3.train.loop import Hook, Training, train
     from eagle3.train.track import Tracker
-    from factories import read_rows
+    from factories import read_rows, small_run
 
     class Recorder(Hook):
         def __init__(self) -> None:
@@ -189,11 +187,9 @@ def test_every_row_carries_the_tokens_trained_so_far_the_x_of_a_learning_curve(c
     """Train and val rows hold `tokens`, the tokens trained before them (the learning curve's x, read by
     eagle3.sweep.forecast): 0 at the step-0 val pass, rising with every step, a val row's equal to the train row of
     its step, the last equal to summary's count."""
-    from test_reliability import small_run
-
     from eagle3.train.loop import Training, train
     from eagle3.train.track import Tracker
-    from factories import read_rows
+    from factories import read_rows, small_run
 
     run_dir = tmp_path / "run"
     cfg, model, loaders = small_run(cache_dir, run_dir, ["optim.max_steps=4", "optim.eval_every=2",
