@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import pickle
@@ -241,20 +242,35 @@ def test_a_signal_while_the_data_is_built_leaves_no_half_built_cache_entry(tmp_p
     assert datasets.is_dir() and not any(datasets.iterdir()), list(datasets.iterdir())
 
 
-# `python launch.py ARGS` in a process of its own whose first val pass sends the process `signal.{name}` as it begins
-# (a real signal, delivered by the OS, at a moment no timing decides).
-SIGNAL_IN_THE_FIRST_VAL_PASS = """
-import os, runpy, signal, sys
-import eagle3.train.loop as loop
-real = loop.run_validation
-def signalled(*args, **kwargs):
-    loop.run_validation = real
-    os.kill(os.getpid(), signal.{name})
-    return real(*args, **kwargs)
-loop.run_validation = signalled
-sys.argv = [{launch!r}, *sys.argv[1:]]
-runpy.run_path({launch!r}, run_name="__main__")
-"""
+class NoHandler(Exception):
+    """A signal that reached the test's own handler: the run had none of its own in place."""
+
+
+@contextlib.contextmanager
+def signal_in_the_first_val_pass(signum: int):
+    """The next run in this process sends itself `signum` as its first val pass begins (a real signal, delivered
+    by the OS, at a moment no timing decides); a signal that finds no handler of the run's fails the test instead
+    of stopping pytest."""
+    import eagle3.train.loop as loop
+
+    real = loop.run_validation
+
+    def signalled(*args, **kwargs):
+        loop.run_validation = real
+        signal.raise_signal(signum)
+        return real(*args, **kwargs)
+
+    def unhandled(s, frame):
+        raise NoHandler(f"{signal.Signals(s).name} reached no handler of the run")
+
+    previous = {s: signal.signal(s, unhandled) for s in (signal.SIGINT, signal.SIGTERM)}
+    loop.run_validation = signalled
+    try:
+        yield
+    finally:
+        loop.run_validation = real
+        for s, handler in previous.items():
+            signal.signal(s, handler)
 
 
 @pytest.mark.slow
@@ -263,17 +279,15 @@ def test_a_signal_in_the_first_val_pass_is_one_line_and_resume_starts_the_run_ag
     """Ctrl-C in the step-0 val pass (minutes on a real verifier) printed a 40-frame KeyboardInterrupt traceback and
     SIGTERM died without a word; then resume= said checkpoints/last is missing and a new run in the dir said to
     resume it. One line, exit 128 + the signal, and resume= starts the run again from step 0, which a new run there
-    is told too."""
-    from commands import signals_as_a_shell_leaves_them
+    is told too. The run is in this process (the signal to a process of its own is
+    test_sigterm_saves_a_checkpoint_that_resume_continues's and test_rank_faults')."""
     from eagle3.console import resume_command
     from eagle3.run.inputs import materialize_inputs
 
     run, overrides = tmp_path / "run", ["optim.max_steps=2", *SMALL_DATA, "logger.mode=disabled"]
     materialize_inputs(typed_run_config(cache_dir, run, overrides))  # built: stderr holds no progress bar of it
-    script = SIGNAL_IN_THE_FIRST_VAL_PASS.format(name=signum.name, launch=str(ROOT / "launch.py"))
-    proc = subprocess.run([sys.executable, "-c", script, f"hydra.run.dir={run}", *overrides], cwd=ROOT,
-                          env={**os.environ, "EAGLE3_CACHE": str(cache_dir)},
-                          capture_output=True, text=True, timeout=1800, preexec_fn=signals_as_a_shell_leaves_them)
+    with signal_in_the_first_val_pass(signum):
+        proc = launch([f"hydra.run.dir={run}", *overrides], cache_dir)
     assert proc.returncode == 128 + signum, proc.stderr[-3000:]
     assert proc.stderr.strip().splitlines() == [
         f"{signum.name} while the val pass before the first step: stopped before its first step; nothing half-built "
