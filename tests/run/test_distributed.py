@@ -127,10 +127,11 @@ def test_a_failing_job_is_recorded_and_the_sweep_goes_on(cache_dir, tmp_path):
 
 
 @pytest.mark.slow
-def test_resume_after_sigkill_matches_an_uninterrupted_run(cache_dir, tmp_path):
+def test_resume_after_sigkill_matches_an_uninterrupted_run(cache_dir, tmp_path, trained_run):
+    """The run killed mid-way and resumed ends as `trained_run` (conftest.py: the same run uninterrupted, its
+    checkpoints at the end only) did."""
     args = ["optim.epochs=2", "optim.checkpoint_every=5", "logger.mode=offline", *SMALL_DATA]
-    reference = tmp_path / "reference"
-    assert launch([f"hydra.run.dir={reference}", *args], cache_dir).returncode == 0
+    reference = trained_run
 
     killed = tmp_path / "killed"
     proc = subprocess.Popen([sys.executable, str(ROOT / "launch.py"), f"hydra.run.dir={killed}", *args], cwd=ROOT,
