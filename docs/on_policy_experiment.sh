@@ -9,11 +9,11 @@ E=$(realpath -m "${1:-outputs/on_policy}")
 mkdir -p "$E"
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
 SMALL="data.synth.num_samples=128 data.synth.response_len=48 data.total_seq_len=512"  # the tests' small data
-[ -f "$E/base/summary.json" ] || python launch.py $SMALL optim.epochs=4 logger.mode=disabled hydra.run.dir="$E/base"
+[ -f "$E/base/summary.json" ] || eagle3 train $SMALL optim.epochs=4 logger.mode=disabled hydra.run.dir="$E/base"
 ONPOL="train.on_policy.enabled=true train.on_policy.temperature=1.0 train.on_policy.mix=0.5"
 for seed in 0 1 2; do
   COMMON="$SMALL init=pretrained init.path=$E/base/checkpoints/best optim.lr=3e-4 seed=$seed logger.mode=disabled"
-  [ -f "$E/plain$seed/summary.json" ] || python launch.py $COMMON optim.epochs=2 hydra.run.dir="$E/plain$seed"
+  [ -f "$E/plain$seed/summary.json" ] || eagle3 train $COMMON optim.epochs=2 hydra.run.dir="$E/plain$seed"
   # The on-policy arm, with its rollout loss wrapped to record the draft positions each rollout step trains: step 0
   # over every prefix position of a row, steps 1..k-1 at each of its verify rounds (eagle3/decoding/rollout.py)
   if [ ! -f "$E/onpol$seed/summary.json" ]; then
@@ -50,17 +50,17 @@ rollout = sum(json.loads(line)["draft_positions"] for line in open(f"{run}/rollo
 print(round(summary["steps"] + rollout / offline))
 PY
 )
-  [ -f "$E/plainmatched$seed/summary.json" ] || python launch.py $COMMON optim.epochs=3 optim.max_steps=$STEPS \
+  [ -f "$E/plainmatched$seed/summary.json" ] || eagle3 train $COMMON optim.epochs=3 optim.max_steps=$STEPS \
     hydra.run.dir="$E/plainmatched$seed"
   for run in plain$seed onpol$seed plainmatched$seed; do
     for t in 0 1; do
-      [ -f "$E/$run/acc_t$t.json" ] || python -m eagle3.eval.accept "$E/$run/checkpoints/last" --run "$E/$run" \
+      [ -f "$E/$run/acc_t$t.json" ] || eagle3 accept "$E/$run/checkpoints/last" --run "$E/$run" \
         --temperature $t --num-prompts 16 --max-new-tokens 48 --out "$E/$run/acc_t$t.json"
     done
   done
 done
 for t in 0 1; do
-  [ -f "$E/base/acc_t$t.json" ] || python -m eagle3.eval.accept --run "$E/base" --temperature $t --num-prompts 16 \
+  [ -f "$E/base/acc_t$t.json" ] || eagle3 accept --run "$E/base" --temperature $t --num-prompts 16 \
     --max-new-tokens 48 --out "$E/base/acc_t$t.json"
 done
 python - "$E" <<'PY'

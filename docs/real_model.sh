@@ -26,17 +26,17 @@ stamp() { echo "$(date -u +%FT%TZ) $*" | tee -a "$E/times.txt"; }
 stamp "commit $(git rev-parse --short HEAD 2>/dev/null || echo unknown)"
 
 stamp "reference assets"
-python -m eagle3.reference --install > "$E/reference.txt"      # SmolLM2 (from its GGUF) and ShareGPT, built once
+eagle3 reference --install > "$E/reference.txt"   # SmolLM2 (from its GGUF) and ShareGPT, built once
 SMOL=$(sed -n 1p "$E/reference.txt"); SHAREGPT=$(sed -n 2p "$E/reference.txt")
-python -m eagle3.serve --install                                  # vLLM's own venv, built once
+eagle3 serve --install                            # vLLM's own venv, built once
 
 stamp "split"
 # Slices of the ShareGPT file in its own format (a JSON array of {"id", "conversations"} records), read with the
 # project's reader: training conversations from the head of the file, held-out prompts from its tail, never trained
-# on. (The bare `python launch.py experiment=smollm2_sharegpt` trains on the file's first 6,600 records: also head.)
+# on. (The bare `eagle3 train experiment=smollm2_sharegpt` trains on the file's first 6,600 records: also head.)
 python docs/sharegpt_split.py "$SHAREGPT" "$E" --train 400 --regen-prompts "$REGEN_PROMPTS"
 
-ENGINE=vllm   # regeneration by vLLM (python -m eagle3.serve --install above); transformers works too, slower
+ENGINE=vllm   # regeneration by vLLM (eagle3 serve --install above); transformers works too, slower
 REGEN="data.regenerate.engine=$ENGINE data.regenerate.temperature=0 data.regenerate.max_new_tokens=256"
 REGEN="$REGEN data.regenerate.batch_size=32"
 # its REGEN_PROMPTS (64) rows fill 7 steps an epoch: 3 epochs, so that it trains STEPS (20) steps as the other arm
@@ -48,12 +48,12 @@ BUDGET="$BUDGET data.total_seq_len=3072 optim.warmup_ratio=0.05"
 # The regenerated rows are built once (cached by the prompts, the verifier and data.regenerate) for every seed.
 for seed in $SEEDS; do
   stamp "train sharegpt_$seed"
-  python launch.py experiment=smollm2_sharegpt data.path="$E/train.json" data.max_records=null $BUDGET \
+  eagle3 train experiment=smollm2_sharegpt data.path="$E/train.json" data.max_records=null $BUDGET \
     seed=$seed hydra.run.dir="$E/sharegpt_$seed"
 done
 for seed in $REGEN_SEEDS; do
   stamp "train regen_$seed"
-  python launch.py experiment=smollm2_sharegpt data=regenerate data.path="$E/regen_prompts.json" \
+  eagle3 train experiment=smollm2_sharegpt data=regenerate data.path="$E/regen_prompts.json" \
     data.max_records=null $REGEN $BUDGET seed=$seed hydra.run.dir="$E/regen_$seed"
 done
 
@@ -67,12 +67,12 @@ set -- $SEEDS; FIRST="$E/sharegpt_$1"; shift
 OTHERS="$(for s in "$@"; do echo "$E/sharegpt_$s"; done) $(for s in $REGEN_SEEDS; do echo "$E/regen_$s"; done)"
 SERVE="--prompts $E/held_out.json --num-prompts $NUM_PROMPTS --max-new-tokens $MAX_NEW_TOKENS --k 3"
 stamp "vLLM and harness T=0: $(basename "$FIRST") beside n-gram and plain"
-python -m eagle3.serve "$FIRST" $SERVE --temperature 0 || stamp "eagle3.serve exited $? at T=0 (see its reports)"
+eagle3 serve "$FIRST" $SERVE --temperature 0 || stamp "eagle3 serve exited $? at T=0 (see its reports)"
 stamp "vLLM and harness T=0: the other runs beside plain"
-python -m eagle3.serve $OTHERS $SERVE --temperature 0 --no-ngram || stamp "eagle3.serve exited $? at T=0 (see its reports)"
+eagle3 serve $OTHERS $SERVE --temperature 0 --no-ngram || stamp "eagle3 serve exited $? at T=0 (see its reports)"
 stamp "vLLM and harness T=0.7: $(basename "$FIRST") beside plain"
-python -m eagle3.serve "$FIRST" $SERVE --temperature 0.7 --no-ngram \
-  || stamp "eagle3.serve exited $? at T=0.7 (see its reports)"
+eagle3 serve "$FIRST" $SERVE --temperature 0.7 --no-ngram \
+  || stamp "eagle3 serve exited $? at T=0.7 (see its reports)"
 stamp "done"
 
 python - "$E" $FIRST $OTHERS <<'PY' | tee "$E/table.md"

@@ -21,17 +21,17 @@ PY
 REGEN="data.regenerate.temperature=1.0 data.regenerate.max_new_tokens=112 data.regenerate.batch_size=64"
 SIBLING="model.verifier.tiny.perturb_std=0.5 model.verifier.tiny.token_shift=0.5"  # docs/k2_to_k25.md's "K2.5"
 # The sibling writes the responses (optim.max_steps=0: no training); its data_check.json names the rows' dir
-python launch.py data=regenerate data.path="$E/prompts.jsonl" $REGEN $SIBLING optim.max_steps=0 \
+eagle3 train data=regenerate data.path="$E/prompts.jsonl" $REGEN $SIBLING optim.max_steps=0 \
   logger.mode=disabled hydra.run.dir="$E/sibling_rows"
 OTHER=$(python -c "import json, sys; print(json.load(open(sys.argv[1]))['data_dir'])" "$E/sibling_rows/data_check.json")
 for seed in 0 1 2; do
-  python launch.py data=regenerate data.path="$E/prompts.jsonl" $REGEN seed=$seed logger.mode=disabled \
+  eagle3 train data=regenerate data.path="$E/prompts.jsonl" $REGEN seed=$seed logger.mode=disabled \
     hydra.run.dir="$E/own_$seed"
-  python launch.py data=online data.path="$OTHER" seed=$seed logger.mode=disabled hydra.run.dir="$E/other_$seed"
+  eagle3 train data=online data.path="$OTHER" seed=$seed logger.mode=disabled hydra.run.dir="$E/other_$seed"
 done
 for run in own_0 own_1 own_2 other_0 other_1 other_2; do
   for t in 0 1; do
-    python -m eagle3.eval.accept --run "$E/$run" --prompts "$E/held_out.jsonl" --num-prompts 32 \
+    eagle3 accept --run "$E/$run" --prompts "$E/held_out.jsonl" --num-prompts 32 \
       --max-new-tokens 64 --temperature $t --out "$E/$run/accept_t$t.json"
   done
 done
