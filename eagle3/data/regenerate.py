@@ -34,7 +34,7 @@ from typing import Any
 import torch
 from tqdm import tqdm
 
-from eagle3.config import Regeneration, RegenerationEngine, RowFormat
+from eagle3.config import RegenerateDataConfig, Regeneration, RegenerationEngine, RowFormat
 from eagle3.data.generation import BatchGenerator, Generation, Tick, row_seed
 from eagle3.decoding.drafting import Sampling
 from eagle3.errors import DataError
@@ -196,16 +196,16 @@ def weights_stamp(verifier_dir: Path) -> list[tuple[str, int, int]]:
     return [(f.name, f.stat().st_size, f.stat().st_mtime_ns) for f in sorted(Path(verifier_dir).glob("*.safetensors"))]
 
 
-def regenerated_rows_dir(path: Path, verifier_dir: Path, settings: Regeneration, cache_dir: str,
-                         on_bad_sample: str = "error", device: str | torch.device = "cpu",
-                         row_format: RowFormat = RowFormat.auto, max_records: int | None = None,
-                         max_chars: int | None = None, max_len: int | None = None) -> Path:
-    """The dir of Arrow rows (prompt ids mask 0, the verifier's response mask 1; each cut to `max_len` tokens)
-    and token_freq.pt regenerated from the prompt set at `path` (its first `max_records` records), built into the
-    cache on first use (data=online's token rows format)."""
+def regenerated_rows_dir(data: RegenerateDataConfig, verifier_dir: Path, cache_dir: str,
+                         device: str | torch.device = "cpu") -> Path:
+    """The dir of Arrow rows (prompt ids mask 0, the verifier's response mask 1; each cut to data.max_len tokens)
+    and token_freq.pt regenerated as data.regenerate says from the prompt set at data.path (its first
+    data.max_records records, read as data.format, those over data.max_chars left out), built into the cache on
+    first use (data=online's token rows format)."""
     from eagle3.data.token_rows import ROWS_RECORD, save_rows, tokenizer_hash
     from eagle3.formats.row_files import source_sha256
 
+    path, settings, on_bad_sample, max_len = Path(data.path), data.regenerate, data.on_bad_sample.value, data.max_len
     dtype = torch.bfloat16 if torch.device(device).type == "cuda" else torch.float32
     settings = with_engine(settings)  # the rows are keyed by the engine that writes them, never by "auto"
     vllm = settings.engine == RegenerationEngine.vllm
@@ -218,9 +218,9 @@ def regenerated_rows_dir(path: Path, verifier_dir: Path, settings: Regeneration,
               "tokenizer": tokenizer_hash(verifier_dir), "regenerate": asdict(settings),
               "on_bad_sample": on_bad_sample, "device": "vllm" if vllm else torch.device(device).type,
               "dtype": engine_dtype() if vllm else str(dtype),
-              **({"format": row_format.value} if row_format != RowFormat.auto else {}),
-              **({"max_records": max_records} if max_records is not None else {}),
-              **({"max_chars": max_chars} if max_chars is not None else {}),
+              **({"format": data.format.value} if data.format != RowFormat.auto else {}),
+              **({"max_records": data.max_records} if data.max_records is not None else {}),
+              **({"max_chars": data.max_chars} if data.max_chars is not None else {}),
               **({"max_len": max_len} if max_len is not None else {})}
     target = Path(cache_dir) / "datasets" / f"regen-{cache_key(params)}"
     chunks_dir = target.with_name(f"{target.name}.chunks")
@@ -228,8 +228,8 @@ def regenerated_rows_dir(path: Path, verifier_dir: Path, settings: Regeneration,
     def build(out: Path) -> None:
         bad = BadSamples(on_bad_sample)
         positions, eos = verifier.positions, verifier.eos_ids()
-        prompts, row_format_record = read_prompts(path, verifier_dir, fingerprint["vocab_size"], bad, row_format,
-                                                 max_records, max_chars)
+        prompts, row_format_record = read_prompts(path, verifier_dir, fingerprint["vocab_size"], bad, data.format,
+                                                 data.max_records, data.max_chars)
         prompts = _with_room(prompts, positions, path, bad, max_len)
         resumed = chunks_dir.is_dir() and any(chunks_dir.glob("chunk-*.json"))  # its rate would count read chunks
         if vllm:

@@ -14,13 +14,19 @@ from pathlib import Path
 import pytest
 import torch
 
-from eagle3.config import Regeneration, RegenerationEngine, TinyVerifierConfig
+from eagle3.config import BadSamplePolicy, RegenerateDataConfig, Regeneration, RegenerationEngine, TinyVerifierConfig
 from eagle3.data import regenerate as regen
 from eagle3.data.generation import Generation
-from eagle3.data.regenerate import regenerated_rows_dir
 from eagle3.errors import ConfigError, DataError
 from eagle3.verifier.tiny import tiny_verifier_dir
 from factories import ROOT, chat_tokenizer, chat_words
+
+
+def regenerated_rows_dir(prompts: Path, verifier: Path, settings: Regeneration, cache_dir: str, **data) -> Path:
+    """eagle3.data.regenerate.regenerated_rows_dir of data=regenerate with data.path `prompts`, data.regenerate
+    `settings` and `data`'s other keys (max_len, on_bad_sample ...)."""
+    return regen.regenerated_rows_dir(RegenerateDataConfig(path=str(prompts), regenerate=settings, **data), verifier,
+                                      cache_dir)
 
 HF = RegenerationEngine.transformers  # in process, whether or not a vLLM environment is on this machine
 
@@ -127,7 +133,7 @@ def test_a_prompt_that_leaves_no_response_token_within_max_len_is_a_bad_sample_b
     with pytest.raises(DataError, match=rf"prompt {first}\b.*leave no response token within data.max_len={max_len}"):
         regenerated_rows_dir(prompts, verifier, settings, str(tmp_path / "cache"), max_len=max_len)
     kept = read_rows(regenerated_rows_dir(prompts, verifier, settings, str(tmp_path / "cache"), max_len=max_len,
-                                          on_bad_sample="skip"))
+                                          on_bad_sample=BadSamplePolicy.skip))
     assert [len(ids) - sum(mask) for ids, mask in kept] == [n for n in lengths if n < max_len]
     assert all(sum(mask) > 0 for _, mask in kept)
 

@@ -25,9 +25,7 @@ class RegenerateSource(TokenRowsSource[RegenerateDataConfig]):
         from eagle3.data.regenerate import regenerated_rows_dir
         from eagle3.device.choice import runtime_of
 
-        return regenerated_rows_dir(Path(self.data.path), verifier_dir, self.data.regenerate, cfg.cache_dir,
-                                    self.data.on_bad_sample.value, runtime_of(cfg).device(), self.data.format,
-                                    self.data.max_records, self.data.max_chars, self.data.max_len)
+        return regenerated_rows_dir(self.data, verifier_dir, cfg.cache_dir, runtime_of(cfg).device())
 
     def plan_stats(self, draft: DraftConfig) -> DataStats | None:
         return None
