@@ -138,12 +138,12 @@ def temp_sibling(file: Path) -> Path:
     return file.with_name(f".{file.name}.{os.getpid()}.tmp")
 
 
-def replace_file(base: Path, file: Path, write: Callable[[Path], object]) -> None:
+def replace_file(base: Path, file: Path, write: Callable[[Path], object], what: str = "") -> None:
     """`write(tmp)` writes the new content to a fresh temporary sibling, which then replaces `file` whole: a kill
-    or a full disk mid-write never leaves half a file, and no link is written through."""
+    or a full disk mid-write never leaves half a file, and no link is written through (LinkRefused naming `what`)."""
     base, file = Path(base), Path(file)
     make_dirs(base, file.parent)
-    refuse_links(base, file)
+    refuse_links(base, file, what)
     tmp = fresh_temp(base, temp_sibling(file))
     try:
         write(tmp)

@@ -3,7 +3,7 @@
 speculators' drafts build their training masks from a flex-attention `mask_mod` (EAGLE-3's causal-per-document
 mask, P-EAGLE's parallel groups, DFlash's anchor blocks) with torch's `create_mask`, which runs the mask_mod one
 (query, key) pair at a time under vmap: about 5 ms of Python per forward on this CPU whatever the row's length,
-an eighth of a tiny draft's whole training step. Each of those mask_mods is elementwise tensor arithmetic and
+a quarter of a tiny draft's whole training step. Each of those mask_mods is elementwise tensor arithmetic and
 indexing, so evaluating it once on a column of query indices and a row of key indices gives the same mask by
 broadcasting (0.2 ms at 128 positions). `use_broadcast_masks(model)` points a draft's mask builder here when it is
 torch's `create_mask` or speculators' `create_float_mask`; flex attention's block masks are left as they are.

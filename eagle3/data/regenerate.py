@@ -205,9 +205,9 @@ def regenerated_rows_dir(data: RegenerateDataConfig, verifier_dir: Path, cache_d
     from eagle3.data.token_rows import ROWS_RECORD, save_rows, tokenizer_hash
     from eagle3.formats.row_files import source_sha256
 
-    path, settings, on_bad_sample, max_len = Path(data.path), data.regenerate, data.on_bad_sample.value, data.max_len
+    path = Path(data.path)
     dtype = torch.bfloat16 if torch.device(device).type == "cuda" else torch.float32
-    settings = with_engine(settings)  # the rows are keyed by the engine that writes them, never by "auto"
+    settings = with_engine(data.regenerate)  # the rows are keyed by the engine that writes them, never by "auto"
     vllm = settings.engine == RegenerationEngine.vllm
     if vllm:
         from eagle3.data.regenerate_vllm import engine_dtype
@@ -216,21 +216,21 @@ def regenerated_rows_dir(data: RegenerateDataConfig, verifier_dir: Path, cache_d
     params = {"prompts_sha256": source_sha256(path), "verifier": fingerprint["config_hash"],
               "verifier_dir": str(Path(verifier_dir).resolve()), "weights": weights_stamp(verifier_dir),
               "tokenizer": tokenizer_hash(verifier_dir), "regenerate": asdict(settings),
-              "on_bad_sample": on_bad_sample, "device": "vllm" if vllm else torch.device(device).type,
+              "on_bad_sample": data.on_bad_sample.value, "device": "vllm" if vllm else torch.device(device).type,
               "dtype": engine_dtype() if vllm else str(dtype),
               **({"format": data.format.value} if data.format != RowFormat.auto else {}),
               **({"max_records": data.max_records} if data.max_records is not None else {}),
               **({"max_chars": data.max_chars} if data.max_chars is not None else {}),
-              **({"max_len": max_len} if max_len is not None else {})}
+              **({"max_len": data.max_len} if data.max_len is not None else {})}
     target = Path(cache_dir) / "datasets" / f"regen-{cache_key(params)}"
     chunks_dir = target.with_name(f"{target.name}.chunks")
 
     def build(out: Path) -> None:
-        bad = BadSamples(on_bad_sample)
+        bad = BadSamples(data.on_bad_sample.value)
         positions, eos = verifier.positions, verifier.eos_ids()
         prompts, row_format_record = read_prompts(path, verifier_dir, fingerprint["vocab_size"], bad, data.format,
                                                  data.max_records, data.max_chars)
-        prompts = _with_room(prompts, positions, path, bad, max_len)
+        prompts = _with_room(prompts, positions, path, bad, data.max_len)
         resumed = chunks_dir.is_dir() and any(chunks_dir.glob("chunk-*.json"))  # its rate would count read chunks
         if vllm:
             from eagle3.data.regenerate_vllm import served
@@ -248,7 +248,7 @@ def regenerated_rows_dir(data: RegenerateDataConfig, verifier_dir: Path, cache_d
         if took > 0 and tokens and not resumed:  # the plan's expected regeneration time (eagle3.plan.roofline)
             _remember_rate(cache_dir, device, settings, fingerprint["config_hash"], tokens / took)
         rows = [(p + g.ids, [0] * len(p) + [1] * len(g.ids)) for p, g in zip(prompts, generations)]
-        save_rows(cut_rows(rows, max_len, bad), out)
+        save_rows(cut_rows(rows, data.max_len, bad), out)
         record = {"format": 1, "source": str(path.resolve()), **params, **row_format_record, **bad.as_dict(),
                   "generation": generation_counts(generations, eos)}
         write_text(out, out / ROWS_RECORD, json.dumps(record, indent=2) + "\n")

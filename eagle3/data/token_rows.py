@@ -18,10 +18,10 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import os
 import sys
 from collections.abc import Sequence
 from dataclasses import asdict
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -30,7 +30,7 @@ from eagle3.errors import DataError
 from eagle3.formats.cache import build_once, cache_key
 from eagle3.formats.row_files import source_sha256
 from eagle3.formats.row_formats import Row
-from eagle3.safe_write import LinkRefused, fresh_temp, refuse_links, write_text
+from eagle3.safe_write import LinkRefused, replace_file, write_text
 from eagle3.verifier.model import Verifier
 
 if TYPE_CHECKING:
@@ -148,28 +148,24 @@ def speculators_rows(data_dir: Path, row_format: RowFormat = RowFormat.auto) -> 
 def rows_with_counts(data_dir: Path) -> Path:
     """A user's dataset dir; its token_freq.pt is computed and written next to the rows when it has none (as
     speculators' pipeline writes it)."""
-    if (data_dir / "token_freq.pt").is_file():
+    if (data_dir / "token_freq.pt").is_file():  # formats.vocab's TOKEN_FREQ, without importing torch for it
         return data_dir
     from datasets import load_from_disk
 
-    from eagle3.formats.vocab import write_token_freq
+    from eagle3.formats.vocab import TOKEN_FREQ, write_token_freq
 
     try:
         dataset = load_from_disk(str(data_dir))
     except Exception as e:  # noqa: BLE001  (datasets raises several types for a dir it cannot read)
         raise DataError(f"data.path: {data_dir} is not a dataset saved with datasets.save_to_disk ({e})") from None
     log.info("%s has no token_freq.pt: counting its loss tokens for the draft vocabulary", data_dir)
-    tmp = data_dir / f".token_freq.{os.getpid()}.pt"  # renamed into place: another rank or node never reads half
-    try:
-        refuse_links(data_dir, data_dir / "token_freq.pt", "token_freq.pt")
-        fresh_temp(data_dir, tmp)
-        batches = dataset.select_columns(["input_ids", "loss_mask"]).iter(batch_size=1024)  # not all in memory
-        write_token_freq(((ids, mask) for b in batches for ids, mask in zip(b["input_ids"], b["loss_mask"])), tmp)
-        os.replace(tmp, data_dir / "token_freq.pt")
+    batches = dataset.select_columns(["input_ids", "loss_mask"]).iter(batch_size=1024)  # not all in memory
+    rows = ((ids, mask) for b in batches for ids, mask in zip(b["input_ids"], b["loss_mask"]))
+    try:  # written beside and renamed into place: another rank or node never reads half of it
+        replace_file(data_dir, data_dir / TOKEN_FREQ, partial(write_token_freq, rows), what=TOKEN_FREQ)
     except LinkRefused as e:
         raise DataError(f"data.path: {data_dir} has no token_freq.pt, and {e}") from None
     except (OSError, RuntimeError) as e:  # torch.save raises RuntimeError on a read-only file system
-        tmp.unlink(missing_ok=True)
         raise DataError(f"data.path: {data_dir} has no token_freq.pt (the loss tokens' counts the draft vocabulary "
                         f"is built from) and it cannot be written there ({str(e).strip().splitlines()[0]}); make the "
                         f"dir writable once") from None

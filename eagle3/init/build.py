@@ -52,14 +52,14 @@ def new_draft(draft: DraftConfig, flags: dict[str, bool], attn_impl: str, verifi
     vLLM runs its block non-causally, as it trains)."""
     model_class, _ = draft_classes(draft.kind)
     if draft.kind == DraftKind.dflash:
-        return use_broadcast_masks(model_class.from_training_args(
+        return with_own_attention(model_class.from_training_args(
             verifier_config=draft_layer_config(draft, attn_impl), t2d=t2d, d2t=d2t,
             verifier_name_or_path=verifier_dir, target_layer_ids=list(draft.aux_layer_ids),
             draft_vocab_size=draft.draft_vocab_size, block_size=block_size(draft), mask_token_id=mask_token(draft),
-            draft_attn_impl=attn_impl, trust_remote_code=False, **{DFLASH_NON_CAUSAL: True}))
+            draft_attn_impl=attn_impl, trust_remote_code=False, **{DFLASH_NON_CAUSAL: True}), draft.kind)
     peagle = draft.kind == DraftKind.peagle
     extra = {"mask_token_id": mask_token(draft), "num_depths": draft.ttt_steps} if peagle else {}
-    return use_broadcast_masks(use_ttt_attention(model_class.from_training_args(
+    return with_own_attention(model_class.from_training_args(
         verifier_config=draft_layer_config(draft, attn_impl),
         t2d=t2d,
         d2t=d2t,
@@ -71,7 +71,14 @@ def new_draft(draft: DraftConfig, flags: dict[str, bool], attn_impl: str, verifi
         trust_remote_code=False,  # the verifier's config is read by transformers' own classes, never its dir's code
         **extra,
         **flags,
-    )))
+    ), draft.kind)
+
+
+def with_own_attention(model, kind: DraftKind | str):
+    """A draft as speculators built it, with eagle3's attention paths: the TTT attention on CPU
+    (eagle3.arch.ttt_attention; not DFlash's, which has no TTT steps) and dense masks built by broadcasting
+    (eagle3.arch.masks); every draft eagle3 builds or loads gets them."""
+    return use_broadcast_masks(model if DraftKind(kind) == DraftKind.dflash else use_ttt_attention(model))
 
 
 def meta_draft(draft: DraftConfig, flags: dict[str, bool]):
@@ -102,7 +109,7 @@ def bare_draft(draft: DraftConfig, flags: dict[str, bool], device: str | torch.d
     )
     with torch.device(device):
         model = model_class(config)
-        return use_broadcast_masks(model if draft.kind == DraftKind.dflash else use_ttt_attention(model))
+        return with_own_attention(model, draft.kind)
 
 
 @functools.cache

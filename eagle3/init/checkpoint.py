@@ -148,9 +148,7 @@ def load_draft(path: str | Path, attn_impl: str = "sdpa", device: str | torch.de
     verifier path the checkpoint recorded: speculators reads the verifier's lm_head and norm (not saved in
     the checkpoint) and checks the aux layer ids from there.
     """
-    from eagle3.arch.masks import use_broadcast_masks
-    from eagle3.arch.ttt_attention import use_ttt_attention
-    from eagle3.init.build import draft_classes
+    from eagle3.init.build import draft_classes, with_own_attention
 
     check_draft_files(Path(path))
     kind = draft_kind(Path(path))
@@ -165,8 +163,7 @@ def load_draft(path: str | Path, attn_impl: str = "sdpa", device: str | torch.de
     if verifier_dir is not None:
         config.speculators_config.verifier.name_or_path = str(verifier_dir)
     model = model_class.from_pretrained(str(path), config=config)
-    model = model if kind == "dflash" else use_ttt_attention(model)  # DFlash: no TTT steps
-    return use_broadcast_masks(model).to(device)
+    return with_own_attention(model, kind).to(device)
 
 
 def draft_kind(path: Path) -> str:

@@ -50,11 +50,16 @@ def fake_run(tmp_path, monkeypatch) -> dict[str, Path]:
     run = fake_run_dir(tmp_path, "run", tmp_path / "verifier")
     prompts = tmp_path / "prompts.jsonl"
     prompts.write_text('{"input_ids": [1, 2, 3]}\n')
+    monkeypatch.setenv("FAKE_ENGINE_PGIDS", str(tmp_path / "pgids"))
+    return {"run": run, "prompts": prompts, "python": fake_engine(tmp_path), "pgids": tmp_path / "pgids"}
+
+
+def fake_engine(tmp_path: Path) -> Path:
+    """factories.FAKE_ENGINE as an interpreter at tmp_path/fake-python."""
     fake = tmp_path / "fake-python"
     fake.write_text(FAKE_ENGINE)
     fake.chmod(0o755)
-    monkeypatch.setenv("FAKE_ENGINE_PGIDS", str(tmp_path / "pgids"))
-    return {"run": run, "prompts": prompts, "python": fake, "pgids": tmp_path / "pgids"}
+    return fake
 
 
 def serve_main(args: list[str]) -> str:
@@ -406,9 +411,7 @@ def test_a_run_with_eval_serve_hands_its_finished_run_dir_to_eagle3_serve(cache_
     from eagle3.serve import serving
     from factories import SMALL_DATA
 
-    fake = tmp_path / "fake-python"
-    fake.write_text(FAKE_ENGINE)
-    fake.chmod(0o755)
+    fake = fake_engine(tmp_path)
     asked = []
 
     def served(request):
